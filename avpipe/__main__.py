@@ -1,0 +1,3 @@
+from avpipe.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,6 @@
+"""Decoding: containers and codecs to arrays.
+
+* :mod:`avpipe.decoding.video` — :class:`VideoDecoder` over NVDEC (PyNvVideoCodec) and PyAV.
+* :mod:`avpipe.decoding.audio` — :func:`load_audio` (soundfile; PyAV for video containers).
+* :mod:`avpipe.decoding.image` — :func:`decode_images` (DALI: nvJPEG / nvJPEG2000 / nvTIFF).
+"""

@@ -1,0 +1,257 @@
+"""The device layer: where arrays live, which array module computes on them, and how they leave.
+
+Devices are named ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; ``None`` means the default device:
+the GPU when CuPy imports and a CUDA driver reports a device, else the CPU (the choice is logged
+once at INFO level and reported by ``avpipe.info()``).
+
+Every operator is written once against an *array module* (:mod:`numpy` on the CPU, :mod:`cupy`
+on a GPU): ``xp = array_module(x)``. Arrays leave through DLPack without a copy
+(:func:`to_torch`, :func:`to_jax`, :func:`to_cupy`, :func:`to_numpy` — the last one copies only
+when the data is on a GPU, since host memory is the only place numpy can see).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Device",
+    "resolve_device",
+    "default_device",
+    "gpu_available",
+    "array_module",
+    "device_of",
+    "to_device",
+    "stream",
+    "to_torch",
+    "to_jax",
+    "to_cupy",
+    "to_numpy",
+    "export",
+]
+
+log = logging.getLogger("avpipe")
+
+_DEVICE_RE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
+
+
+@dataclass(frozen=True)
+class Device:
+    """A resolved device: ``kind`` is ``"cpu"`` or ``"cuda"``; ``index`` is the GPU ordinal."""
+
+    kind: str
+    index: int = 0
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    @property
+    def xp(self):
+        """The array module for this device (numpy or cupy)."""
+        if self.is_cuda:
+            import cupy
+
+            return cupy
+        return np
+
+    def __str__(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+
+    @contextlib.contextmanager
+    def activate(self):
+        """Make this the current CUDA device for the ``with`` block (no-op on the CPU)."""
+        if not self.is_cuda:
+            yield
+            return
+        import cupy
+
+        with cupy.cuda.Device(self.index):
+            yield
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_count() -> int:
+    if os.environ.get("AVPIPE_DISABLE_GPU", "") not in ("", "0"):
+        return 0
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no cupy, no driver, no device: all mean "no usable GPU"
+        return 0
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and the CUDA driver reports at least one device."""
+    return _gpu_count() > 0
+
+
+@functools.lru_cache(maxsize=None)
+def default_device() -> Device:
+    dev = Device("cuda", 0) if gpu_available() else Device("cpu")
+    log.info("avpipe: default device is %s", dev)
+    return dev
+
+
+def resolve_device(device: Any = None, *, param: str = "device") -> Device:
+    """Resolve ``None``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a :class:`Device`.
+
+    Raises ``ValueError`` naming ``param`` for an unknown name, and ``RuntimeError`` when a GPU
+    is asked for and none is usable.
+    """
+    if device is None:
+        return default_device()
+    if isinstance(device, Device):
+        return device
+    if not isinstance(device, str):
+        # torch.device and similar objects print as "cuda:0" / "cpu"
+        device = str(device)
+    m = _DEVICE_RE.match(device.strip().lower())
+    if not m:
+        raise ValueError(f"{param} must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    kind, idx = m.group(1), m.group(2)
+    if kind == "cpu":
+        if idx is not None:
+            raise ValueError(f"{param} must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        return Device("cpu")
+    n = _gpu_count()
+    index = int(idx) if idx is not None else 0
+    if n == 0:
+        raise RuntimeError(f"{param}={device!r}: no usable CUDA GPU (is cupy installed?)")
+    if index >= n:
+        raise ValueError(f"{param}={device!r}: only {n} CUDA device(s) are visible")
+    return Device("cuda", index)
+
+
+def _is_cupy(x) -> bool:
+    return type(x).__module__.startswith("cupy")
+
+
+def array_module(*arrays):
+    """numpy, or cupy when any of ``arrays`` is a cupy array."""
+    for a in arrays:
+        if _is_cupy(a):
+            import cupy
+
+            return cupy
+    return np
+
+
+def device_of(x) -> Device:
+    """The device an array lives on."""
+    if _is_cupy(x):
+        return Device("cuda", int(x.device.id))
+    return Device("cpu")
+
+
+def to_device(x, device: Any = None):
+    """Move an array (numpy/cupy/anything with DLPack) to ``device``; no copy when already there."""
+    dev = resolve_device(device)
+    if dev.is_cuda:
+        import cupy
+
+        if _is_cupy(x) and x.device.id == dev.index:
+            return x
+        with cupy.cuda.Device(dev.index):
+            if _is_cupy(x):
+                return x.copy()
+            return cupy.asarray(x)
+    return to_numpy(x)
+
+
+@contextlib.contextmanager
+def stream(device: Any = None, *, non_blocking: bool = True):
+    """A CUDA stream for the ``with`` block on ``device`` (a no-op on the CPU).
+
+    Yields the ``cupy.cuda.Stream`` (or ``None`` on the CPU). Work queued inside runs on it; the
+    caller synchronizes when it needs the results on the host.
+    """
+    dev = resolve_device(device)
+    if not dev.is_cuda:
+        yield None
+        return
+    import cupy
+
+    with cupy.cuda.Device(dev.index):
+        s = cupy.cuda.Stream(non_blocking=non_blocking)
+        with s:
+            yield s
+
+
+# --- leaving avpipe through DLPack ------------------------------------------------------------
+
+
+def to_numpy(x) -> np.ndarray:
+    """A numpy array: zero-copy for host data, a device-to-host copy for GPU data."""
+    if isinstance(x, np.ndarray):
+        return x
+    if _is_cupy(x):
+        return x.get()
+    if hasattr(x, "__dlpack__"):
+        try:
+            return np.from_dlpack(x)
+        except (RuntimeError, BufferError, TypeError):
+            pass
+    if type(x).__module__.startswith("torch"):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def to_cupy(x):
+    """A cupy array sharing ``x``'s GPU memory (DLPack); host arrays are copied to the GPU."""
+    import cupy
+
+    if _is_cupy(x):
+        return x
+    if isinstance(x, np.ndarray):
+        return cupy.asarray(x)
+    return cupy.from_dlpack(x)
+
+
+def to_torch(x):
+    """A torch tensor sharing ``x``'s memory through DLPack (no copy, CPU or GPU)."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        # torch.from_numpy shares memory and accepts read-only-free arrays
+        if not x.flags.writeable:
+            x = x.copy()
+        return torch.from_numpy(x)
+    return torch.from_dlpack(x)
+
+
+def to_jax(x):
+    """A JAX array from ``x`` through DLPack (zero-copy where JAX's device matches)."""
+    import jax.numpy as jnp
+    import jax.dlpack
+
+    if isinstance(x, np.ndarray):
+        return jnp.asarray(x)
+    return jax.dlpack.from_dlpack(x)
+
+
+_EXPORTERS = {"numpy": to_numpy, "cupy": to_cupy, "torch": to_torch, "jax": to_jax}
+
+
+def export(x, framework: str | None = None):
+    """Convert to ``framework`` (``"numpy"``, ``"cupy"``, ``"torch"``, ``"jax"``; None: as is)."""
+    if framework is None:
+        return x
+    try:
+        fn = _EXPORTERS[framework]
+    except KeyError:
+        raise ValueError(
+            f"framework must be one of {sorted(_EXPORTERS)} or None, got {framework!r}"
+        ) from None
+    return fn(x)

@@ -1,0 +1,27 @@
+"""Shared fixtures. Media is made on the fly (PyAV encoders, soundfile), never downloaded.
+
+Tests marked ``gpu`` run only where a CUDA GPU is usable (CuPy imports and the driver reports a
+device); elsewhere they are skipped with a reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from avpipe.device import gpu_available
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="no usable CUDA GPU (cupy + driver)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng():
+    import numpy as np
+
+    return np.random.default_rng(1234)
