@@ -1,0 +1,132 @@
+"""The device layer: name resolution, array modules, DLPack export without copies."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from avpipe import device as D
+from avpipe._source import open_source, source_name
+
+
+def test_resolve_names():
+    assert D.resolve_device("cpu") == D.Device("cpu")
+    assert str(D.resolve_device("CPU")) == "cpu"
+    assert D.resolve_device(D.Device("cpu")).kind == "cpu"
+
+
+@pytest.mark.parametrize("bad", ["gpu", "cuda:x", "cpu:0", "", "cuda:-1", 3])
+def test_resolve_rejects_bad_names_naming_the_parameter(bad):
+    with pytest.raises(ValueError, match=r"device must be 'cpu', 'cuda' or 'cuda:N', got"):
+        D.resolve_device(bad)
+
+
+def test_resolve_names_custom_parameter():
+    with pytest.raises(ValueError, match="out_device"):
+        D.resolve_device("tpu", param="out_device")
+
+
+def test_default_is_cpu_without_gpu(monkeypatch):
+    monkeypatch.setenv("AVPIPE_DISABLE_GPU", "1")
+    D._gpu_count.cache_clear()
+    D.default_device.cache_clear()
+    try:
+        assert D.resolve_device(None) == D.Device("cpu")
+        assert not D.gpu_available()
+        with pytest.raises(RuntimeError, match="no usable CUDA GPU"):
+            D.resolve_device("cuda")
+    finally:
+        D._gpu_count.cache_clear()
+        D.default_device.cache_clear()
+
+
+def test_array_module_and_device_of_on_cpu():
+    x = np.zeros(3)
+    assert D.array_module(x) is np
+    assert D.device_of(x) == D.Device("cpu")
+    assert D.Device("cpu").xp is np
+
+
+def test_to_torch_shares_memory():
+    torch = pytest.importorskip("torch")
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = D.to_torch(x)
+    assert isinstance(t, torch.Tensor) and t.shape == (3, 4)
+    x[0, 0] = 42.0  # a copy would not see this
+    assert t[0, 0].item() == 42.0
+    back = D.to_numpy(t)
+    back[1, 1] = -1.0
+    assert x[1, 1] == -1.0
+
+
+def test_export_dispatch_and_validation():
+    x = np.ones(2, dtype=np.float32)
+    assert D.export(x, None) is x
+    assert D.export(x, "numpy") is x
+    with pytest.raises(ValueError, match="framework must be one of .* got 'mxnet'"):
+        D.export(x, "mxnet")
+
+
+def test_to_jax_when_available():
+    jnp = pytest.importorskip("jax.numpy")
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(D.to_jax(x)), x)
+    assert isinstance(D.to_jax(x), type(jnp.zeros(1)))
+
+
+def test_sources(tmp_path):
+    p = tmp_path / "a.bin"
+    p.write_bytes(b"hello")
+    s = open_source(p)
+    assert s.name == str(p) and s.read_bytes() == b"hello"
+    assert open_source(b"xy").name == "<bytes>"
+    f = io.BytesIO(b"abc")
+    f.read()
+    s = open_source(f)
+    assert s.read_bytes() == b"abc"  # rewound
+    assert not f.closed  # ours must not close the caller's object
+    with pytest.raises(FileNotFoundError, match="missing.wav"):
+        open_source(tmp_path / "missing.wav")
+    with pytest.raises(TypeError, match="source must be a path, bytes or a binary file-like"):
+        open_source(12)
+    assert source_name(bytearray(b"x")) == "<bytes>"
+
+
+# ---- GPU --------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_default_and_dlpack_zero_copy():
+    import cupy as cp
+
+    assert D.default_device().is_cuda
+    assert D.resolve_device("cuda") == D.Device("cuda", 0)
+    x = cp.arange(10, dtype=cp.float32)
+    assert D.array_module(x) is cp
+    assert D.device_of(x) == D.Device("cuda", 0)
+    torch = pytest.importorskip("torch")
+    t = D.to_torch(x)
+    assert t.is_cuda and t.data_ptr() == x.data.ptr  # same memory
+    y = D.to_cupy(t)
+    assert y.data.ptr == x.data.ptr
+    np.testing.assert_array_equal(D.to_numpy(x), np.arange(10, dtype=np.float32))
+    z = D.to_device(np.ones(3), "cuda")
+    assert D.device_of(z).is_cuda
+    with D.stream("cuda") as s:
+        assert s is not None
+        w = cp.ones(4) * 2
+    s.synchronize()
+    assert float(w.sum()) == 8.0
+
+
+@pytest.mark.gpu
+def test_gpu_to_jax_zero_copy():
+    jax = pytest.importorskip("jax")
+    import cupy as cp
+
+    x = cp.arange(6, dtype=cp.float32)
+    j = D.to_jax(x)
+    assert np.asarray(j).tolist() == list(range(6))
+    assert any(d.platform == "gpu" for d in j.devices()) or jax.default_backend() != "gpu"
