@@ -21,7 +21,8 @@ def cli(verbose: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def info(as_json: bool) -> None:
     """Versions, GPU and driver, NVDEC codecs, DALI image decoders."""
-    from avpipe._info import format_info, info as _info
+    from avpipe._info import format_info
+    from avpipe._info import info as _info
 
     d = _info()
     click.echo(json.dumps(d, indent=2) if as_json else format_info(d))
@@ -45,7 +46,10 @@ def extract(input_path: str, preset: str, out_dir: str, device: str | None) -> N
     if preset not in PRESETS:
         raise click.BadParameter(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}",
                                  param_hint="--preset")
-    summary = run_extract(input_path, preset=preset, out_dir=out_dir, device=device)
+    try:
+        summary = run_extract(input_path, preset=preset, out_dir=out_dir, device=device)
+    except (ValueError, RuntimeError, OSError) as e:  # bad --out / --device / preset mismatch
+        raise click.ClickException(str(e)) from e
     click.echo(summary.format())
 
 
