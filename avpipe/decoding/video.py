@@ -1,0 +1,431 @@
+"""Video decoding: :class:`VideoDecoder` over NVDEC (PyNvVideoCodec) and PyAV.
+
+::
+
+    with avpipe.VideoDecoder("clip.mp4", device=None) as dec:   # GPU when usable, else CPU
+        dec.metadata.num_frames, dec.metadata.pts_seconds
+        batch = dec.get_frames([10, 3, 3, 40])                   # any order, duplicates
+        batch = dec.get_frames_at([0.5, 1.25])                   # the frame shown at t
+        batch = dec.get_frames_in_range(0, 64, step=4)
+        for chunk in dec.iter_frames(chunk_size=32): ...         # without holding the video
+
+Frame ``i`` is the i-th frame a full decode displays, on both backends: the metadata come from a
+packet scan (every packet's pts, sorted), requests are sorted and deduplicated, every needed GOP
+is decoded once from the keyframe at or before it, and frames are matched by pts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Iterator
+
+import numpy as np
+
+from .._source import open_source
+from ..device import resolve_device
+from ..errors import MemoryCapError, UnsupportedFormatError
+from ._video_cpu import PyAVBackend, frame_to_array
+from ._video_scan import StreamScan, scan_stream
+
+__all__ = ["VideoDecoder", "VideoMetadata", "FrameBatch"]
+
+log = logging.getLogger("avpipe")
+
+DEFAULT_MEMORY_CAP = 4 << 30  # bytes one request may return (4 GiB)
+
+
+@dataclass(frozen=True)
+class VideoMetadata:
+    """What the container and a packet scan say about one video stream.
+
+    ``pts_seconds`` holds one float per frame in display order (the stream's own times, not
+    shifted to 0); ``duration_seconds`` runs from the first frame's pts to the end of the last
+    frame; ``average_fps = num_frames / duration_seconds``. ``rotation`` is the display
+    rotation in degrees counterclockwise; ``sample_aspect_ratio`` is None when not set.
+    """
+
+    num_frames: int
+    pts_seconds: np.ndarray
+    average_fps: float
+    duration_seconds: float
+    width: int
+    height: int
+    codec: str
+    pixel_format: str | None
+    bit_depth: int
+    keyframe_indices: np.ndarray
+    rotation: int
+    sample_aspect_ratio: Fraction | None
+    color_space: str | None
+    color_range: str | None
+    stream_index: int
+    container: str | None
+    time_base: Fraction
+    begin_seconds: float
+    end_seconds: float
+
+    @classmethod
+    def from_scan(cls, s: StreamScan) -> "VideoMetadata":
+        tb = float(s.time_base)
+        pts = s.pts.astype(np.float64) * tb
+        pts.setflags(write=False)
+        kf = s.keyframe_indices.copy()
+        kf.setflags(write=False)
+        begin = float(s.pts[0] * s.time_base)
+        end = float(s.end_pts * s.time_base)
+        dur = end - begin
+        return cls(
+            num_frames=s.num_frames,
+            pts_seconds=pts,
+            average_fps=(s.num_frames / dur) if dur > 0 else 0.0,
+            duration_seconds=dur,
+            width=s.width,
+            height=s.height,
+            codec=s.codec,
+            pixel_format=s.pix_fmt,
+            bit_depth=s.bit_depth,
+            keyframe_indices=kf,
+            rotation=s.rotation,
+            sample_aspect_ratio=s.sample_aspect_ratio,
+            color_space=s.color_space,
+            color_range=s.color_range,
+            stream_index=s.stream_index,
+            container=s.container,
+            time_base=s.time_base,
+            begin_seconds=begin,
+            end_seconds=end,
+        )
+
+
+@dataclass(frozen=True)
+class FrameBatch:
+    """Decoded frames: ``data`` is [N, H, W, 3] uint8 RGB (or [N, 3, H, W] with
+    ``layout="CHW"``, or [N, H*3/2, W] NV12 with ``output="nv12"``) on the decoder's device,
+    numpy on the CPU and cupy on a GPU; ``indices`` and ``pts_seconds`` are numpy, one per frame."""
+
+    data: Any
+    indices: np.ndarray
+    pts_seconds: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+
+class VideoDecoder:
+    """Decode frames of one video stream by index or time.
+
+    Args:
+        source: a path, bytes, or a binary file-like object.
+        device: ``None`` (the GPU when usable, else the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+        stream_index: the stream's index in the container (as FFmpeg/PyAV number them);
+            None picks the best video stream.
+        output: ``"rgb"`` (uint8 RGB, FFmpeg's own conversion on the CPU, the same matrix and
+            range on the GPU) or ``"nv12"`` (native 4:2:0, [H*3/2, W] per frame).
+        layout: ``"HWC"`` or ``"CHW"`` for RGB output.
+        rotate: apply the container's display rotation to returned frames (False: only report
+            it in ``metadata.rotation``).
+        allow_cpu_fallback: on a GPU device, decode with PyAV (and upload) when NVDEC refuses the
+            stream (codec, profile, depth, size); ``backend`` and ``fallback_reason`` report it.
+            False raises :class:`~avpipe.errors.UnsupportedFormatError` instead.
+        memory_cap_bytes: a request whose output would exceed this raises
+            :class:`~avpipe.errors.MemoryCapError` (None: no cap).
+        threads: PyAV decoder threads (0: FFmpeg's choice).
+    """
+
+    def __init__(
+        self,
+        source,
+        *,
+        device=None,
+        stream_index=None,
+        output: str = "rgb",
+        layout: str = "HWC",
+        rotate: bool = False,
+        allow_cpu_fallback: bool = True,
+        memory_cap_bytes: int | None = DEFAULT_MEMORY_CAP,
+        threads: int = 0,
+    ):
+        if output not in ("rgb", "nv12"):
+            raise ValueError(f"output must be 'rgb' or 'nv12', got {output!r}")
+        if layout not in ("HWC", "CHW"):
+            raise ValueError(f"layout must be 'HWC' or 'CHW', got {layout!r}")
+        if output == "nv12" and (rotate or layout != "HWC"):
+            raise ValueError("output='nv12' takes neither rotate=True nor layout='CHW'")
+        if memory_cap_bytes is not None and (
+            not isinstance(memory_cap_bytes, int) or memory_cap_bytes <= 0
+        ):
+            raise ValueError(
+                f"memory_cap_bytes must be a positive int or None, got {memory_cap_bytes!r}"
+            )
+        self._closed = True
+        self.device = resolve_device(device)
+        self._src = open_source(source)
+        self.source_name = self._src.name
+        self._scan = scan_stream(self._src, self.source_name, stream_index)
+        self.metadata = VideoMetadata.from_scan(self._scan)
+        self.output, self.layout, self.rotate = output, layout, bool(rotate)
+        self.memory_cap_bytes = memory_cap_bytes
+        self._cpu = PyAVBackend(self._src, self._scan, threads=threads)
+        self._gpu = None
+        self.fallback_reason: str | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        if self.device.is_cuda:
+            from ._video_nvdec import NvdecBackend, NvdecRefused
+
+            try:
+                self._gpu = NvdecBackend(self._src, self._scan, self.device)
+            except NvdecRefused as e:
+                if not allow_cpu_fallback:
+                    self.close()
+                    raise UnsupportedFormatError(
+                        self.source_name, f"NVDEC refused the stream: {e}"
+                    ) from None
+                self.fallback_reason = str(e)
+                log.warning("avpipe: %s: decoding on the CPU (%s)", self.source_name, e)
+
+    # -- properties --------------------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        """``"nvdec"`` or ``"pyav"`` (the CPU, also after a GPU fallback)."""
+        return "nvdec" if self._gpu is not None else "pyav"
+
+    def __len__(self) -> int:
+        return self.metadata.num_frames
+
+    def __repr__(self) -> str:
+        m = self.metadata
+        return (
+            f"VideoDecoder({self.source_name!r}, device={self.device}, backend={self.backend}, "
+            f"{m.codec} {m.width}x{m.height}, {m.num_frames} frames)"
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        self._closed = True
+        for b in (getattr(self, "_gpu", None), getattr(self, "_cpu", None)):
+            if b is not None:
+                b.close()
+        self._gpu = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- requests ----------------------------------------------------------------------------
+    def _frame_shape(self):
+        m = self.metadata
+        h, w = m.height, m.width
+        if self.output == "nv12":
+            return (h + (h + 1) // 2, w)
+        if self.rotate and m.rotation % 180 == 90:
+            h, w = w, h
+        return (3, h, w) if self.layout == "CHW" else (h, w, 3)
+
+    def _check_indices(self, indices, param="indices") -> np.ndarray:
+        arr = np.asarray(indices)
+        if arr.ndim == 0:
+            arr = arr.reshape(1)
+        if arr.ndim != 1:
+            raise ValueError(f"{param} must be a 1-D sequence of ints, got shape {arr.shape}")
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            if np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)):
+                arr = arr.astype(np.int64)
+            else:
+                raise TypeError(f"{param} must hold ints, got dtype {arr.dtype}")
+        arr = arr.astype(np.int64)
+        n = self.metadata.num_frames
+        arr = np.where(arr < 0, arr + n, arr)
+        bad = (arr < 0) | (arr >= n)
+        if bad.any():
+            raise IndexError(
+                f"{param} must be in [-{n}, {n}) for {self.source_name}, got {np.asarray(indices).ravel()[bad][:5].tolist()}"
+            )
+        return arr
+
+    def _check_cap(self, n: int):
+        if self.memory_cap_bytes is None:
+            return
+        need = n * math.prod(self._frame_shape())
+        if need > self.memory_cap_bytes:
+            raise MemoryCapError(
+                f"request of {n} frames needs {need} bytes, more than memory_cap_bytes="
+                f"{self.memory_cap_bytes} ({self.source_name}); ask for fewer frames or use iter_frames()"
+            )
+
+    def get_frames(self, indices) -> FrameBatch:
+        """Frames at display ``indices`` (any order, duplicates allowed, negative from the end),
+        returned in the order asked."""
+        self._assert_open()
+        idx = self._check_indices(indices)
+        self._check_cap(idx.size)
+        return self._decode(idx)
+
+    def get_frame(self, index: int):
+        """One frame's data ([H, W, 3] by default)."""
+        return self.get_frames([index]).data[0]
+
+    def get_frames_in_range(
+        self, start: int = 0, stop: int | None = None, step: int = 1
+    ) -> FrameBatch:
+        """Frames ``start, start+step, ...`` below ``stop`` (Python ``range`` semantics)."""
+        n = self.metadata.num_frames
+        if not isinstance(step, (int, np.integer)) or step <= 0:
+            raise ValueError(f"step must be a positive int, got {step!r}")
+        stop = n if stop is None else stop
+        for p, v in (("start", start), ("stop", stop)):
+            if not isinstance(v, (int, np.integer)):
+                raise TypeError(f"{p} must be an int, got {v!r}")
+        s, e, st = slice(int(start), int(stop), int(step)).indices(n)
+        return self.get_frames(np.arange(s, e, st, dtype=np.int64))
+
+    def index_at(self, seconds) -> np.ndarray:
+        """For each t, the index of the last frame with pts <= t; ValueError when t is before the
+        first pts or at/after the end of the last frame."""
+        m = self.metadata
+        t = np.asarray(seconds, dtype=np.float64)
+        scalar = t.ndim == 0
+        t = t.reshape(-1)
+        if not np.all(np.isfinite(t)):
+            raise ValueError(f"seconds must be finite, got {np.asarray(seconds).tolist()}")
+        # compare in stream ticks so that a t equal to a frame's pts maps to that frame exactly
+        eps = 1e-9
+        bad = (t < m.begin_seconds - eps) | (t >= m.end_seconds - eps)
+        if bad.any():
+            raise ValueError(
+                f"seconds must be in [{m.begin_seconds}, {m.end_seconds}) for {self.source_name}, "
+                f"got {t[bad][:5].tolist()}"
+            )
+        idx = np.searchsorted(m.pts_seconds, t + eps, side="right") - 1
+        idx = np.clip(idx, 0, m.num_frames - 1).astype(np.int64)
+        return idx[0] if scalar else idx
+
+    def get_frames_at(self, seconds) -> FrameBatch:
+        """For each t (seconds, the stream's own clock), the last frame with pts <= t."""
+        self._assert_open()
+        idx = self.index_at(np.asarray(seconds, dtype=np.float64).reshape(-1))
+        self._check_cap(idx.size)
+        return self._decode(idx)
+
+    def iter_frames(self, indices=None, *, chunk_size: int = 32) -> Iterator[FrameBatch]:
+        """Yield the frames at ``indices`` (default: all, in order) as batches of at most
+        ``chunk_size`` frames, in ascending index order, decoding each GOP once overall."""
+        self._assert_open()
+        if not isinstance(chunk_size, (int, np.integer)) or chunk_size <= 0:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        self._check_cap(int(chunk_size))
+        if indices is None:
+            idx = np.arange(self.metadata.num_frames, dtype=np.int64)
+        else:
+            idx = np.unique(self._check_indices(indices))
+        for s in range(0, idx.size, int(chunk_size)):
+            yield self._decode(idx[s : s + int(chunk_size)])
+
+    # -- internals ---------------------------------------------------------------------------
+    def _assert_open(self):
+        if self._closed:
+            raise RuntimeError(f"VideoDecoder for {self.source_name} is closed")
+
+    def _decode(self, idx: np.ndarray) -> FrameBatch:
+        uniq, inverse = np.unique(idx, return_inverse=True)
+        slots: list[list[int]] = [[] for _ in range(uniq.size)]
+        for row, u in enumerate(inverse.tolist()):
+            slots[u].append(row)
+        targets = uniq.tolist()
+        with self._lock:
+            if self._gpu is not None:
+                data = self._decode_gpu(targets, slots, idx.size)
+            else:
+                data = self._decode_cpu(targets, slots, idx.size)
+        pts = self.metadata.pts_seconds[idx].copy()
+        return FrameBatch(data=data, indices=idx.copy(), pts_seconds=pts)
+
+    def _decode_host(self, targets) -> dict:
+        """{index: numpy frame} in this decoder's output form (before rotation/layout)."""
+        out = {}
+        for t, frame in self._cpu.iter_frames(targets):
+            out[t] = frame_to_array(frame, self.output, self.source_name)
+        return out
+
+    def _finish_host(self, a: np.ndarray) -> np.ndarray:
+        if self.output == "nv12":
+            return a
+        if self.rotate and self.metadata.rotation % 360:
+            a = np.rot90(a, k=(self.metadata.rotation // 90) % 4, axes=(0, 1))
+        if self.layout == "CHW":
+            a = np.moveaxis(a, -1, 0)
+        return a
+
+    def _decode_cpu(self, targets, slots, n):
+        shape = self._frame_shape()
+        out = np.empty((n, *shape), dtype=np.uint8)
+        name = self.source_name
+        for t, frame in self._cpu.iter_frames(targets):
+            a = self._finish_host(frame_to_array(frame, self.output, name))
+            if a.shape != shape:
+                raise UnsupportedFormatError(
+                    name,
+                    f"frame {t} has shape {a.shape}, the stream says {shape} (size change mid-stream)",
+                )
+            rows = slots[_bisect(targets, t)]
+            for r in rows:
+                out[r] = a
+        if self.device.is_cuda:  # GPU fallback: frames go to the decoder's device
+            import cupy
+
+            with cupy.cuda.Device(self.device.index):
+                return cupy.asarray(out)
+        return out
+
+    def _decode_gpu(self, targets, slots, n):
+        import cupy
+
+        m = self.metadata
+        shape = self._frame_shape()
+        rotate = self.rotate and self.output == "rgb" and m.rotation % 360
+        chw = self.layout == "CHW" and not rotate
+        base = (
+            (3, m.height, m.width)
+            if chw
+            else (shape if self.output == "nv12" else (m.height, m.width, 3))
+        )
+        with cupy.cuda.Device(self.device.index):
+            out = cupy.empty((n, *base), dtype=cupy.uint8)
+
+        def fallback(missing):
+            return {t: self._finish_gpu_host(a, chw) for t, a in self._decode_host(missing).items()}
+
+        self._gpu.decode(
+            targets, output=self.output, chw=chw, out=out, slots=slots, cpu_fallback=fallback
+        )
+        if rotate:
+            with cupy.cuda.Device(self.device.index):
+                out = cupy.rot90(out, k=(m.rotation // 90) % 4, axes=(1, 2))
+                if self.layout == "CHW":
+                    out = cupy.moveaxis(out, -1, 1)
+                out = cupy.ascontiguousarray(out)
+        return out
+
+    def _finish_gpu_host(self, a, chw):
+        if self.output == "rgb" and chw:
+            return np.ascontiguousarray(np.moveaxis(a, -1, 0))
+        return a
+
+
+def _bisect(seq, x):
+    import bisect
+
+    return bisect.bisect_left(seq, x)

@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""Clip workload of ../shared/benchmarks/README.md: per file a random clip of 16 frames, stride 4,
+RGB -> short side 224 (bilinear) -> center crop 224 -> ImageNet-normalized fp16 [16, 3, 224, 224],
+16 threads over the H.264 640x360 files of --data. Measured, in one run:
+
+* avpipe_clip_cps — avpipe.VideoDecoder (NVDEC, NV12 + our RGB kernel, decoder reused per thread)
+  + avpipe.decoding.samplers.sample_random_clips + the transform.
+* pynvc_clip_cps  — plain PyNvVideoCodec SimpleDecoder (RGB output, get_batch_frames_by_index)
+  + the same transform.
+* dali_video_reader_cps — DALI fn.readers.video (GPU) + resize + crop_mirror_normalize.
+
+    python3 benchmarks/bench_video.py --data /tmp/bench --out DIR [--budget 15] [--only a,b]
+
+Each measurement is isolated by try/except; results go to DIR/bench_video.json, a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import random
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+CLIP_LEN, STRIDE, CROP, THREADS = 16, 4, 224, 16
+SPAN = (CLIP_LEN - 1) * STRIDE + 1
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+REF_PYNVC, REF_DALI, DECODE_BOUND = 87.5, 19.8, 144.0
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------------------------
+
+def find_files(data_dir, n_min=4):
+    files = sorted(glob.glob(os.path.join(data_dir, "videos_640x360_*f", "h264_*.mp4")))
+    if len(files) >= n_min:
+        return files
+    # no anchor data: make a small set of our own (libx264, 640x360, 300 frames)
+    import av
+
+    out_dir = os.path.join(data_dir, "bench_video_h264")
+    os.makedirs(out_dir, exist_ok=True)
+    files = []
+    for i in range(16):
+        p = os.path.join(out_dir, f"h264_{i:03d}.mp4")
+        if not os.path.exists(p):
+            rng = np.random.default_rng(i)
+            base = rng.integers(0, 255, (360 + 64, 640 + 64, 3), dtype=np.uint8)
+            with av.open(p + ".tmp", "w", format="mp4") as out:
+                st = out.add_stream("libx264", rate=30)
+                st.width, st.height, st.pix_fmt = 640, 360, "yuv420p"
+                st.options = {"preset": "veryfast", "crf": "23"}
+                for t in range(300):
+                    img = base[t % 64:t % 64 + 360, (2 * t) % 64:(2 * t) % 64 + 640]
+                    for pkt in st.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")):
+                        out.mux(pkt)
+                for pkt in st.encode(None):
+                    out.mux(pkt)
+            os.replace(p + ".tmp", p)
+        files.append(p)
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# the transform: one fused cupy kernel (uint8 HWC frames -> fp16 CHW normalized crops)
+# ---------------------------------------------------------------------------------------------
+
+_TRANSFORM = r"""
+#include <cuda_fp16.h>
+extern "C" __global__ void clip_transform(const unsigned char* __restrict__ src, int T, int H, int W,
+    int nh, int nw, int top, int left, int size, __half* __restrict__ dst,
+    float m0, float m1, float m2, float s0, float s1, float s2)
+{
+    long long n = (long long)T * 3 * size * size;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int x = i % size; long long r = i / size;
+    int y = r % size; r /= size;
+    int c = r % 3; int t = r / 3;
+    // bilinear, align_corners=False, no antialias (as torch F.interpolate)
+    float sy = ((y + top) + 0.5f) * ((float)H / nh) - 0.5f;
+    float sx = ((x + left) + 0.5f) * ((float)W / nw) - 0.5f;
+    sy = fmaxf(sy, 0.f); sx = fmaxf(sx, 0.f);
+    int y0 = min((int)sy, H - 1), x0 = min((int)sx, W - 1);
+    int y1 = min(y0 + 1, H - 1), x1 = min(x0 + 1, W - 1);
+    float wy = sy - y0, wx = sx - x0;
+    const unsigned char* f = src + (long long)t * H * W * 3;
+    float v00 = f[((long long)y0 * W + x0) * 3 + c], v01 = f[((long long)y0 * W + x1) * 3 + c];
+    float v10 = f[((long long)y1 * W + x0) * 3 + c], v11 = f[((long long)y1 * W + x1) * 3 + c];
+    float v = (v00 * (1 - wx) + v01 * wx) * (1 - wy) + (v10 * (1 - wx) + v11 * wx) * wy;
+    float m = c == 0 ? m0 : (c == 1 ? m1 : m2);
+    float s = c == 0 ? s0 : (c == 1 ? s1 : s2);
+    dst[i] = __float2half((v - m) / s);
+}
+"""
+_kern = {}
+
+
+def cupy_transform(x):
+    """[T, H, W, 3] uint8 cupy -> [T, 3, 224, 224] float16 cupy."""
+    import cupy
+
+    k = _kern.get("k")
+    if k is None:
+        k = _kern["k"] = cupy.RawKernel(_TRANSFORM, "clip_transform")
+    x = cupy.ascontiguousarray(x)
+    T, H, W, _ = x.shape
+    nh, nw = (CROP, round(W * CROP / H)) if H <= W else (round(H * CROP / W), CROP)
+    top, left = (nh - CROP) // 2, (nw - CROP) // 2
+    out = cupy.empty((T, 3, CROP, CROP), cupy.float16)
+    n = out.size
+    f32 = np.float32
+    k(((n + 255) // 256,), (256,), (x, np.int32(T), np.int32(H), np.int32(W), np.int32(nh), np.int32(nw),
+                                    np.int32(top), np.int32(left), np.int32(CROP), out,
+                                    *(f32(m * 255) for m in MEAN), *(f32(s * 255) for s in STD)))
+    return out
+
+
+def make_transform():
+    """avpipe.ops.image when it exists and agrees with the fused kernel; else the kernel."""
+    try:
+        import cupy
+        from avpipe.ops import image as im
+
+        def t(x):
+            y = im.resize(x, size=CROP)
+            y = im.center_crop(y, size=CROP)
+            y = im.normalize(y, mean=[m * 255 for m in MEAN], std=[s * 255 for s in STD])
+            if y.shape[-1] == 3:
+                y = cupy.moveaxis(y, -1, 1)
+            return cupy.ascontiguousarray(y.astype(cupy.float16))
+
+        x = cupy.asarray(np.random.default_rng(0).integers(0, 256, (2, 360, 640, 3), dtype=np.uint8))
+        a, b = t(x), cupy_transform(x)
+        if a.shape == b.shape and float(cupy.abs(a.astype(cupy.float32) - b.astype(cupy.float32)).max()) < 0.1:
+            return t, "avpipe.ops.image (resize, center_crop, normalize)"
+        why = f"differs from the reference transform (shape {a.shape})"
+    except Exception as e:  # noqa: BLE001
+        why = f"{type(e).__name__}: {e}"
+    return cupy_transform, f"fused cupy kernel (avpipe.ops.image not used: {why[:120]})"
+
+
+# ---------------------------------------------------------------------------------------------
+# timing
+# ---------------------------------------------------------------------------------------------
+
+def run_passes(clip_fn, files, budget, max_passes=40):
+    """Warm-up pass, then passes (each file one clip, 16 threads) until budget seconds."""
+    import cupy
+
+    errors = []
+
+    def safe(args):
+        try:
+            return clip_fn(*args)
+        except Exception as e:  # noqa: BLE001 — count and keep going
+            if len(errors) < 5:
+                errors.append(f"{args[0]}: {type(e).__name__}: {e}")
+            return 0
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        def one_pass(p):
+            order = random.Random(p).sample(files, len(files))
+            return sum(pool.map(safe, [(f, p * 100003 + i) for i, f in enumerate(order)]))
+
+        one_pass(10 ** 6)
+        cupy.cuda.runtime.deviceSynchronize()
+        clips, passes, t0 = 0, 0, time.perf_counter()
+        while passes < max_passes:
+            clips += one_pass(passes)
+            passes += 1
+            if time.perf_counter() - t0 >= budget:
+                break
+        cupy.cuda.runtime.deviceSynchronize()
+        secs = time.perf_counter() - t0
+    return clips / secs, {"clips": clips, "seconds": round(secs, 3), "passes": passes, "errors": errors}
+
+
+def bench_avpipe(files, budget):
+    import avpipe
+    from avpipe.decoding import samplers
+
+    transform, impl = make_transform()
+    stats = {"nvdec": 0, "fallback": 0, "mismatch": 0}
+    lock = threading.Lock()
+    local = threading.local()
+
+    def clip(path, seed):
+        import cupy
+
+        s = getattr(local, "stream", None)
+        if s is None:
+            s = local.stream = cupy.cuda.Stream(non_blocking=True)
+        with avpipe.VideoDecoder(path, device="cuda") as dec:
+            c = samplers.sample_random_clips(dec, num_clips=1, clip_length=CLIP_LEN, stride=STRIDE, seed=seed)
+            with s:
+                out = transform(c.data[0])
+            s.synchronize()
+            with lock:
+                stats["nvdec" if dec.backend == "nvdec" else "fallback"] += 1
+                if dec._gpu is not None:
+                    stats["mismatch"] += dec._gpu.pts_mismatches
+        assert out.shape == (CLIP_LEN, 3, CROP, CROP) and out.dtype == np.float16
+        return 1
+
+    cps, extra = run_passes(clip, files, budget)
+    extra.update(transform=impl, backends=stats)
+    return cps, extra
+
+
+def bench_pynvc(files, budget):
+    import cupy
+    import PyNvVideoCodec as nvc
+
+    local = threading.local()
+
+    def clip(path, seed):
+        st = getattr(local, "st", None)
+        if st is None:
+            st = local.st = {"stream": cupy.cuda.Stream(non_blocking=True), "dec": None, "src": None}
+        with st["stream"]:
+            if st["dec"] is None:
+                st["dec"] = nvc.SimpleDecoder(path, gpu_id=0, use_device_memory=True,
+                                              output_color_type=nvc.OutputColorType.RGB,
+                                              cuda_stream=st["stream"].ptr)
+            elif st["src"] != path:
+                st["dec"].reconfigure_decoder(path)
+            st["src"] = path
+            dec = st["dec"]
+            n = len(dec)
+            start = random.Random(seed).randrange(max(1, n - SPAN + 1))
+            frames = dec.get_batch_frames_by_index(list(range(start, start + SPAN, STRIDE)))
+            x = cupy.stack([cupy.from_dlpack(f) for f in frames])
+            out = cupy_transform(x)
+        st["stream"].synchronize()
+        assert out.shape == (CLIP_LEN, 3, CROP, CROP)
+        return 1
+
+    return run_passes(clip, files, budget)
+
+
+def bench_dali(files, budget):
+    from nvidia.dali import fn, pipeline_def, types
+
+    batch = 8
+
+    @pipeline_def(batch_size=batch, num_threads=8, device_id=0, seed=1234)
+    def pipe_fn():
+        video = fn.readers.video(device="gpu", filenames=files, sequence_length=CLIP_LEN, stride=STRIDE,
+                                 step=64, random_shuffle=True, initial_fill=32, name="Reader")
+        if isinstance(video, (list, tuple)):
+            video = video[0]
+        video = fn.resize(video, resize_shorter=CROP)
+        return fn.crop_mirror_normalize(video, crop=(CROP, CROP), dtype=types.FLOAT16,
+                                        mean=[m * 255 for m in MEAN], std=[s * 255 for s in STD],
+                                        output_layout="FCHW")
+
+    pipe = pipe_fn()
+    pipe.build()
+    for _ in range(4):
+        out = pipe.run()[0]
+    out.as_cpu()
+    clips, iters, t0 = 0, 0, time.perf_counter()
+    while time.perf_counter() - t0 < budget and iters < 2000:
+        out = pipe.run()[0]
+        clips += batch
+        iters += 1
+    out.as_cpu()
+    secs = time.perf_counter() - t0
+    return clips / secs, {"clips": clips, "seconds": round(secs, 3), "iters": iters, "batch": batch}
+
+
+BENCHES = {"avpipe_clip_cps": bench_avpipe, "pynvc_clip_cps": bench_pynvc, "dali_video_reader_cps": bench_dali}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="/tmp/bench")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget", type=float, default=15.0)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--max-files", type=int, default=0)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    files = find_files(args.data)
+    if args.max_files:
+        files = files[: args.max_files]
+    log(f"bench_video: {len(files)} files, e.g. {files[:1]}")
+    names = [n for n in args.only.split(",") if n] or list(BENCHES)
+    results = {"meta": {"files": len(files), "threads": THREADS, "clip_len": CLIP_LEN, "stride": STRIDE,
+                        "budget_s": args.budget, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}, "results": {}}
+    path = os.path.join(args.out, "bench_video.json")
+    for name in names:
+        log(f"--- {name}")
+        t0 = time.time()
+        try:
+            value, extra = BENCHES[name](files, args.budget)
+            entry = {"value": round(value, 2), "unit": "clips/s", "extra": extra}
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            entry = {"error": f"{type(e).__name__}: {e}"[:500]}
+        entry["wall_s"] = round(time.time() - t0, 1)
+        results["results"][name] = entry
+        log(f"RESULT {name} {json.dumps(entry, default=str)}")
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+        import gc
+
+        gc.collect()
+    r = results["results"]
+    ours = r.get("avpipe_clip_cps", {}).get("value")
+    plain = r.get("pynvc_clip_cps", {}).get("value")
+    log("\nname                      clips/s   vs plain pynvc   vs decode bound (144)")
+    for name, e in r.items():
+        v = e.get("value")
+        if v is None:
+            log(f"{name:25s} error: {e.get('error')}")
+            continue
+        vs = f"{v / plain:6.2f}x" if plain else "   n/a"
+        log(f"{name:25s} {v:8.1f}   {vs}          {v / DECODE_BOUND:6.2f}")
+    log(f"anchors (README, H200): pynvc {REF_PYNVC}, DALI {REF_DALI}; target avpipe >= 130 clips/s"
+        + (f"; avpipe/anchor-pynvc = {ours / REF_PYNVC:.2f}" if ours else ""))
+    log(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
