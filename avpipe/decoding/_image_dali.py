@@ -1,0 +1,252 @@
+"""DALI image-decoding pipelines (private): built once per (device, capacity, roi) and fed with
+``fn.external_source``; synchronous (no prefetch), so one ``run()`` decodes exactly the batch fed.
+
+A DALI operator error invalidates its pipeline, so a failed pipeline is dropped from the cache
+and the next call builds a fresh one (a build costs a few milliseconds).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+_CACHE: dict = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def num_threads() -> int:
+    env = os.environ.get("AVPIPE_DALI_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(16, os.cpu_count() or 1))
+
+
+def capacity_for(n: int, max_batch: int) -> int:
+    """Batch capacity buckets (powers of two up to max_batch) so few pipelines get built."""
+    cap = 1
+    while cap < n and cap < max_batch:
+        cap *= 2
+    return min(cap, max_batch)
+
+
+class DaliDecoder:
+    """One DALI pipeline: encoded bytes (+ optional ROI) -> RGB uint8."""
+
+    def __init__(self, device_index: int | None, capacity: int, roi: bool, fancy: bool = True):
+        from nvidia.dali import fn, pipeline_def, types
+
+        self.device_index = device_index
+        self.capacity = capacity
+        self.roi = roi
+        self.fancy = fancy
+        self.lock = threading.Lock()
+        mixed = device_index is not None
+
+        def build(extra):
+            return self._build(fn, pipeline_def, types, mixed, roi, capacity, device_index, extra)
+
+        # the GPU's JPEG chroma upsampling made to match libjpeg-turbo's (the CPU path)
+        extra = {"jpeg_fancy_upsampling": True} if (mixed and fancy) else {}
+        try:
+            self.pipe = build(extra)
+        except Exception:  # noqa: BLE001 - an older DALI without the option: plain decode
+            if not extra:
+                raise
+            self.pipe = build({})
+        self.broken = False
+
+    @staticmethod
+    def _build(fn, pipeline_def, types, mixed, roi, capacity, device_index, extra):
+        @pipeline_def(
+            batch_size=capacity,
+            num_threads=num_threads(),
+            device_id=device_index,
+            exec_async=False,
+            exec_pipelined=False,
+            prefetch_queue_depth=1,
+        )
+        def _pipe():
+            enc = fn.external_source(name="enc", device="cpu", dtype=types.UINT8, ndim=1)
+            dev = "mixed" if mixed else "cpu"
+            if roi:
+                from nvidia.dali import math as dmath
+
+                anchor = fn.external_source(name="anchor", device="cpu", dtype=types.FLOAT, ndim=1)
+                shape = fn.external_source(name="shape", device="cpu", dtype=types.FLOAT, ndim=1)
+                # clip the box to the (upright) image: [W, H] of the picture
+                hwc = fn.peek_image_shape(enc, dtype=types.FLOAT)
+                wh = fn.stack(hwc[1], hwc[0])
+                anchor = dmath.min(anchor, wh - 1.0)
+                shape = dmath.max(dmath.min(shape, wh - anchor), 1.0)
+                return fn.decoders.image_slice(
+                    enc,
+                    anchor,
+                    shape,
+                    device=dev,
+                    output_type=types.RGB,
+                    axis_names="WH",
+                    normalized_anchor=False,
+                    normalized_shape=False,
+                    **extra,
+                )
+            return fn.decoders.image(enc, device=dev, output_type=types.RGB, **extra)
+
+        pipe = _pipe()
+        pipe.build()
+        return pipe
+
+    def run(self, encoded: list, rois: list | None = None):
+        """Decode ``encoded`` (list of uint8 arrays, len <= capacity); returns DALI's TensorList."""
+        with self.lock:
+            if self.broken:
+                raise RuntimeError("pipeline is no longer valid")
+            try:
+                self.pipe.feed_input("enc", encoded)
+                if self.roi:
+                    # roi = (top, left, height, width) -> anchor (x, y), shape (w, h)
+                    self.pipe.feed_input(
+                        "anchor", [np.array([r[1], r[0]], np.float32) for r in rois]
+                    )
+                    self.pipe.feed_input(
+                        "shape", [np.array([r[3], r[2]], np.float32) for r in rois]
+                    )
+                (out,) = self.pipe.run()
+                return out
+            except BaseException:
+                self.broken = True
+                raise
+
+
+def get(device_index: int | None, capacity: int, roi: bool, fancy: bool = True) -> DaliDecoder:
+    key = (device_index, capacity, roi, fancy)
+    with _CACHE_LOCK:
+        dec = _CACHE.get(key)
+        if dec is not None and not dec.broken:
+            return dec
+    dec = DaliDecoder(device_index, capacity, roi, fancy)
+    with _CACHE_LOCK:
+        _CACHE[key] = dec
+    return dec
+
+
+def discard(dec: DaliDecoder) -> None:
+    with _CACHE_LOCK:
+        key = (dec.device_index, dec.capacity, dec.roi, dec.fancy)
+        if _CACHE.get(key) is dec:
+            del _CACHE[key]
+    try:
+        del dec.pipe
+    except AttributeError:
+        pass
+
+
+def to_host_list(out) -> list:
+    """TensorListCPU -> list of numpy arrays (copies: DALI reuses its buffers)."""
+    return [np.array(out[i], copy=True) for i in range(len(out))]
+
+
+def to_cupy_list(out, device_index: int):
+    """TensorListGPU -> (list of cupy arrays, stacked cupy array or None). Copies, since DALI
+    reuses its buffers; one copy of the whole batch when every image has the same shape."""
+    import cupy
+
+    with cupy.cuda.Device(device_index):
+        n = len(out)
+        shapes = out.shape()
+        if n > 1 and all(tuple(s) == tuple(shapes[0]) for s in shapes):
+            try:
+                dense = cupy.asarray(out.as_tensor()).copy()
+                return [dense[i] for i in range(n)], dense
+            except Exception:
+                pass
+        items = [cupy.asarray(out[i]).copy() for i in range(n)]
+        return items, (items[0][None] if n == 1 else None)
+
+
+class StreamDecoder:
+    """A pipelined, prefetching DALI pipeline over a known list of batches: DALI's own threads
+    read and decode batch i+1.. while the caller works on batch i.
+
+    ``load(i)`` returns batch ``i``'s encoded images (a list of uint8 arrays); ``n_batches`` is
+    how many there are. With ``files`` (all sources are paths) DALI's own file reader reads them
+    in its C++ threads instead (the last batch is padded; the caller trims it). ``run()`` returns
+    DALI's TensorList (valid until the next ``run()``) or raises StopIteration after the last
+    batch.
+    """
+
+    def __init__(self, load, n_batches: int, device_index, capacity: int, fancy: bool,
+                 prefetch: int = 2, files: list | None = None):  # fmt: skip
+        from nvidia.dali import fn, pipeline_def, types
+
+        mixed = device_index is not None
+
+        def source(info):
+            if info.iteration >= n_batches:
+                raise StopIteration
+            return load(info.iteration)
+
+        def build(extra):
+            @pipeline_def(
+                batch_size=capacity,
+                num_threads=num_threads(),
+                device_id=device_index,
+                prefetch_queue_depth=prefetch,
+            )
+            def _pipe():
+                if files is not None:
+                    enc, _ = fn.readers.file(
+                        files=files, random_shuffle=False, pad_last_batch=True, name="reader"
+                    )
+                else:
+                    enc = fn.external_source(
+                        source=source, batch=True, batch_info=True, device="cpu",
+                        dtype=types.UINT8, ndim=1,
+                    )  # fmt: skip
+                return fn.decoders.image(
+                    enc, device="mixed" if mixed else "cpu", output_type=types.RGB, **extra
+                )
+
+            pipe = _pipe()
+            pipe.build()
+            return pipe
+
+        extra = {"jpeg_fancy_upsampling": True} if (mixed and fancy) else {}
+        try:
+            self.pipe = build(extra)
+        except Exception:  # noqa: BLE001
+            if not extra:
+                raise
+            self.pipe = build({})
+
+        self.n_batches = n_batches
+        self.done = 0
+
+    def run(self):
+        if self.done >= self.n_batches:
+            raise StopIteration
+        (out,) = self.pipe.run()
+        self.done += 1
+        return out
+
+    def close(self):
+        self.pipe = None
+
+
+def views(out, device_index):
+    """TensorList -> (list of per-image arrays, stacked array or None), without copying: the
+    arrays alias DALI's buffers and are valid until the pipeline runs again."""
+    n = len(out)
+    if device_index is None:
+        if out.is_dense_tensor():
+            dense = np.asarray(out.as_tensor())
+            return [dense[i] for i in range(n)], dense
+        return [np.asarray(out[i]) for i in range(n)], None
+    import cupy
+
+    with cupy.cuda.Device(device_index):
+        if out.is_dense_tensor():
+            dense = cupy.asarray(out.as_tensor())
+            return [dense[i] for i in range(n)], dense
+        return [cupy.asarray(out[i]) for i in range(n)], None

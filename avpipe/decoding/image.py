@@ -1,0 +1,367 @@
+"""Still-image decoding through DALI (nvImageCodec).
+
+On a GPU (``device="cuda"``) DALI's ``"mixed"`` decoder uses nvJPEG (with the A100/H100/H200
+hardware JPEG engine where the GPU has one), nvJPEG2000 and nvTIFF; on the CPU its CPU decoders
+(libjpeg-turbo, libpng, libtiff, OpenJPEG, libwebp, ...). Formats: JPEG, PNG, TIFF, JPEG 2000,
+BMP, WebP, PNM.
+
+Output is always ``[H, W, 3]`` uint8 RGB:
+
+* grayscale is replicated to three channels, palette images expanded, alpha dropped;
+* 16-bit samples (PNG, TIFF) become ``round(x / 257)`` (DALI's own uint8 conversion, which is
+  exactly this rule; tests check it against the 16-bit source values);
+* EXIF orientation is honoured (the pixels come back upright, as
+  ``PIL.ImageOps.exif_transpose`` gives them).
+
+Decoding is batched: one DALI pipeline per (device, batch capacity, ROI or not) is built once and
+fed through ``fn.external_source``. With ``roi=`` each image is decoded only inside its box
+(``fn.decoders.image_slice``: nvJPEG and libjpeg-turbo skip the rest of the picture).
+
+Errors: a missing path raises ``FileNotFoundError``; unrecognised bytes raise
+:class:`~avpipe.errors.UnsupportedFormatError`, empty, truncated or corrupt images
+:class:`~avpipe.errors.CorruptDataError` — both name the file. DALI fails a whole batch when one
+image is bad, so a failed batch is decoded again item by item to find the culprits; with
+``on_error="skip"`` the good images still come back (``None`` in place of each bad one) and
+:func:`decode_image_batch` reports the errors.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._source import open_source
+from ..device import Device, gpu_available, resolve_device
+from ..errors import CorruptDataError, DecodeError, UnsupportedFormatError
+from . import _image_dali as _dali
+
+__all__ = [
+    "decode_images",
+    "decode_image_batch",
+    "decode_image_stream",
+    "ImageBatch",
+    "sniff_format",
+    "decoder_status",
+]
+
+MAX_BATCH = 256
+
+_MAGIC = (
+    (b"\xff\xd8\xff", "jpeg"),
+    (b"\x89PNG\r\n\x1a\n", "png"),
+    (b"II*\x00", "tiff"),
+    (b"MM\x00*", "tiff"),
+    (b"II+\x00", "tiff"),
+    (b"MM\x00+", "tiff"),
+    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "jpeg2000"),
+    (b"\xff\x4f\xff\x51", "jpeg2000"),
+    (b"BM", "bmp"),
+)
+
+
+def sniff_format(data: bytes) -> str | None:
+    """The image format from the first bytes (``"jpeg"``, ``"png"``, ``"tiff"``, ``"jpeg2000"``,
+    ``"bmp"``, ``"webp"``, ``"pnm"``), or None when it is none of those."""
+    head = bytes(data[:16])
+    for magic, name in _MAGIC:
+        if head.startswith(magic):
+            return name
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    if len(head) >= 3 and head[0:1] == b"P" and head[1:2] in b"123456" and head[2:3].isspace():
+        return "pnm"
+    return None
+
+
+@dataclass(frozen=True)
+class ImageBatch:
+    """The result of :func:`decode_image_batch`.
+
+    ``images``: one ``[H, W, 3]`` uint8 array per source (numpy on the CPU, cupy on a GPU),
+    ``None`` where decoding failed. ``errors``: ``(index, exception)`` for each failure.
+    ``device``: where the arrays live. ``stacked`` (GPU batches, streams): all images as one ``[N, H, W, 3]``
+    array when every image decoded and all have the same shape (the images are views of it);
+    else None.
+    """
+
+    images: list
+    errors: tuple = ()
+    device: str = "cpu"
+    stacked: Any = field(default=None, repr=False)
+
+
+def _classify(name: str, data: bytes, exc: BaseException) -> DecodeError:
+    text = str(exc)
+    m = re.search(r"encountered:\s*(.*)", text, re.S)
+    why = (m.group(1) if m else text).strip().splitlines()
+    why = why[0].strip() if why else type(exc).__name__
+    if sniff_format(data) is None:
+        return UnsupportedFormatError(name, f"not a supported image format ({why})")
+    return CorruptDataError(name, f"could not decode image: {why}")
+
+
+def _check_on_error(on_error):
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+
+
+def _check_rois(rois, n):
+    if rois is None:
+        return None
+    rois = list(rois)
+    if len(rois) != n:
+        raise ValueError(f"roi must have one box per source ({n}), got {len(rois)}")
+    out = []
+    for r in rois:
+        if r is None:
+            out.append(None)
+            continue
+        try:
+            top, left, h, w = (int(v) for v in r)
+        except (TypeError, ValueError):
+            raise ValueError(f"roi boxes must be (top, left, height, width), got {r!r}") from None
+        if top < 0 or left < 0 or h <= 0 or w <= 0:
+            raise ValueError(f"roi boxes must be (top, left, height, width) >= 0, got {r!r}")
+        out.append((top, left, h, w))
+    return out
+
+
+def _run(dev: Device, encoded: list, rois, fancy: bool = True):
+    """Decode one chunk; returns (list of arrays, stacked or None). Raises DALI's error."""
+    idx = dev.index if dev.is_cuda else None
+    use_roi = rois is not None
+    cap = _dali.capacity_for(len(encoded), MAX_BATCH)
+    dec = _dali.get(idx, cap, use_roi, fancy)
+    try:
+        out = dec.run(encoded, rois)
+    except BaseException:
+        _dali.discard(dec)
+        raise
+    if dev.is_cuda:
+        return _dali.to_cupy_list(out, dev.index)
+    items = _dali.to_host_list(out)
+    return items, None
+
+
+def decode_image_batch(
+    sources: Sequence,
+    *,
+    device=None,
+    roi: Sequence | None = None,
+    exact_jpeg: bool = True,
+) -> ImageBatch:
+    """Decode every source, never raising for a bad image (see :class:`ImageBatch`).
+
+    ``roi``: one ``(top, left, height, width)`` box (or None: whole image) per source, in the
+    upright image's pixels; boxes are clipped to the image. A missing path still raises
+    ``FileNotFoundError`` (it is an argument error, not a content error).
+    ``exact_jpeg``: on the GPU, upsample JPEG chroma as libjpeg-turbo does (DALI's
+    ``jpeg_fancy_upsampling``), so GPU and CPU pixels agree within 2 levels; False lets nvJPEG use
+    its faster default upsampling (larger differences at sharp colour edges; what a plain DALI
+    pipeline does).
+    """
+    if isinstance(sources, (str, bytes, bytearray, memoryview, os.PathLike)) or hasattr(
+        sources, "read"
+    ):
+        sources = [sources]
+    sources = list(sources)
+    dev = resolve_device(device)
+    rois = _check_rois(roi, len(sources))
+    srcs = [open_source(s, param=f"sources[{i}]") for i, s in enumerate(sources)]
+    images: list = [None] * len(srcs)
+    errors: list = []
+    datas: list = [None] * len(srcs)
+    todo = []
+    for i, s in enumerate(srcs):
+        try:
+            data = s.read_bytes()
+        except OSError as e:
+            errors.append((i, CorruptDataError(s.name, f"could not read: {e}")))
+            continue
+        datas[i] = data
+        if len(data) == 0:
+            errors.append((i, CorruptDataError(s.name, "empty file")))
+        elif sniff_format(data) is None:
+            errors.append((i, UnsupportedFormatError(s.name, "not a supported image format")))
+        else:
+            todo.append(i)
+    stacked = None
+    with dev.activate():
+        for c0 in range(0, len(todo), MAX_BATCH):
+            chunk = todo[c0 : c0 + MAX_BATCH]
+            enc = [np.frombuffer(datas[i], np.uint8) for i in chunk]
+            crs = None
+            if rois is not None:
+                crs = [rois[i] if rois[i] is not None else (0, 0, 1 << 30, 1 << 30) for i in chunk]
+            try:
+                items, dense = _run(dev, enc, crs, exact_jpeg)
+                for i, a in zip(chunk, items):
+                    images[i] = a
+                if len(chunk) == len(srcs):
+                    stacked = dense
+            except Exception:
+                # find the culprits one by one (each failure rebuilds a 1-image pipeline)
+                for j, i in enumerate(chunk):
+                    try:
+                        items, _ = _run(
+                            dev, [enc[j]], None if crs is None else [crs[j]], exact_jpeg
+                        )
+                        images[i] = items[0]
+                    except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError
+                        errors.append((i, _classify(srcs[i].name, datas[i], e)))
+    errors.sort(key=lambda t: t[0])
+    return ImageBatch(images=images, errors=tuple(errors), device=str(dev), stacked=stacked)
+
+
+def decode_images(
+    sources, *, device=None, on_error: str = "raise", roi=None, exact_jpeg: bool = True
+) -> list:
+    """Decode images to a list of ``[H, W, 3]`` uint8 RGB arrays (numpy on the CPU, cupy on a GPU).
+
+    ``sources``: paths, bytes or binary file-likes (a single source gives a list of one).
+    ``device``: None (the GPU when usable, else the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+    ``on_error``: ``"raise"`` raises the first bad image's :class:`~avpipe.DecodeError` (naming
+    the file); ``"skip"`` puts ``None`` in its place. ``roi``, ``exact_jpeg``: see
+    :func:`decode_image_batch`.
+    """
+    _check_on_error(on_error)
+    batch = decode_image_batch(sources, device=device, roi=roi, exact_jpeg=exact_jpeg)
+    if batch.errors and on_error == "raise":
+        raise batch.errors[0][1]
+    return batch.images
+
+
+def decode_image_stream(
+    sources: Sequence,
+    *,
+    batch_size: int = 128,
+    device=None,
+    exact_jpeg: bool = True,
+    prefetch: int = 2,
+):
+    """Decode ``sources`` in batches of ``batch_size``, yielding one :class:`ImageBatch` each, with
+    DALI reading and decoding the next batches while the caller works on the current one (the
+    training / benchmark hot path).
+
+    No copies: each batch's arrays alias DALI's output buffers and stay valid only until the next
+    batch is asked for (copy what you keep); on a GPU, asking for the next batch first waits for
+    the work queued on the current CuPy stream. ``stacked`` is set when a batch's images all have
+    one shape. A batch that fails (a bad image) and every batch after it are decoded again with
+    :func:`decode_image_batch`, so bad images show up in ``errors`` and the rest still come back.
+    A missing path raises ``FileNotFoundError`` before anything is decoded.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if isinstance(sources, (str, bytes, bytearray, memoryview, os.PathLike)):
+        sources = [sources]
+    srcs = [open_source(s, param=f"sources[{i}]") for i, s in enumerate(sources)]
+    dev = resolve_device(device)
+    chunks = [srcs[i : i + batch_size] for i in range(0, len(srcs), batch_size)]
+    return _stream(chunks, dev, batch_size, exact_jpeg, prefetch)
+
+
+def _load_chunk(chunk):
+    out = []
+    for s in chunk:
+        try:
+            data = s.read_bytes()
+        except OSError:
+            data = b""
+        out.append(np.frombuffer(data, np.uint8))
+    return out
+
+
+def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch):
+    if not chunks:
+        return
+    idx = dev.index if dev.is_cuda else None
+    done = 0
+    # items DALI cannot even start on (empty / unknown) make the fast path fall back at once
+    with dev.activate():
+        paths = [s.path for c in chunks for s in c]
+        try:
+            dec = _dali.StreamDecoder(
+                lambda i: _load_chunk(chunks[i]), len(chunks), idx, batch_size, exact_jpeg,
+                prefetch, files=paths if all(p is not None for p in paths) else None,
+            )  # fmt: skip
+        except Exception:  # noqa: BLE001 - no fast path: the per-batch path below
+            dec = None
+        while dec is not None and done < len(chunks):
+            if done and dev.is_cuda:
+                # work the caller queued on the previous batch's buffers must finish before
+                # DALI may reuse them
+                import cupy
+
+                cupy.cuda.get_current_stream().synchronize()
+            try:
+                out = dec.run()
+            except StopIteration:
+                break
+            except Exception:  # noqa: BLE001 - a bad image: redo from this batch on
+                dec.close()
+                dec = None
+                break
+            items, dense = _dali.views(out, idx)
+            k = len(chunks[done])  # the reader pads the last batch
+            if len(items) > k:
+                items, dense = items[:k], (dense[:k] if dense is not None else None)
+            yield ImageBatch(images=items, errors=(), device=str(dev), stacked=dense)
+            done += 1
+    for chunk in chunks[done:]:
+        yield decode_image_batch(chunk, device=dev, exact_jpeg=exact_jpeg)
+
+
+# --- avpipe.info() probe ------------------------------------------------------------------------
+
+# an 8x8 baseline JPEG of one colour (200, 30, 60)
+_TINY_JPEG = base64.b64decode(
+    "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAAMCAgMCAgMDAwMEAwMEBQgFBQQEBQoHBwYIDAoMDAsKCwsNDhIQDQ4RDgsL"
+    "EBYQERMUFRUVDA8XGBYUGBIUFRT/2wBDAQMEBAUEBQkFBQkUDQsNFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQU"
+    "FBQUFBQUFBQUFBQUFBQUFBQUFBT/wAARCAAIAAgDASIAAhEBAxEB/8QAHwAAAQUBAQEBAQEAAAAAAAAAAAECAwQFBgcI"
+    "CQoL/8QAtRAAAgEDAwIEAwUFBAQAAAF9AQIDAAQRBRIhMUEGE1FhByJxFDKBkaEII0KxwRVS0fAkM2JyggkKFhcYGRol"
+    "JicoKSo0NTY3ODk6Q0RFRkdISUpTVFVWV1hZWmNkZWZnaGlqc3R1dnd4eXqDhIWGh4iJipKTlJWWl5iZmqKjpKWmp6ip"
+    "qrKztLW2t7i5usLDxMXGx8jJytLT1NXW19jZ2uHi4+Tl5ufo6erx8vP09fb3+Pn6/8QAHwEAAwEBAQEBAQEBAQAAAAAA"
+    "AAECAwQFBgcICQoL/8QAtREAAgECBAQDBAcFBAQAAQJ3AAECAxEEBSExBhJBUQdhcRMiMoEIFEKRobHBCSMzUvAVYnLR"
+    "ChYkNOEl8RcYGRomJygpKjU2Nzg5OkNERUZHSElKU1RVVldYWVpjZGVmZ2hpanN0dXZ3eHl6goOEhYaHiImKkpOUlZaX"
+    "mJmaoqOkpaanqKmqsrO0tba3uLm6wsPExcbHyMnK0tPU1dbX2Nna4uPk5ebn6Onq8vP09fb3+Pn6/9oADAMBAAIRAxEA"
+    "PwDwqiiivmj+3T//2Q=="
+)
+
+
+def _probe(device: str) -> str:
+    try:
+        batch = decode_image_batch([_TINY_JPEG], device=device)
+        if batch.errors:
+            return f"unavailable: {batch.errors[0][1]}"
+        img = batch.images[0]
+        if device != "cpu":
+            img = img.get()
+        if img.shape != (8, 8, 3) or np.abs(img[4, 4].astype(int) - (200, 30, 60)).max() > 8:
+            return f"unavailable: wrong pixels {img[4, 4].tolist()} (shape {img.shape})"
+        return "ok"
+    except Exception as e:  # noqa: BLE001 - a status report never raises
+        return f"unavailable: {type(e).__name__}: {e}".splitlines()[0][:300]
+
+
+def decoder_status() -> dict:
+    """Whether DALI's CPU and GPU ("mixed") image decoders build and run on a tiny in-memory JPEG:
+    ``{"cpu": "ok" | "unavailable: <why>", "mixed": ...}``. Never raises."""
+    out = {}
+    try:
+        import nvidia.dali  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        why = f"unavailable: DALI does not import ({type(e).__name__}: {e})"
+        return {"cpu": why, "mixed": why}
+    out["cpu"] = _probe("cpu")
+    try:
+        usable = gpu_available()
+    except Exception:  # noqa: BLE001
+        usable = False
+    out["mixed"] = _probe("cuda") if usable else "unavailable: no usable CUDA GPU"
+    return out

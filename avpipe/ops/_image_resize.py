@@ -1,0 +1,157 @@
+"""Separable resampling weights (private).
+
+Each axis of a resize is a sparse linear map ``out[i] = sum_k w[i, k] * in[idx[i, k]]``. The
+taps ``idx`` and weights ``w`` are computed once per (input size, output size, filter, antialias,
+output window) in float64 with numpy and cached; applying them is a gather plus a weighted sum,
+written once against the array module (numpy or cupy), so the CPU and GPU paths do the same
+arithmetic in float32.
+
+Two conventions:
+
+* ``antialias=True`` — PIL's ``Image.resize`` (and torchvision's ``antialias=True``): pixel
+  centers at ``(i + 0.5) * scale``, the filter widened by ``scale`` when downscaling so every
+  input pixel contributes; bilinear = triangle filter, bicubic = Keys cubic with ``a = -0.5``.
+  Taps that fall outside the image are dropped and the remaining weights renormalized.
+* ``antialias=False`` — torch ``interpolate(align_corners=False)`` / torchvision
+  ``antialias=False``: source coordinate ``(i + 0.5) * scale - 0.5``; bilinear clamps negative
+  coordinates to 0 and the upper tap to the last pixel; bicubic uses ``a = -0.75`` and replicates
+  the border.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+
+def _triangle(x):
+    x = np.abs(x)
+    return np.where(x < 1.0, 1.0 - x, 0.0)
+
+
+def _cubic(x, a):
+    x = np.abs(x)
+    x2, x3 = x * x, x * x * x
+    return np.where(
+        x < 1.0,
+        (a + 2.0) * x3 - (a + 3.0) * x2 + 1.0,
+        np.where(x < 2.0, a * x3 - 5.0 * a * x2 + 8.0 * a * x - 4.0 * a, 0.0),
+    )
+
+
+_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
+
+
+def _aa_weights(in_size: int, out_size: int, interpolation: str):
+    """PIL's precompute_coeffs, in float64."""
+    scale = in_size / out_size
+    fscale = max(scale, 1.0)
+    support = _SUPPORT[interpolation] * fscale
+    ksize = int(math.ceil(support)) * 2 + 1
+    idx = np.zeros((out_size, ksize), np.int64)
+    w = np.zeros((out_size, ksize), np.float64)
+    for i in range(out_size):
+        center = (i + 0.5) * scale
+        xmin = max(int(center - support + 0.5), 0)
+        xmax = min(int(center + support + 0.5), in_size)
+        xs = np.arange(xmin, xmax)
+        t = (xs - center + 0.5) / fscale
+        k = _triangle(t) if interpolation == "bilinear" else _cubic(t, -0.5)
+        total = k.sum()
+        if total != 0.0:
+            k = k / total
+        n = len(xs)
+        idx[i, :n] = xs
+        idx[i, n:] = xs[-1] if n else 0
+        w[i, :n] = k
+    return idx, w
+
+
+def _plain_weights(in_size: int, out_size: int, interpolation: str):
+    """torch.nn.functional.interpolate(align_corners=False, antialias=False)."""
+    scale = in_size / out_size
+    i = np.arange(out_size, dtype=np.float64)
+    src = (i + 0.5) * scale - 0.5
+    if interpolation == "bilinear":
+        src = np.maximum(src, 0.0)
+        x0 = np.floor(src).astype(np.int64)
+        x0 = np.minimum(x0, in_size - 1)
+        lam = src - x0
+        x1 = np.minimum(x0 + 1, in_size - 1)
+        idx = np.stack([x0, x1], 1)
+        w = np.stack([1.0 - lam, lam], 1)
+    else:
+        x0 = np.floor(src).astype(np.int64)
+        t = src - x0
+        offs = np.arange(-1, 3)
+        idx = np.clip(x0[:, None] + offs[None, :], 0, in_size - 1)
+        w = _cubic(t[:, None] - offs[None, :], -0.75)
+    return idx, w
+
+
+@functools.lru_cache(maxsize=512)
+def axis_weights(
+    in_size: int,
+    out_size: int,
+    interpolation: str,
+    antialias: bool,
+    start: int = 0,
+    stop: int | None = None,
+):
+    """``(idx [n, K] int64, w [n, K] float32)`` for output positions ``start:stop`` of a resize
+    of ``in_size`` to ``out_size`` (a window of the output = a crop folded into the resize)."""
+    if antialias:
+        idx, w = _aa_weights(in_size, out_size, interpolation)
+    else:
+        idx, w = _plain_weights(in_size, out_size, interpolation)
+    stop = out_size if stop is None else stop
+    idx = np.ascontiguousarray(idx[start:stop])
+    w = np.ascontiguousarray(w[start:stop].astype(np.float32))
+    idx.setflags(write=False)
+    w.setflags(write=False)
+    return idx, w
+
+
+_DEVICE_CACHE: dict = {}
+
+
+def _dense(idx, w, in_size):
+    """The [out, in] matrix of a tap list (duplicate taps add up)."""
+    m = np.zeros((idx.shape[0], in_size), np.float32)
+    np.add.at(m, (np.repeat(np.arange(idx.shape[0]), idx.shape[1]), idx.reshape(-1)),
+              w.reshape(-1))  # fmt: skip
+    return m
+
+
+def _device_dense(xp, idx, w, in_size, transpose=False):
+    """The dense weight matrix (or its transpose) on cupy's current device, cached."""
+    key = (id(idx), id(w), in_size, transpose, int(xp.cuda.runtime.getDevice()))
+    hit = _DEVICE_CACHE.get(key)
+    if hit is None or hit[0] is not idx:
+        m = _dense(idx, w, in_size)
+        hit = (idx, w, xp.asarray(np.ascontiguousarray(m.T) if transpose else m))
+        if len(_DEVICE_CACHE) > 1024:
+            _DEVICE_CACHE.clear()
+        _DEVICE_CACHE[key] = hit
+    return hit[2]
+
+
+def apply_axis(xp, x, idx, w, axis: int):
+    """Resample float32 ``x`` [N, C, H, W] along ``axis`` (2: H, 3: W) with taps ``idx``/``w``.
+
+    The same linear map on both array modules: numpy gathers each tap and accumulates (work
+    proportional to the taps); cupy multiplies by the dense weight matrix (one cuBLAS GEMM, no
+    gathered temporaries). They agree to float32 rounding.
+    """
+    if xp is np:
+        # one gather + multiply-add per tap: work proportional to the taps, no K-wide temporary
+        shape = (-1, 1) if axis == 2 else (-1,)
+        out = np.take(x, idx[:, 0], axis=axis) * w[:, 0].reshape(shape)
+        for k in range(1, idx.shape[1]):
+            out += np.take(x, idx[:, k], axis=axis) * w[:, k].reshape(shape)
+        return out
+    if axis == 2:
+        return xp.matmul(_device_dense(xp, idx, w, x.shape[2]), x)  # [O, H] @ [N, C, H, W]
+    return xp.matmul(x, _device_dense(xp, idx, w, x.shape[3], True))  # [N, C, H, W] @ [W, O]

@@ -1,0 +1,457 @@
+"""Image and video-frame operators, written once for numpy (CPU) and cupy (GPU).
+
+Layout: arrays are NHWC. A clip ``[T, H, W, C]`` is a batch of frames; an image ``[H, W, C]``
+is a clip of one frame and comes back as ``[H, W, C]`` (or ``[C, H, W]`` after a layout change).
+Results stay on the input's device (``xp = avpipe.device.array_module(x)``).
+
+Resize (:func:`resize`) is separable resampling with precomputed per-axis weights:
+
+* ``antialias=True`` follows PIL's ``Image.resize`` (bilinear = triangle, bicubic ``a=-0.5``,
+  the filter widened when downscaling). On float input (0..255 values) it matches torch
+  ``interpolate(..., antialias=True)`` within 0.01; on uint8 input it matches PIL within 2 levels
+  (like PIL, uint8 input is rounded and clipped between the two passes; PIL's 22-bit fixed-point
+  weights and its fixed pass order leave the remaining differences).
+* ``antialias=False`` follows torch ``interpolate(align_corners=False)`` (half-pixel centers,
+  bicubic ``a=-0.75``); on float input (0..255 values) within 0.01 of torch.
+
+uint8 in -> uint8 out (rounded half up, clipped); float in -> float32 out (not clipped).
+The numpy and cupy paths do the same float32 arithmetic (summation order aside); they agree
+within 0.01 on float data (0..255 values) and, on uint8, up to 2 levels where a value sits on a
+rounding boundary (rare).
+
+:func:`resize_crop_normalize` is the training hot path: the crop is folded into the resize
+weights (only the kept output rows/columns are computed), then mean/std, dtype and layout in one
+pass.
+
+:func:`nv12_to_rgb` converts NV12 (or planar 4:2:0) to RGB with the colour tags' matrix and range,
+in swscale's own fixed-point arithmetic (bit-exact with PyAV's ``to_ndarray(format="rgb24")`` of
+the same yuv420p planes on x86).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from ..device import array_module
+from . import _image_resize as _rs
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "resize",
+    "resize_short_side_size",
+    "crop",
+    "center_crop",
+    "flip",
+    "normalize",
+    "to_layout",
+    "to_chw",
+    "to_dtype",
+    "nv12_to_rgb",
+    "resize_crop_normalize",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_INTERP = ("bilinear", "bicubic")
+_DTYPES = {"float16": np.float16, "float32": np.float32, "uint8": np.uint8}
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _as_batch(x, param="x"):
+    """(xp, x as [N, H, W, C], was_single)."""
+    xp = array_module(x)
+    if not hasattr(x, "ndim"):
+        raise TypeError(f"{param} must be a numpy or cupy array, got {type(x).__name__}")
+    if x.ndim == 3:
+        return xp, x[None], True
+    if x.ndim == 4:
+        return xp, x, False
+    raise ValueError(f"{param} must be [H, W, C] or [N, H, W, C], got shape {tuple(x.shape)}")
+
+
+def _pos_int(v, param):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
+        raise ValueError(f"{param} must be a positive int, got {v!r}")
+    return int(v)
+
+
+def _hw(size, param="size"):
+    if isinstance(size, numbers.Integral) and not isinstance(size, bool):
+        s = _pos_int(size, param)
+        return s, s
+    try:
+        h, w = size
+    except (TypeError, ValueError):
+        raise ValueError(f"{param} must be an int or (height, width), got {size!r}") from None
+    return _pos_int(h, param), _pos_int(w, param)
+
+
+def _dtype(dtype, param="dtype"):
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise ValueError(f"{param} must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        return np.dtype(_DTYPES[dtype])
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"{param} must be one of {sorted(_DTYPES)}, got {dtype!r}") from None
+    if dt.type not in _DTYPES.values():
+        raise ValueError(f"{param} must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    return dt
+
+
+def _check_interp(interpolation):
+    if interpolation not in _INTERP:
+        raise ValueError(f"interpolation must be one of {list(_INTERP)}, got {interpolation!r}")
+
+
+def resize_short_side_size(height: int, width: int, short_side: int) -> tuple[int, int]:
+    """Output (h, w) when the shorter side becomes ``short_side`` (torchvision's rounding:
+    the long side is ``int(short_side * long / short)``)."""
+    short_side = _pos_int(short_side, "short_side")
+    if height <= width:
+        return short_side, max(1, int(short_side * width / height))
+    return max(1, int(short_side * height / width)), short_side
+
+
+def _round_u8(xp, y):
+    return xp.clip(xp.floor(y + 0.5), 0, 255).astype(xp.uint8)
+
+
+def _resample(xp, x, out_h, out_w, interpolation, antialias, rows=None, cols=None, u8=False):
+    """float32 [N, C, H, W] -> float32 [N, C, len(rows), len(cols)] (rows/cols: output windows
+    of the resized image, i.e. a crop folded into the resize).
+
+    ``u8``: round and clip to 0..255 between the passes, as PIL does for 8-bit images (so that
+    bicubic overshoot is clipped the same way), and take PIL's pass order (horizontal first)."""
+    n, c, h, w = x.shape
+    r0, r1 = rows if rows is not None else (0, out_h)
+    c0, c1 = cols if cols is not None else (0, out_w)
+    y_idx, y_w = _rs.axis_weights(h, out_h, interpolation, bool(antialias), r0, r1)
+    x_idx, x_w = _rs.axis_weights(w, out_w, interpolation, bool(antialias), c0, c1)
+    do_h = (out_h, r0, r1) != (h, 0, h)
+    do_w = (out_w, c0, c1) != (w, 0, w)
+
+    def mid(t):
+        return xp.clip(xp.floor(t + 0.5), 0.0, 255.0) if (u8 and do_h and do_w) else t
+
+    # the pass that leaves the smaller intermediate goes first
+    if not u8 and (r1 - r0) * w <= h * (c1 - c0):
+        if do_h:
+            x = mid(_rs.apply_axis(xp, x, y_idx, y_w, 2))
+        if do_w:
+            x = _rs.apply_axis(xp, x, x_idx, x_w, 3)
+    else:
+        if do_w:
+            x = mid(_rs.apply_axis(xp, x, x_idx, x_w, 3))
+        if do_h:
+            x = _rs.apply_axis(xp, x, y_idx, y_w, 2)
+    return x
+
+
+def _to_nchw_f32(xp, xb):
+    return xp.ascontiguousarray(xp.transpose(xb, (0, 3, 1, 2)), dtype=xp.float32)
+
+
+def _target_size(h, w, size, short_side):
+    if (size is None) == (short_side is None):
+        raise ValueError(
+            f"give exactly one of size or short_side, got size={size!r}, short_side={short_side!r}"
+        )
+    if size is not None:
+        return _hw(size)
+    return resize_short_side_size(h, w, short_side)
+
+
+# --- public operators -------------------------------------------------------------------------
+
+
+def resize(
+    x,
+    size=None,
+    *,
+    short_side: int | None = None,
+    interpolation: str = "bilinear",
+    antialias: bool = True,
+):
+    """Resize ``x`` ([H, W, C] or [N, H, W, C]) to ``size=(h, w)`` (or an int for a square), or so
+    that its shorter side is ``short_side`` (aspect kept, torchvision's rounding).
+
+    ``interpolation``: ``"bilinear"`` or ``"bicubic"``. ``antialias=True``: PIL's filters (widened
+    when downscaling); ``antialias=False``: torch ``interpolate(align_corners=False)``.
+    uint8 in -> uint8 out; other dtypes -> float32. Tolerances: see the module docstring.
+    """
+    _check_interp(interpolation)
+    xp, xb, single = _as_batch(x)
+    n, h, w, c = xb.shape
+    oh, ow = _target_size(h, w, size, short_side)
+    if (oh, ow) == (h, w):
+        out = xb if xb.dtype == np.uint8 else xb.astype(xp.float32)
+    else:
+        u8 = xb.dtype == np.uint8
+        y = _resample(xp, _to_nchw_f32(xp, xb), oh, ow, interpolation, antialias, u8=u8)
+        y = xp.transpose(y, (0, 2, 3, 1))
+        out = _round_u8(xp, y) if u8 else xp.ascontiguousarray(y)
+    return out[0] if single else out
+
+
+def _crop_box(h, w, top, left, height, width):
+    if top < 0 or left < 0 or top + height > h or left + width > w:
+        raise ValueError(
+            f"crop (top={top}, left={left}, height={height}, width={width}) is outside the "
+            f"{h}x{w} image"
+        )
+
+
+def crop(x, top: int, left: int, height: int, width: int):
+    """``x[..., top:top+height, left:left+width, :]`` (a view); the box must lie inside."""
+    _, xb, single = _as_batch(x)
+    height, width = _pos_int(height, "height"), _pos_int(width, "width")
+    _crop_box(xb.shape[1], xb.shape[2], int(top), int(left), height, width)
+    out = xb[:, top : top + height, left : left + width]
+    return out[0] if single else out
+
+
+def _center_offsets(h, w, ch, cw):
+    # torchvision's center_crop rounding
+    return int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
+
+
+def center_crop(x, size):
+    """The central ``size`` (int or (h, w)) window (torchvision's rounding of the offsets)."""
+    _, xb, _ = _as_batch(x)
+    ch, cw = _hw(size)
+    top, left = _center_offsets(xb.shape[1], xb.shape[2], ch, cw)
+    return crop(x, top, left, ch, cw)
+
+
+def flip(x, *, horizontal: bool = True, vertical: bool = False):
+    """Mirror left-right (``horizontal``) and/or upside-down (``vertical``); a view."""
+    _, xb, single = _as_batch(x)
+    if horizontal:
+        xb = xb[:, :, ::-1]
+    if vertical:
+        xb = xb[:, ::-1]
+    return xb[0] if single else xb
+
+
+def _channel_vec(xp, v, c, param):
+    arr = np.asarray(v, dtype=np.float64).reshape(-1)
+    if arr.size == 1:
+        arr = np.repeat(arr, c)
+    if arr.size != c:
+        raise ValueError(f"{param} must have 1 or {c} values, got {v!r}")
+    if param == "std" and np.any(arr == 0):
+        raise ValueError(f"std must be nonzero, got {v!r}")
+    return arr
+
+
+def normalize(x, mean, std, *, scale: float = 1.0, dtype="float32", layout: str = "NHWC"):
+    """``(x * scale - mean) / std`` per channel, as ``dtype`` (float16 or float32).
+
+    ``layout`` says where the channels are (``"NHWC"``/``"HWC"`` last, ``"NCHW"``/``"CHW"`` at
+    axis -3). For 0..255 input and ImageNet statistics: ``scale=1/255, mean=IMAGENET_MEAN,
+    std=IMAGENET_STD``.
+    """
+    xp = array_module(x)
+    dt = _dtype(dtype)
+    if dt == np.uint8:
+        raise ValueError(f"dtype must be float16 or float32, got {dtype!r}")
+    if layout not in ("NHWC", "HWC", "NCHW", "CHW"):
+        raise ValueError(f"layout must be 'NHWC', 'HWC', 'NCHW' or 'CHW', got {layout!r}")
+    cl = layout.endswith("C")
+    c = x.shape[-1] if cl else x.shape[-3]
+    m = _channel_vec(xp, mean, c, "mean")
+    s = _channel_vec(xp, std, c, "std")
+    a = (scale / s).astype(np.float32)  # x * a + b == (x * scale - mean) / std
+    b = (-m / s).astype(np.float32)
+    shape = (c,) if cl else (c, 1, 1)
+    a = xp.asarray(a).reshape(shape)
+    b = xp.asarray(b).reshape(shape)
+    return (x.astype(xp.float32) * a + b).astype(dt)
+
+
+def to_layout(x, layout: str):
+    """NHWC -> ``"NCHW"`` (or ``"CHW"`` for one image) or ``"NHWC"`` (no-op); a view."""
+    xp, xb, single = _as_batch(x)
+    if layout in ("NHWC", "HWC"):
+        return x
+    if layout not in ("NCHW", "CHW"):
+        raise ValueError(f"layout must be 'NCHW', 'CHW', 'NHWC' or 'HWC', got {layout!r}")
+    out = xp.transpose(xb, (0, 3, 1, 2))
+    return out[0] if single else out
+
+
+def to_chw(x):
+    """[H, W, C] -> [C, H, W], [N, H, W, C] -> [N, C, H, W] (a view)."""
+    return to_layout(x, "NCHW")
+
+
+def to_dtype(x, dtype, *, scale: bool = True):
+    """Cast to ``dtype``. With ``scale``: uint8 -> float maps 0..255 to 0..1, float -> uint8 maps
+    0..1 to 0..255 (rounded, clipped); without, values are kept (float -> uint8 still rounds and
+    clips)."""
+    xp = array_module(x)
+    dt = _dtype(dtype)
+    if x.dtype == dt:
+        return x
+    if dt == np.uint8:
+        y = x.astype(xp.float32)
+        if scale and x.dtype != np.uint8:
+            y = y * 255.0
+        return _round_u8(xp, y)
+    y = x.astype(xp.float32)
+    if scale and x.dtype == np.uint8:
+        y = y * (1.0 / 255.0)
+    return y.astype(dt)
+
+
+# --- NV12 -> RGB -------------------------------------------------------------------------------
+
+# (Kr, Kb) of each matrix (FFmpeg's colorspace names accepted too)
+_MATRICES = {
+    "bt601": (0.299, 0.114),
+    "smpte170m": (0.299, 0.114),
+    "bt470bg": (0.299, 0.114),
+    "bt709": (0.2126, 0.0722),
+    "bt2020": (0.2627, 0.0593),
+    "bt2020nc": (0.2627, 0.0593),
+    "smpte240m": (0.212, 0.087),
+    "fcc": (0.30, 0.11),
+}
+
+
+def _yuv_coeffs(matrix, full_range):
+    """swscale's fixed-point yuv->rgb constants for ``matrix``/range.
+
+    The 16.16 coefficients are FFmpeg's (``2(1-Kr)``, ``2(1-Kb)``, ``2Kb(1-Kb)/Kg``,
+    ``2Kr(1-Kr)/Kg``, each times 255/224) derived from Kr/Kb; then reduced as swscale's SIMD
+    ``yuv2rgb`` path does: Q13 multipliers used with a ``>> 16`` on values scaled by 8.
+    """
+    kr, kb = _MATRICES[matrix]
+    kg = 1.0 - kr - kb
+    f = 255.0 / 224.0 * 65536.0
+
+    def q(v):
+        return int(math.floor(v + 0.5))
+
+    crv, cbu = q(2 * (1 - kr) * f), q(2 * (1 - kb) * f)
+    cgu, cgv = -q(2 * kb * (1 - kb) / kg * f), -q(2 * kr * (1 - kr) / kg * f)
+    cy, oy = 1 << 16, 0
+    if not full_range:
+        cy, oy = (cy * 255) // 219, 16 << 16
+    else:
+        # C integer division truncates toward zero
+        crv, cbu = (crv * 224) // 255, (cbu * 224) // 255
+        cgu, cgv = -((-cgu * 224) // 255), -((-cgv * 224) // 255)
+
+    def r16(v):  # swscale's roundToInt16(v * 2**13) etc.: (v + 2**15) >> 16
+        return (v + (1 << 15)) >> 16
+
+    return dict(
+        yc=r16(cy << 13),
+        yo=r16(oy << 3),
+        vr=r16(crv << 13),
+        ub=r16(cbu << 13),
+        ug=r16(cgu << 13),
+        vg=r16(cgv << 13),
+    )
+
+
+def nv12_to_rgb(y, uv, *, matrix: str = "bt601", full_range: bool = False):
+    """NV12 (or any 4:2:0) -> RGB uint8 ``[..., H, W, 3]``, bit-exact with FFmpeg.
+
+    ``y``: luma ``[..., H, W]`` uint8. ``uv``: interleaved chroma ``[..., ceil(H/2), ceil(W/2), 2]``
+    (NV12's second plane, reshaped) or the same plane as ``[..., ceil(H/2), 2*ceil(W/2)]``.
+    ``matrix``: ``"bt601"`` (FFmpeg's default for untagged video), ``"bt709"``, ``"bt2020"``,
+    ``"smpte240m"``, ``"fcc"`` (or FFmpeg's names ``"smpte170m"``, ``"bt470bg"``,
+    ``"bt2020nc"``); ``full_range``: JPEG/full range (0..255) instead of limited (16..235).
+
+    The arithmetic is swscale's ``yuv420p -> rgb24`` fast path on x86 (what PyAV's
+    ``to_ndarray(format="rgb24")`` runs for a software decoder's yuv420p frame): chroma
+    replicated over each 2x2 block, fixed-point Q13 coefficients, terms floored, sum saturated.
+    On the same planes it equals PyAV's output exactly (the tests allow 2 levels, for builds
+    whose swscale takes its C path). Integer xp arithmetic: numpy and cupy give the same bytes.
+    """
+    if matrix not in _MATRICES:
+        raise ValueError(f"matrix must be one of {sorted(_MATRICES)}, got {matrix!r}")
+    xp = array_module(y, uv)
+    if y.ndim < 2:
+        raise ValueError(f"y must be [..., H, W], got shape {tuple(y.shape)}")
+    h, w = y.shape[-2], y.shape[-1]
+    ch, cw = (h + 1) // 2, (w + 1) // 2
+    if uv.shape[-3:] != (ch, cw, 2):
+        if uv.shape[-2:] == (ch, 2 * cw):
+            uv = uv.reshape(uv.shape[:-2] + (ch, cw, 2))
+        else:
+            raise ValueError(
+                f"uv must be [..., {ch}, {cw}, 2] or [..., {ch}, {2 * cw}] for a {h}x{w} y plane, "
+                f"got shape {tuple(uv.shape)}"
+            )
+    k = _yuv_coeffs(matrix, full_range)
+    c = uv.astype(xp.int32) * 8 - 1024
+    c = xp.repeat(xp.repeat(c, 2, axis=-3), 2, axis=-2)[..., :h, :w, :]
+    u8, v8 = c[..., 0], c[..., 1]
+    yy = ((y.astype(xp.int32) * 8 - k["yo"]) * k["yc"]) >> 16
+    r = yy + ((v8 * k["vr"]) >> 16)
+    g = yy + ((u8 * k["ug"]) >> 16) + ((v8 * k["vg"]) >> 16)
+    b = yy + ((u8 * k["ub"]) >> 16)
+    return xp.clip(xp.stack([r, g, b], axis=-1), 0, 255).astype(xp.uint8)
+
+
+# --- fused training path -----------------------------------------------------------------------
+
+
+def resize_crop_normalize(
+    x,
+    *,
+    short_side: int | None = 224,
+    size=None,
+    crop_size=224,
+    mean=IMAGENET_MEAN,
+    std=IMAGENET_STD,
+    scale: float = 1.0 / 255.0,
+    interpolation: str = "bilinear",
+    antialias: bool = True,
+    dtype="float16",
+    layout: str = "NCHW",
+):
+    """resize (short side or size) -> center crop -> normalize -> dtype -> layout, fused.
+
+    The crop is folded into the resize weights, so only the ``crop_size`` output rows and columns
+    are computed; the result equals ``normalize(center_crop(resize(x)))`` done in float32 without
+    the intermediate uint8 rounding (within 1/255/std of the unfused chain on uint8 input).
+    ``crop_size=None`` keeps the whole resized image. Returns ``[N, C, h, w]`` (``"NCHW"``) or
+    ``[N, h, w, C]`` (``"NHWC"``); one image in -> one image out (``[C, h, w]``/``[h, w, C]``).
+    """
+    _check_interp(interpolation)
+    if short_side is not None and size is not None:
+        raise ValueError(
+            f"give exactly one of size or short_side, got size={size!r}, short_side={short_side!r}"
+        )
+    if layout not in ("NCHW", "NHWC", "CHW", "HWC"):
+        raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
+    xp, xb, single = _as_batch(x)
+    n, h, w, c = xb.shape
+    oh, ow = _target_size(h, w, size, short_side)
+    if crop_size is None:
+        rows, cols = (0, oh), (0, ow)
+    else:
+        ch, cw = _hw(crop_size, "crop_size")
+        if ch > oh or cw > ow:
+            raise ValueError(f"crop_size {crop_size!r} is larger than the resized {oh}x{ow} image")
+        top, left = _center_offsets(oh, ow, ch, cw)
+        rows, cols = (top, top + ch), (left, left + cw)
+    y = _resample(xp, _to_nchw_f32(xp, xb), oh, ow, interpolation, antialias, rows, cols)
+    y = normalize(y, mean, std, scale=scale, dtype=dtype, layout="NCHW")
+    if layout in ("NHWC", "HWC"):
+        y = xp.transpose(y, (0, 2, 3, 1))
+    y = xp.ascontiguousarray(y)
+    return y[0] if single else y

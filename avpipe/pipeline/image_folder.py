@@ -1,0 +1,148 @@
+"""An image-dataset source: a directory of class folders -> batches of images and labels.
+
+::
+
+    root/
+      cat/  a.jpg  b.png ...
+      dog/  c.jpg ...
+
+Classes are the sub-folder names in sorted order (label = index), like torchvision's
+``ImageFolder``. Files are found recursively under each class folder and kept when their
+extension is an image format DALI decodes. Each batch is decoded in one
+:func:`avpipe.decode_image_batch` call (DALI batch decode, on the GPU when usable).
+
+Bad images follow ``on_error``: ``"skip"`` (default) leaves them out of the batch and records
+them in :attr:`ImageFolder.errors` (path, typed error); ``"raise"`` raises the
+:class:`~avpipe.DecodeError` naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..decoding.image import decode_image_batch
+from ..device import resolve_device
+
+__all__ = ["ImageFolder", "ImageFolderBatch", "IMAGE_EXTENSIONS"]
+
+IMAGE_EXTENSIONS = (
+    ".jpg", ".jpeg", ".jpe", ".png", ".tif", ".tiff", ".jp2", ".j2k", ".jpx",
+    ".bmp", ".webp", ".pnm", ".ppm", ".pgm", ".pbm",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ImageFolderBatch:
+    """One batch: ``images`` (a stacked array when every transformed image has the same shape,
+    else a list), ``labels`` (int64, on the images' device), ``paths``, and ``errors`` — the
+    ``(path, error)`` pairs skipped from this batch."""
+
+    images: Any
+    labels: Any
+    paths: tuple
+    errors: tuple = field(default=(), repr=False)
+
+
+class ImageFolder:
+    """Iterate a directory of class folders in batches.
+
+    ``batch_size``: images per batch (the last one may be smaller unless ``drop_last``).
+    ``shuffle``/``seed``: a new permutation each epoch (epoch ``e`` uses ``seed + e``).
+    ``device``: where images are decoded (None: the GPU when usable). ``transform``: a function
+    applied to each decoded ``[H, W, 3]`` uint8 image (e.g. ``functools.partial(
+    avpipe.ops.image.resize_crop_normalize, short_side=224, crop_size=224)``).
+    ``on_error``: ``"skip"`` or ``"raise"``. ``extensions``: which files count as images.
+    """
+
+    def __init__(
+        self,
+        root,
+        *,
+        batch_size: int = 32,
+        shuffle: bool = False,
+        seed: int = 0,
+        device=None,
+        transform: Callable | None = None,
+        on_error: str = "skip",
+        drop_last: bool = False,
+        extensions=IMAGE_EXTENSIONS,
+    ):
+        root = os.fspath(root)
+        if not os.path.isdir(root):
+            raise FileNotFoundError(f"root: no such directory: {root!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable or None, got {type(transform).__name__}")
+        self.root = root
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.device = resolve_device(device)
+        self.transform = transform
+        self.on_error = on_error
+        self.drop_last = bool(drop_last)
+        exts = tuple(e.lower() for e in extensions)
+        self.classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        if not self.classes:
+            raise ValueError(f"root {root!r} holds no class folders")
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        samples = []
+        for c in self.classes:
+            for dirpath, dirnames, filenames in os.walk(os.path.join(root, c)):
+                dirnames.sort()
+                for fn in sorted(filenames):
+                    if fn.lower().endswith(exts):
+                        samples.append((os.path.join(dirpath, fn), self.class_to_idx[c]))
+        self.samples = samples
+        self.errors: list = []
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        n = len(self.samples)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _order(self) -> np.ndarray:
+        n = len(self.samples)
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng(self.seed + self.epoch).permutation(n)
+
+    def __iter__(self) -> Iterator[ImageFolderBatch]:
+        order = self._order()
+        self.epoch += 1
+        for b in range(len(self)):
+            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
+            yield self._load([self.samples[i] for i in idx])
+
+    def _load(self, items) -> ImageFolderBatch:
+        paths = [p for p, _ in items]
+        res = decode_image_batch(paths, device=self.device)
+        if res.errors and self.on_error == "raise":
+            raise res.errors[0][1]
+        errs = tuple((paths[i], e) for i, e in res.errors)
+        self.errors.extend(errs)
+        keep = [i for i, im in enumerate(res.images) if im is not None]
+        imgs = [res.images[i] for i in keep]
+        if self.transform is not None:
+            imgs = [self.transform(im) for im in imgs]
+        xp = self.device.xp
+        with self.device.activate():
+            labels = xp.asarray(np.array([items[i][1] for i in keep], np.int64))
+            if imgs and all(tuple(im.shape) == tuple(imgs[0].shape) for im in imgs):
+                if res.stacked is not None and self.transform is None:
+                    images = res.stacked
+                else:
+                    images = xp.stack(imgs)
+            else:
+                images = imgs
+        return ImageFolderBatch(
+            images=images, labels=labels, paths=tuple(paths[i] for i in keep), errors=errs
+        )
