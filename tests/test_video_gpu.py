@@ -140,3 +140,26 @@ def test_nvdec_fallback_reported(tmp_path):
         assert b.data.shape == (1, H, W, 3)
     with pytest.raises(avpipe.UnsupportedFormatError):
         avpipe.VideoDecoder(p, device="cuda", allow_cpu_fallback=False)
+
+
+@pytest.mark.parametrize("codec", [c for c in ("h264", "hevc") if c in ALL])
+def test_packet_path_serves_sparse_requests(media, codec):
+    """H.264/HEVC requests go through the packet path (disposable packets skipped), frames equal
+    the CPU's, and one thread's session moves between files without leaking stale frames."""
+    import cupy
+
+    from avpipe.decoding import _video_nvdec
+
+    other = media["vfr"]
+    requests = [(media[codec], [1, 5, 9, 13, 17]), (other, [2, 6, 10]), (media[codec], [30, 34, 38]),
+                (media[codec], [0, 4]), (other, [25, 29])]
+    for path, idx in requests:
+        with avpipe.VideoDecoder(path, device="cpu") as cpu:
+            ref = cpu.get_frames(idx).data
+        with avpipe.VideoDecoder(path, device="cuda") as gpu:
+            got = cupy.asnumpy(gpu.get_frames(idx).data)
+            assert gpu._gpu.packet_path, _video_nvdec._packet_path
+            assert gpu._gpu.pts_mismatches == 0
+        scores = [psnr(got[k], ref[k]) for k in range(len(idx))]
+        assert min(scores) >= 40.0, (path, idx, scores)
+    assert _video_nvdec._packet_path["enabled"], _video_nvdec._packet_path

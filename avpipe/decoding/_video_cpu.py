@@ -5,7 +5,8 @@ any_frame=False``) and decodes forward, picking frames whose pts equal the scan'
 wanted indices. When the first frame after a seek is already later than the wanted one (open
 GOP leading pictures, an imprecise container index) it seeks one keyframe further back. Between
 two wanted frames it keeps decoding forward unless a keyframe lies in between, where a seek is
-cheaper. Every frame of a request is decoded at most once.
+cheaper. Every frame of a request is decoded at most once, and *disposable* packets (pictures
+no other picture references, see :mod:`._nal`) that are not wanted are not decoded at all.
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ class PyAVBackend:
                 pass
 
     # -- decoding ----------------------------------------------------------------------------
-    def _frames_from(self, seek_index: int):
+    def _frames_from(self, seek_index: int, skip_pts=frozenset()):
         """Frames (PyAV VideoFrames, display order) after seeking to the keyframe at
-        ``seek_index``."""
+        ``seek_index``; packets whose pts is in ``skip_pts`` are not decoded."""
         name = self.scan.source_name
         container, st = self._open()
         target = int(self.scan.pts[seek_index])
@@ -78,6 +79,8 @@ class PyAVBackend:
                 return
             except Exception as e:  # noqa: BLE001 — a damaged file
                 raise av_error(name, e, "reading packets failed") from None
+            if skip_pts and pkt.pts in skip_pts:
+                continue
             try:
                 frames = st.codec_context.decode(pkt)
             except Exception as e:  # noqa: BLE001
@@ -97,6 +100,7 @@ class PyAVBackend:
         p2i = scan.pts_to_index
         kfs = scan.keyframe_indices.tolist()
         name = scan.source_name
+        skip = skippable_pts(scan, targets)
         gen = None
         last = -1  # display index of the last decoded frame on the current generator
         ti = 0
@@ -106,7 +110,7 @@ class PyAVBackend:
             if gen is None or last >= t or kf > last:
                 seek_kf = kf
                 while True:
-                    gen = self._frames_from(seek_kf)
+                    gen = self._frames_from(seek_kf, skip)
                     first = None
                     for f in gen:
                         idx = p2i.get(f.pts)
@@ -159,6 +163,14 @@ class PyAVBackend:
                     nxt = targets[ti]
                     if scan.keyframe_at_or_before(nxt) > last:
                         break  # a keyframe lies between: seek instead of decoding through
+
+
+def skippable_pts(scan: StreamScan, targets) -> frozenset:
+    """Pts of the disposable packets that are not among the display indices ``targets``."""
+    if scan.disposable is None or not scan.disposable.any():
+        return frozenset()
+    wanted = {int(scan.pts[t]) for t in targets}
+    return frozenset(int(p) for p in scan.decode_pts[scan.disposable].tolist()) - wanted
 
 
 def frame_to_array(frame, output: str, name: str) -> np.ndarray:

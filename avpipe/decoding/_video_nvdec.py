@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import UnsupportedFormatError
 from ._nv12 import nv12_to_rgb, yuv_coefficients
 from ._nvdec_caps import nvdec_supports, pynvc
+from ._nvdec_packets import PacketPathError, thread_packet_decoder
 from ._video_scan import StreamScan
 
 __all__ = ["NvdecBackend", "NvdecRefused"]
@@ -28,6 +29,10 @@ __all__ = ["NvdecBackend", "NvdecRefused"]
 log = logging.getLogger("avpipe")
 
 _local = threading.local()
+
+# The packet path (skip what a request doesn't need) is used for H.264 / HEVC files; it turns
+# itself off for the process the first time PyNvVideoCodec behaves unexpectedly.
+_packet_path = {"enabled": True, "why_off": None}
 
 
 class NvdecRefused(Exception):
@@ -118,20 +123,39 @@ class NvdecBackend:
         self._coeffs = yuv_coefficients(scan.color_space, scan.color_range, scan.pix_fmt)
         self._stream = thread_stream(device.index)
         self._stream_ptr = int(self._stream.ptr)
-        src = source.path if source.path is not None else source.read_bytes()
-        try:
-            with cupy.cuda.Device(device.index):
-                self._dec = _acquire(nvc, src, device.index, self._stream_ptr)
-        except Exception as e:  # noqa: BLE001 — NVDEC refused the stream
-            raise NvdecRefused(
-                f"PyNvVideoCodec could not open {name}: {type(e).__name__}: {e}"
-            ) from None
-        try:
-            n = len(self._dec)
-        except Exception:  # noqa: BLE001
-            n = -1
-        self.nvc_num_frames = n
+        self._source = source
+        self._nvc = nvc
+        self._dec = None
+        self.nvc_num_frames = -1
         self._pts_offset = None  # calibrated on the first batch: nvc pts - scan pts
+        self.packet_path = (
+            source.path is not None
+            and scan.codec in ("h264", "hevc")
+            and scan.disposable is not None
+            and min(scan.width, scan.height) >= 144  # NVDEC's HEVC minimum; refusals go below
+        )
+        if not self.packet_path:
+            self._simple()
+
+    def _simple(self):
+        """The SimpleDecoder for this file (created on first use)."""
+        if self._dec is None:
+            import cupy
+
+            src = self._source.path if self._source.path is not None else self._source.read_bytes()
+            try:
+                with cupy.cuda.Device(self.device.index):
+                    self._dec = _acquire(self._nvc, src, self.device.index, self._stream_ptr)
+            except Exception as e:  # noqa: BLE001 — NVDEC refused the stream
+                raise NvdecRefused(
+                    f"PyNvVideoCodec could not open {self.scan.source_name}: "
+                    f"{type(e).__name__}: {e}"
+                ) from None
+            try:
+                self.nvc_num_frames = len(self._dec)
+            except Exception:  # noqa: BLE001
+                self.nvc_num_frames = -1
+        return self._dec
 
     def close(self):
         dec, self._dec = getattr(self, "_dec", None), None
@@ -159,7 +183,7 @@ class NvdecBackend:
         tail = []
         while targets:
             try:
-                frames = self._dec.get_batch_frames_by_index([int(t) for t in targets])
+                frames = self._simple().get_batch_frames_by_index([int(t) for t in targets])
                 if len(frames) == len(targets):
                     return frames, tail
                 log.warning(
@@ -188,36 +212,21 @@ class NvdecBackend:
         import cupy
 
         scan = self.scan
-        H, W = scan.height, scan.width
-        with cupy.cuda.Device(self.device.index), self._stream:
-            frames, missing = self._batch(list(targets))
-            for t, fr, rows in zip(targets[: len(frames)], frames, slots):
-                got = _frame_pts(fr)
-                if got is None and self._pts_offset is None:
-                    self._pts_offset = "none"  # this PyNvVideoCodec exposes no pts: trust its index
-                if not self._pts_ok(got, int(t)):
-                    missing.append(t)
-                    continue
-                x = cupy.from_dlpack(fr)
-                if x.ndim == 3 and x.shape[-1] == 1:
-                    x = x[..., 0]
-                if x.ndim != 2 or x.shape[1] < W or x.shape[0] < H + (H + 1) // 2:
-                    raise UnsupportedFormatError(
-                        scan.source_name,
-                        f"NVDEC returned a frame of shape {tuple(x.shape)}, expected NV12 for {W}x{H}",
-                    )
-                chroma_row = (x.shape[0] * 2) // 3 if x.shape[0] % 3 == 0 else H
-                first = rows[0]
-                if output == "nv12":
-                    luma = x[:H, :W]
-                    ch = (H + 1) // 2
-                    out[first, :H] = luma
-                    out[first, H : H + ch] = x[chroma_row : chroma_row + ch, :W]
-                else:
-                    nv12_to_rgb(x, H, W, self._coeffs, out[first], chw=chw, chroma_row=chroma_row)
-                for r in rows[1:]:
-                    out[r] = out[first]
-            self._stream.synchronize()  # frames' surfaces are reused by the next call
+        missing = None
+        if self.packet_path and _packet_path["enabled"]:
+            missing = self._decode_packets(targets, output, chw, out, slots)
+        if missing is None:
+            with cupy.cuda.Device(self.device.index), self._stream:
+                frames, missing = self._batch(list(targets))
+                for t, fr, rows in zip(targets[: len(frames)], frames, slots):
+                    got = _frame_pts(fr)
+                    if got is None and self._pts_offset is None:
+                        self._pts_offset = "none"  # no pts exposed: trust its index
+                    if not self._pts_ok(got, int(t)):
+                        missing.append(t)
+                        continue
+                    self._write(fr, rows, output, chw, out)
+                self._stream.synchronize()  # frames' surfaces are reused by the next call
         if missing:
             self.pts_mismatches += len(missing)
             log.warning(
@@ -235,9 +244,75 @@ class NvdecBackend:
                         out[r] = arr
 
 
+    def _write(self, frame, rows, output, chw, out):
+        """Convert one decoded NV12 frame into ``out[rows]`` on this backend's stream."""
+        import cupy
+
+        scan = self.scan
+        H, W = scan.height, scan.width
+        x = cupy.from_dlpack(frame)
+        if x.ndim == 3 and x.shape[-1] == 1:
+            x = x[..., 0]
+        if x.ndim != 2 or x.shape[1] < W or x.shape[0] < H + (H + 1) // 2:
+            raise UnsupportedFormatError(
+                scan.source_name,
+                f"NVDEC returned a frame of shape {tuple(x.shape)}, expected NV12 for {W}x{H}",
+            )
+        chroma_row = (x.shape[0] * 2) // 3 if x.shape[0] % 3 == 0 else H
+        first = rows[0]
+        if output == "nv12":
+            ch = (H + 1) // 2
+            out[first, :H] = x[:H, :W]
+            out[first, H : H + ch] = x[chroma_row : chroma_row + ch, :W]
+        else:
+            nv12_to_rgb(x, H, W, self._coeffs, out[first], chw=chw, chroma_row=chroma_row)
+        for r in rows[1:]:
+            out[r] = out[first]
+
+    def _decode_packets(self, targets, output, chw, out, slots):
+        """The packet path; returns the targets it did not deliver, or None when it cannot
+        serve this file (the caller then uses the SimpleDecoder path)."""
+        import cupy
+
+        pos = {int(t): i for i, t in enumerate(targets)}
+        done = set()
+        pd = thread_packet_decoder(self.device.index, self._stream_ptr)
+        try:
+            with cupy.cuda.Device(self.device.index), self._stream:
+                for t, frame in pd.frames(self._source.path, self.scan, targets):
+                    self._write(frame, slots[pos[t]], output, chw, out)
+                    done.add(t)
+                self._stream.synchronize()
+        except PacketPathError as e:
+            log.info("avpipe: %s: packet path not used (%s)", self.scan.source_name, e)
+            self.packet_path = False
+            return None
+        except Exception as e:  # noqa: BLE001 — PyNvVideoCodec misbehaved: stop using the path
+            pd._dec = None
+            _packet_path.update(enabled=False, why_off=f"{type(e).__name__}: {e}")
+            log.warning("avpipe: NVDEC packet path disabled (%s: %s)", type(e).__name__, e)
+            self.packet_path = False
+            return None
+        missing = [t for t in targets if t not in done]
+        if missing:
+            # frames came out unrecognised: this file (or this PyNvVideoCodec) does not keep the
+            # stamps; the SimpleDecoder path serves the whole request instead
+            log.warning(
+                "avpipe: %s: the NVDEC packet path delivered %d of %d frames; using SimpleDecoder",
+                self.scan.source_name,
+                len(done),
+                len(targets),
+            )
+            if not done:
+                _packet_path.update(enabled=False, why_off="no frame was recognised")
+            self.packet_path = False
+            return None
+        return []
+
+
 def nvdec_diagnostics(backend: NvdecBackend, indices) -> dict:
     """Pts PyNvVideoCodec reports for ``indices`` next to the scan's (for GPU tests)."""
-    frames = backend._dec.get_batch_frames_by_index([int(i) for i in indices])
+    frames = backend._simple().get_batch_frames_by_index([int(i) for i in indices])
     backend._stream.synchronize()
     return {
         "nvc_num_frames": backend.nvc_num_frames,

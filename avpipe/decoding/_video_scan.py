@@ -17,6 +17,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from ._nal import nal_length_size, slice_nal_headers
 from ..errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
 
 __all__ = ["StreamScan", "scan_stream", "open_container", "av_error"]
@@ -72,6 +73,9 @@ class StreamScan:
     container: str | None = None
     pts_to_index: dict = field(default_factory=dict, repr=False)
     dts_sorted: np.ndarray | None = field(default=None, repr=False)  # decode-order times, sorted
+    # per packet in decode (file) order: its pts, and whether no other picture references it
+    decode_pts: np.ndarray | None = field(default=None, repr=False)
+    disposable: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def num_frames(self) -> int:
@@ -189,6 +193,8 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
         dts_list: list[int] = []
         key_pts: list[int] = []
         last_dur = 0
+        nal_size = nal_length_size(codec, bytes(cc.extradata or b"")) if cc is not None else 0
+        slice_headers: list = []
         first_frame = None
         decode_first = True
         try:
@@ -202,6 +208,8 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
                 dts_list.append(int(pkt.dts) if pkt.dts is not None else int(p))
                 if pkt.is_keyframe:
                     key_pts.append(int(p))
+                if codec in ("h264", "hevc"):
+                    slice_headers.append(slice_nal_headers(bytes(pkt), codec, nal_size))
                 if pkt.duration:
                     last_dur = int(pkt.duration)
                 if decode_first:
@@ -221,6 +229,13 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
         if not pts_list:
             raise EmptyMediaError(name, f"video stream {st.index} holds no frames")
         pts = np.array(sorted(pts_list), dtype=np.int64)
+        if slice_headers:
+            max_tid = max((t for h in slice_headers for _, t in h), default=0)
+            disposable = np.array(
+                [bool(h) and all((not r) and t == max_tid for r, t in h) for h in slice_headers]
+            )
+        else:
+            disposable = np.zeros(len(pts_list), dtype=bool)
         # duplicate pts (broken muxing) would make two frames indistinguishable: keep them unique
         if np.unique(pts).size != pts.size:
             raise CorruptDataError(name, f"video stream {st.index} has duplicate timestamps")
@@ -270,4 +285,6 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
             container=getattr(container.format, "name", None),
             pts_to_index=pts_to_index,
             dts_sorted=np.array(sorted(dts_list), dtype=np.int64),
+            decode_pts=np.array(pts_list, dtype=np.int64),
+            disposable=disposable,
         )
