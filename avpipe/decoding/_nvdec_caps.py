@@ -1,8 +1,4 @@
 """Ask the driver which codecs NVDEC decodes (cuvidGetDecoderCaps through PyNvVideoCodec).
-
-LEAD NOTE for the video engineer: real-GPU probe findings are in /tmp/nvdec_probe_findings.md
-(AV1 unsupported on the H200; HEVC/VP9 need >=144 px frames on NVDEC; getPTS is shifted for
-h264 MP4 with B-frames). Delete this note when read.
 """
 
 from __future__ import annotations
