@@ -41,3 +41,14 @@ def test_info_on_gpu_lists_nvdec_codecs():
     assert d["gpus"] and d["cuda_driver"]
     assert isinstance(d["nvdec_codecs"], list), d["nvdec_codecs"]
     assert {"h264", "hevc"} <= set(d["nvdec_codecs"])
+
+
+def test_ops_namespace_reexports_and_refuses_ambiguous_names():
+    import avpipe.ops as ops
+
+    assert ops.log_mel is ops.audio.log_mel
+    assert ops.resize is ops.image.resize
+    with pytest.raises(AttributeError, match="ambiguous: use avpipe.ops.audio.normalize or avpipe.ops.image.normalize"):
+        ops.normalize  # noqa: B018
+    with pytest.raises(AttributeError):
+        ops.nope  # noqa: B018

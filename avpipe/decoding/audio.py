@@ -1,0 +1,298 @@
+"""Audio loading: :func:`load_audio` -> :class:`Audio` (float32 samples), plus :func:`resample`.
+
+Files libsndfile reads (WAV PCM 16/24/32-bit and float, FLAC, OGG/Vorbis, and Opus / MP3 where
+the installed libsndfile has them) go through soundfile, which seeks: an ``offset`` /
+``duration`` read decodes only that part. Anything else (the audio track of a video container,
+AAC, ...) goes through PyAV, which seeks to the offset and stops decoding after the duration.
+
+Resampling (``sample_rate=``) is :func:`resample`, a polyphase windowed-sinc resampler of
+stated quality (see :mod:`avpipe.decoding._audio_resample`) that runs on numpy or cupy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._source import open_source
+from ..device import resolve_device
+from ..errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
+from ._audio_resample import QUALITIES, resample
+
+__all__ = ["load_audio", "Audio", "resample", "audio_info"]
+
+
+@dataclass(frozen=True)
+class Audio:
+    """Decoded audio.
+
+    ``samples``: float32, ``[n]`` when mono (or one channel was chosen), else ``[channels, n]``
+    (a mono file read with ``mono=False`` gives ``[1, n]``); numpy, or cupy with
+    ``device="cuda"``. ``sample_rate``: of ``samples``. ``source_sample_rate`` and
+    ``source_channels``: the file's own. ``offset_samples``: where the read began, in samples
+    at the file's rate.
+    """
+
+    samples: Any
+    sample_rate: int
+    source_sample_rate: int = 0
+    source_channels: int = 0
+    offset_samples: int = 0
+    source: str = field(default="", repr=False)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.samples.shape[-1])
+
+    @property
+    def duration_seconds(self) -> float:
+        return self.num_samples / self.sample_rate
+
+
+def _check_args(sample_rate, offset, duration, channel, quality):
+    if sample_rate is not None and (
+        isinstance(sample_rate, bool)
+        or not isinstance(sample_rate, (int, np.integer))
+        or sample_rate <= 0
+    ):
+        raise ValueError(f"sample_rate must be None or a positive int, got {sample_rate!r}")
+    if (
+        not isinstance(offset, (int, float))
+        or isinstance(offset, bool)
+        or not np.isfinite(offset)
+        or offset < 0
+    ):
+        raise ValueError(f"offset must be a non-negative number of seconds, got {offset!r}")
+    if duration is not None and (
+        not isinstance(duration, (int, float))
+        or isinstance(duration, bool)
+        or not np.isfinite(duration)
+        or duration < 0
+    ):
+        raise ValueError(
+            f"duration must be None or a non-negative number of seconds, got {duration!r}"
+        )
+    if channel is not None and (
+        isinstance(channel, bool) or not isinstance(channel, (int, np.integer)) or channel < 0
+    ):
+        raise ValueError(f"channel must be None or a non-negative int, got {channel!r}")
+    if quality not in QUALITIES:
+        raise ValueError(f"resample_quality must be one of {sorted(QUALITIES)}, got {quality!r}")
+
+
+def _span(sr, total, offset, duration, name):
+    """(start, count) in samples at the file's rate; total may be None (unknown)."""
+    start = int(round(offset * sr))
+    count = None if duration is None else int(round(duration * sr))
+    if total is not None:
+        if start > total or (start == total and total > 0 and offset > 0):
+            raise ValueError(f"offset={offset!r} s is past the end of {name} ({total / sr:.6f} s)")
+        rest = total - start
+        count = rest if count is None else min(count, rest)
+    return start, count
+
+
+def _read_soundfile(src, offset, duration, dtype):
+    """(data [n, C], sr, C, start) through libsndfile; raises _NotSoundfile when it can't open."""
+    import soundfile as sf
+
+    stream = src.path_or_stream()
+    try:
+        try:
+            f = sf.SoundFile(stream)
+        except Exception as e:  # LibsndfileError / RuntimeError / TypeError: not for libsndfile
+            raise _NotSoundfile(str(e)) from None
+        with f:
+            sr, C = int(f.samplerate), int(f.channels)
+            total = int(f.frames) if f.seekable() else None
+            start, count = _span(sr, total, offset, duration, src.name)
+            if start:
+                if f.seekable():
+                    f.seek(start)
+                else:
+                    f.read(frames=start, dtype=dtype, always_2d=True)
+            try:
+                data = f.read(frames=-1 if count is None else count, dtype=dtype, always_2d=True)
+            except Exception as e:
+                raise CorruptDataError(src.name, f"libsndfile failed to decode: {e}") from None
+    finally:
+        if not isinstance(stream, str):
+            stream.close()
+    return data, sr, C, start
+
+
+class _NotSoundfile(Exception):
+    pass
+
+
+def _read_pyav(src, offset, duration):
+    """(data [n, C] float32, sr, C, start) through PyAV: the best audio stream of any container."""
+    import av
+
+    stream_in = src.path_or_stream()
+    try:
+        try:
+            container = av.open(stream_in, mode="r")
+        except Exception as e:
+            raise UnsupportedFormatError(src.name, f"not a readable audio file ({e})") from None
+        with container:
+            if not container.streams.audio:
+                raise EmptyMediaError(src.name, "the container has no audio stream")
+            st = container.streams.audio[0]
+            sr = int(st.codec_context.sample_rate or st.rate or 0)
+            if sr <= 0:
+                raise UnsupportedFormatError(src.name, "the audio stream has no sample rate")
+            start, count = _span(sr, None, offset, duration, src.name)
+            stop = None if count is None else start + count
+            if start > 0 and st.time_base:
+                try:
+                    container.seek(
+                        max(0, int((offset - 1.0) / st.time_base)) + int(st.start_time or 0),
+                        stream=st,
+                        backward=True,
+                    )
+                except Exception:
+                    container.seek(0)
+            resampler = av.AudioResampler(format="fltp")
+            chunks, pos, C = [], None, 0
+            try:
+                for frame in container.decode(st):
+                    if pos is None:
+                        if frame.pts is not None and st.time_base is not None:
+                            rel = (frame.pts - (st.start_time or 0)) * st.time_base
+                            pos = max(0, int(round(float(rel) * sr)))
+                        else:
+                            pos = 0
+                    for out in resampler.resample(frame):
+                        a = out.to_ndarray()  # [C, k] planar float32
+                        C = a.shape[0]
+                        k = a.shape[1]
+                        lo = max(start - pos, 0)
+                        hi = k if stop is None else min(k, stop - pos)
+                        if hi > lo:
+                            chunks.append(a[:, lo:hi])
+                        pos += k
+                    if stop is not None and pos >= stop:
+                        break
+            except av.error.FFmpegError as e:
+                if not chunks:
+                    raise CorruptDataError(
+                        src.name, f"FFmpeg failed to decode audio: {e}"
+                    ) from None
+            data = (
+                np.concatenate(chunks, axis=1).T if chunks else np.zeros((0, max(C, 1)), np.float32)
+            )
+            C = C or int(getattr(st.codec_context, "channels", 1) or 1)
+    finally:
+        if not isinstance(stream_in, str):
+            stream_in.close()
+    if start > 0 and data.shape[0] == 0:
+        raise ValueError(f"offset={offset!r} s is past the end of {src.name}")
+    return np.ascontiguousarray(data, dtype=np.float32), sr, C, start
+
+
+def load_audio(
+    source,
+    *,
+    sample_rate=None,
+    mono=True,
+    offset=0.0,
+    duration=None,
+    channel=None,
+    device="cpu",
+    resample_quality="high",
+    check_finite=True,
+) -> Audio:
+    """Decode audio to float32.
+
+    ``source``: a path, bytes or a binary file object. ``sample_rate``: resample to this rate
+    (None: the file's). ``mono``: average the channels (``[n]``); False: ``[channels, n]``.
+    ``channel``: take this one channel instead (``[n]``). ``offset`` / ``duration``: seconds at
+    the file's own rate, rounded to the nearest sample; only that span is decoded (a duration
+    past the end is cut at the end; an offset past the end raises ValueError). ``device``:
+    ``"cpu"`` (numpy, default) or ``"cuda[:N]"`` (cupy; resampling then runs on the GPU).
+
+    Errors: a missing path raises FileNotFoundError; content that no decoder reads raises
+    :class:`~avpipe.UnsupportedFormatError`, a decode failure or NaN / infinite samples
+    :class:`~avpipe.CorruptDataError`, no samples :class:`~avpipe.EmptyMediaError` — all
+    :class:`~avpipe.DecodeError` naming the file (``"<bytes>"`` for in-memory data).
+    """
+    _check_args(sample_rate, offset, duration, channel, resample_quality)
+    dev = resolve_device(device)
+    src = open_source(source)
+    if src.data is not None and len(src.data) == 0:
+        raise EmptyMediaError(src.name, "no data (0 bytes)")
+    if src.path is not None:
+        import os
+
+        if os.path.getsize(src.path) == 0:
+            raise EmptyMediaError(src.name, "empty file (0 bytes)")
+    try:
+        data, sr, C, start = _read_soundfile(src, offset, duration, "float32")
+    except _NotSoundfile:
+        data, sr, C, start = _read_pyav(src, offset, duration)
+    except (DecodeError, ValueError):
+        raise
+    if data.size == 0 and (duration is None or duration > 0):
+        raise EmptyMediaError(src.name, "no audio samples")
+    if check_finite and data.size and not np.isfinite(data).all():
+        raise CorruptDataError(src.name, "the audio holds NaN or infinite samples")
+    if channel is not None:
+        if channel >= C:
+            raise ValueError(f"channel must be < the file's {C} channels, got {channel}")
+        out = data[:, channel]
+    elif mono:
+        out = data[:, 0] if C == 1 else data.mean(axis=1, dtype=np.float32)
+    else:
+        out = data.T
+    out = np.ascontiguousarray(out, dtype=np.float32)
+    if dev.is_cuda:
+        import cupy
+
+        with cupy.cuda.Device(dev.index):
+            out = cupy.asarray(out)
+            rate = sr
+            if sample_rate is not None and sample_rate != sr:
+                out, rate = (
+                    resample(out, sr, int(sample_rate), quality=resample_quality),
+                    int(sample_rate),
+                )
+    else:
+        rate = sr
+        if sample_rate is not None and sample_rate != sr:
+            out, rate = (
+                resample(out, sr, int(sample_rate), quality=resample_quality),
+                int(sample_rate),
+            )
+    return Audio(
+        samples=out,
+        sample_rate=int(rate),
+        source_sample_rate=sr,
+        source_channels=C,
+        offset_samples=start,
+        source=src.name,
+    )
+
+
+def audio_info(source) -> dict:
+    """The file's sample rate, channels, frames and format without decoding (soundfile only)."""
+    import soundfile as sf
+
+    src = open_source(source)
+    stream = src.path_or_stream()
+    try:
+        i = sf.info(stream)
+    except Exception as e:
+        raise UnsupportedFormatError(src.name, f"libsndfile cannot read it ({e})") from None
+    finally:
+        if not isinstance(stream, str):
+            stream.close()
+    return {
+        "sample_rate": int(i.samplerate),
+        "channels": int(i.channels),
+        "frames": int(i.frames),
+        "format": i.format,
+        "subtype": i.subtype,
+    }

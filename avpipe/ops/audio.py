@@ -1,0 +1,171 @@
+"""Audio operators and the log-mel presets (numpy on the CPU, cupy on a GPU; one implementation).
+
+Every operator is batched over items of different lengths: signals ``[B, n]`` (zero-padded) with
+``lengths [B]`` in samples, features ``[B, C, T]`` with ``frame_lengths [B]``; outputs past an
+item's length are exactly 0 and results stay on the input's device.
+
+* waveform: :func:`dither`, :func:`preemphasis`, :func:`resample`
+* spectra: :func:`stft`, :func:`spectrogram`, :func:`get_window`, :func:`stft_frame_lengths`
+* mel: :func:`mel_filterbank` (librosa-compatible Slaney / HTK), :func:`mel_spectrogram`,
+  :func:`hz_to_mel`, :func:`mel_to_hz`
+* log: :func:`log_guarded` (add or clamp guard), :func:`power_to_db`, :func:`mfcc`,
+  :func:`dct_matrix`
+* features: :func:`normalize` (per-feature / all-features over valid frames),
+  :func:`stack_frames`, :func:`pad_to_multiple`
+* presets: :func:`log_mel` with ``preset="nemo"`` or ``"mlperf_rnnt"`` (:data:`PRESETS`,
+  :class:`LogMelConfig`)
+
+1-D input: ``log_mel(x)`` with ``x [n]`` returns ``([1, n_mels, T], [1])`` — always a batch;
+the lower-level operators return ``[F, T]`` for ``[n]``.
+
+Tolerances: CPU and GPU run the same float32 code (``numpy.fft`` / ``cupy.fft``); they agree to
+1e-3 relative on power / mel energies and 1e-3 absolute on log and normalized features.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._audio_core import (
+    _as_batch,
+    _as_lengths,
+    _mask_time,
+    dct_matrix,
+    dither,
+    get_window,
+    hz_to_mel,
+    log_guarded,
+    mel_filterbank,
+    mel_spectrogram,
+    mel_to_hz,
+    mfcc,
+    normalize,
+    pad_to_multiple,
+    power_to_db,
+    preemphasis,
+    spectrogram,
+    stack_frames,
+    stft,
+    stft_frame_lengths,
+)
+from ._audio_presets import MLPERF_RNNT, NEMO, PRESET_DOCS, PRESETS, LogMelConfig
+
+__all__ = [
+    "log_mel",
+    "log_mel_frame_lengths",
+    "LogMelConfig",
+    "PRESETS",
+    "PRESET_DOCS",
+    "NEMO",
+    "MLPERF_RNNT",
+    "dither",
+    "preemphasis",
+    "resample",
+    "stft",
+    "spectrogram",
+    "get_window",
+    "stft_frame_lengths",
+    "mel_filterbank",
+    "mel_spectrogram",
+    "hz_to_mel",
+    "mel_to_hz",
+    "log_guarded",
+    "power_to_db",
+    "mfcc",
+    "dct_matrix",
+    "normalize",
+    "stack_frames",
+    "pad_to_multiple",
+]
+
+
+def resample(signal, orig_sr, target_sr, *, quality="high", axis=-1):
+    """Polyphase windowed-sinc resampling (numpy or cupy); see :mod:`avpipe.decoding.audio`."""
+    from ..decoding._audio_resample import resample as _resample
+
+    return _resample(signal, orig_sr, target_sr, quality=quality, axis=axis)
+
+
+def _resolve_preset(preset):
+    if isinstance(preset, LogMelConfig):
+        return preset
+    try:
+        return PRESETS[preset]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"preset must be one of {sorted(PRESETS)} or a LogMelConfig, got {preset!r}"
+        ) from None
+
+
+def log_mel_frame_lengths(lengths, *, preset="nemo"):
+    """Valid frames per item for ``lengths`` samples under ``preset`` (host int64 numpy)."""
+    cfg = _resolve_preset(preset)
+    n = np.asarray(lengths, dtype=np.int64)
+    hop = cfg.hop_length
+    if cfg.frame_rule == "floor_plus_one":
+        fl = n // hop + 1
+    elif cfg.frame_rule == "ceil":
+        fl = -(-n // hop)
+    elif cfg.frame_rule == "floor":
+        fl = n // hop
+    else:
+        raise ValueError(f"frame_rule must be 'floor_plus_one', 'ceil' or 'floor', got {cfg.frame_rule!r}")
+    if not cfg.center:
+        fl = np.minimum(fl, stft_frame_lengths(n, n_fft=cfg.n_fft, hop_length=hop, center=False))
+    return np.where(n > 0, fl, 0)
+
+
+def log_mel(signals, lengths=None, *, preset="nemo", training=False, sample_rate=None, seed=None):
+    """Log-mel features of a padded batch, as the preset's reference computes them.
+
+    ``signals [B, n]`` (zero-padded) or ``[n]``; ``lengths [B]`` in samples (None: all full
+    length). Returns ``(features [B, n_mels, T] float32, frame_lengths [B] int64)`` on the
+    signals' device; a 1-D input gives ``B = 1``. ``T >= max(frame_lengths)``; every frame
+    past an item's length is exactly 0.
+
+    ``preset``: ``"nemo"`` or ``"mlperf_rnnt"`` (documented in
+    :data:`avpipe.ops.audio.PRESETS` / ``PRESET_DOCS``), or a :class:`LogMelConfig`.
+    ``training``: add the preset's dither (seeded by ``seed``); False: no dither.
+    ``sample_rate``: the signals' rate; it must equal the preset's (resample first).
+
+    Steps: dither -> preemphasis -> STFT (centred, per-item padding) -> ``|X|**power`` -> mel
+    -> log with a guard -> normalize over valid frames -> mask past the length -> pad_to.
+    Short items (documented rule): an empty item gives 0 frames (all zeros); an item shorter
+    than one window is zero-padded (``"reflect"`` presets too, when it has no more samples
+    than ``n_fft // 2``); an item with a single valid frame normalizes to 0.
+    """
+    cfg = _resolve_preset(preset)
+    if sample_rate is not None and int(sample_rate) != cfg.sample_rate:
+        raise ValueError(
+            f"sample_rate must be the preset's {cfg.sample_rate} Hz (resample first), got {sample_rate!r}"
+        )
+    xp, x, _ = _as_batch(signals)
+    B, n = x.shape
+    lens_host, lens = _as_lengths(xp, lengths, B, n)
+    if xp is np:
+        x = x.astype(np.float64)   # CPU: filter and FFT in float64 (see stft's compute_dtype)
+    if training and cfg.dither > 0:
+        x = dither(x, lens_host, scale=cfg.dither, seed=seed)
+    if cfg.preemph is not None:
+        x = preemphasis(x, lens_host, coeff=cfg.preemph)
+    spec, _ = stft(x, lens_host, n_fft=cfg.n_fft, hop_length=cfg.hop_length,
+                   win_length=cfg.win_length, window=cfg.window, periodic=cfg.periodic,
+                   center=cfg.center, pad_mode=cfg.pad_mode, power=cfg.power)
+    fb = mel_filterbank(sample_rate=cfg.sample_rate, n_fft=cfg.n_fft, n_mels=cfg.n_mels,
+                        fmin=cfg.fmin, fmax=cfg.fmax, htk=cfg.mel_htk, norm=cfg.mel_norm)
+    mel = mel_spectrogram(spec, filterbank=fb)
+    del spec
+    feats = log_guarded(mel, guard=cfg.log_guard, guard_value=cfg.log_guard_value)
+    fl_host = log_mel_frame_lengths(lens_host, preset=cfg)
+    fl_host = np.minimum(fl_host, feats.shape[-1])
+    fl = xp.asarray(fl_host)
+    if cfg.normalize:
+        feats = normalize(feats, fl_host, mode=cfg.normalize, eps=cfg.norm_eps, ddof=cfg.norm_ddof)
+    else:
+        feats = _mask_time(feats, fl)
+    if cfg.pad_to:
+        feats = pad_to_multiple(feats, cfg.pad_to)
+    return feats, fl
+
+
+log_mel.__doc__ += "\n\nnemo preset:\n" + PRESET_DOCS["nemo"] + "\nmlperf_rnnt preset:\n" + PRESET_DOCS["mlperf_rnnt"]

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One GPU-machine session, after the bundle is installed (../shared/gpu/README.md):
+#   bash benchmarks/gpu_session.sh tests      # info + every gpu test            -> $OUT/gpu_tests.log
+#   bash benchmarks/gpu_session.sh video      # data (if missing) + clip bench    -> $OUT/bench_video*
+#   bash benchmarks/gpu_session.sh audio|image
+#   bash benchmarks/gpu_session.sh anchors    # the anchors, same data            -> $OUT/anchors
+# Each step fits one device call (10 minutes).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+BUDGET=${BUDGET:-10}
+ANCHORS=/tmp/gpu-parts/anchors.py
+mkdir -p "$OUT"
+data() { [ -f /tmp/bench/.avpipe-gen-done ] || { python3 "$ANCHORS" --gen-only --data /tmp/bench --out "$OUT/anchors" >"$OUT/gen.log" 2>&1 && touch /tmp/bench/.avpipe-gen-done; }; }
+for step in "$@"; do
+  case $step in
+    tests)
+      python3 -m avpipe info 2>&1 | tee "$OUT/info.txt"
+      python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+    video) data; python3 benchmarks/bench_video.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25 ;;
+    audio) data; python3 benchmarks/bench_audio.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25 ;;
+    image) data; python3 benchmarks/bench_image.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25 ;;
+    anchors) data; python3 "$ANCHORS" --data /tmp/bench --out "$OUT/anchors" --budget "$BUDGET" 2>&1 | tail -25 ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done

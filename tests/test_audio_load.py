@@ -1,0 +1,213 @@
+"""avpipe.load_audio: formats, offset/duration, channels, resampling, bad input."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+import avpipe
+from avpipe.decoding.audio import Audio, audio_info, load_audio
+
+sf = pytest.importorskip("soundfile")
+
+SR = 16000
+
+
+def _tone(n, sr, freq=440.0, channels=1, amp=0.5):
+    t = np.arange(n) / sr
+    x = np.stack([amp * np.sin(2 * np.pi * freq * (c + 1) * t) for c in range(channels)], axis=1)
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("subtype,dtype,scale", [("PCM_16", np.int16, 2 ** 15), ("PCM_24", np.int32, 2 ** 31),
+                                                 ("PCM_32", np.int32, 2 ** 31), ("FLOAT", None, 1)])
+def test_wav_pcm_roundtrip_bit_exact(tmp_path, subtype, dtype, scale):
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-0.9, 0.9, size=(5000, 2)).astype(np.float32)
+    p = tmp_path / f"a_{subtype}.wav"
+    sf.write(p, x, SR, subtype=subtype)
+    want, _ = sf.read(p, dtype="float32", always_2d=True)   # soundfile's own decoded values
+    a = load_audio(p, mono=False)
+    assert isinstance(a, Audio) and a.sample_rate == SR and a.samples.dtype == np.float32
+    assert a.samples.shape == (2, 5000)
+    np.testing.assert_array_equal(a.samples, want.T)
+    if dtype is not None:   # and those are the written integers / 2^(bits-1)
+        ints, _ = sf.read(p, dtype="int32" if dtype == np.int32 else "int16", always_2d=True)
+        np.testing.assert_array_equal(a.samples, (ints.astype(np.float64) / scale).T.astype(np.float32))
+    m = load_audio(p)
+    np.testing.assert_allclose(m.samples, want.mean(axis=1), atol=1e-7)
+    c1 = load_audio(p, channel=1)
+    np.testing.assert_array_equal(c1.samples, want[:, 1])
+
+
+def test_flac_and_mono_shapes(tmp_path):
+    x = _tone(8000, SR)
+    p = tmp_path / "a.flac"
+    sf.write(p, x, SR, subtype="PCM_16")
+    want, _ = sf.read(p, dtype="float32")
+    a = load_audio(str(p))
+    assert a.samples.shape == (8000,)
+    np.testing.assert_array_equal(a.samples, want)
+    b = load_audio(p, mono=False)
+    assert b.samples.shape == (1, 8000)
+    # bytes and file objects
+    data = p.read_bytes()
+    np.testing.assert_array_equal(load_audio(data).samples, want)
+    np.testing.assert_array_equal(load_audio(io.BytesIO(data)).samples, want)
+    assert audio_info(p)["frames"] == 8000
+
+
+def test_ogg_vorbis_within_codec_tolerance(tmp_path):
+    x = _tone(SR, SR, freq=440.0)
+    p = tmp_path / "a.ogg"
+    try:
+        sf.write(p, x, SR, format="OGG", subtype="VORBIS")
+    except Exception as e:  # pragma: no cover - libsndfile without vorbis
+        pytest.skip(f"no OGG/Vorbis in libsndfile: {e}")
+    a = load_audio(p)
+    assert abs(a.samples.shape[0] - SR) <= 2048
+    n = min(SR, a.samples.shape[0])
+    err = a.samples[1000:n - 1000] - x[1000:n - 1000, 0]
+    assert np.sqrt(np.mean(err ** 2)) < 0.02
+    assert abs(np.sqrt(np.mean(a.samples[1000:n - 1000] ** 2)) - 0.5 / np.sqrt(2)) < 0.02
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac"])
+def test_offset_duration_equal_slices(tmp_path, fmt):
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-0.5, 0.5, size=(SR * 2, 2)).astype(np.float32)
+    p = tmp_path / f"a.{fmt}"
+    sf.write(p, x, SR, subtype="PCM_16")
+    full = load_audio(p, mono=False).samples
+    for off, dur in [(0.0, 0.5), (0.25, 0.5), (0.123456, 0.333333), (1.5, None), (1.9, 5.0)]:
+        a = load_audio(p, mono=False, offset=off, duration=dur)
+        s = int(round(off * SR))
+        e = None if dur is None else s + int(round(dur * SR))
+        np.testing.assert_array_equal(a.samples, full[:, s:e])
+        assert a.offset_samples == s
+    with pytest.raises(ValueError, match="offset"):
+        load_audio(p, offset=3.0)
+    with pytest.raises(ValueError, match="offset"):
+        load_audio(p, offset=-1)
+    with pytest.raises(ValueError, match="duration"):
+        load_audio(p, duration=float("nan"))
+
+
+def test_video_container_audio_track(tmp_path):
+    av = pytest.importorskip("av")
+    p = tmp_path / "v.mkv"
+    sr, n = 16000, 16000
+    x = _tone(n, sr, freq=300.0, channels=2)
+    with av.open(str(p), "w") as out:
+        vs = out.add_stream("mpeg4", rate=10)
+        vs.width, vs.height, vs.pix_fmt = 64, 48, "yuv420p"
+        st = out.add_stream("pcm_s16le", rate=sr, layout="stereo")
+        for _ in range(10):
+            f = av.VideoFrame.from_ndarray(np.zeros((48, 64, 3), np.uint8), format="rgb24")
+            for pkt in vs.encode(f):
+                out.mux(pkt)
+        ints = (x * 32767).astype(np.int16)
+        for s in range(0, n, 1600):
+            fr = av.AudioFrame.from_ndarray(np.ascontiguousarray(ints[s:s + 1600].reshape(1, -1)),
+                                            format="s16", layout="stereo")
+            fr.sample_rate = sr
+            fr.pts = s
+            for pkt in st.encode(fr):
+                out.mux(pkt)
+        for pkt in list(vs.encode(None)) + list(st.encode(None)):
+            out.mux(pkt)
+    a = load_audio(p, mono=False)
+    assert a.sample_rate == sr and a.samples.shape == (2, n)
+    np.testing.assert_allclose(a.samples, (x * 32767).astype(np.int16).T / 32768.0, atol=1e-6)
+    part = load_audio(p, mono=False, offset=0.25, duration=0.5)
+    np.testing.assert_array_equal(part.samples, a.samples[:, 4000:12000])
+    r = load_audio(p, sample_rate=8000)
+    assert r.sample_rate == 8000 and r.samples.shape == (8000,)
+
+
+@pytest.mark.parametrize("orig", [44100, 8000])
+def test_resample_on_load_keeps_tone(tmp_path, orig):
+    n = orig * 2
+    x = _tone(n, orig, freq=1000.0, amp=0.5)
+    p = tmp_path / f"t{orig}.wav"
+    sf.write(p, x, orig, subtype="FLOAT")
+    a = load_audio(p, sample_rate=16000)
+    assert a.sample_rate == 16000 and a.source_sample_rate == orig
+    assert a.samples.shape == (-(-n * 16000 // orig),)
+    mid = a.samples[2000:-2000].astype(np.float64)
+    assert abs(np.sqrt(np.mean(mid ** 2)) / (0.5 / np.sqrt(2)) - 1) < 0.01
+    spec = np.abs(np.fft.rfft(mid * np.hanning(len(mid)), n=16 * len(mid)))
+    assert abs(np.argmax(spec) * 16000 / (16 * len(mid)) - 1000.0) < 1.0
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_audio(tmp_path / "missing.wav")
+    junk = tmp_path / "junk.wav"
+    junk.write_bytes(b"this is not audio at all" * 50)
+    with pytest.raises(avpipe.DecodeError) as ei:
+        load_audio(junk)
+    assert str(junk) in str(ei.value)
+    with pytest.raises(avpipe.DecodeError, match="<bytes>"):
+        load_audio(b"\x00\x01garbage" * 100)
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(b"")
+    with pytest.raises(avpipe.EmptyMediaError, match="empty.wav"):
+        load_audio(empty)
+    nosamples = tmp_path / "zero.wav"
+    sf.write(nosamples, np.zeros((0, 1), np.float32), SR)
+    with pytest.raises(avpipe.EmptyMediaError, match="zero.wav"):
+        load_audio(nosamples)
+    nan = tmp_path / "nan.wav"
+    y = np.zeros(1000, np.float32)
+    y[500] = np.nan
+    sf.write(nan, y, SR, subtype="FLOAT")
+    with pytest.raises(avpipe.CorruptDataError, match="nan.wav"):
+        load_audio(nan)
+    with pytest.raises(ValueError, match="sample_rate"):
+        load_audio(nan, sample_rate=0)
+    with pytest.raises(ValueError, match="channel"):
+        load_audio(nosamples, channel=-1)
+
+
+def test_truncated_flac_is_typed_error(tmp_path):
+    p = tmp_path / "t.flac"
+    sf.write(p, _tone(SR, SR), SR, subtype="PCM_16")
+    data = p.read_bytes()
+    bad = tmp_path / "cut.flac"
+    bad.write_bytes(data[:60])
+    with pytest.raises(avpipe.DecodeError, match="cut.flac"):
+        load_audio(bad)
+
+
+def test_public_names():
+    assert avpipe.load_audio is load_audio and avpipe.Audio is Audio
+
+
+def test_batch_loader_cpu_matches_soundfile(tmp_path):
+    from avpipe.decoding._audio_batch import AudioBatchLoader
+
+    rng = np.random.default_rng(3)
+    paths, want = [], []
+    for i, n in enumerate([3000, 8000, 1234, 5000, 4321]):
+        x = rng.uniform(-0.5, 0.5, n).astype(np.float32)
+        p = tmp_path / f"u{i}.flac"
+        sf.write(p, x, SR, subtype="PCM_16")
+        paths.append(p)
+        want.append(sf.read(p, dtype="float32")[0])
+    bad = tmp_path / "bad.flac"
+    bad.write_bytes(b"nope" * 100)
+    with AudioBatchLoader(paths + [bad], batch_size=4, num_workers=2, prefetch=2, device="cpu") as loader:
+        assert loader.sample_rate == SR
+        got = list(loader.batches(epochs=2))
+    assert len(got) == 4
+    for e in range(2):
+        (x0, l0, _, err0), (x1, l1, _, err1) = got[2 * e], got[2 * e + 1]
+        assert x0.shape == (4, 8000) and l0.tolist() == [3000, 8000, 1234, 5000] and not err0
+        for i in range(4):
+            np.testing.assert_array_equal(x0[i, :l0[i]], want[i])
+            assert np.all(x0[i, l0[i]:] == 0)
+        assert l1.tolist() == [4321, 0] and 1 in err1
+        np.testing.assert_array_equal(x1[0, :4321], want[4])

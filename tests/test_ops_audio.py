@@ -1,0 +1,350 @@
+"""CPU tests of avpipe.ops.audio: librosa for the filterbank / STFT / MFCC parts, and plain
+float64 numpy transcriptions (written here, independent of avpipe) of the NeMo and MLPerf
+RNN-T feature formulas for the presets."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from avpipe.ops import audio as A
+
+SR = 16000
+
+
+def speech_like(n, seed):
+    """Harmonics of a gliding f0 under two moving formants, syllable-rate AM, a little noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n) / SR
+    f0 = rng.uniform(100, 220) * (1 + 0.2 * np.sin(2 * np.pi * 0.7 * t))
+    ph = 2 * np.pi * np.cumsum(f0) / SR
+    x = np.zeros(n)
+    for k in range(1, 30):
+        fk = k * f0
+        env = np.exp(-0.5 * ((fk - 600) / 150) ** 2) + 0.5 * np.exp(-0.5 * ((fk - 1700) / 250) ** 2)
+        x += np.where(fk < SR / 2 - 100, env / k ** 0.5, 0) * np.sin(k * ph)
+    x *= 0.5 * (1 - np.cos(2 * np.pi * 4 * t))
+    x = 0.1 * x / (np.sqrt(np.mean(x ** 2)) + 1e-9) + 1e-3 * rng.standard_normal(n)
+    return x.astype(np.float32)
+
+
+def random_signal(n, seed):
+    return (0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
+
+
+def padded_batch(items):
+    n = max(len(a) for a in items)
+    out = np.zeros((len(items), n), np.float32)
+    for i, a in enumerate(items):
+        out[i, :len(a)] = a
+    return out, np.array([len(a) for a in items])
+
+
+# ---------------------------------------------------------------------------------------------
+# reference transcriptions (float64, one item at a time, explicit loops)
+# ---------------------------------------------------------------------------------------------
+
+
+def ref_window(win, n_fft, symmetric=True):
+    w = np.array([0.5 - 0.5 * math.cos(2 * math.pi * k / ((win - 1) if symmetric else win))
+                  for k in range(win)])
+    full = np.zeros(n_fft)
+    left = (n_fft - win) // 2
+    full[left:left + win] = w
+    return full
+
+
+def ref_slaney_fb(n_fft, n_mels, fmax):
+    def hz2mel(f):
+        return f / (200 / 3) if f < 1000 else 15 + math.log(f / 1000) / (math.log(6.4) / 27)
+
+    def mel2hz(m):
+        return m * (200 / 3) if m < 15 else 1000 * math.exp((m - 15) * math.log(6.4) / 27)
+
+    lo, hi = hz2mel(0.0), hz2mel(fmax)
+    pts = [mel2hz(lo + (hi - lo) * i / (n_mels + 1)) for i in range(n_mels + 2)]
+    freqs = [SR / 2 * j / (n_fft // 2) for j in range(n_fft // 2 + 1)]
+    fb = np.zeros((n_mels, len(freqs)))
+    for m in range(n_mels):
+        a, b, c = pts[m], pts[m + 1], pts[m + 2]
+        for j, f in enumerate(freqs):
+            w = max(0.0, min((f - a) / (b - a), (c - f) / (c - b)))
+            fb[m, j] = w * 2.0 / (c - a)
+    return fb
+
+
+def ref_features(x, *, win, pad_mode, guard, n_valid, n_fft=512, hop=160, preemph=0.97):
+    """The shared formula: preemphasis, centred STFT, |X|^2, Slaney mel, ln(+guard),
+    per-feature normalization over n_valid frames (n-1 std, +1e-5), zeros past n_valid."""
+    x = np.asarray(x, np.float64)
+    n = len(x)
+    y = np.empty(n)
+    y[0] = x[0]
+    for t in range(1, n):
+        y[t] = x[t] - preemph * x[t - 1]
+    p = n_fft // 2
+    if pad_mode == "reflect":
+        yp = np.concatenate([y[1:p + 1][::-1], y, y[-p - 1:-1][::-1]])
+    else:
+        yp = np.concatenate([np.zeros(p), y, np.zeros(p)])
+    w = ref_window(win, n_fft)
+    T = 1 + n // hop
+    fb = ref_slaney_fb(n_fft, 80, 8000.0)
+    k = np.arange(n_fft // 2 + 1)[:, None] * np.arange(n_fft)[None, :]
+    dft = np.exp(-2j * np.pi * k / n_fft)
+    feats = np.zeros((80, T))
+    for t in range(T):
+        X = dft @ (yp[t * hop:t * hop + n_fft] * w)
+        feats[:, t] = np.log(fb @ (np.abs(X) ** 2) + guard)
+    v = feats[:, :n_valid]
+    mean = v.mean(axis=1, keepdims=True)
+    std = np.sqrt(((v - mean) ** 2).sum(axis=1, keepdims=True) / (n_valid - 1))
+    out = np.zeros_like(feats)
+    out[:, :n_valid] = (v - mean) / (std + 1e-5)
+    return out, n_valid
+
+
+def ref_nemo(x):
+    return ref_features(x, win=400, pad_mode="constant", guard=2.0 ** -24, n_valid=len(x) // 160 + 1)
+
+
+def ref_mlperf(x):
+    return ref_features(x, win=320, pad_mode="reflect", guard=1e-20, n_valid=-(-len(x) // 160))
+
+
+# ---------------------------------------------------------------------------------------------
+# presets against the transcriptions
+# ---------------------------------------------------------------------------------------------
+
+LENGTHS = [12000, 7777, 3200, 4000]
+
+
+@pytest.mark.parametrize("preset,ref", [("nemo", ref_nemo), ("mlperf_rnnt", ref_mlperf)])
+@pytest.mark.parametrize("kind", ["speech", "random"])
+def test_log_mel_matches_reference(preset, ref, kind):
+    make = speech_like if kind == "speech" else random_signal
+    items = [make(n, seed=i) for i, n in enumerate(LENGTHS)]
+    x, lens = padded_batch(items)
+    feats, fl = A.log_mel(x, lens, preset=preset)
+    assert feats.dtype == np.float32 and feats.shape[:2] == (4, 80)
+    assert feats.shape[2] >= fl.max()
+    for i, a in enumerate(items):
+        want, nv = ref(a)
+        assert fl[i] == nv
+        got = feats[i, :, :nv]
+        err = np.abs(got - want[:, :nv]).max()
+        assert err <= 1e-4, (preset, kind, i, err)
+        assert np.all(feats[i, :, nv:] == 0)
+
+
+def test_nemo_frame_count_and_padding_zero():
+    for n in (159, 160, 161, 16000, 16001):
+        _, fl = A.log_mel(random_signal(n, 1), preset="nemo")
+        assert fl.tolist() == [n // 160 + 1]
+        _, fl = A.log_mel(random_signal(n, 1), preset="mlperf_rnnt")
+        assert fl.tolist() == [-(-n // 160)]
+
+
+def test_log_mel_batch_invariant_and_1d():
+    items = [speech_like(n, seed=10 + i) for i, n in enumerate([9000, 5000])]
+    x, lens = padded_batch(items)
+    for preset in ("nemo", "mlperf_rnnt"):
+        batch, fl = A.log_mel(x, lens, preset=preset)
+        alone, fl1 = A.log_mel(items[1], preset=preset)
+        assert alone.ndim == 3 and alone.shape[0] == 1
+        k = int(fl[1])
+        assert fl1[0] == k
+        np.testing.assert_allclose(batch[1, :, :k], alone[0, :, :k], atol=2e-5)
+        # garbage in the padding does not leak into the item
+        noisy = x.copy()
+        noisy[1, 5000:] = 1.0
+        b2, _ = A.log_mel(noisy, lens, preset=preset)
+        np.testing.assert_array_equal(b2, batch)
+
+
+def test_log_mel_training_dither_and_validation():
+    x = random_signal(4000, 3)
+    a, _ = A.log_mel(x, training=False)
+    b, _ = A.log_mel(x, training=False)
+    np.testing.assert_array_equal(a, b)
+    c, _ = A.log_mel(x, training=True, seed=1)
+    assert not np.array_equal(a, c)
+    assert np.abs(a - c).max() < 0.5   # dither 1e-5 barely moves speech-level features
+    with pytest.raises(ValueError, match="preset"):
+        A.log_mel(x, preset="kaldi")
+    with pytest.raises(ValueError, match="sample_rate"):
+        A.log_mel(x, sample_rate=8000)
+    with pytest.raises(ValueError, match="lengths"):
+        A.log_mel(x[None], [5000])
+
+
+def test_short_and_empty_items():
+    x, lens = padded_batch([random_signal(3000, 0), random_signal(100, 1), np.zeros(0, np.float32)])
+    for preset in ("nemo", "mlperf_rnnt"):
+        f, fl = A.log_mel(x, lens, preset=preset)
+        assert np.isfinite(f).all()
+        assert fl[2] == 0 and np.all(f[2] == 0)
+        assert fl[1] == (1 if preset == "nemo" else 1)
+        assert np.all(f[1] == 0)   # one valid frame normalizes to 0, the rest is padding
+
+
+# ---------------------------------------------------------------------------------------------
+# operators against librosa
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("htk,norm", [(False, "slaney"), (True, None), (True, "slaney"), (False, None)])
+def test_mel_filterbank_librosa(htk, norm):
+    librosa = pytest.importorskip("librosa")
+    for sr, n_fft, n_mels, fmin, fmax in [(16000, 512, 80, 0.0, 8000.0), (22050, 1024, 128, 30.0, None),
+                                          (8000, 256, 40, 20.0, 3800.0)]:
+        want = librosa.filters.mel(sr=sr, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax, htk=htk, norm=norm)
+        got = A.mel_filterbank(sample_rate=sr, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax, htk=htk, norm=norm)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("center,pad_mode,periodic", [(True, "constant", True), (True, "reflect", False),
+                                                      (False, "constant", True)])
+def test_stft_librosa(center, pad_mode, periodic):
+    librosa = pytest.importorskip("librosa")
+    sig = speech_like(8000, 4)
+    w = "hann" if periodic else np.asarray(A.get_window("hann", 400, periodic=False), np.float64)
+    want = librosa.stft(sig.astype(np.float64), n_fft=512, hop_length=160, win_length=400, window=w,
+                        center=center, pad_mode=pad_mode)
+    got, fl = A.stft(sig, n_fft=512, hop_length=160, win_length=400, periodic=periodic, center=center,
+                     pad_mode=pad_mode)
+    assert got.dtype == np.complex64 and got.shape == want.shape and fl == want.shape[1]
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() / scale < 1e-5
+    p, _ = A.spectrogram(sig, n_fft=512, hop_length=160, win_length=400, periodic=periodic, center=center,
+                         pad_mode=pad_mode, power=2.0)
+    assert np.abs(p - np.abs(want) ** 2).max() / scale ** 2 < 1e-5
+
+
+def test_window_shapes():
+    scipy_signal = pytest.importorskip("scipy.signal")
+    np.testing.assert_allclose(A.get_window("hann", 400, periodic=True), scipy_signal.get_window("hann", 400),
+                               atol=1e-7)
+    np.testing.assert_allclose(A.get_window("hann", 400, periodic=False),
+                               scipy_signal.get_window("hann", 400, fftbins=False), atol=1e-7)
+    w = A.get_window("hann", 400, n_fft=512)
+    assert w.shape == (512,) and np.all(w[:56] == 0) and np.all(w[456:] == 0)
+    with pytest.raises(ValueError, match="win_length"):
+        A.get_window("hann", 600, n_fft=512)
+    with pytest.raises(ValueError, match="window"):
+        A.get_window("kaiser", 400)
+
+
+def test_mfcc_and_db_librosa():
+    librosa = pytest.importorskip("librosa")
+    sig = speech_like(16000, 5).astype(np.float64)
+    S = librosa.feature.melspectrogram(y=sig, sr=SR, n_fft=512, hop_length=160, n_mels=64)
+    want_db = librosa.power_to_db(S)
+    got_db = A.power_to_db(S.astype(np.float32))
+    assert np.abs(got_db - want_db).max() < 1e-3
+    want = librosa.feature.mfcc(S=want_db, n_mfcc=20)
+    got = A.mfcc(want_db.astype(np.float32), n_mfcc=20)
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+    # the whole chain from signal through our operators
+    P, fl = A.spectrogram(sig.astype(np.float32), n_fft=512, hop_length=160, win_length=512,
+                          periodic=True, pad_mode="constant")
+    M = A.mel_spectrogram(P, sample_rate=SR, n_mels=64)
+    S2 = librosa.feature.melspectrogram(y=sig, sr=SR, n_fft=512, hop_length=160, n_mels=64, pad_mode="constant")
+    assert np.abs(M - S2).max() / S2.max() < 1e-5
+
+
+def test_log_guard_preemph_dither():
+    x = np.array([[0.0, 1e-30, 1.0, 2.0]], np.float32)
+    np.testing.assert_allclose(A.log_guarded(x, guard="add", guard_value=1e-3), np.log(x + 1e-3), rtol=1e-6)
+    np.testing.assert_allclose(A.log_guarded(x, guard="clamp", guard_value=1e-3),
+                               np.log(np.maximum(x, 1e-3)), rtol=1e-6)
+    with pytest.raises(ValueError, match="guard"):
+        A.log_guarded(x, guard="floor")
+    s = np.array([[1.0, 2.0, 3.0, 9.0], [4.0, 5.0, 9.0, 9.0]], np.float32)
+    y = A.preemphasis(s, [4, 2], coeff=0.5)
+    np.testing.assert_allclose(y, [[1.0, 1.5, 2.0, 7.5], [4.0, 3.0, 0.0, 0.0]])
+    d = A.dither(np.zeros((2, 1000), np.float32), [1000, 10], scale=0.1, seed=0)
+    assert 0.08 < d[0].std() < 0.12 and np.all(d[1, 10:] == 0) and np.any(d[1, :10] != 0)
+
+
+def test_normalize_modes():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 10)).astype(np.float32) * 3 + 1
+    fl = [10, 6]
+    y = A.normalize(x, fl, mode="per_feature")
+    v = x[1, :, :6].astype(np.float64)
+    want = (v - v.mean(1, keepdims=True)) / (v.std(1, ddof=1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(y[1, :, :6], want, atol=1e-5)
+    assert np.all(y[1, :, 6:] == 0)
+    z = A.normalize(x, fl, mode="all_features")
+    want = (v - v.mean()) / (v.std(ddof=1) + 1e-5)
+    np.testing.assert_allclose(z[1, :, :6], want, atol=1e-5)
+    with pytest.raises(ValueError, match="mode"):
+        A.normalize(x, fl, mode="global")
+
+
+def test_stack_frames_mlperf_rule():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 4, 10)).astype(np.float32)
+    fl = np.array([10, 7])
+    x[1, :, 7:] = 0
+    y, nl = A.stack_frames(x, fl, stacking=3, subsampling=3)
+    assert nl.tolist() == [4, 3] and y.shape == (2, 12, 4)
+    for b in range(2):
+        for t in range(int(nl[b])):
+            for k in range(3):
+                src = 3 * t + k
+                want = x[b, :, src] if src < fl[b] else np.zeros(4)
+                np.testing.assert_array_equal(y[b, 4 * k:4 * k + 4, t], want)
+        assert np.all(y[b, :, nl[b]:] == 0)
+
+
+def test_pad_to_multiple():
+    x = np.ones((2, 3, 10), np.float32)
+    assert A.pad_to_multiple(x, 16).shape == (2, 3, 16)
+    assert A.pad_to_multiple(x, 0).shape == (2, 3, 10)
+    assert np.all(A.pad_to_multiple(x, 4)[..., 10:] == 0)
+    with pytest.raises(ValueError, match="multiple"):
+        A.pad_to_multiple(x, -1)
+
+
+def test_resample_tone():
+    for orig in (44100, 8000):
+        n = orig * 2
+        t = np.arange(n) / orig
+        s = np.sin(2 * np.pi * 1000.0 * t).astype(np.float32)
+        r = A.resample(s, orig, 16000)
+        assert r.shape == (-(-n * 16000 // orig),) and r.dtype == np.float32
+        mid = r[2000:-2000].astype(np.float64)
+        rms = np.sqrt(np.mean(mid ** 2))
+        assert abs(rms / np.sqrt(0.5) - 1) < 0.01
+        spec = np.abs(np.fft.rfft(mid * np.hanning(len(mid)), n=16 * len(mid)))
+        peak = np.argmax(spec) * 16000 / (16 * len(mid))
+        assert abs(peak - 1000.0) < 1.0, peak
+
+
+def test_operator_arg_errors():
+    x = np.zeros((2, 1000), np.float32)
+    with pytest.raises(ValueError, match="n_fft"):
+        A.stft(x, n_fft=-3)
+    with pytest.raises(ValueError, match="pad_mode"):
+        A.stft(x, pad_mode="edge")
+    with pytest.raises(ValueError, match="lengths"):
+        A.stft(x, [1000, 2000])
+    with pytest.raises(ValueError, match="signals"):
+        A.stft(np.zeros((1, 2, 3), np.float32))
+    with pytest.raises(ValueError, match="target_sr"):
+        A.resample(x, 16000, 0)
+
+
+def test_ops_namespace_exports():
+    import avpipe.ops
+
+    from avpipe.ops import image as I
+
+    for name in A.__all__:
+        if name in I.__all__:  # shared names must be taken from their module
+            continue
+        assert getattr(avpipe.ops, name) is getattr(A, name)
