@@ -284,7 +284,16 @@ def bench_dali(files, budget):
     return clips / secs, {"clips": clips, "seconds": round(secs, 3), "iters": iters, "batch": batch}
 
 
-BENCHES = {"avpipe_clip_cps": bench_avpipe, "pynvc_clip_cps": bench_pynvc, "dali_video_reader_cps": bench_dali}
+def bench_avpipe_simple(files, budget):
+    """avpipe without the packet path (PyNvVideoCodec's SimpleDecoder underneath)."""
+    os.environ["AVPIPE_NVDEC_PACKETS"] = "0"
+    try:
+        return bench_avpipe(files, budget)
+    finally:
+        os.environ.pop("AVPIPE_NVDEC_PACKETS", None)
+
+
+BENCHES = {"avpipe_clip_cps": bench_avpipe, "avpipe_simpledecoder_clip_cps": bench_avpipe_simple, "pynvc_clip_cps": bench_pynvc, "dali_video_reader_cps": bench_dali}
 
 
 def main():

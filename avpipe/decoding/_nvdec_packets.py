@@ -7,16 +7,17 @@ not even that: no picture references them (:mod:`._nal`). This decoder demuxes w
 PyNvVideoCodec, skips every packet before the keyframe and every disposable packet that is not
 wanted, and hands the rest to one NVDEC session per thread, reused across files.
 
-Frames are identified by a stamp written into each packet's pts (NVDEC passes timestamps through
-unchanged), so frames still queued from an earlier request are recognised and dropped. The
-packet order of PyNvVideoCodec's demuxer is checked against the scan's (PyAV) packet by packet;
-any disagreement raises :class:`PacketPathError`, and the caller falls back to the
-``SimpleDecoder`` path.
+The session runs with zero display latency (``DisplayDecodeLatencyType.ZERO``) and every packet
+is marked ``ENDOFPICTURE``: NVDEC then returns each picture from the very ``Decode`` call that
+fed its packet, in decode order. So the frame of packet *k* is known without trusting
+timestamps (PyNvVideoCodec re-labels them), nothing stays queued between requests, and a request
+ends as soon as its last target is decoded. The packet order of PyNvVideoCodec's demuxer is
+checked against the scan's (PyAV) packet by packet; any disagreement raises
+:class:`PacketPathError`, and the caller falls back to the ``SimpleDecoder`` path.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import numpy as np
@@ -27,7 +28,6 @@ from ._video_scan import StreamScan
 __all__ = ["PacketPathError", "PacketDecoder", "thread_packet_decoder"]
 
 _local = threading.local()
-_stamps = itertools.count(1)  # process-wide, so stamps never repeat across requests
 
 
 class PacketPathError(RuntimeError):
@@ -53,14 +53,15 @@ class PacketDecoder:
                 cudacontext=0,
                 cudastream=self.stream_ptr,
                 usedevicememory=True,
+                latency=nvc.DisplayDecodeLatencyType.ZERO,
             )
             self._key = key
         return self._dec
 
     def frames(self, path: str, scan: StreamScan, targets):
-        """Yield ``(display index, frame)`` for the sorted unique ``targets``, in display order
-        of decoding; each frame (a PyNvVideoCodec DecodedFrame, NV12 in device memory) is valid
-        until the next item is requested. Targets the decoder never produced are not yielded."""
+        """Yield ``(display index, frame)`` for the sorted unique ``targets``, in decode order;
+        each frame (a PyNvVideoCodec DecodedFrame, NV12 in device memory) is valid until the
+        next item is requested. Targets the decoder never produced are not yielded."""
         nvc = pynvc()
         dpts = scan.decode_pts
         disp = scan.disposable
@@ -78,14 +79,12 @@ class PacketDecoder:
         except Exception as e:  # noqa: BLE001
             raise PacketPathError(f"CreateDemuxer failed: {e}") from None
         dec = self._decoder(nvc, dmx.GetNvCodecId(), scan.width, scan.height)
-        stamps: dict[int, int] = {}
+        end_of_picture = nvc.VideoPacketFlag.ENDOFPICTURE
         offset = None
         k = -1
-        eof = None
         n = int(dpts.shape[0])
         for pkt in dmx:
             if pkt.bsl == 0:
-                eof = pkt
                 break
             k += 1
             if k >= n:
@@ -97,25 +96,17 @@ class PacketDecoder:
                 raise PacketPathError(f"packet {k}: pts {pkt.pts} != scan {p} (+{offset})")
             if k < start or (disp[k] and p not in want):
                 continue
-            stamp = next(_stamps)
-            stamps[stamp] = want.get(p, -1)
-            pkt.pts = stamp
-            for f in dec.Decode(pkt):
-                idx = stamps.pop(int(f.getPTS()), -1)
-                if idx in remaining:
-                    remaining.discard(idx)
-                    yield idx, f
-            if not remaining:
-                return
-        # the last targets are still in the decoder's reorder queue: flush it
-        if eof is not None:
-            for f in dec.Decode(eof):
-                idx = stamps.pop(int(f.getPTS()), -1)
-                if idx in remaining:
-                    remaining.discard(idx)
-                    yield idx, f
-        # after end-of-stream the session starts afresh next time
-        self._dec = None
+            pkt.decode_flag = end_of_picture
+            frames = dec.Decode(pkt)
+            if len(frames) > 1:  # zero latency is not honoured: the path cannot map frames
+                self._dec = None
+                raise RuntimeError(f"packet {k} gave {len(frames)} frames (not zero-latency)")
+            idx = want.get(p)
+            if frames and idx in remaining:
+                remaining.discard(idx)
+                yield idx, frames[0]
+                if not remaining:
+                    return
 
 
 def thread_packet_decoder(gpu: int, stream_ptr: int) -> PacketDecoder:

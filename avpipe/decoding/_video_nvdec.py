@@ -14,9 +14,8 @@ threads use separate decoders, which NVDEC runs on its several engines concurren
 from __future__ import annotations
 
 import logging
+import os
 import threading
-
-import numpy as np
 
 from ..errors import UnsupportedFormatError
 from ._nv12 import nv12_to_rgb, yuv_coefficients
@@ -98,12 +97,10 @@ class NvdecBackend:
     name = "nvdec"
 
     def __init__(self, source, scan: StreamScan, device):
-        import cupy
 
         self.scan = scan
         self.device = device
         self.pts_mismatches = 0
-        name = scan.source_name
         if scan.bit_depth != 8:
             raise NvdecRefused(
                 f"{scan.bit_depth}-bit video ({scan.pix_fmt}) is decoded on the CPU only"
@@ -129,7 +126,8 @@ class NvdecBackend:
         self.nvc_num_frames = -1
         self._pts_offset = None  # calibrated on the first batch: nvc pts - scan pts
         self.packet_path = (
-            source.path is not None
+            os.environ.get("AVPIPE_NVDEC_PACKETS", "1") != "0"
+            and source.path is not None
             and scan.codec in ("h264", "hevc")
             and scan.disposable is not None
             and min(scan.width, scan.height) >= 144  # NVDEC's HEVC minimum; refusals go below
