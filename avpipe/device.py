@@ -78,7 +78,7 @@ class Device:
             yield
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gpu_count() -> int:
     if os.environ.get("AVPIPE_DISABLE_GPU", "") not in ("", "0"):
         return 0
@@ -95,7 +95,7 @@ def gpu_available() -> bool:
     return _gpu_count() > 0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def default_device() -> Device:
     dev = Device("cuda", 0) if gpu_available() else Device("cpu")
     log.info("avpipe: default device is %s", dev)
@@ -233,8 +233,8 @@ def to_torch(x):
 
 def to_jax(x):
     """A JAX array from ``x`` through DLPack (zero-copy where JAX's device matches)."""
-    import jax.numpy as jnp
     import jax.dlpack
+    import jax.numpy as jnp
 
     if isinstance(x, np.ndarray):
         return jnp.asarray(x)

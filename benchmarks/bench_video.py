@@ -135,6 +135,7 @@ def make_transform():
     """avpipe.ops.image when it exists and agrees with the fused kernel; else the kernel."""
     try:
         import cupy
+
         from avpipe.ops import image as im
 
         def t(x):

@@ -106,7 +106,7 @@ def test_gpu_default_and_dlpack_zero_copy():
     x = cp.arange(10, dtype=cp.float32)
     assert D.array_module(x) is cp
     assert D.device_of(x) == D.Device("cuda", 0)
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     t = D.to_torch(x)
     assert t.is_cuda and t.data_ptr() == x.data.ptr  # same memory
     y = D.to_cupy(t)

@@ -341,7 +341,6 @@ def test_operator_arg_errors():
 
 def test_ops_namespace_exports():
     import avpipe.ops
-
     from avpipe.ops import image as I
 
     for name in A.__all__:

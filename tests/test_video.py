@@ -9,13 +9,20 @@ import time
 
 import numpy as np
 import pytest
+from video_media import (
+    CODECS,
+    corrupt_middle,
+    encoder_available,
+    garbage,
+    make_video,
+    reference_frames,
+    truncate,
+)
 
 import avpipe
 from avpipe.decoding import samplers
 from avpipe.decoding._nv12 import nv12_to_rgb_reference, yuv_coefficients
 from avpipe.errors import CorruptDataError, DecodeError, MemoryCapError, UnsupportedFormatError
-
-from video_media import CODECS, corrupt_middle, encoder_available, garbage, make_video, reference_frames, truncate
 
 ALL = [c for c in CODECS if encoder_available(CODECS[c][0])]
 

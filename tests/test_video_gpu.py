@@ -7,11 +7,10 @@ import threading
 
 import numpy as np
 import pytest
+from video_media import CODECS, encoder_available, make_video
 
 import avpipe
 from avpipe.decoding._nv12 import nv12_to_rgb, nv12_to_rgb_reference, yuv_coefficients
-
-from video_media import CODECS, encoder_available, make_video
 
 pytestmark = pytest.mark.gpu
 

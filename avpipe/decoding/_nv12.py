@@ -95,7 +95,7 @@ extern "C" __global__ void avpipe_nv12_to_rgb(
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel(device_id: int):
     import cupy
 

@@ -30,7 +30,7 @@ def pynvc():
     return nvc
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def nvdec_supports(codec: str, *, gpu: int = 0, bit_depth: int = 8, chroma: str = "420") -> bool:
     """True when NVDEC on ``gpu`` decodes ``codec`` (FFmpeg name) at that depth and chroma."""
     nvc = pynvc()

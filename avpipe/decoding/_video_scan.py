@@ -17,8 +17,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from ._nal import nal_length_size, slice_nal_headers
 from ..errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
+from ._nal import nal_length_size, slice_nal_headers
 
 __all__ = ["StreamScan", "scan_stream", "open_container", "av_error"]
 
@@ -145,7 +145,7 @@ def _pick_stream(container, stream_index, name):
     return st
 
 
-_CACHE: "OrderedDict[tuple, StreamScan]" = OrderedDict()
+_CACHE: OrderedDict[tuple, StreamScan] = OrderedDict()
 _CACHE_SIZE = 256
 _CACHE_LOCK = threading.Lock()
 

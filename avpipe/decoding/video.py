@@ -19,9 +19,10 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ class VideoMetadata:
     end_seconds: float
 
     @classmethod
-    def from_scan(cls, s: StreamScan) -> "VideoMetadata":
+    def from_scan(cls, s: StreamScan) -> VideoMetadata:
         tb = float(s.time_base)
         pts = s.pts.astype(np.float64) * tb
         pts.setflags(write=False)
