@@ -21,7 +21,11 @@ rounding boundary (rare).
 
 :func:`resize_crop_normalize` is the training hot path: the crop is folded into the resize
 weights (only the kept output rows/columns are computed), then mean/std, dtype and layout in one
-pass.
+pass. On cupy input it (and :func:`resize`) runs as two fused CUDA kernels
+(:mod:`avpipe.ops._image_kernels`: a horizontal pass reading the uint8 input in place, then a
+vertical pass that also normalizes, casts and writes the layout) with the same taps as the
+numpy path, which is their reference (they agree within 1e-3 on float32 output);
+``AVPIPE_IMAGE_KERNELS=0`` selects the array-module (cuBLAS) path instead.
 
 :func:`nv12_to_rgb` converts NV12 (or planar 4:2:0) to RGB with the colour tags' matrix and range,
 in swscale's own fixed-point arithmetic (bit-exact with PyAV's ``to_ndarray(format="rgb24")`` of
@@ -36,6 +40,7 @@ import numbers
 import numpy as np
 
 from ..device import array_module
+from . import _image_kernels as _kern
 from . import _image_resize as _rs
 
 __all__ = [
@@ -196,9 +201,15 @@ def resize(
         out = xb if xb.dtype == np.uint8 else xb.astype(xp.float32)
     else:
         u8 = xb.dtype == np.uint8
-        y = _resample(xp, _to_nchw_f32(xp, xb), oh, ow, interpolation, antialias, u8=u8)
-        y = xp.transpose(y, (0, 2, 3, 1))
-        out = _round_u8(xp, y) if u8 else xp.ascontiguousarray(y)
+        out = None
+        if xp is not np and _kern.enabled():  # two fused CUDA kernels (numpy path = reference)
+            mode = _kern.MODE_U8 if u8 else _kern.MODE_F32
+            out = _kern.resample(xb, oh, ow, (0, oh), (0, ow), interpolation, antialias,
+                                 mode=mode, nchw=False)  # fmt: skip
+        if out is None:
+            y = _resample(xp, _to_nchw_f32(xp, xb), oh, ow, interpolation, antialias, u8=u8)
+            y = xp.transpose(y, (0, 2, 3, 1))
+            out = _round_u8(xp, y) if u8 else xp.ascontiguousarray(y)
     return out[0] if single else out
 
 
@@ -449,6 +460,19 @@ def resize_crop_normalize(
             raise ValueError(f"crop_size {crop_size!r} is larger than the resized {oh}x{ow} image")
         top, left = _center_offsets(oh, ow, ch, cw)
         rows, cols = (top, top + ch), (left, left + cw)
+    if xp is not np and _kern.enabled():  # two fused CUDA kernels (numpy path = reference)
+        dt = _dtype(dtype)
+        if dt == np.uint8:
+            raise ValueError(f"dtype must be float16 or float32, got {dtype!r}")
+        m = _channel_vec(xp, mean, c, "mean")
+        s = _channel_vec(xp, std, c, "std")
+        a = (scale / s).astype(np.float32)  # the constants of normalize()
+        b = (-m / s).astype(np.float32)
+        mode = _kern.MODE_F16 if dt == np.float16 else _kern.MODE_F32
+        y = _kern.resample(xb, oh, ow, rows, cols, interpolation, antialias, mode=mode,
+                           nchw=layout in ("NCHW", "CHW"), a=a, b=b)  # fmt: skip
+        if y is not None:
+            return y[0] if single else y
     y = _resample(xp, _to_nchw_f32(xp, xb), oh, ow, interpolation, antialias, rows, cols)
     y = normalize(y, mean, std, scale=scale, dtype=dtype, layout="NCHW")
     if layout in ("NHWC", "HWC"):

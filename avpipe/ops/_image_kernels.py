@@ -1,0 +1,419 @@
+"""Fused CUDA kernels for the separable resize (+ crop + normalize) on cupy input (private).
+
+The numpy path of :mod:`avpipe.ops.image` is the reference; these kernels compute the same
+linear map (the per-axis taps of :func:`avpipe.ops._image_resize.axis_weights`, with the crop
+window folded in) in two launches, accumulating in float32:
+
+1. **horizontal pass** — reads the input ``[N, H, W, C]`` (uint8 or float32, any strides) in
+   place and writes a float32 intermediate ``[N, rows, out_w, C]`` restricted to the input rows
+   ``row0 : row0 + rows`` that the vertical taps touch. For uint8 ``resize`` it rounds and clips
+   to 0..255 here, as PIL (and the numpy path) do between the passes.
+2. **vertical pass** — reads the intermediate, applies the vertical taps, then
+   ``v * a[c] + b[c]`` (``a = scale / std``, ``b = -mean / std``, the numpy ``normalize``
+   constants) and writes float32 / float16 (round to nearest even) or uint8 (half up, clipped)
+   straight into a contiguous NCHW or NHWC output.
+
+Each output row / column has a *sparse tap table*: the first input index, the number of taps and
+their weights (the dense ``axis_weights`` taps folded onto a contiguous window: duplicate
+indices of the clamped torch-style filters are summed, zero weights at the window ends dropped).
+:func:`plan` builds the tables on the host with numpy (cached); the device copies are cached
+per device. One thread per output element, grid-stride loops, 64-bit index math.
+
+If the kernels do not compile (NVRTC missing or failing) a warning is logged once and callers
+fall back to the array-module (cuBLAS) path; ``AVPIPE_IMAGE_KERNELS=0`` selects that path too.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _image_resize as _rs
+
+log = logging.getLogger("avpipe")
+
+_THREADS = 256
+_MAX_BLOCKS = 1 << 20
+
+# Output modes of the vertical pass.
+MODE_F32, MODE_F16, MODE_U8 = 0, 1, 2
+
+_SOURCE = r"""
+// flat indices below this (with the grid-stride step added) fit in 32 bits
+#define AVP_SMALL 0x7fffffffLL
+
+template <typename T> __device__ __forceinline__ float avp_load(const T* p);
+template <> __device__ __forceinline__ float avp_load<unsigned char>(const unsigned char* p) {
+    return (float)(*p);
+}
+template <> __device__ __forceinline__ float avp_load<float>(const float* p) { return *p; }
+
+__device__ __forceinline__ unsigned short avp_f2h(float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+
+// tmp[b, r, ox, ch] = sum_k xw[ox, k] * src[b, row0 + r, xtab[ox].start + k, ch]
+// I: the type of the flat index (32-bit division is much cheaper; 64-bit past 2^31 elements)
+template <typename T, typename I>
+__device__ __forceinline__ void avp_hpass(
+    const T* __restrict__ src, long long sn, long long sh, long long sw, long long sc,
+    int n, int row0, int rows, int ow, int c,
+    const int* __restrict__ xtab, const float* __restrict__ xw, int taps,
+    int round_mid, float* __restrict__ dst)
+{
+    const I total = (I)n * (I)rows * (I)ow * (I)c;
+    const I step = (I)blockDim.x * (I)gridDim.x;
+    for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < total; i += step) {
+        const int ch = (int)(i % (I)c);
+        I t = i / (I)c;
+        const int ox = (int)(t % (I)ow);
+        t /= (I)ow;
+        const int r = (int)(t % (I)rows);
+        const long long b = (long long)(t / (I)rows);
+        const int start = xtab[2 * ox];
+        const int cnt = xtab[2 * ox + 1];
+        const T* p = src + b * sn + (long long)(row0 + r) * sh + (long long)start * sw
+                     + (long long)ch * sc;
+        const float* w = xw + (long long)ox * taps;
+        float acc = 0.0f;
+        for (int k = 0; k < cnt; ++k) {
+            acc += w[k] * avp_load<T>(p + (long long)k * sw);
+        }
+        if (round_mid) {
+            acc = fminf(fmaxf(floorf(acc + 0.5f), 0.0f), 255.0f);
+        }
+        dst[i] = acc;
+    }
+}
+
+// out[b, oy, ox, ch] = cast(a[ch] * sum_k yw[oy, k] * tmp[b, ytab[oy].start + k, ox, ch] + bb[ch])
+// written at its linear index of a contiguous NCHW (nchw=1) or NHWC output.
+// mode 0: float32, 1: float16 (bits), 2: uint8 (floor(v + 0.5) clipped to 0..255, a/bb unused).
+template <typename I>
+__device__ __forceinline__ void avp_vpass_impl(
+    const float* __restrict__ tmp, int n, int rows, int ow, int c, int oh,
+    const int* __restrict__ ytab, const float* __restrict__ yw, int taps,
+    const float* __restrict__ a, const float* __restrict__ bb, int nchw, int mode,
+    void* __restrict__ out)
+{
+    const I total = (I)n * (I)oh * (I)ow * (I)c;
+    const I step = (I)blockDim.x * (I)gridDim.x;
+    const long long rstride = (long long)ow * c;
+    for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < total; i += step) {
+        int ch, ox, oy;
+        long long b;
+        I t;
+        if (nchw) {
+            ox = (int)(i % (I)ow);
+            t = i / (I)ow;
+            oy = (int)(t % (I)oh);
+            t /= (I)oh;
+            ch = (int)(t % (I)c);
+            b = (long long)(t / (I)c);
+        } else {
+            ch = (int)(i % (I)c);
+            t = i / (I)c;
+            ox = (int)(t % (I)ow);
+            t /= (I)ow;
+            oy = (int)(t % (I)oh);
+            b = (long long)(t / (I)oh);
+        }
+        const int start = ytab[2 * oy];
+        const int cnt = ytab[2 * oy + 1];
+        const float* p = tmp + ((b * rows + start) * ow + ox) * (long long)c + ch;
+        const float* w = yw + (long long)oy * taps;
+        float acc = 0.0f;
+        for (int k = 0; k < cnt; ++k) {
+            acc += w[k] * p[(long long)k * rstride];
+        }
+        if (mode == 2) {
+            const float v = fminf(fmaxf(floorf(acc + 0.5f), 0.0f), 255.0f);
+            ((unsigned char*)out)[i] = (unsigned char)v;
+        } else {
+            // (v * a) + b rounded separately, as numpy's normalize does
+            const float v = __fadd_rn(__fmul_rn(acc, a[ch]), bb[ch]);
+            if (mode == 1) {
+                ((unsigned short*)out)[i] = avp_f2h(v);
+            } else {
+                ((float*)out)[i] = v;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void avp_hpass_u8(
+    const unsigned char* __restrict__ src, long long sn, long long sh, long long sw, long long sc,
+    int n, int row0, int rows, int ow, int c,
+    const int* __restrict__ xtab, const float* __restrict__ xw, int taps,
+    int round_mid, float* __restrict__ dst)
+{
+    if ((long long)n * rows * ow * c < AVP_SMALL)
+        avp_hpass<unsigned char, unsigned int>(src, sn, sh, sw, sc, n, row0, rows, ow, c, xtab,
+                                               xw, taps, round_mid, dst);
+    else
+        avp_hpass<unsigned char, long long>(src, sn, sh, sw, sc, n, row0, rows, ow, c, xtab,
+                                            xw, taps, round_mid, dst);
+}
+
+extern "C" __global__ void avp_hpass_f32(
+    const float* __restrict__ src, long long sn, long long sh, long long sw, long long sc,
+    int n, int row0, int rows, int ow, int c,
+    const int* __restrict__ xtab, const float* __restrict__ xw, int taps,
+    int round_mid, float* __restrict__ dst)
+{
+    if ((long long)n * rows * ow * c < AVP_SMALL)
+        avp_hpass<float, unsigned int>(src, sn, sh, sw, sc, n, row0, rows, ow, c, xtab, xw, taps,
+                                       round_mid, dst);
+    else
+        avp_hpass<float, long long>(src, sn, sh, sw, sc, n, row0, rows, ow, c, xtab, xw, taps,
+                                    round_mid, dst);
+}
+
+extern "C" __global__ void avp_vpass(
+    const float* __restrict__ tmp, int n, int rows, int ow, int c, int oh,
+    const int* __restrict__ ytab, const float* __restrict__ yw, int taps,
+    const float* __restrict__ a, const float* __restrict__ bb, int nchw, int mode,
+    void* __restrict__ out)
+{
+    if ((long long)n * oh * ow * c < AVP_SMALL)
+        avp_vpass_impl<unsigned int>(tmp, n, rows, ow, c, oh, ytab, yw, taps, a, bb, nchw, mode,
+                                     out);
+    else
+        avp_vpass_impl<long long>(tmp, n, rows, ow, c, oh, ytab, yw, taps, a, bb, nchw, mode,
+                                  out);
+}
+"""
+
+_KERNEL_NAMES = ("avp_hpass_u8", "avp_hpass_f32", "avp_vpass")
+
+
+def enabled() -> bool:
+    """False when ``AVPIPE_IMAGE_KERNELS=0`` (use the array-module / cuBLAS path)."""
+    return os.environ.get("AVPIPE_IMAGE_KERNELS", "1").strip().lower() not in ("0", "false", "no")
+
+
+# --- host-side tap tables ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AxisTaps:
+    """Sparse taps of one axis: output ``i`` = ``sum_k weights[i, k] * in[start[i] + k]`` for
+    ``k < count[i]``. ``table`` is ``[n, 2]`` int32 (start, count) as the kernels read it."""
+
+    table: np.ndarray  # [n_out, 2] int32
+    weights: np.ndarray  # [n_out, taps] float32 (zero past count)
+
+    @property
+    def start(self) -> np.ndarray:
+        return self.table[:, 0]
+
+    @property
+    def count(self) -> np.ndarray:
+        return self.table[:, 1]
+
+    @property
+    def taps(self) -> int:
+        return int(self.weights.shape[1])
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Both axes of a resize restricted to an output window. ``y`` starts are relative to
+    ``row0``: the horizontal pass computes input rows ``row0 : row0 + rows`` only."""
+
+    x: AxisTaps
+    y: AxisTaps
+    row0: int
+    rows: int
+    key: tuple
+
+
+def sparse_taps(idx: np.ndarray, w: np.ndarray) -> AxisTaps:
+    """Fold dense taps (``idx``/``w`` of ``axis_weights``: [n, K]) onto contiguous windows."""
+    idx = np.asarray(idx, np.int64)
+    w = np.asarray(w, np.float64)
+    n = idx.shape[0]
+    if n == 0:
+        return AxisTaps(np.zeros((0, 2), np.int32), np.zeros((0, 1), np.float32))
+    lo = idx.min(axis=1)
+    width = int((idx.max(axis=1) - lo).max()) + 1
+    dense = np.zeros((n, width), np.float64)
+    np.add.at(dense, (np.repeat(np.arange(n), idx.shape[1]), (idx - lo[:, None]).reshape(-1)),
+              w.reshape(-1))  # fmt: skip
+    dense = dense.astype(np.float32)
+    nz = dense != 0
+    has = nz.any(axis=1)
+    first = np.where(has, nz.argmax(axis=1), 0)
+    last = np.where(has, width - 1 - nz[:, ::-1].argmax(axis=1), -1)
+    count = (last - first + 1).astype(np.int64)
+    taps = max(int(count.max()), 1)
+    weights = np.zeros((n, taps), np.float32)
+    for i in range(n):
+        weights[i, : count[i]] = dense[i, first[i] : first[i] + count[i]]
+    start = np.where(has, lo + first, 0)
+    table = np.ascontiguousarray(np.stack([start, count], axis=1).astype(np.int32))
+    table.setflags(write=False)
+    weights.setflags(write=False)
+    return AxisTaps(table, weights)
+
+
+@functools.lru_cache(maxsize=512)
+def plan(h, w, out_h, out_w, rows, cols, interpolation, antialias) -> Plan:
+    """Tap tables for resizing ``h x w`` to ``out_h x out_w`` and keeping output rows
+    ``rows = (r0, r1)`` and columns ``cols = (c0, c1)``."""
+    r0, r1 = rows
+    c0, c1 = cols
+    antialias = bool(antialias)
+    y = sparse_taps(*_rs.axis_weights(h, out_h, interpolation, antialias, r0, r1))
+    x = sparse_taps(*_rs.axis_weights(w, out_w, interpolation, antialias, c0, c1))
+    ys, yc = y.start.astype(np.int64), y.count.astype(np.int64)
+    used = yc > 0
+    if used.any():
+        row0 = int(ys[used].min())
+        rows_n = int((ys + yc)[used].max()) - row0
+    else:
+        row0, rows_n = 0, 1
+    table = y.table.copy()
+    table[:, 0] = np.where(used, ys - row0, 0)
+    table.setflags(write=False)
+    y = AxisTaps(table, y.weights)
+    key = (h, w, out_h, out_w, tuple(rows), tuple(cols), interpolation, antialias)
+    return Plan(x=x, y=y, row0=row0, rows=max(rows_n, 1), key=key)
+
+
+# --- device side ---------------------------------------------------------------------------------
+
+_WARNED = []
+_TABLES: dict = {}
+_VECS: dict = {}
+
+
+@functools.cache
+def _kernels(device_id: int):
+    """The compiled kernels on ``device_id`` (a dict name -> function), or None if they do not
+    compile (warned once)."""
+    import cupy
+
+    try:
+        with cupy.cuda.Device(device_id):
+            mod = cupy.RawModule(code=_SOURCE)  # NVRTC defaults; plain C++ templates only
+            return {name: mod.get_function(name) for name in _KERNEL_NAMES}
+    except Exception as e:  # noqa: BLE001 - any compile/load failure -> the cuBLAS path
+        if not _WARNED:
+            _WARNED.append(True)
+            log.warning(
+                "avpipe: image resize kernels failed to compile (%s: %s); using the slower "
+                "array-module path", type(e).__name__, e,
+            )  # fmt: skip
+        return None
+
+
+def _device_tables(cupy, p: Plan, device_id: int):
+    key = (p.key, device_id)
+    hit = _TABLES.get(key)
+    if hit is None:
+        hit = tuple(
+            cupy.asarray(np.ascontiguousarray(a))
+            for a in (p.x.table, p.x.weights, p.y.table, p.y.weights)
+        )
+        if len(_TABLES) > 256:
+            _TABLES.clear()
+        _TABLES[key] = hit
+    return hit
+
+
+def _device_vec(cupy, v: np.ndarray, device_id: int):
+    v = np.ascontiguousarray(v, np.float32)
+    key = (v.tobytes(), device_id)
+    hit = _VECS.get(key)
+    if hit is None:
+        hit = cupy.asarray(v)
+        if len(_VECS) > 256:
+            _VECS.clear()
+        _VECS[key] = hit
+    return hit
+
+
+def _grid(total: int):
+    return (min((total + _THREADS - 1) // _THREADS, _MAX_BLOCKS), 1, 1)
+
+
+def resample(
+    xb,
+    out_h: int,
+    out_w: int,
+    rows,
+    cols,
+    interpolation: str,
+    antialias: bool,
+    *,
+    mode: int,
+    nchw: bool,
+    a=None,
+    b=None,
+):
+    """Run both passes on cupy ``xb`` ``[N, H, W, C]``; returns a new contiguous cupy array
+    (``[N, C, h, w]`` if ``nchw`` else ``[N, h, w, C]``, float32 / float16 / uint8 by ``mode``),
+    or None when the kernels are unavailable (then the caller takes the array-module path).
+
+    ``a``, ``b``: per-channel float32 ``v * a + b`` for the float modes (default 1, 0); the
+    uint8 mode also rounds/clips between the passes (PIL's 8-bit behaviour)."""
+    import cupy
+
+    device_id = int(xb.device.id)
+    kern = _kernels(device_id)
+    if kern is None:
+        return None
+    n, h, w, c = (int(s) for s in xb.shape)
+    p = plan(h, w, int(out_h), int(out_w), tuple(rows), tuple(cols), interpolation, antialias)
+    oh, ow = p.y.table.shape[0], p.x.table.shape[0]
+    out_dtype = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}[mode]
+    with cupy.cuda.Device(device_id):
+        shape = (n, c, oh, ow) if nchw else (n, oh, ow, c)
+        out = cupy.empty(shape, dtype=out_dtype)
+        if out.size == 0:
+            return out
+        if xb.dtype == np.uint8:
+            hk = kern["avp_hpass_u8"]
+        else:
+            if xb.dtype != np.float32:
+                xb = xb.astype(cupy.float32)
+            hk = kern["avp_hpass_f32"]
+        item = xb.dtype.itemsize
+        if any(s % item for s in xb.strides):
+            xb = cupy.ascontiguousarray(xb)
+        sn, sh, sw, sc = (np.int64(s // item) for s in xb.strides)
+        xtab, xw, ytab, yw = _device_tables(cupy, p, device_id)
+        ones = np.ones(c, np.float32)
+        av = _device_vec(cupy, ones if a is None else np.asarray(a, np.float32), device_id)
+        bv = _device_vec(cupy, 0 * ones if b is None else np.asarray(b, np.float32), device_id)
+        if av.size != c or bv.size != c:
+            raise ValueError(f"a and b must have {c} values, got {av.size} and {bv.size}")
+        tmp = cupy.empty((n, p.rows, ow, c), dtype=cupy.float32)
+        total = tmp.size
+        hk(
+            _grid(total),
+            (_THREADS, 1, 1),
+            (
+                xb, sn, sh, sw, sc,
+                np.int32(n), np.int32(p.row0), np.int32(p.rows), np.int32(ow), np.int32(c),
+                xtab, xw, np.int32(p.x.taps),
+                np.int32(1 if mode == MODE_U8 else 0), tmp,
+            ),
+        )  # fmt: skip
+        kern["avp_vpass"](
+            _grid(out.size),
+            (_THREADS, 1, 1),
+            (
+                tmp, np.int32(n), np.int32(p.rows), np.int32(ow), np.int32(c), np.int32(oh),
+                ytab, yw, np.int32(p.y.taps), av, bv,
+                np.int32(1 if nchw else 0), np.int32(mode), out,
+            ),
+        )  # fmt: skip
+    return out

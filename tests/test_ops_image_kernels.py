@@ -1,0 +1,470 @@
+"""The fused CUDA resize kernels (avpipe.ops._image_kernels) against the numpy reference.
+
+CPU tests: the host-side sparse tap tables, applied by a numpy emulation of exactly what each
+kernel computes per output element (same taps, float32 accumulation in tap order, the same
+normalize constants, cast, layout), equal the numpy ``resize_crop_normalize`` / ``resize``.
+GPU tests (``-m gpu``): the kernels themselves against the numpy path. Tolerances: float32
+output max abs error <= 1e-3; float16 output |gpu - cpu| <= 2e-3 * max(1, |cpu|) (one fp16 ulp
+is at most 2^-10 relative); uint8 ``resize`` within 2 levels, mean < 0.01 (rounding flips).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from avpipe.ops import _image_kernels as K
+from avpipe.ops import _image_resize as R
+from avpipe.ops import image as I
+
+
+def _picture(n, h, w, c=3, seed=0):
+    """Smooth gradients + hard edges + noise, uint8 [n, h, w, c]."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = 127 + 90 * np.sin(xx[..., None] / (3.0 + np.arange(c))) * np.cos(yy[..., None] / 7.0)
+    base = base + 60 * ((xx // 9 + yy // 5) % 2)[..., None]
+    img = base[None] + rng.normal(0, 25, (n, h, w, c))
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+# --- numpy emulation of the two kernels ---------------------------------------------------------
+
+
+def _emulate_hpass(x, p: K.Plan, round_mid=False):
+    """avp_hpass: tmp[b, r, ox, ch] = sum_{k < count[ox]} w[ox, k] * x[b, row0 + r, start + k, ch]."""
+    xs = x[:, p.row0 : p.row0 + p.rows].astype(np.float32)
+    w_in = x.shape[2]
+    acc = np.zeros(xs.shape[:2] + (p.x.table.shape[0], x.shape[3]), np.float32)
+    for k in range(p.x.taps):
+        live = k < p.x.count  # the kernel's loop bound
+        col = np.clip(p.x.start + k, 0, w_in - 1)
+        wk = np.where(live, p.x.weights[:, k], 0).astype(np.float32)
+        acc += wk[None, None, :, None] * xs[:, :, col, :]
+    if round_mid:
+        acc = np.clip(np.floor(acc + np.float32(0.5)), 0, 255)
+    return acc
+
+
+def _emulate_vpass(tmp, p: K.Plan, mode, nchw, a=None, b=None):
+    """avp_vpass: vertical taps, then v * a + b, cast, layout."""
+    n, rows, ow, c = tmp.shape
+    oh = p.y.table.shape[0]
+    acc = np.zeros((n, oh, ow, c), np.float32)
+    for k in range(p.y.taps):
+        live = k < p.y.count
+        row = np.clip(p.y.start + k, 0, rows - 1)
+        wk = np.where(live, p.y.weights[:, k], 0).astype(np.float32)
+        acc += wk[None, :, None, None] * tmp[:, row]
+    if mode == K.MODE_U8:
+        out = np.clip(np.floor(acc + np.float32(0.5)), 0, 255).astype(np.uint8)
+    else:
+        a = np.ones(c, np.float32) if a is None else a
+        b = np.zeros(c, np.float32) if b is None else b
+        v = acc * a + b
+        out = v.astype(np.float16 if mode == K.MODE_F16 else np.float32)
+    return np.ascontiguousarray(out.transpose(0, 3, 1, 2)) if nchw else out
+
+
+def _emulate_rcn(x, *, short_side=None, size=None, crop_size=None, mean=I.IMAGENET_MEAN,
+                 std=I.IMAGENET_STD, scale=1 / 255, interpolation="bilinear", antialias=True,
+                 dtype="float32", layout="NCHW"):  # fmt: skip
+    """resize_crop_normalize through the tap tables (the host logic of the kernel dispatch)."""
+    single = x.ndim == 3
+    xb = x[None] if single else x
+    n, h, w, c = xb.shape
+    if size is not None:
+        oh, ow = (size, size) if isinstance(size, int) else size
+    else:
+        oh, ow = I.resize_short_side_size(h, w, short_side)
+    if crop_size is None:
+        rows, cols = (0, oh), (0, ow)
+    else:
+        ch, cw = (crop_size, crop_size) if isinstance(crop_size, int) else crop_size
+        top, left = int(round((oh - ch) / 2.0)), int(round((ow - cw) / 2.0))
+        rows, cols = (top, top + ch), (left, left + cw)
+    p = K.plan(h, w, oh, ow, rows, cols, interpolation, antialias)
+    s = np.broadcast_to(np.asarray(std, np.float64).reshape(-1), (c,))
+    m = np.broadcast_to(np.asarray(mean, np.float64).reshape(-1), (c,))
+    a = (scale / s).astype(np.float32)
+    b = (-m / s).astype(np.float32)
+    mode = K.MODE_F16 if dtype == "float16" else K.MODE_F32
+    y = _emulate_vpass(_emulate_hpass(xb, p), p, mode, layout in ("NCHW", "CHW"), a, b)
+    return y[0] if single else y
+
+
+# --- CPU tests ----------------------------------------------------------------------------------
+
+CASES = [
+    # (shape, resize + normalize kwargs, crop_size)
+    ((2, 375, 500, 3), dict(short_side=224), 224),  # the benchmark's downscale + center crop
+    ((3, 37, 53, 3), dict(short_side=64), (60, 50)),  # upscaling, odd sizes, non-square crop
+    ((2, 41, 29, 1), dict(size=(17, 23), short_side=None, mean=0.5, std=0.25), None),  # no crop
+    (
+        (33, 47, 4),
+        dict(
+            size=(50, 20),
+            short_side=None,
+            mean=(0.1, 0.2, 0.3, 0.4),
+            std=(0.5, 0.6, 0.7, 0.8),
+            scale=0.01,
+        ),
+        None,
+    ),  # single image: up h, down w
+    ((1, 30, 40, 3), dict(size=(30, 61), short_side=None), (30, 33)),  # identity vertical axis
+]
+
+
+@pytest.mark.parametrize("interp", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("antialias", [True, False])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_tap_tables_reproduce_resize_crop_normalize(case, interp, antialias):
+    shape, kw, crop = CASES[case]
+    x = _picture(*shape) if len(shape) == 4 else _picture(1, *shape, seed=case)[0]
+    for dtype, layout in [("float32", "NCHW"), ("float32", "NHWC"), ("float16", "NCHW"),
+                          ("float16", "HWC" if x.ndim == 3 else "NHWC")]:  # fmt: skip
+        opts = dict(kw, crop_size=crop, interpolation=interp, antialias=antialias, dtype=dtype,
+                    layout=layout)  # fmt: skip
+        ref = I.resize_crop_normalize(x, **opts)
+        got = _emulate_rcn(x, **opts)
+        assert got.shape == ref.shape and got.dtype == ref.dtype, (got.shape, ref.shape)
+        d = np.abs(got.astype(np.float32) - ref.astype(np.float32))
+        if dtype == "float32":
+            assert d.max() <= 1e-4, d.max()
+        else:  # one fp16 rounding flip at most
+            assert np.all(d <= 2e-3 * np.maximum(1.0, np.abs(ref.astype(np.float32)))), d.max()
+
+
+@pytest.mark.parametrize("interp", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("antialias", [True, False])
+def test_tap_tables_reproduce_resize_uint8_and_float(interp, antialias):
+    x = _picture(2, 45, 61)
+    for oh, ow in [(20, 33), (70, 40), (45, 30)]:
+        p = K.plan(45, 61, oh, ow, (0, oh), (0, ow), interp, antialias)
+        ref = I.resize(x, (oh, ow), interpolation=interp, antialias=antialias)
+        got = _emulate_vpass(_emulate_hpass(x, p, round_mid=True), p, K.MODE_U8, False)
+        assert got.shape == ref.shape and got.dtype == np.uint8
+        d = np.abs(got.astype(int) - ref)
+        assert d.max() <= 1 and d.mean() < 0.01  # rare rounding flips only
+        xf = x.astype(np.float32)
+        reff = I.resize(xf, (oh, ow), interpolation=interp, antialias=antialias)
+        gotf = _emulate_vpass(_emulate_hpass(xf, p), p, K.MODE_F32, False)
+        assert np.abs(gotf - reff).max() <= 1e-3
+
+
+@pytest.mark.parametrize("interp", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("antialias", [True, False])
+@pytest.mark.parametrize("in_size,out_size,window", [(375, 224, (0, 224)), (500, 298, (37, 261)),
+                                                     (7, 19, (0, 19)), (19, 7, (2, 6)),
+                                                     (1, 5, (0, 5)), (64, 64, (0, 64))])  # fmt: skip
+def test_sparse_taps_are_the_dense_map(in_size, out_size, window, interp, antialias):
+    idx, w = R.axis_weights(in_size, out_size, interp, antialias, *window)
+    t = K.sparse_taps(idx, w)
+    dense = R._dense(idx, w, in_size)
+    mine = np.zeros_like(dense)
+    for i in range(dense.shape[0]):
+        s, n = t.table[i]
+        assert 0 <= s and s + n <= in_size and n <= t.taps
+        mine[i, s : s + n] = t.weights[i, :n]
+        assert np.all(t.weights[i, n:] == 0)
+    np.testing.assert_allclose(mine, dense, atol=1e-7)
+    if in_size == out_size:  # identity: one tap of weight exactly 1
+        assert t.taps == 1 and np.all(t.weights == 1.0)
+    assert t.table.dtype == np.int32 and t.weights.dtype == np.float32
+
+
+def test_plan_restricts_rows_to_the_vertical_taps():
+    p = K.plan(375, 500, 224, 298, (0, 224), (37, 261), "bilinear", True)
+    assert p.x.table.shape == (224, 2) and p.y.table.shape == (224, 2)
+    ys = p.y.start.astype(int) + p.row0
+    assert p.row0 == ys.min() and p.row0 + p.rows == (ys + p.y.count).max()
+    # a central crop of a tall image touches only the middle rows
+    q = K.plan(600, 100, 224, 224, (0, 224), (0, 224), "bilinear", True)
+    q2 = K.plan(600, 100, 1344, 224, (560, 784), (0, 224), "bilinear", True)
+    assert q.rows == 600 and q2.row0 > 200 and q2.row0 + q2.rows < 400
+    assert K.plan(375, 500, 224, 298, (0, 224), (37, 261), "bilinear", True) is p  # cached
+
+
+def test_kernel_switch(monkeypatch):
+    monkeypatch.delenv("AVPIPE_IMAGE_KERNELS", raising=False)
+    assert K.enabled()
+    monkeypatch.setenv("AVPIPE_IMAGE_KERNELS", "0")
+    assert not K.enabled()
+
+
+def test_kernel_source_is_complete():
+    for name in K._KERNEL_NAMES:
+        assert f'extern "C" __global__ void {name}(' in K._SOURCE
+
+
+class _FakeArr(np.ndarray):
+    """A numpy array that answers ``.device.id`` like a cupy array."""
+
+    device = type("D", (), {"id": 0})()
+
+
+class _FakeCupy:
+    """Just enough of cupy for ``_image_kernels.resample``: the "kernels" are numpy emulations
+    that unpack the launch arguments exactly as the CUDA signatures declare them, so the host
+    glue (argument order, element strides, tables, modes, layout) is checked on the CPU."""
+
+    float32 = np.float32
+    launches: list = []
+
+    class cuda:
+        class Device:
+            def __init__(self, i):
+                pass
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *a):
+                return False
+
+    @staticmethod
+    def _wrap(a):
+        return np.asarray(a).view(_FakeArr)
+
+    @classmethod
+    def empty(cls, shape, dtype):
+        return cls._wrap(np.full(shape, 77, dtype=dtype))
+
+    @classmethod
+    def asarray(cls, a):
+        return cls._wrap(np.array(a))
+
+    @classmethod
+    def ascontiguousarray(cls, a):
+        return cls._wrap(np.ascontiguousarray(a))
+
+    class RawModule:
+        def __init__(self, code, options=()):
+            assert code is K._SOURCE
+
+        def get_function(self, name):
+            return {"avp_hpass_u8": _fake_hpass(np.uint8), "avp_hpass_f32": _fake_hpass(np.float32),
+                    "avp_vpass": _fake_vpass}[name]  # fmt: skip
+
+
+def _fake_hpass(src_dtype):
+    def launch(grid, block, args):
+        src, sn, sh, sw, sc, n, row0, rows, ow, c, xtab, xw, taps, round_mid, dst = args
+        assert src.dtype == src_dtype and dst.dtype == np.float32 and dst.flags.c_contiguous
+        assert all(isinstance(v, np.int64) for v in (sn, sh, sw, sc))
+        assert all(isinstance(v, np.int32) for v in (n, row0, rows, ow, c, taps, round_mid))
+        assert xtab.dtype == np.int32 and xw.dtype == np.float32 and xw.shape[1] == taps
+        assert grid[0] * block[0] >= 1 and dst.shape == (n, rows, ow, c)
+        it = src.itemsize
+        x = np.lib.stride_tricks.as_strided(np.asarray(src), src.shape,
+                                            (sn * it, sh * it, sw * it, sc * it))  # fmt: skip
+        p = K.Plan(x=K.AxisTaps(np.asarray(xtab), np.asarray(xw)), y=None, row0=int(row0),
+                   rows=int(rows), key=None)  # fmt: skip
+        dst[...] = _emulate_hpass(x, p, round_mid=bool(round_mid))
+        _FakeCupy.launches.append("h")
+
+    return launch
+
+
+def _fake_vpass(grid, block, args):
+    tmp, n, rows, ow, c, oh, ytab, yw, taps, a, bb, nchw, mode, out = args
+    assert all(isinstance(v, np.int32) for v in (n, rows, ow, c, oh, taps, nchw, mode))
+    assert tmp.shape == (n, rows, ow, c) and yw.shape == (oh, taps) and out.flags.c_contiguous
+    assert out.shape == ((n, c, oh, ow) if nchw else (n, oh, ow, c))
+    assert a.dtype == bb.dtype == np.float32 and a.shape == bb.shape == (c,)
+    p = K.Plan(x=None, y=K.AxisTaps(np.asarray(ytab), np.asarray(yw)), row0=0, rows=int(rows),
+               key=None)  # fmt: skip
+    out[...] = _emulate_vpass(np.asarray(tmp), p, int(mode), bool(nchw), np.asarray(a),
+                              np.asarray(bb))  # fmt: skip
+    _FakeCupy.launches.append("v")
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cupy", _FakeCupy)
+    monkeypatch.setattr(K, "_TABLES", {})
+    monkeypatch.setattr(K, "_VECS", {})
+    K._kernels.cache_clear()
+    _FakeCupy.launches = []
+    yield _FakeCupy
+    K._kernels.cache_clear()
+
+
+@pytest.mark.parametrize("interp,antialias", [("bilinear", True), ("bicubic", False)])
+def test_launch_glue_with_emulated_kernels(fake_cupy, interp, antialias):
+    x = _picture(3, 61, 83, c=4, seed=5)
+    views = [x, x[::2, 3:50, ::-1, 2::-1], np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+             .transpose(0, 2, 1, 3), x.astype(np.float32)[:, ::-1], x.astype(np.float64)]  # fmt: skip
+    for v in views:
+        c = v.shape[3]
+        m, sd = np.linspace(0.3, 0.6, c), np.linspace(0.2, 0.3, c)
+        for dtype, layout, crop in [("float32", "NCHW", (40, 30)), ("float16", "NHWC", None),
+                                    ("float32", "NHWC", 32)]:  # fmt: skip
+            opts = dict(short_side=48, crop_size=crop, mean=m, std=sd, interpolation=interp,
+                        antialias=antialias, dtype=dtype, layout=layout)  # fmt: skip
+            ref = I.resize_crop_normalize(v, **opts)
+            fake_cupy.launches = []
+            a = (1 / 255 / sd).astype(np.float32)
+            b = (-m / sd).astype(np.float32)
+            mode = K.MODE_F16 if dtype == "float16" else K.MODE_F32
+            oh, ow = I.resize_short_side_size(v.shape[1], v.shape[2], 48)
+            ch, cw = (oh, ow) if crop is None else ((crop, crop) if isinstance(crop, int) else crop)
+            top, left = int(round((oh - ch) / 2.0)), int(round((ow - cw) / 2.0))
+            got = K.resample(
+                v.view(_FakeArr),
+                oh,
+                ow,
+                (top, top + ch),
+                (left, left + cw),
+                interp,
+                antialias,
+                mode=mode,
+                nchw=layout == "NCHW",
+                a=a,
+                b=b,
+            )
+            assert fake_cupy.launches == ["h", "v"]
+            assert got.shape == ref.shape and got.dtype == ref.dtype
+            d = np.abs(np.asarray(got, np.float32) - ref.astype(np.float32))
+            assert d.max() <= (1e-4 if dtype == "float32" else 2e-3 * 3), d.max()
+    # uint8 resize mode (rounded between the passes, as the numpy path)
+    got = K.resample(x.view(_FakeArr), 30, 40, (0, 30), (0, 40), interp, antialias,
+                     mode=K.MODE_U8, nchw=False)  # fmt: skip
+    ref = I.resize(x, (30, 40), interpolation=interp, antialias=antialias)
+    assert got.dtype == np.uint8 and np.abs(np.asarray(got, int) - ref).max() <= 1
+
+
+# --- GPU tests ----------------------------------------------------------------------------------
+
+
+def _check(g, c, dtype):
+    import cupy
+
+    assert isinstance(g, cupy.ndarray) and g.shape == c.shape and g.dtype == c.dtype
+    assert g.flags.c_contiguous
+    gf, cf = cupy.asnumpy(g).astype(np.float32), c.astype(np.float32)
+    d = np.abs(gf - cf)
+    if dtype == "float32":
+        assert d.max() <= 1e-3, d.max()
+    else:
+        assert np.all(d <= 2e-3 * np.maximum(1.0, np.abs(cf))), d.max()
+
+
+def _kernels_available():
+    import cupy
+
+    assert K._kernels(int(cupy.cuda.runtime.getDevice())) is not None, "kernels did not compile"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("interp", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("antialias", [True, False])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_gpu_kernels_match_numpy(case, interp, antialias, monkeypatch):
+    import cupy
+
+    monkeypatch.delenv("AVPIPE_IMAGE_KERNELS", raising=False)
+    _kernels_available()
+    shape, kw, crop = CASES[case]
+    x = _picture(*shape) if len(shape) == 4 else _picture(1, *shape, seed=case)[0]
+    gx = cupy.asarray(x)
+    for dtype, layout in [("float32", "NCHW"), ("float32", "NHWC"), ("float16", "NCHW"),
+                          ("float16", "NHWC")]:  # fmt: skip
+        opts = dict(kw, crop_size=crop, interpolation=interp, antialias=antialias, dtype=dtype,
+                    layout=layout)  # fmt: skip
+        _check(I.resize_crop_normalize(gx, **opts), I.resize_crop_normalize(x, **opts), dtype)
+        # float input takes the float32 kernel
+        xf = x.astype(np.float32)
+        _check(I.resize_crop_normalize(cupy.asarray(xf), **opts),
+               I.resize_crop_normalize(xf, **opts), dtype)  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_gpu_benchmark_batch_and_single_image(monkeypatch):
+    import cupy
+
+    monkeypatch.delenv("AVPIPE_IMAGE_KERNELS", raising=False)
+    _kernels_available()
+    x = _picture(128, 375, 500, seed=3)
+    gx = cupy.asarray(x)
+    for dtype in ("float16", "float32"):
+        opts = dict(short_side=224, crop_size=224, dtype=dtype, layout="NCHW")
+        g = I.resize_crop_normalize(gx, **opts)
+        assert g.shape == (128, 3, 224, 224)
+        _check(g, I.resize_crop_normalize(x, **opts), dtype)
+    one = I.resize_crop_normalize(gx[5], dtype="float32")
+    assert one.shape == (3, 224, 224)
+    _check(one, I.resize_crop_normalize(x[5], dtype="float32"), "float32")
+    # the kernels and the cuBLAS path agree too
+    monkeypatch.setenv("AVPIPE_IMAGE_KERNELS", "0")
+    old = I.resize_crop_normalize(gx[:8], dtype="float32")
+    monkeypatch.setenv("AVPIPE_IMAGE_KERNELS", "1")
+    new = I.resize_crop_normalize(gx[:8], dtype="float32")
+    assert float(cupy.abs(old - new).max()) <= 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_non_contiguous_input(monkeypatch):
+    import cupy
+
+    monkeypatch.delenv("AVPIPE_IMAGE_KERNELS", raising=False)
+    _kernels_available()
+    big = _picture(4, 120, 170, c=4, seed=7)
+    gbig = cupy.asarray(big)
+    views = [
+        (gbig[::2, 10:110, 5:160, :3], big[::2, 10:110, 5:160, :3]),  # strided batch, crop, RGBA->RGB
+        (gbig[:, ::-1, ::2, 2::-1], big[:, ::-1, ::2, 2::-1]),  # negative and step-2 strides
+        (cupy.asarray(np.ascontiguousarray(big[..., :3].transpose(0, 2, 1, 3))).transpose(0, 2, 1, 3),
+         big[..., :3]),  # channel-last but W-major memory
+    ]  # fmt: skip
+    for g, c in views:
+        assert not g.flags.c_contiguous
+        for dtype in ("float32", "float16"):
+            opts = dict(short_side=64, crop_size=(60, 50), dtype=dtype, layout="NHWC",
+                        interpolation="bicubic")  # fmt: skip
+            _check(I.resize_crop_normalize(g, **opts), I.resize_crop_normalize(c, **opts), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("interp", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("antialias", [True, False])
+def test_gpu_resize_kernels_match_numpy(interp, antialias, monkeypatch):
+    import cupy
+
+    monkeypatch.delenv("AVPIPE_IMAGE_KERNELS", raising=False)
+    _kernels_available()
+    x = _picture(3, 375, 500, seed=11)
+    sizes = [dict(short_side=224), dict(size=(400, 333)), dict(size=(375, 250))]
+    for kw in sizes:
+        g = I.resize(cupy.asarray(x), interpolation=interp, antialias=antialias, **kw)
+        c = I.resize(x, interpolation=interp, antialias=antialias, **kw)
+        assert g.shape == c.shape and g.dtype == np.uint8 and g.flags.c_contiguous
+        d = np.abs(cupy.asnumpy(g).astype(int) - c)
+        assert d.max() <= 2 and d.mean() < 0.01
+        gf = I.resize(cupy.asarray(x, dtype=cupy.float32), interpolation=interp,
+                      antialias=antialias, **kw)  # fmt: skip
+        cf = I.resize(x.astype(np.float32), interpolation=interp, antialias=antialias, **kw)
+        assert gf.dtype == np.float32 and np.abs(cupy.asnumpy(gf) - cf).max() <= 1e-3
+    single = I.resize(cupy.asarray(x[0]), (100, 130), interpolation=interp, antialias=antialias)
+    assert single.shape == (100, 130, 3)
+
+
+@pytest.mark.gpu
+def test_gpu_compile_failure_falls_back(monkeypatch, caplog):
+    import cupy
+
+    x = _picture(2, 60, 80)
+    monkeypatch.setattr(K, "_SOURCE", K._SOURCE + "\n#error deliberately broken\n")
+    monkeypatch.setattr(K, "_WARNED", [])
+    K._kernels.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="avpipe"):
+            g = I.resize_crop_normalize(cupy.asarray(x), short_side=32, crop_size=32,
+                                        dtype="float32")  # fmt: skip
+        assert "failed to compile" in caplog.text
+        _check(g, I.resize_crop_normalize(x, short_side=32, crop_size=32, dtype="float32"),
+               "float32")  # fmt: skip
+    finally:
+        K._kernels.cache_clear()
