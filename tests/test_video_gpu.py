@@ -142,13 +142,14 @@ def test_nvdec_fallback_reported(tmp_path):
 
 
 @pytest.mark.parametrize("codec", [c for c in ("h264", "hevc") if c in ALL])
-def test_packet_path_serves_sparse_requests(media, codec):
+def test_packet_path_serves_sparse_requests(media, codec, monkeypatch):
     """H.264/HEVC requests go through the packet path (disposable packets skipped), frames equal
     the CPU's, and one thread's session moves between files without leaking stale frames."""
     import cupy
 
     from avpipe.decoding import _video_nvdec
 
+    monkeypatch.setenv("AVPIPE_NVDEC_PACKETS", "1")
     other = media["vfr"]
     requests = [(media[codec], [1, 5, 9, 13, 17]), (other, [2, 6, 10]), (media[codec], [30, 34, 38]),
                 (media[codec], [0, 4]), (other, [25, 29])]

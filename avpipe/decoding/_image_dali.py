@@ -177,7 +177,7 @@ class StreamDecoder:
     """
 
     def __init__(self, load, n_batches: int, device_index, capacity: int, fancy: bool,
-                 prefetch: int = 2, files: list | None = None):  # fmt: skip
+                 prefetch: int = 2, files: list | None = None, square: bool = False):  # fmt: skip
         from nvidia.dali import fn, pipeline_def, types
 
         mixed = device_index is not None
@@ -204,9 +204,20 @@ class StreamDecoder:
                         source=source, batch=True, batch_info=True, device="cpu",
                         dtype=types.UINT8, ndim=1,
                     )  # fmt: skip
-                return fn.decoders.image(
-                    enc, device="mixed" if mixed else "cpu", output_type=types.RGB, **extra
-                )
+                dev = "mixed" if mixed else "cpu"
+                if square:  # decode only the centred min(H, W) square (a decode-time crop)
+                    from nvidia.dali import math as dmath
+
+                    hwc = fn.peek_image_shape(enc, dtype=types.FLOAT)
+                    side = dmath.min(hwc[0], hwc[1])
+                    anchor = fn.stack(
+                        dmath.floor((hwc[1] - side) * 0.5), dmath.floor((hwc[0] - side) * 0.5)
+                    )
+                    return fn.decoders.image_slice(
+                        enc, anchor, fn.stack(side, side), device=dev, output_type=types.RGB,
+                        axis_names="WH", normalized_anchor=False, normalized_shape=False, **extra,
+                    )  # fmt: skip
+                return fn.decoders.image(enc, device=dev, output_type=types.RGB, **extra)
 
             pipe = _pipe()
             pipe.build()

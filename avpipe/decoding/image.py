@@ -255,10 +255,16 @@ def decode_image_stream(
     device=None,
     exact_jpeg: bool = True,
     prefetch: int = 2,
+    center_square: bool = False,
 ):
     """Decode ``sources`` in batches of ``batch_size``, yielding one :class:`ImageBatch` each, with
     DALI reading and decoding the next batches while the caller works on the current one (the
     training / benchmark hot path).
+
+    ``center_square=True`` decodes only each image's centred ``min(H, W)`` square (a crop while
+    decoding, so the discarded sides are never decoded): the region that a short-side resize
+    followed by a same-size centre crop keeps. The result equals that resize-then-crop except
+    within a filter's reach of the square's edges, where the dropped pixels no longer contribute.
 
     No copies: each batch's arrays alias DALI's output buffers and stay valid only until the next
     batch is asked for (copy what you keep); on a GPU, asking for the next batch first waits for
@@ -273,8 +279,10 @@ def decode_image_stream(
         sources = [sources]
     srcs = [open_source(s, param=f"sources[{i}]") for i, s in enumerate(sources)]
     dev = resolve_device(device)
+    if not isinstance(center_square, bool):
+        raise TypeError(f"center_square must be a bool, got {center_square!r}")
     chunks = [srcs[i : i + batch_size] for i in range(0, len(srcs), batch_size)]
-    return _stream(chunks, dev, batch_size, exact_jpeg, prefetch)
+    return _stream(chunks, dev, batch_size, exact_jpeg, prefetch, center_square)
 
 
 def _load_chunk(chunk):
@@ -288,7 +296,7 @@ def _load_chunk(chunk):
     return out
 
 
-def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch):
+def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False):
     if not chunks:
         return
     idx = dev.index if dev.is_cuda else None
@@ -300,6 +308,7 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch):
             dec = _dali.StreamDecoder(
                 lambda i: _load_chunk(chunks[i]), len(chunks), idx, batch_size, exact_jpeg,
                 prefetch, files=paths if all(p is not None for p in paths) else None,
+                square=square,
             )  # fmt: skip
         except Exception:  # noqa: BLE001 - no fast path: the per-batch path below
             dec = None
@@ -325,7 +334,22 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch):
             yield ImageBatch(images=items, errors=(), device=str(dev), stacked=dense)
             done += 1
     for chunk in chunks[done:]:
-        yield decode_image_batch(chunk, device=dev, exact_jpeg=exact_jpeg)
+        b = decode_image_batch(chunk, device=dev, exact_jpeg=exact_jpeg)
+        yield _center_squares(b) if square else b
+
+
+def _center_squares(b: ImageBatch) -> ImageBatch:
+    """The slow path's equivalent of ``center_square``: crop after decoding."""
+    out = []
+    for im in b.images:
+        if im is None:
+            out.append(None)
+            continue
+        h, w = im.shape[:2]
+        s = min(h, w)
+        top, left = (h - s) // 2, (w - s) // 2
+        out.append(im[top : top + s, left : left + s])
+    return ImageBatch(images=out, errors=b.errors, device=b.device)
 
 
 # --- avpipe.info() probe ------------------------------------------------------------------------
