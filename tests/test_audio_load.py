@@ -211,3 +211,44 @@ def test_batch_loader_cpu_matches_soundfile(tmp_path):
             assert np.all(x0[i, l0[i]:] == 0)
         assert l1.tolist() == [4321, 0] and 1 in err1
         np.testing.assert_array_equal(x1[0, :4321], want[4])
+
+
+def test_batch_loader_never_hangs_on_a_stuck_decoder(tmp_path):
+    """A decoder that never returns (here: a FIFO nobody writes) costs its item, not the run."""
+    import os
+    import time
+
+    from avpipe.decoding._audio_batch import AudioBatchLoader
+
+    good = []
+    for i in range(3):
+        p = tmp_path / f"g{i}.flac"
+        sf.write(p, np.full(800 + i, 0.25, np.float32), SR, subtype="PCM_16")
+        good.append(p)
+    stuck = tmp_path / "stuck.flac"
+    os.mkfifo(stuck)
+    paths = [good[0], stuck, good[1], good[2]]
+    t0 = time.monotonic()
+    with AudioBatchLoader(paths, batch_size=2, num_workers=2, prefetch=2, device="cpu",
+                          max_samples=1000, timeout=2.0) as loader:  # fmt: skip
+        got = list(loader.batches(epochs=1))
+    assert time.monotonic() - t0 < 30
+    (x0, l0, _, e0), (x1, l1, _, e1) = got
+    assert set(e0) == {1} and "no answer" in e0[1] and l0[1] == 0
+    assert l0[0] == 800 and not e1 and l1.tolist() == [801, 802]  # the next batch still decodes
+    np.testing.assert_allclose(x1[1, :802], 0.25, atol=1e-4)
+
+
+def test_batch_loader_refuses_mixed_rates_and_reports_long_files(tmp_path):
+    from avpipe.decoding._audio_batch import AudioBatchLoader
+
+    a, b = tmp_path / "a.wav", tmp_path / "b.wav"
+    sf.write(a, np.zeros(100, np.float32), SR)
+    sf.write(b, np.zeros(100, np.float32), 8000)
+    with pytest.raises(ValueError, match="paths must share one sample rate"):
+        AudioBatchLoader([a, b], device="cpu", num_workers=1)
+    long = tmp_path / "long.wav"
+    sf.write(long, np.zeros(500, np.float32), SR)
+    with AudioBatchLoader([a, long], batch_size=2, num_workers=1, device="cpu", max_samples=200) as L:
+        (_, lengths, _, errors), = list(L.batches())
+    assert lengths.tolist() == [100, 0] and "more than max_samples=200" in errors[1]

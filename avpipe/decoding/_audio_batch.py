@@ -19,6 +19,8 @@ from __future__ import annotations
 import mmap
 import multiprocessing as mp
 import os
+import time
+import weakref
 from collections import deque
 
 import numpy as np
@@ -48,7 +50,9 @@ def _decode_into(task):
     out = np.frombuffer(g["mm"], dtype=dt, count=stride, offset=base)
     try:
         with sf.SoundFile(path) as f:
-            n = min(int(f.frames), stride)
+            if int(f.frames) > stride:
+                return 0, f"{int(f.frames)} samples, more than max_samples={stride}: skipped"
+            n = int(f.frames)
             if f.channels == 1:
                 got = f.read(frames=n, dtype=dt.name, out=out[:n])
                 k = len(got)
@@ -65,14 +69,31 @@ def _decode_into(task):
         return 0, f"{type(e).__name__}: {e}"
 
 
+def _shutdown(pool, mm):
+    if pool is not None:
+        pool.terminate()
+        pool.join()
+    try:
+        mm.close()
+    except BufferError:  # a caller still holds a view of it: the OS frees it at exit
+        pass
+
+
+def _decode_many(tasks):
+    return [_decode_into(t) for t in tasks]
+
+
 class AudioBatchLoader:
     """Iterate padded batches of decoded audio: yields ``(signals, lengths, paths, errors)``.
 
     ``signals``: ``[b, max_len]`` float32 on ``device`` (cupy for "cuda", numpy for "cpu",
     None for device "none": decode only),
     zero past each length; ``lengths``: numpy int64 samples; ``errors``: ``{index: message}``
-    for items that failed (their length is 0). Sources must be mono or are downmixed; no
-    resampling (all files are expected at one rate, checked up front).
+    for items that failed (their length is 0), including files longer than ``max_samples``.
+    Sources must be mono or are downmixed; no resampling: files of different sample rates are
+    refused up front (``ValueError``). A batch whose workers do not answer within ``timeout``
+    seconds (a worker killed by a crashing decoder, say) is decoded again item by item, and the
+    items that still do not answer are reported in ``errors``: the loader never hangs.
 
     ``num_workers`` processes (default: the CPU count), ``prefetch`` batches decoded ahead.
     ``transport``: "int16" (exact for 16-bit PCM sources) or "float32".
@@ -89,6 +110,7 @@ class AudioBatchLoader:
         device="cuda",
         transport="int16",
         max_samples=None,
+        timeout=120.0,
     ):
         if transport not in ("int16", "float32"):
             raise ValueError(f"transport must be 'int16' or 'float32', got {transport!r}")
@@ -100,13 +122,20 @@ class AudioBatchLoader:
         self.prefetch = max(1, int(prefetch))
         self.device = device
         self.dtype = np.dtype(transport)
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.timeout = float(timeout)
         ctx = mp.get_context("fork")
         if max_samples is None:
             with ctx.Pool(min(self.num_workers, 16)) as p:
                 info = p.map(_frames_of, self.paths, chunksize=16)
             self.frames = np.array([i[0] for i in info])
             rates = {i[1] for i in info if i[0] >= 0}
-            self.sample_rate = rates.pop() if len(rates) == 1 else None
+            if len(rates) > 1:
+                raise ValueError(
+                    f"paths must share one sample rate (no resampling here), got {sorted(rates)}"
+                )
+            self.sample_rate = rates.pop() if rates else None
             max_samples = int(max(self.frames.max(), 1))
         else:
             self.frames, self.sample_rate = None, None
@@ -124,6 +153,36 @@ class AudioBatchLoader:
         self._pool = ctx.Pool(self.num_workers)
         self._registered = False
         self._events = [None] * self.n_slots
+        # workers and the shared buffer go away with the loader, also without close()
+        self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._mm)
+
+    def _submit_chunks(self, chunks):
+        return [self._pool.apply_async(_decode_many, (c,)) for c in chunks]
+
+    def _restart_pool(self, pending):
+        """A worker is stuck: replace the pool and hand the other batches' work to the new one."""
+        self._pool.terminate()
+        self._pool.join()
+        self._pool = mp.get_context("fork").Pool(self.num_workers)
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._mm)
+        for entry in pending:
+            entry[3][:] = self._submit_chunks(entry[2])
+
+    def _results(self, chunks, handles, pending):
+        """The batch's per-item results; items with no answer by the deadline become errors."""
+        deadline = time.monotonic() + self.timeout
+        out, stuck = [], False
+        for chunk, h in zip(chunks, handles):
+            try:
+                out.extend(h.get(timeout=max(0.0, deadline - time.monotonic())))
+            except mp.TimeoutError:
+                stuck = True
+                why = f"no answer from the decoding worker within {self.timeout:g} s"
+                out.extend((0, why) for _ in chunk)
+        if stuck:
+            self._restart_pool(pending)
+        return out
 
     # -- GPU helpers -------------------------------------------------------------------------
     def _register(self):
@@ -192,17 +251,16 @@ class AudioBatchLoader:
                 self._events[slot] = None
             group = groups[k_submit % len(groups)]
             tasks = [(slot, r, p) for r, p in enumerate(group)]
-            chunk = max(1, len(tasks) // (self.num_workers * 2))
-            pending.append(
-                (slot, group, self._pool.map_async(_decode_into, tasks, chunksize=chunk))
-            )
+            size = max(1, len(tasks) // (self.num_workers * 2))
+            chunks = [tasks[i : i + size] for i in range(0, len(tasks), size)]
+            pending.append((slot, group, chunks, self._submit_chunks(chunks)))
             k_submit += 1
 
         while k_submit < n_total and len(pending) < self.prefetch:
             submit()
         while pending:
-            slot, group, res = pending.popleft()
-            results = res.get()
+            slot, group, chunks, handles = pending.popleft()
+            results = self._results(chunks, handles, pending)
             lengths = np.array([r[0] for r in results], dtype=np.int64)
             errors = {i: r[1] for i, r in enumerate(results) if r[1] is not None}
             b = len(group)
@@ -234,6 +292,8 @@ class AudioBatchLoader:
             except Exception:
                 pass
             self._registered = False
+        self._host = None
+        self._finalizer()  # closes the shared buffer (unless a caller still views it)
 
     def __enter__(self):
         return self
