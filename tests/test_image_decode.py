@@ -435,7 +435,7 @@ def _square_check(cases, device):
         np.testing.assert_array_equal(g, want)
 
 
-def test_stream_center_square_decodes_only_the_middle(tmp_path):
+def test_stream_center_square_returns_the_middle_square(tmp_path):
     _square_check(_square_cases(tmp_path), "cpu")
     with pytest.raises(TypeError, match="center_square must be a bool"):
         decode_image_stream([], center_square="yes")

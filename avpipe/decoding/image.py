@@ -275,7 +275,9 @@ def decode_image_stream(
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if isinstance(sources, (str, bytes, bytearray, memoryview, os.PathLike)):
+    if isinstance(sources, (str, bytes, bytearray, memoryview, os.PathLike)) or hasattr(
+        sources, "read"
+    ):
         sources = [sources]
     srcs = [open_source(s, param=f"sources[{i}]") for i, s in enumerate(sources)]
     dev = resolve_device(device)
@@ -312,27 +314,31 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False)
             )  # fmt: skip
         except Exception:  # noqa: BLE001 - no fast path: the per-batch path below
             dec = None
-        while dec is not None and done < len(chunks):
-            if done and dev.is_cuda:
-                # work the caller queued on the previous batch's buffers must finish before
-                # DALI may reuse them
-                import cupy
+        try:
+            while dec is not None and done < len(chunks):
+                if done and dev.is_cuda:
+                    # work the caller queued on the previous batch's buffers must finish before
+                    # DALI may reuse them
+                    import cupy
 
-                cupy.cuda.get_current_stream().synchronize()
-            try:
-                out = dec.run()
-            except StopIteration:
-                break
-            except Exception:  # noqa: BLE001 - a bad image: redo from this batch on
+                    cupy.cuda.get_current_stream().synchronize()
+                try:
+                    out = dec.run()
+                except StopIteration:
+                    break
+                except Exception:  # noqa: BLE001 - a bad image: redo from this batch on
+                    dec.close()
+                    dec = None
+                    break
+                items, dense = _dali.views(out, idx)
+                k = len(chunks[done])  # the reader pads the last batch
+                if len(items) > k:
+                    items, dense = items[:k], (dense[:k] if dense is not None else None)
+                yield ImageBatch(images=items, errors=(), device=str(dev), stacked=dense)
+                done += 1
+        finally:  # the pipeline's threads and buffers go when the stream ends or is dropped
+            if dec is not None:
                 dec.close()
-                dec = None
-                break
-            items, dense = _dali.views(out, idx)
-            k = len(chunks[done])  # the reader pads the last batch
-            if len(items) > k:
-                items, dense = items[:k], (dense[:k] if dense is not None else None)
-            yield ImageBatch(images=items, errors=(), device=str(dev), stacked=dense)
-            done += 1
     for chunk in chunks[done:]:
         b = decode_image_batch(chunk, device=dev, exact_jpeg=exact_jpeg)
         yield _center_squares(b) if square else b
