@@ -122,11 +122,12 @@ def test_gpu_default_and_dlpack_zero_copy():
 
 
 @pytest.mark.gpu
-def test_gpu_to_jax_zero_copy():
+def test_gpu_to_jax_roundtrip():
     jax = pytest.importorskip("jax")
     import cupy as cp
 
     x = cp.arange(6, dtype=cp.float32)
     j = D.to_jax(x)
     assert np.asarray(j).tolist() == list(range(6))
-    assert any(d.platform == "gpu" for d in j.devices()) or jax.default_backend() != "gpu"
+    if jax.default_backend() == "gpu":  # a GPU JAX keeps it on the GPU
+        assert all(d.platform == "gpu" for d in j.devices())

@@ -277,6 +277,9 @@ def test_argument_errors(tmp_path):
     run_extract(SAMPLES / "images", preset=other, out_dir=tmp_path / "o2", device="cpu")
     with pytest.raises(ValueError, match="preset"):
         run_extract(SAMPLES / "images", preset="quickstart", out_dir=tmp_path / "o2", device="cpu")
+    # nor one made from another input (same relative names would pass for done)
+    with pytest.raises(ValueError, match="is not the input"):
+        run_extract(SAMPLES / "speech", preset=other, out_dir=tmp_path / "o2", device="cpu")
 
 
 def test_writes_are_atomic(media_dir, tmp_path, monkeypatch):

@@ -193,6 +193,7 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
         dts_list: list[int] = []
         key_pts: list[int] = []
         last_dur = 0
+        durations: dict[int, int] = {}  # pts -> the packet's own duration, where it has one
         nal_size = nal_length_size(codec, bytes(cc.extradata or b"")) if cc is not None else 0
         slice_headers: list = []
         first_frame = None
@@ -212,6 +213,7 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
                     slice_headers.append(slice_nal_headers(bytes(pkt), codec, nal_size))
                 if pkt.duration:
                     last_dur = int(pkt.duration)
+                    durations[int(p)] = int(pkt.duration)
                 if decode_first:
                     try:
                         frames = cc.decode(pkt)
@@ -248,7 +250,9 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
             typical = int(np.median(steps))
         else:
             typical = 0
-        step_last = last_dur if last_dur > 0 else typical
+        # the last *displayed* frame's duration (with B-frames the last packet in decode
+        # order is another frame)
+        step_last = durations.get(int(pts[-1]), 0) or (last_dur if last_dur > 0 else typical)
         if step_last <= 0:
             rate = st.average_rate or st.guessed_rate or Fraction(25)
             step_last = max(1, int(round(1 / (float(rate) * float(tb)))))

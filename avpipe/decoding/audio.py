@@ -11,6 +11,7 @@ stated quality (see :mod:`avpipe.decoding._audio_resample`) that runs on numpy o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,8 +85,9 @@ def _check_args(sample_rate, offset, duration, channel, quality):
 
 def _span(sr, total, offset, duration, name):
     """(start, count) in samples at the file's rate; total may be None (unknown)."""
-    start = int(round(offset * sr))
-    count = None if duration is None else int(round(duration * sr))
+    # nearest sample, halves rounded up (Python's round() would send 2.5 to 2)
+    start = int(math.floor(offset * sr + 0.5))
+    count = None if duration is None else int(math.floor(duration * sr + 0.5))
     if total is not None:
         if start > total or (start == total and total > 0 and offset > 0):
             raise ValueError(f"offset={offset!r} s is past the end of {name} ({total / sr:.6f} s)")

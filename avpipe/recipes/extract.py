@@ -311,6 +311,11 @@ def _check_meta(out_dir: str, preset: str, root: str) -> None:
                 f"preset {preset!r} does not match the preset {old['preset']!r} that {out_dir!r} "
                 "was extracted with; use the same --preset to resume, or another --out"
             )
+        if isinstance(old, dict) and old.get("input") not in (None, root):
+            raise ValueError(
+                f"input {root!r} is not the input {old['input']!r} that {out_dir!r} was "
+                "extracted from; resume with the same INPUT, or use another --out"
+            )
         return
     from .._version import __version__
 
