@@ -10,8 +10,9 @@ PyNvVideoCodec load the first time a decoder needs them)::
     avpipe.ops.log_mel(signals, lengths, preset="nemo")
 
 Sub-packages, one per concern: ``decoding`` (containers and codecs to arrays), ``ops`` (pure
-array operators, numpy or cupy), ``pipeline`` (sources, samplers, batching), ``integrations``
-(torch / JAX / DALI / Ray), ``recipes`` (ready-made jobs), ``cli`` (the ``avpipe`` command).
+array operators, numpy or cupy), ``pipeline`` (sources that training jobs consume), ``recipes``
+(ready-made jobs), ``cli`` (the ``avpipe`` command); ``device`` hands arrays to torch / JAX /
+cupy through DLPack.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ _LAZY = {
     "Device": "avpipe.device",
     "resolve_device": "avpipe.device",
 }
-_SUBMODULES = {"ops", "decoding", "device", "pipeline", "integrations", "recipes", "cli"}
+_SUBMODULES = {"ops", "decoding", "device", "pipeline", "recipes", "cli"}
 
 __all__ = [
     "__version__",
