@@ -47,6 +47,19 @@ def _as_batch(signals, name="signals"):
     return xp, x, single
 
 
+def _as_batch3(x, name, dims):
+    """``[C, T]`` -> ``[1, C, T]`` (returns the flag), ``[B, C, T]`` as is; float32.
+    ``dims`` names the axes for the error message, e.g. ``"F, T"``."""
+    xp = array_module(x)
+    s = xp.asarray(x, dtype=xp.float32)
+    single = s.ndim == 2
+    if single:
+        s = s[None]
+    if s.ndim != 3:
+        raise ValueError(f"{name} must be [{dims}] or [B, {dims}], got shape {tuple(s.shape)}")
+    return xp, s, single
+
+
 def _as_lengths(xp, lengths, batch, limit, name="lengths"):
     """Host int64 numpy lengths (validated) and the same on the array's device."""
     if lengths is None:
@@ -372,13 +385,7 @@ def mel_filterbank(*, sample_rate=16000, n_fft=512, n_mels=80, fmin=0.0, fmax=No
 def mel_spectrogram(power_spec, frame_lengths=None, *, filterbank=None, sample_rate=16000,
                     n_mels=80, fmin=0.0, fmax=None, htk=False, norm="slaney"):
     """Mel energies ``filterbank @ power_spec``: ``[B, F, T] -> [B, n_mels, T]`` float32."""
-    xp = array_module(power_spec)
-    s = xp.asarray(power_spec, dtype=xp.float32)
-    single = s.ndim == 2
-    if single:
-        s = s[None]
-    if s.ndim != 3:
-        raise ValueError(f"power_spec must be [F, T] or [B, F, T], got shape {tuple(s.shape)}")
+    xp, s, single = _as_batch3(power_spec, "power_spec", "F, T")
     n_fft = 2 * (s.shape[1] - 1)
     fb = filterbank if filterbank is not None else mel_filterbank(
         sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax, htk=htk, norm=norm)
@@ -456,13 +463,7 @@ def mfcc(log_mel_db, frame_lengths=None, *, n_mfcc=20, norm="ortho"):
 
     ``librosa.feature.mfcc(S=power_to_db(mel))`` equals ``mfcc(power_to_db(mel))``.
     """
-    xp = array_module(log_mel_db)
-    s = xp.asarray(log_mel_db, dtype=xp.float32)
-    single = s.ndim == 2
-    if single:
-        s = s[None]
-    if s.ndim != 3:
-        raise ValueError(f"log_mel_db must be [n_mels, T] or [B, n_mels, T], got {tuple(s.shape)}")
+    xp, s, single = _as_batch3(log_mel_db, "log_mel_db", "n_mels, T")
     D = xp.asarray(dct_matrix(n_mfcc, s.shape[1], norm=norm))
     out = xp.matmul(D[None], s)
     if frame_lengths is not None:
@@ -486,13 +487,7 @@ def normalize(features, frame_lengths=None, *, mode="per_feature", eps=1e-5, ddo
     """
     if mode not in ("per_feature", "all_features"):
         raise ValueError(f"mode must be 'per_feature' or 'all_features', got {mode!r}")
-    xp = array_module(features)
-    x = xp.asarray(features, dtype=xp.float32)
-    single = x.ndim == 2
-    if single:
-        x = x[None]
-    if x.ndim != 3:
-        raise ValueError(f"features must be [C, T] or [B, C, T], got shape {tuple(x.shape)}")
+    xp, x, single = _as_batch3(features, "features", "C, T")
     B, C, T = x.shape
     _, fl = _as_lengths(xp, frame_lengths, B, T, "frame_lengths")
     m = time_mask(xp, fl, T)[:, None, :]
