@@ -174,7 +174,11 @@ def bench_avpipe(files, batch, budget, device, gpu, reps, center_square=False):
                 n, _ = _apply(b)
                 yield n
 
-    g = gen()
+    return _measure(gen(), budget, gpu)
+
+
+def _measure(g, budget, gpu):
+    """Images/s of an endless generator of per-batch image counts, over ``budget`` seconds."""
     n, secs, iters = timed_stream(g, budget, 3, cupy_sync(gpu))
     g.close()
     return n / secs, dict(images=n, seconds=round(secs, 3), batches=iters)
@@ -188,10 +192,7 @@ def bench_avpipe_sync(files, batch, budget, device, gpu):
                 n, _ = _apply(b)
                 yield n
 
-    g = gen()
-    n, secs, iters = timed_stream(g, budget, 3, cupy_sync(gpu))
-    g.close()
-    return n / secs, dict(images=n, seconds=round(secs, 3), batches=iters)
+    return _measure(gen(), budget, gpu)
 
 
 def bench_dali(files, batch, budget, gpu):

@@ -276,10 +276,6 @@ class AudioBatchLoader:
             yield x, lengths, group, errors
 
     def close(self):
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
         if self._registered:
             try:
                 import cupy
@@ -293,7 +289,8 @@ class AudioBatchLoader:
                 pass
             self._registered = False
         self._host = None
-        self._finalizer()  # closes the shared buffer (unless a caller still views it)
+        self._pool = None
+        self._finalizer()  # ends the workers; closes the shared buffer unless a caller views it
 
     def __enter__(self):
         return self
