@@ -5,9 +5,12 @@
 Contenders, all on the same files in one run (each in its own child process, so a crash or
 a hang in one library cannot take the others down, and each starts with a clean GPU):
 
-* ``avpipe_logmel``: avpipe's batch loader (worker processes decode int16 straight into a
-  shared page-locked ring; 2-D async copy of the used block to the GPU; float conversion there)
-  + ``avpipe.ops.log_mel(preset="nemo")`` on cupy, decode of the next batches overlapping.
+* ``avpipe_logmel``: avpipe's batch loader with its default decoder for FLAC on a GPU: threads
+  read the files' bytes into page-locked staging, the GPU decodes the FLAC frames (bit-exact to
+  libFLAC) + ``avpipe.ops.log_mel(preset="nemo")`` on cupy.
+* ``avpipe_logmel_cpu_decode``: the same loader with ``decoder="cpu"`` (worker processes decode
+  int16 straight into a shared ring; 2-D copy of the used block to the GPU; float conversion
+  there), decode of the next batches overlapping.
 * ``dali_logmel``: DALI's audio pipeline, built here: readers.file -> decoders.audio ->
   preemphasis_filter -> spectrogram(512/400/160) -> mel_filter_bank(80) -> to_decibels (ln)
   -> normalize (per feature) -> pad.
@@ -15,7 +18,8 @@ a hang in one library cannot take the others down, and each starts with a clean 
   with avpipe's filterbank when torchaudio is missing) + ln + per-feature normalization.
 * decode studies (why Python-thread soundfile is slow): ``decode_threads_f32`` (fresh float32
   arrays per read, like the anchor), ``decode_threads_i16_prealloc`` (int16 into preallocated
-  buffers), ``decode_procs_i16_shared`` (avpipe's loader, decode only); and
+  buffers), ``decode_procs_i16_shared`` (avpipe's CPU decoder, decode only),
+  ``decode_gpu_flac`` (avpipe's GPU decoder: read + decode only); and
   ``avpipe_logmel_gpu_only`` (log_mel on batches already on the GPU: the GPU part's ceiling).
 
 Each contender prints ``RESULT {json}``; the parent writes DIR/bench_audio.json and prints a table.
@@ -41,8 +45,9 @@ import numpy as np  # noqa: E402
 
 SR = 16000
 BATCH = 64
-CONTENDERS = ["avpipe_logmel", "dali_logmel", "torch_logmel", "decode_threads_f32",
-              "decode_threads_i16_prealloc", "decode_procs_i16_shared", "avpipe_logmel_gpu_only"]
+CONTENDERS = ["avpipe_logmel", "dali_logmel", "avpipe_logmel_cpu_decode", "torch_logmel",
+              "decode_gpu_flac", "decode_threads_f32", "decode_threads_i16_prealloc",
+              "decode_procs_i16_shared", "avpipe_logmel_gpu_only"]
 
 
 def log(*a):
@@ -130,12 +135,12 @@ def cuda_sync():
 # ---------------------------------------------------------------------------------------------
 
 
-def bench_avpipe_logmel(files, durs, args):
+def bench_avpipe_logmel(files, durs, args, decoder="auto"):
     from avpipe.decoding._audio_batch import AudioBatchLoader
 
-    # the loader forks its workers before this process touches CUDA
+    # the loader forks its workers (decoder "cpu") before this process touches CUDA
     loader = AudioBatchLoader(files, batch_size=BATCH, num_workers=args.workers, prefetch=args.prefetch,
-                              device="cuda", transport="int16")
+                              device="cuda", transport="int16", decoder=decoder)
     import cupy
 
     from avpipe.ops import log_mel
@@ -161,9 +166,33 @@ def bench_avpipe_logmel(files, durs, args):
         stream.close()
         loader.close()
     return audio_s / secs, {"epochs": epochs, "audio_seconds": round(audio_s, 1), "seconds": round(secs, 3),
-                            "workers": loader.num_workers, "prefetch": loader.prefetch,
+                            "decoder": loader.decoder, "workers": loader.num_workers,
+                            "prefetch": loader.prefetch,
                             "pinned": bool(loader._registered), "out_BxF": sorted(shapes)[:1],
                             "cupy": cupy.__version__}
+
+
+def bench_avpipe_logmel_cpu_decode(files, durs, args):
+    return bench_avpipe_logmel(files, durs, args, decoder="cpu")
+
+
+def bench_decode_gpu_flac(files, durs, args):
+    from avpipe.decoding._audio_batch import AudioBatchLoader
+
+    loader = AudioBatchLoader(files, batch_size=BATCH, prefetch=args.prefetch, device="cuda",
+                              decoder="gpu")
+    n_batches = math.ceil(len(files) / BATCH)
+    stream = loader.batches(epochs=10 ** 6)
+
+    def epoch():
+        return sum(float(next(stream)[1].sum()) / SR for _ in range(n_batches))
+
+    try:
+        audio_s, secs, n = run_timed(epoch, min(args.budget, 8), sync=cuda_sync)
+    finally:
+        stream.close()
+        loader.close()
+    return audio_s / secs, {"passes": n, "what": "read bytes in threads, FLAC frames decoded on the GPU"}
 
 
 def bench_avpipe_logmel_gpu_only(files, durs, args):

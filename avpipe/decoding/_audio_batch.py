@@ -98,6 +98,12 @@ class AudioBatchLoader:
     ``num_workers`` processes (default: the CPU count), ``prefetch`` batches decoded ahead.
     ``transport``: "int16" (exact for 16-bit PCM sources) or "float32".
     Create it before heavy GPU work in the process (its workers are forked at construction).
+
+    ``decoder``: "cpu" (libsndfile in the worker processes), "gpu" (FLAC frames decoded on the
+    GPU, bit-exact to libFLAC: threads only read the files' bytes; any file the GPU does not
+    decode exactly, or that is not FLAC, is decoded by libsndfile instead; needs
+    ``device="cuda"``), or "auto": "gpu" when ``device`` is a GPU and every path ends in
+    ``.flac``, else "cpu". ``transport`` and ``num_workers`` apply to "cpu" only.
     """
 
     def __init__(
@@ -111,9 +117,12 @@ class AudioBatchLoader:
         transport="int16",
         max_samples=None,
         timeout=120.0,
+        decoder="auto",
     ):
         if transport not in ("int16", "float32"):
             raise ValueError(f"transport must be 'int16' or 'float32', got {transport!r}")
+        if decoder not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"decoder must be 'auto', 'cpu' or 'gpu', got {decoder!r}")
         self.paths = [os.fspath(p) for p in paths]
         if not self.paths:
             raise ValueError("paths must not be empty")
@@ -125,6 +134,18 @@ class AudioBatchLoader:
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
+        on_gpu = device is not None and str(device).startswith("cuda")
+        if decoder == "gpu" and not on_gpu:
+            raise ValueError(f"decoder='gpu' needs device='cuda', got device={device!r}")
+        if decoder == "auto":
+            decoder = (
+                "gpu" if on_gpu and all(p.lower().endswith(".flac") for p in self.paths) else "cpu"
+            )
+        self.decoder = decoder
+        self._registered = False
+        if decoder == "gpu":
+            self._init_gpu(max_samples)
+            return
         ctx = mp.get_context("fork")
         if max_samples is None:
             with ctx.Pool(min(self.num_workers, 16)) as p:
@@ -155,6 +176,40 @@ class AudioBatchLoader:
         self._events = [None] * self.n_slots
         # workers and the shared buffer go away with the loader, also without close()
         self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._mm)
+
+    def _init_gpu(self, max_samples):
+        """The GPU decoder's set-up: no worker processes, no shared ring; file sizes and
+        lengths come from the files' own headers (libsndfile for anything else)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ._flac_cuda import GpuFlacBatches, header_info
+
+        def info(p):
+            return header_info(p) or _frames_of(p)
+
+        with ThreadPoolExecutor(8) as ex:
+            infos = list(ex.map(info, self.paths))
+        self.frames = np.array([i[0] for i in infos])
+        rates = {i[1] for i in infos if i[0] >= 0}
+        if len(rates) > 1:
+            raise ValueError(
+                f"paths must share one sample rate (no resampling here), got {sorted(rates)}"
+            )
+        self.sample_rate = rates.pop() if rates else None
+        if max_samples is None:
+            max_samples = int(max(self.frames.max(), 1))
+        self.max_samples = int(max_samples)
+        sizes = {}
+        for p in self.paths:
+            try:
+                sizes[p] = os.path.getsize(p)
+            except OSError:
+                sizes[p] = 0  # reported when its batch is read
+        self._gpu = GpuFlacBatches(sizes, max_samples=self.max_samples, prefetch=self.prefetch)
+        self._pool = None
+        self._mm = None
+        self._host = None
+        self._finalizer = weakref.finalize(self, lambda: None)
 
     def _submit_chunks(self, chunks):
         return [self._pool.apply_async(_decode_many, (c,)) for c in chunks]
@@ -239,6 +294,9 @@ class AudioBatchLoader:
         """Yield ``(signals, lengths, paths, errors)`` for ``epochs`` passes in file order."""
         groups = [self.paths[i : i + self.batch] for i in range(0, len(self.paths), self.batch)]
         n_total = len(groups) * int(epochs)
+        if self.decoder == "gpu":
+            yield from self._gpu.run(groups[k % len(groups)] for k in range(n_total))
+            return
         pending = deque()
         k_submit = 0
 

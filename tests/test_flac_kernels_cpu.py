@@ -1,0 +1,168 @@
+"""The GPU FLAC kernels, compiled as plain C++ and run here on the CPU, decode bit-exactly what
+libFLAC decodes (the GPU test runs the same source through NVRTC: test_flac_gpu.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from flac_media import pack, reference, write_ffmpeg_cases, write_soundfile_cases
+
+from avpipe.decoding import _flac_cuda as fc
+
+PRELUDE = r"""
+#include <cstdint>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+struct Dim3 { unsigned x; };
+static Dim3 threadIdx, blockIdx, blockDim;
+static inline int __clzll(unsigned long long x) { return x ? __builtin_clzll(x) : 64; }
+static inline int atomicAdd(int* a, int v) { int o = *a; *a += v; return o; }
+static inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) {
+    unsigned long long o = *a; *a += v; return o; }
+"""
+
+LAUNCHERS = r"""
+#define LOOP(n, call) do { blockDim.x = 1; threadIdx.x = 0; \
+    for (long long t_ = 0; t_ < (n); ++t_) { blockIdx.x = (unsigned)t_; call; } } while (0)
+extern "C" void run_scan(long long n, const u8* data, i64 nbytes, const i64* istart,
+        const i64* iend, const i32* imeta, const i64* itotal, int n_items, const u8* crc8,
+        u8* flags, i64* cand, int* n_cand, int cap) {
+    LOOP(n, flac_scan(data, nbytes, istart, iend, imeta, itotal, n_items, crc8, flags, cand,
+                      n_cand, cap));
+}
+extern "C" void run_frames(long long n, const u8* data, i64 nbytes, const i64* istart,
+        const i64* iend, const i32* imeta, const i64* itotal, int n_items, const u8* crc8,
+        const u16* crc16, const u8* flags, const i64* cand, const int* n_cand, int cap, int mode,
+        u8* valid, u64* cover, i32* pcm, const i64* ipcm) {
+    LOOP(n, flac_frames(data, nbytes, istart, iend, imeta, itotal, n_items, crc8, crc16, flags,
+                        cand, n_cand, cap, mode, valid, cover, pcm, ipcm));
+}
+extern "C" void run_to_float(long long n, const i32* pcm, const i64* ipcm, const i64* itotal,
+        const i32* imeta, int n_items, i64 max_len, float* out) {
+    LOOP(n, flac_to_float(pcm, ipcm, itotal, imeta, n_items, max_len, out));
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the kernels for the CPU")
+    d = tmp_path_factory.mktemp("flac_kernels")
+    src = d / "k.cpp"
+    with open(fc.KERNEL_FILE) as f:
+        src.write_text(PRELUDE + f.read() + LAUNCHERS)
+    so = d / "k.so"
+    subprocess.run([cxx, "-O2", "-std=c++14", "-shared", "-fPIC", "-Wall", "-Werror",
+                    "-Wno-unused-function", str(src), "-o", str(so)], check=True)
+    return ctypes.CDLL(str(so))
+
+
+def _p(a):
+    return ctypes.c_void_p(a.ctypes.data)
+
+
+def decode_cpu(lib, buf, offsets):
+    """The GPU runner's sequence (decode_on_gpu), with the kernels run on the CPU."""
+    plan = fc.plan_batch(buf, offsets)
+    b = len(plan.infos)
+    nb = plan.nbytes
+    I64, I32 = ctypes.c_longlong, ctypes.c_int
+    flags = np.zeros(nb, np.uint8)
+    cand = np.zeros(plan.cap, np.int64)
+    n_cand = np.zeros(1, np.int32)
+    valid = np.zeros(plan.cap, np.uint8)
+    cover = np.zeros(b, np.uint64)
+    pcm = np.full(plan.pcm_size, -7, np.int32)
+    items = (_p(plan.istart), _p(plan.iend), _p(plan.imeta), _p(plan.itotal), I32(b))
+    lib.run_scan(I64(nb), _p(buf), I64(nb), *items, _p(fc.CRC8), _p(flags), _p(cand),
+                 _p(n_cand), I32(plan.cap))
+    for mode in (0, 1):
+        lib.run_frames(I64(plan.cap), _p(buf), I64(nb), *items, _p(fc.CRC8), _p(fc.CRC16),
+                       _p(flags), _p(cand), _p(n_cand), I32(plan.cap), I32(mode), _p(valid),
+                       _p(cover), _p(pcm), _p(plan.ipcm))
+    max_len = max(plan.max_len, 1)
+    out = np.full((b, max_len), np.nan, np.float32)
+    lib.run_to_float(I64(b * max_len), _p(pcm), _p(plan.ipcm), _p(plan.itotal), _p(plan.imeta),
+                     I32(b), I64(max_len), _p(out))
+    left = fc.finish_batch(plan, cover)
+    for i in left:
+        out[i] = 0
+    return out, plan, left, int(n_cand[0])
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    d = tmp_path_factory.mktemp("flac_cases")
+    return write_soundfile_cases(str(d)) + write_ffmpeg_cases(str(d))
+
+
+def test_kernels_decode_every_case_bit_exactly(lib, cases):
+    buf, offsets = pack(cases)
+    out, plan, left, n_cand = decode_cpu(lib, buf, offsets)
+    assert left == {}, left
+    assert n_cand <= plan.cap
+    for i, p in enumerate(cases):
+        ref = reference(p)
+        n = len(ref)
+        assert plan.infos[i].total_samples == n, p
+        np.testing.assert_array_equal(out[i, :n], ref, err_msg=os.path.basename(p))
+        assert not out[i, n:].any(), p  # zero past the length
+
+
+def test_streaminfo_matches_soundfile(cases):
+    import soundfile as sf
+
+    for p in cases:
+        si = fc.parse_streaminfo(open(p, "rb").read())
+        info = sf.info(p)
+        assert (si.sample_rate, si.channels, si.total_samples) == (
+            info.samplerate, info.channels, info.frames)
+
+
+def test_damaged_frames_are_left_to_the_cpu_never_returned(lib, cases):
+    """A flipped bit inside a frame fails its CRC-16: the file is handed back (to be decoded
+    on the CPU, where libFLAC reports it), never returned with wrong samples; its neighbours in
+    the batch are unaffected."""
+    paths = [p for p in cases if "speech_PCM_16_0.6" in p or "noise_PCM_16_0.6" in p][:2]
+    buf, offsets = pack(paths)
+    si = fc.parse_streaminfo(buf[offsets[0] : offsets[1]])
+    mid = int(offsets[0]) + si.audio_offset + 3000  # inside the first file's audio frames
+    buf[mid] ^= 0x10
+    out, plan, left, _ = decode_cpu(lib, buf, offsets)
+    assert set(left) == {0} and "cover" in left[0]
+    assert not out[0].any()  # the row the caller will fill
+    ref = reference(paths[1])
+    np.testing.assert_array_equal(out[1, : len(ref)], ref)
+
+
+def test_not_flac_and_truncated_metadata_are_reported(lib, cases):
+    good = open(cases[0], "rb").read()
+    blobs = [b"RIFF0000WAVEfmt garbage", good[:20], good]
+    offsets = np.zeros(4, np.int64)
+    offsets[1:] = np.cumsum([len(b) for b in blobs])
+    buf = np.zeros(int(offsets[-1]) + fc.PAD, np.uint8)
+    for b, o in zip(blobs, offsets):
+        buf[o : o + len(b)] = np.frombuffer(b, np.uint8)
+    out, plan, left, _ = decode_cpu(lib, buf, offsets)
+    assert "not a FLAC" in left[0] and "cut short" in left[1] and 2 not in left
+    ref = reference(cases[0])
+    np.testing.assert_array_equal(out[2, : len(ref)], ref)
+
+
+def test_truncated_audio_is_left_to_the_cpu(lib, cases):
+    p = [c for c in cases if "speech_PCM_16_1.0" in c][0]
+    data = open(p, "rb").read()
+    cut = data[: len(data) * 2 // 3]
+    offsets = np.array([0, len(cut)], np.int64)
+    buf = np.zeros(len(cut) + fc.PAD, np.uint8)
+    buf[: len(cut)] = np.frombuffer(cut, np.uint8)
+    _, plan, left, _ = decode_cpu(lib, buf, offsets)
+    assert 0 in left and "cover" in left[0]
