@@ -7,6 +7,7 @@ and the next call builds a fresh one (a build costs a few milliseconds).
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 
@@ -174,6 +175,14 @@ class StreamDecoder:
     in its C++ threads instead (the last batch is padded; the caller trims it). ``run()`` returns
     DALI's TensorList (valid until the next ``run()``) or raises StopIteration after the last
     batch.
+
+    With DALI's default (dynamic) executor, whose outputs DALI never reuses while they are
+    referenced, ``run()`` asks for the next iteration right after taking a batch's outputs
+    (``schedule_run`` / ``outputs``, as DALI's own framework iterators do), so DALI keeps
+    ``prefetch`` batches in flight while the caller works on the one it got; ``pipe.run()``
+    would only ask on the caller's next call. ``stream_outputs``: on a GPU, ``run(stream)``
+    binds the outputs to that CUDA stream (DALI's ``outputs(cuda_stream=...)``): the stream,
+    not the host, waits for the decode, and DALI frees the buffers in that stream's order.
     """
 
     def __init__(self, load, n_batches: int, device_index, capacity: int, fancy: bool,
@@ -233,16 +242,46 @@ class StreamDecoder:
 
         self.n_batches = n_batches
         self.done = 0
+        self.prefetch = max(1, int(prefetch))
+        self.started = False
+        # outputs stay valid while referenced (DALI >= 2.0 default); else the legacy pipe.run()
+        self.dynamic = bool(getattr(self.pipe, "exec_dynamic", False))
+        self.stream_outputs = mixed and self.dynamic and _outputs_take_stream(self.pipe)
 
-    def run(self):
+    def run(self, stream=None):
+        """The next batch's TensorList. ``stream`` (a ``cupy.cuda.Stream``; only where
+        ``stream_outputs``): bind the outputs to it instead of waiting on the host."""
         if self.done >= self.n_batches:
             raise StopIteration
-        (out,) = self.pipe.run()
+        if not self.dynamic:
+            (out,) = self.pipe.run()
+            self.done += 1
+            return out
+        if not self.started:
+            self.started = True
+            self.pipe.schedule_run()  # the first call queues `prefetch` iterations
+        (out,) = self.pipe.outputs(stream) if stream is not None else self.pipe.outputs()
         self.done += 1
+        # queue the next iteration now, so DALI works on it while the caller uses this batch (an
+        # error raised here makes the caller decode this batch again on its slow path)
+        if self.done + self.prefetch <= self.n_batches:
+            self.pipe.schedule_run()
         return out
 
     def close(self):
         self.pipe = None
+
+
+def _outputs_take_stream(pipe) -> bool:
+    """Whether ``pipe.outputs`` accepts ``cuda_stream`` (DALI >= 2.0 with the dynamic executor);
+    ``AVPIPE_DALI_STREAM_OUTPUTS=0`` turns it off (host-synchronous outputs, as before)."""
+    env = os.environ.get("AVPIPE_DALI_STREAM_OUTPUTS", "1").strip().lower()
+    if env in ("0", "false", "no"):
+        return False
+    try:
+        return "cuda_stream" in inspect.signature(pipe.outputs).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def views(out, device_index):

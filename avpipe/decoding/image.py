@@ -267,10 +267,14 @@ def decode_image_stream(
     within a filter's reach of the square's edges, where the dropped pixels no longer contribute.
 
     No copies: each batch's arrays alias DALI's output buffers and stay valid only until the next
-    batch is asked for (copy what you keep); on a GPU, asking for the next batch first waits for
-    the work queued on the current CuPy stream. ``stacked`` is set when a batch's images all have
-    one shape. A batch that fails (a bad image) and every batch after it are decoded again with
-    :func:`decode_image_batch`, so bad images show up in ``errors`` and the rest still come back.
+    batch is asked for (copy what you keep). On a GPU each batch is ordered on the CuPy stream
+    that is current when it is asked for: work queued on that stream sees the decoded pixels and
+    finishes before DALI reuses the buffers (work on another stream must first wait for that
+    one); with an older DALI (or ``AVPIPE_DALI_STREAM_OUTPUTS=0``) the pixels are ready on the
+    host instead and asking for the next batch first waits for the work queued on the current
+    stream. ``stacked`` is set when a batch's images all have one shape. A batch that fails (a
+    bad image) and every batch after it are decoded again with :func:`decode_image_batch`, so
+    bad images show up in ``errors`` and the rest still come back.
     A missing path raises ``FileNotFoundError`` before anything is decoded.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
@@ -314,16 +318,24 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False)
             )  # fmt: skip
         except Exception:  # noqa: BLE001 - no fast path: the per-batch path below
             dec = None
+        cupy = None
+        if dev.is_cuda:
+            import cupy
         try:
             while dec is not None and done < len(chunks):
-                if done and dev.is_cuda:
-                    # work the caller queued on the previous batch's buffers must finish before
-                    # DALI may reuse them
-                    import cupy
-
-                    cupy.cuda.get_current_stream().synchronize()
+                stream = None
+                if cupy is not None:
+                    if dec.stream_outputs:
+                        # the batch is bound to the caller's stream: that stream (not the host)
+                        # waits for the decode, and DALI frees the buffers in its order, after
+                        # the work the caller queues there (no host synchronisation)
+                        stream = cupy.cuda.get_current_stream()
+                    elif done:
+                        # host-synchronous outputs: work the caller queued on the previous
+                        # batch's buffers must finish before DALI may reuse them
+                        cupy.cuda.get_current_stream().synchronize()
                 try:
-                    out = dec.run()
+                    out = dec.run(stream)
                 except StopIteration:
                     break
                 except Exception:  # noqa: BLE001 - a bad image: redo from this batch on

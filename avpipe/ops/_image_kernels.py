@@ -390,9 +390,8 @@ def resample(
             xb = cupy.ascontiguousarray(xb)
         sn, sh, sw, sc = (np.int64(s // item) for s in xb.strides)
         xtab, xw, ytab, yw = _device_tables(cupy, p, device_id)
-        ones = np.ones(c, np.float32)
-        av = _device_vec(cupy, ones if a is None else np.asarray(a, np.float32), device_id)
-        bv = _device_vec(cupy, 0 * ones if b is None else np.asarray(b, np.float32), device_id)
+        av = _device_vec(cupy, np.ones(c, np.float32) if a is None else a, device_id)
+        bv = _device_vec(cupy, np.zeros(c, np.float32) if b is None else b, device_id)
         if av.size != c or bv.size != c:
             raise ValueError(f"a and b must have {c} values, got {av.size} and {bv.size}")
         tmp = cupy.empty((n, p.rows, ow, c), dtype=cupy.float32)
