@@ -19,10 +19,13 @@ PRELUDE = r"""
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __shared__ static
+#define __syncthreads()
 struct Dim3 { unsigned x; };
 static Dim3 threadIdx, blockIdx, blockDim;
 static inline int __clzll(unsigned long long x) { return x ? __builtin_clzll(x) : 64; }
 static inline int atomicAdd(int* a, int v) { int o = *a; *a += v; return o; }
+static inline unsigned atomicAdd(unsigned* a, unsigned v) { unsigned o = *a; *a += v; return o; }
 static inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) {
     unsigned long long o = *a; *a += v; return o; }
 """
@@ -32,16 +35,16 @@ LAUNCHERS = r"""
     for (long long t_ = 0; t_ < (n); ++t_) { blockIdx.x = (unsigned)t_; call; } } while (0)
 extern "C" void run_scan(long long n, const u8* data, i64 nbytes, const i64* istart,
         const i64* iend, const i32* imeta, const i64* itotal, int n_items, const u8* crc8,
-        u8* flags, i64* cand, int* n_cand, int cap) {
+        u8* flags, i64* cand, int* n_cand, int cap, const i64* iclaim, u32* claims) {
     LOOP(n, flac_scan(data, nbytes, istart, iend, imeta, itotal, n_items, crc8, flags, cand,
-                      n_cand, cap));
+                      n_cand, cap, iclaim, claims));
 }
 extern "C" void run_frames(long long n, const u8* data, i64 nbytes, const i64* istart,
         const i64* iend, const i32* imeta, const i64* itotal, int n_items, const u8* crc8,
         const u16* crc16, const u8* flags, const i64* cand, const int* n_cand, int cap, int mode,
-        u8* valid, u64* cover, i32* pcm, const i64* ipcm) {
+        u8* valid, u64* cover, i32* pcm, const i64* ipcm, const i64* iclaim, const u32* claims) {
     LOOP(n, flac_frames(data, nbytes, istart, iend, imeta, itotal, n_items, crc8, crc16, flags,
-                        cand, n_cand, cap, mode, valid, cover, pcm, ipcm));
+                        cand, n_cand, cap, mode, valid, cover, pcm, ipcm, iclaim, claims));
 }
 extern "C" void run_to_float(long long n, const i32* pcm, const i64* ipcm, const i64* itotal,
         const i32* imeta, int n_items, i64 max_len, float* out) {
@@ -61,7 +64,7 @@ def lib(tmp_path_factory):
         src.write_text(PRELUDE + f.read() + LAUNCHERS)
     so = d / "k.so"
     subprocess.run([cxx, "-O2", "-std=c++14", "-shared", "-fPIC", "-Wall", "-Werror",
-                    "-Wno-unused-function", str(src), "-o", str(so)], check=True)
+                    "-Wno-unused-function", "-Wno-unknown-pragmas", str(src), "-o", str(so)], check=True)
     return ctypes.CDLL(str(so))
 
 
@@ -81,13 +84,14 @@ def decode_cpu(lib, buf, offsets):
     valid = np.zeros(plan.cap, np.uint8)
     cover = np.zeros(b, np.uint64)
     pcm = np.full(plan.pcm_size, -7, np.int32)
+    claims = np.zeros(plan.claims_size, np.uint32)
     items = (_p(plan.istart), _p(plan.iend), _p(plan.imeta), _p(plan.itotal), I32(b))
     lib.run_scan(I64(nb), _p(buf), I64(nb), *items, _p(fc.CRC8), _p(flags), _p(cand),
-                 _p(n_cand), I32(plan.cap))
-    for mode in (0, 1):
+                 _p(n_cand), I32(plan.cap), _p(plan.iclaim), _p(claims))
+    for mode in fc.plan_modes(plan):
         lib.run_frames(I64(plan.cap), _p(buf), I64(nb), *items, _p(fc.CRC8), _p(fc.CRC16),
                        _p(flags), _p(cand), _p(n_cand), I32(plan.cap), I32(mode), _p(valid),
-                       _p(cover), _p(pcm), _p(plan.ipcm))
+                       _p(cover), _p(pcm), _p(plan.ipcm), _p(plan.iclaim), _p(claims))
     max_len = max(plan.max_len, 1)
     out = np.full((b, max_len), np.nan, np.float32)
     lib.run_to_float(I64(b * max_len), _p(pcm), _p(plan.ipcm), _p(plan.itotal), _p(plan.imeta),

@@ -205,7 +205,10 @@ class AudioBatchLoader:
                 sizes[p] = os.path.getsize(p)
             except OSError:
                 sizes[p] = 0  # reported when its batch is read
-        self._gpu = GpuFlacBatches(sizes, max_samples=self.max_samples, prefetch=self.prefetch)
+        self._gpu = GpuFlacBatches(
+            sizes, max_samples=self.max_samples, prefetch=min(self.prefetch, 2),
+            window=int(os.environ.get("AVPIPE_FLAC_WINDOW", "256")),
+        )
         self._pool = None
         self._mm = None
         self._host = None

@@ -29,8 +29,10 @@ MAX_BPS = 24  # 32-bit streams go to the CPU (their side channels need 33 bits)
 
 
 def _crc_tables():
+    """CRC-8 (0x07) table; CRC-16 (0x8005) tables for four bytes at a time: ``crc16[k*256 + x]``
+    is the CRC of byte ``x`` followed by ``k`` zero bytes."""
     crc8 = np.zeros(256, np.uint8)
-    crc16 = np.zeros(256, np.uint16)
+    crc16 = np.zeros((4, 256), np.uint16)
     for i in range(256):
         c = i
         for _ in range(8):
@@ -39,8 +41,11 @@ def _crc_tables():
         c = i << 8
         for _ in range(8):
             c = ((c << 1) ^ 0x8005) & 0xFFFF if c & 0x8000 else (c << 1) & 0xFFFF
-        crc16[i] = c
-    return crc8, crc16
+        crc16[0, i] = c
+    for k in range(1, 4):
+        prev = crc16[k - 1].astype(np.uint32)
+        crc16[k] = ((prev << 8) & 0xFFFF) ^ crc16[0][prev >> 8]
+    return crc8, crc16.reshape(-1)
 
 
 CRC8, CRC16 = _crc_tables()
@@ -111,10 +116,15 @@ class Plan:
     nbytes: int
     istart: np.ndarray  # int64 [B] first audio byte of each item in the batch buffer
     iend: np.ndarray  # int64 [B] end of each item (== istart for items left to the CPU)
-    imeta: np.ndarray  # int32 [B, 4] channels, bits per sample, nominal block size, rate
+    imeta: np.ndarray  # int32 [B, 6] channels, bits per sample, nominal block size, rate,
+    #                    fixed blocksize (0/1), frames (see _flac_kernels.cu, META)
     itotal: np.ndarray  # int64 [B] samples per channel (0 for items left to the CPU)
     ipcm: np.ndarray  # int64 [B] offset of the item's PCM in the int32 scratch
+    iclaim: np.ndarray  # int64 [B] offset of a fixed-blocksize item's frame claims
     pcm_size: int
+    claims_size: int
+    any_fixed: bool  # some item takes the one-pass decode (fixed block size)
+    any_other: bool  # some item takes the two-pass decode
     cap: int  # candidate capacity
     infos: list  # StreamInfo or None per item
     cpu: dict  # item -> why the GPU does not try it
@@ -127,11 +137,14 @@ def plan_batch(buf: np.ndarray, offsets: np.ndarray) -> Plan:
     b = len(offsets) - 1
     istart = np.zeros(b, np.int64)
     iend = np.zeros(b, np.int64)
-    imeta = np.zeros((b, 4), np.int32)
+    imeta = np.zeros((b, 6), np.int32)
     itotal = np.zeros(b, np.int64)
     ipcm = np.zeros(b, np.int64)
+    iclaim = np.full(b, -1, np.int64)
     infos, cpu = [], {}
     pcm = 0
+    claims = 0
+    any_fixed = any_other = False
     cap = 64
     for i in range(b):
         lo, hi = int(offsets[i]), int(offsets[i + 1])
@@ -144,7 +157,7 @@ def plan_batch(buf: np.ndarray, offsets: np.ndarray) -> Plan:
             continue
         infos.append(si)
         istart[i] = iend[i] = lo + si.audio_offset
-        imeta[i] = (si.channels, si.bits_per_sample, max(si.max_block, 1), si.sample_rate)
+        imeta[i, :4] = (si.channels, si.bits_per_sample, max(si.max_block, 1), si.sample_rate)
         if si.total_samples <= 0:
             cpu[i] = "STREAMINFO does not give the sample count"
         elif si.bits_per_sample > MAX_BPS or si.bits_per_sample < 4:
@@ -156,6 +169,14 @@ def plan_batch(buf: np.ndarray, offsets: np.ndarray) -> Plan:
             itotal[i] = si.total_samples
             ipcm[i] = pcm
             pcm += si.channels * si.total_samples
+            if si.min_block == si.max_block >= 16:  # fixed block size: frame numbers
+                frames = -(-si.total_samples // si.max_block)
+                imeta[i, 4:] = (1, frames)
+                iclaim[i] = claims
+                claims += frames
+                any_fixed = True
+            else:
+                any_other = True
             cap += si.total_samples // max(16, min(si.min_block or 16, si.max_block or 16)) + 2
     cap += int(offsets[-1]) // 4096  # room for false syncs (each is rejected later)
     lengths = [(inf.total_samples if inf is not None else 0) for inf in infos]
@@ -166,12 +187,22 @@ def plan_batch(buf: np.ndarray, offsets: np.ndarray) -> Plan:
         imeta=imeta,
         itotal=itotal,
         ipcm=ipcm,
+        iclaim=iclaim,
         pcm_size=max(pcm, 1),
+        claims_size=max(claims, 1),
+        any_fixed=any_fixed,
+        any_other=any_other,
         cap=int(cap),
         infos=infos,
         cpu=cpu,
         max_len=int(max(lengths, default=0)),
     )
+
+
+def plan_modes(plan: Plan) -> list:
+    """The passes of ``flac_frames`` this batch needs: 2 for the fixed-blocksize files (one
+    pass), 0 then 1 for the others (check, then decode)."""
+    return ([2] if plan.any_fixed else []) + ([0, 1] if plan.any_other else [])
 
 
 def finish_batch(plan: Plan, cover: np.ndarray) -> dict:
@@ -237,11 +268,13 @@ def decode_on_gpu(buf: np.ndarray, offsets: np.ndarray, plan: Plan | None = None
     imeta = cupy.asarray(plan.imeta)
     itotal = cupy.asarray(plan.itotal)
     ipcm = cupy.asarray(plan.ipcm)
+    iclaim = cupy.asarray(plan.iclaim)
     flags = cupy.zeros(nb, cupy.uint8)
     cand = cupy.empty(plan.cap, cupy.int64)
     n_cand = cupy.zeros(1, cupy.int32)
     valid = cupy.zeros(plan.cap, cupy.uint8)
     cover = cupy.zeros(b, cupy.uint64)
+    claims = cupy.zeros(plan.claims_size, cupy.uint32)
     pcm = cupy.empty(plan.pcm_size, cupy.int32)
     i64, i32 = np.int64, np.int32
     threads = 256
@@ -249,17 +282,17 @@ def decode_on_gpu(buf: np.ndarray, offsets: np.ndarray, plan: Plan | None = None
         ((nb + threads - 1) // threads,),
         (threads,),
         (data, i64(nb), istart, iend, imeta, itotal, i32(b), crc8, flags, cand, n_cand,
-         i32(plan.cap)),
+         i32(plan.cap), iclaim, claims),
     )
     # few, long-running threads: small blocks spread them over every SM
     fthreads = 32
     fgrid = ((plan.cap + fthreads - 1) // fthreads,)
-    for mode in (0, 1):
+    for mode in plan_modes(plan):
         frames(
             fgrid,
             (fthreads,),
             (data, i64(nb), istart, iend, imeta, itotal, i32(b), crc8, crc16, flags, cand,
-             n_cand, i32(plan.cap), i32(mode), valid, cover, pcm, ipcm),
+             n_cand, i32(plan.cap), i32(mode), valid, cover, pcm, ipcm, iclaim, claims),
         )
     max_len = max(plan.max_len, 1)
     out = cupy.empty((b, max_len), cupy.float32)
@@ -309,21 +342,26 @@ def _cpu_decode(path, max_samples):
 class GpuFlacBatches:
     """Padded float32 cupy batches of FLAC files decoded on the GPU.
 
-    ``read_threads`` threads read upcoming batches' bytes (no decoding on the CPU) into
-    ``prefetch`` page-locked staging buffers; each batch is uploaded and decoded by the kernels
-    in one go; files the GPU does not cover exactly are decoded by libFLAC on the CPU. Errors are
-    per item (``{index: message}``, length 0), never for the batch.
+    One GPU thread decodes one FLAC frame, so a launch over a single batch of 64 utterances
+    (about 2,000 frames) leaves most of the GPU idle while each thread works through its 4,096
+    samples. The kernels therefore run over a *window* of consecutive batches (``window``
+    files, whole batches) at once, and the window's batches are handed out one by one.
+    ``read_threads`` threads read upcoming windows' bytes (no decoding on the CPU) into
+    ``prefetch`` page-locked staging buffers; files the GPU does not cover exactly are decoded by
+    libFLAC on the CPU. Errors are per item (``{index: message}``, length 0), never per batch.
     """
 
-    def __init__(self, sizes: dict, *, max_samples: int, prefetch: int = 3, read_threads: int = 4):
+    def __init__(self, sizes: dict, *, max_samples: int, prefetch: int = 2, read_threads: int = 8,
+                 window: int = 256):
         import cupy
 
         self.sizes = sizes  # path -> bytes on disk
         self.max_samples = int(max_samples)
         self.prefetch = max(1, int(prefetch))
         self.read_threads = max(1, int(read_threads))
+        self.window = max(1, int(window))
         self._cupy = cupy
-        self._staging = [None] * (self.prefetch + 1)  # one per batch read ahead, one decoding
+        self._staging = [None] * (self.prefetch + 1)  # one per window read ahead, one decoding
 
     def _buffer(self, k, nbytes):
         cur = self._staging[k]
@@ -333,76 +371,106 @@ class GpuFlacBatches:
             self._staging[k] = cur
         return cur
 
-    def _read(self, slot, group):
-        sizes = [self.sizes.get(p, 0) for p in group]
-        offsets = np.zeros(len(group) + 1, np.int64)
-        offsets[1:] = np.cumsum(sizes)
-        buf = self._buffer(slot, int(offsets[-1]) + PAD)
+    @staticmethod
+    def _read_files(buf, offsets, paths, lo, hi):
         errors = {}
-        for i, p in enumerate(group):
-            lo, n = int(offsets[i]), sizes[i]
+        for i in range(lo, hi):
+            a, n = int(offsets[i]), int(offsets[i + 1] - offsets[i])
             try:
-                with open(p, "rb", buffering=0) as f:
-                    got = f.readinto(memoryview(buf)[lo : lo + n])
+                with open(paths[i], "rb", buffering=0) as f:
+                    got = f.readinto(memoryview(buf)[a : a + n])
                 if got < n:  # the file shrank since it was listed: its frames will not cover
-                    buf[lo + got : lo + n] = 0
+                    buf[a + got : a + n] = 0
             except OSError as e:
                 errors[i] = f"{type(e).__name__}: {e}"
-                buf[lo : lo + n] = 0
+                buf[a : a + n] = 0
+        return errors
+
+    def _load(self, slot, paths, io):
+        """Read ``paths`` back to back into staging buffer ``slot`` and plan their decode."""
+        sizes = [self.sizes.get(p, 0) for p in paths]
+        offsets = np.zeros(len(paths) + 1, np.int64)
+        offsets[1:] = np.cumsum(sizes)
+        buf = self._buffer(slot, int(offsets[-1]) + PAD)
+        step = max(1, -(-len(paths) // self.read_threads))
+        futs = [io.submit(self._read_files, buf, offsets, paths, a, min(a + step, len(paths)))
+                for a in range(0, len(paths), step)]
+        errors = {}
+        for f in futs:
+            errors.update(f.result())
         buf[int(offsets[-1]) : int(offsets[-1]) + PAD] = 0
-        return buf, offsets, errors
+        return buf, offsets, errors, plan_batch(buf, offsets)
+
+    def _finish(self, x, plan, left, paths, read_errors):
+        """Fill the rows the GPU left with libFLAC's decode; lengths and errors per item."""
+        cupy = self._cupy
+        lengths = np.array(
+            [(si.total_samples if si is not None else 0) for si in plan.infos], np.int64
+        )
+        errors = {}
+        for i in left:
+            if i in read_errors:
+                errors[i] = read_errors[i]
+                lengths[i] = 0
+                continue
+            try:
+                y = _cpu_decode(paths[i], self.max_samples)
+            except Exception as e:  # one bad file does not stop the batch
+                errors[i] = f"{type(e).__name__}: {e}"
+                lengths[i] = 0
+                continue
+            lengths[i] = len(y)
+            if len(y) > x.shape[1]:
+                x = cupy.pad(x, ((0, 0), (0, len(y) - x.shape[1])))
+            x[i, : len(y)] = cupy.asarray(y)
+            x[i, len(y) :] = 0
+        for i in np.flatnonzero(lengths > self.max_samples):
+            errors[int(i)] = (
+                f"{int(lengths[i])} samples, more than max_samples={self.max_samples}: skipped"
+            )
+            lengths[i] = 0
+            x[int(i)] = 0
+        return x, lengths, errors
 
     def run(self, groups):
-        """Yield ``(signals, lengths, group, errors)`` for each group of paths."""
+        """Yield ``(signals, lengths, group, errors)`` for each group (batch) of paths."""
         from concurrent.futures import ThreadPoolExecutor
 
         cupy = self._cupy
         groups = iter(groups)
         pending = []
-        with ThreadPoolExecutor(self.read_threads, thread_name_prefix="avpipe-flac-read") as ex:
+        with ThreadPoolExecutor(self.prefetch, thread_name_prefix="avpipe-flac-window") as ex, \
+                ThreadPoolExecutor(self.read_threads, thread_name_prefix="avpipe-flac-read") as io:
 
             def submit():
-                group = next(groups, None)
-                if group is not None:
+                win, n = [], 0
+                while n < self.window:
+                    g = next(groups, None)
+                    if g is None:
+                        break
+                    win.append(list(g))
+                    n += len(g)
+                if win:
                     slot = submit.k % (self.prefetch + 1)
                     submit.k += 1
-                    pending.append((group, ex.submit(self._read, slot, group)))
+                    paths = [p for g in win for p in g]
+                    pending.append((win, paths, ex.submit(self._load, slot, paths, io)))
 
             submit.k = 0
             for _ in range(self.prefetch):
                 submit()
             while pending:
-                group, fut = pending.pop(0)
-                buf, offsets, read_errors = fut.result()
-                x, plan, left = decode_on_gpu(buf, offsets)
+                win, paths, fut = pending.pop(0)
+                buf, offsets, read_errors, plan = fut.result()
+                x, plan, left = decode_on_gpu(buf, offsets, plan)
                 submit()  # the staging buffer just uploaded is free again
-                lengths = np.array(
-                    [(si.total_samples if si is not None else 0) for si in plan.infos], np.int64
-                )
-                errors = {}
-                for i in left:
-                    if i in read_errors:
-                        errors[i] = read_errors[i]
-                        lengths[i] = 0
-                        continue
-                    try:
-                        y = _cpu_decode(group[i], self.max_samples)
-                    except Exception as e:  # one bad file does not stop the batch
-                        errors[i] = f"{type(e).__name__}: {e}"
-                        lengths[i] = 0
-                        continue
-                    lengths[i] = len(y)
-                    if len(y) > x.shape[1]:
-                        x = cupy.pad(x, ((0, 0), (0, len(y) - x.shape[1])))
-                    x[i, : len(y)] = cupy.asarray(y)
-                    x[i, len(y) :] = 0
-                for i in np.flatnonzero(lengths > self.max_samples):
-                    errors[int(i)] = (
-                        f"{int(lengths[i])} samples, more than max_samples={self.max_samples}: skipped"
-                    )
-                    lengths[i] = 0
-                    x[int(i)] = 0
-                max_len = int(lengths.max()) if len(lengths) else 0
-                if max_len < x.shape[1]:
-                    x = cupy.ascontiguousarray(x[:, :max_len])
-                yield x, lengths, group, errors
+                x, lengths, errors = self._finish(x, plan, left, paths, read_errors)
+                r0 = 0
+                for g in win:
+                    r1 = r0 + len(g)
+                    lens = lengths[r0:r1]
+                    max_len = int(lens.max()) if len(lens) else 0
+                    xg = cupy.ascontiguousarray(x[r0:r1, :max_len])
+                    errs = {i - r0: m for i, m in errors.items() if r0 <= i < r1}
+                    yield xg, lens.copy(), g, errs
+                    r0 = r1
