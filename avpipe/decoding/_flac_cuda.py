@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -362,6 +363,7 @@ class GpuFlacBatches:
         self.window = max(1, int(window))
         self._cupy = cupy
         self._staging = [None] * (self.prefetch + 1)  # one per window read ahead, one decoding
+        self._warned = False
 
     def _buffer(self, k, nbytes):
         cur = self._staging[k]
@@ -462,7 +464,15 @@ class GpuFlacBatches:
             while pending:
                 win, paths, fut = pending.pop(0)
                 buf, offsets, read_errors, plan = fut.result()
-                x, plan, left = decode_on_gpu(buf, offsets, plan)
+                try:
+                    x, plan, left = decode_on_gpu(buf, offsets, plan)
+                except Exception as e:  # noqa: BLE001 - e.g. no NVRTC: libFLAC decodes them all
+                    if not self._warned:
+                        self._warned = True
+                        warnings.warn(f"GPU FLAC decoding failed ({type(e).__name__}: {e}); "
+                                      "decoding on the CPU instead", RuntimeWarning, stacklevel=2)
+                    x = cupy.zeros((len(paths), max(plan.max_len, 1)), cupy.float32)
+                    left = {i: "GPU decoder failed" for i in range(len(paths))}
                 submit()  # the staging buffer just uploaded is free again
                 x, lengths, errors = self._finish(x, plan, left, paths, read_errors)
                 r0 = 0
