@@ -81,3 +81,26 @@ def test_loader_gpu_decoder_equals_cpu_decoder(cases, tmp_path):
         np.testing.assert_array_equal(lg, lc)
         assert set(eg) == set(ec), (eg, ec)
         np.testing.assert_array_equal(cupy.asnumpy(xg), xc)
+
+
+def test_loader_survives_a_failing_gpu_decoder(cases, monkeypatch):
+    import cupy
+
+    from avpipe.decoding._audio_batch import AudioBatchLoader
+
+    paths = [p for p in cases if os.path.basename(p).startswith("sf_speech")][:5]
+
+    def boom(*a, **k):
+        raise RuntimeError("no NVRTC here")
+
+    monkeypatch.setattr(fc, "decode_on_gpu", boom)
+    with pytest.warns(RuntimeWarning, match="decoding on the CPU instead"):
+        with AudioBatchLoader(paths, batch_size=2, device="cuda", decoder="gpu") as g:
+            got = list(g.batches())
+    assert [len(b[2]) for b in got] == [2, 2, 1]
+    for x, lens, group, errors in got:
+        assert errors == {}
+        for row, n, p in zip(cupy.asnumpy(x), lens, group):
+            ref = reference(p)
+            assert n == len(ref)
+            np.testing.assert_array_equal(row[: len(ref)], ref)
