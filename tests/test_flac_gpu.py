@@ -51,8 +51,11 @@ def test_gpu_damaged_file_is_handed_back(cases):
     np.testing.assert_array_equal(got[1, : len(ref)], ref)
 
 
-def test_loader_gpu_decoder_equals_cpu_decoder(cases, tmp_path):
+@pytest.mark.parametrize("window", [8, 256])
+def test_loader_gpu_decoder_equals_cpu_decoder(cases, tmp_path, monkeypatch, window):
     import cupy
+
+    monkeypatch.setenv("AVPIPE_FLAC_WINDOW", str(window))  # files decoded per GPU launch
 
     from avpipe.decoding._audio_batch import AudioBatchLoader
 
@@ -68,7 +71,7 @@ def test_loader_gpu_decoder_equals_cpu_decoder(cases, tmp_path):
     sf.write(not_flac, np.zeros(100, np.float32), 16000, format="WAV", subtype="PCM_16")
     missing = tmp_path / "missing.flac"
     paths = same_rate[:9] + [str(bad), str(not_flac), str(missing)] + same_rate[9:]
-    kw = dict(batch_size=8, prefetch=2, max_samples=50000)
+    kw = dict(batch_size=8, prefetch=1, max_samples=50000)
     with AudioBatchLoader(paths, device="cuda", decoder="gpu", **kw) as g:
         assert g.decoder == "gpu"
         got = list(g.batches(epochs=2))
@@ -93,7 +96,7 @@ def test_loader_survives_a_failing_gpu_decoder(cases, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("no NVRTC here")
 
-    monkeypatch.setattr(fc, "decode_on_gpu", boom)
+    monkeypatch.setattr(fc, "launch", boom)
     with pytest.warns(RuntimeWarning, match="decoding on the CPU instead"):
         with AudioBatchLoader(paths, batch_size=2, device="cuda", decoder="gpu") as g:
             got = list(g.batches())

@@ -246,12 +246,21 @@ def _kernels(cupy):
     return hit
 
 
-def decode_on_gpu(buf: np.ndarray, offsets: np.ndarray, plan: Plan | None = None):
-    """Decode the FLAC files in ``buf`` (see :func:`plan_batch`) on the current cupy device and
-    stream. Returns ``(signals, plan, left)``: ``signals`` cupy float32 ``[B, max_len]``, mono
-    (channels averaged), zero past each length and in the rows of ``left``, the items
-    (index -> why) the caller must decode on the CPU. ``buf`` should be page-locked for an
-    asynchronous upload; it must stay unchanged until this returns."""
+@dataclass
+class Launched:
+    """A batch whose decode is queued on the GPU (see :func:`launch`)."""
+
+    x: object  # cupy float32 [B, max(max_len, 1)]
+    plan: Plan
+    cover: np.ndarray  # page-locked, filled by the queued copy
+    done: object  # cupy Event after that copy
+    inputs: tuple  # device arrays the queued kernels still read
+
+
+def launch(buf: np.ndarray, offsets: np.ndarray, plan: Plan | None = None) -> Launched:
+    """Queue the upload and the decode of the FLAC files in ``buf`` (see :func:`plan_batch`)
+    on the current cupy device and stream, without waiting; :func:`collect` waits for this
+    batch only. ``buf`` must stay unchanged until then (page-locked for an asynchronous upload)."""
     import cupy
 
     if plan is None:
@@ -264,12 +273,10 @@ def decode_on_gpu(buf: np.ndarray, offsets: np.ndarray, plan: Plan | None = None
         data.data.ptr, buf.ctypes.data, nb, cupy.cuda.runtime.memcpyHostToDevice, stream.ptr
     )
     b = len(plan.infos)
-    istart = cupy.asarray(plan.istart)
-    iend = cupy.asarray(plan.iend)
+    meta = np.concatenate([plan.istart, plan.iend, plan.itotal, plan.ipcm, plan.iclaim])
+    meta = cupy.asarray(meta).reshape(5, b)
+    istart, iend, itotal, ipcm, iclaim = meta
     imeta = cupy.asarray(plan.imeta)
-    itotal = cupy.asarray(plan.itotal)
-    ipcm = cupy.asarray(plan.ipcm)
-    iclaim = cupy.asarray(plan.iclaim)
     flags = cupy.zeros(nb, cupy.uint8)
     cand = cupy.empty(plan.cap, cupy.int64)
     n_cand = cupy.zeros(1, cupy.int32)
@@ -303,10 +310,36 @@ def decode_on_gpu(buf: np.ndarray, offsets: np.ndarray, plan: Plan | None = None
         (threads,),
         (pcm, ipcm, itotal, imeta, i32(b), i64(max_len), out),
     )
-    left = finish_batch(plan, cover.get())  # the one read-back (synchronises the stream)
+    mem = cupy.cuda.alloc_pinned_memory(max(b, 1) * 8)
+    host = np.frombuffer(mem, np.uint64, b)
+    cupy.cuda.runtime.memcpyAsync(
+        host.ctypes.data, cover.data.ptr, b * 8, cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr
+    )
+    done = cupy.cuda.Event(block=False, disable_timing=True)
+    done.record(stream)
+    return Launched(out, plan, host, done, (data, meta, imeta, flags, cand, n_cand, valid, cover,
+                                           claims, pcm))
+
+
+def collect(job: Launched):
+    """Wait for ``job`` (only it: work queued after it keeps running) and return
+    ``(signals, plan, left)``: ``signals`` cupy float32 ``[B, max_len]``, mono (channels
+    averaged), zero past each length and in the rows of ``left``, the items (index -> why)
+    the caller must decode on the CPU."""
+    job.done.synchronize()
+    left = finish_batch(job.plan, job.cover)
+    out = job.x
     for i in left:
         out[i] = 0
-    return out[:, : plan.max_len] if plan.max_len < max_len else out, plan, left
+    job.inputs = ()
+    if job.plan.max_len < out.shape[1]:
+        out = out[:, : job.plan.max_len]
+    return out, job.plan, left
+
+
+def decode_on_gpu(buf: np.ndarray, offsets: np.ndarray, plan: Plan | None = None):
+    """:func:`launch` then :func:`collect`: decode the FLAC files in ``buf`` now."""
+    return collect(launch(buf, offsets, plan))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,7 +395,8 @@ class GpuFlacBatches:
         self.read_threads = max(1, int(read_threads))
         self.window = max(1, int(window))
         self._cupy = cupy
-        self._staging = [None] * (self.prefetch + 1)  # one per window read ahead, one decoding
+        # one per window read ahead, one queued on the GPU, one being handed out
+        self._staging = [None] * (self.prefetch + 2)
         self._warned = False
 
     def _buffer(self, k, nbytes):
@@ -453,7 +487,7 @@ class GpuFlacBatches:
                     win.append(list(g))
                     n += len(g)
                 if win:
-                    slot = submit.k % (self.prefetch + 1)
+                    slot = submit.k % (self.prefetch + 2)
                     submit.k += 1
                     paths = [p for g in win for p in g]
                     pending.append((win, paths, ex.submit(self._load, slot, paths, io)))
@@ -461,19 +495,38 @@ class GpuFlacBatches:
             submit.k = 0
             for _ in range(self.prefetch):
                 submit()
-            while pending:
+
+            def start():
+                """Queue the next window's decode on the GPU (no waiting)."""
+                if not pending:
+                    return None
                 win, paths, fut = pending.pop(0)
                 buf, offsets, read_errors, plan = fut.result()
                 try:
-                    x, plan, left = decode_on_gpu(buf, offsets, plan)
+                    job = launch(buf, offsets, plan)
                 except Exception as e:  # noqa: BLE001 - e.g. no NVRTC: libFLAC decodes them all
-                    if not self._warned:
-                        self._warned = True
-                        warnings.warn(f"GPU FLAC decoding failed ({type(e).__name__}: {e}); "
-                                      "decoding on the CPU instead", RuntimeWarning, stacklevel=2)
+                    self._warn(e)
+                    job = None
+                return win, paths, read_errors, plan, job
+
+            cur = start()
+            while cur is not None:
+                # the next window's decode is queued before the consumer's work on this one,
+                # so the GPU never waits for the host between windows
+                nxt = start()
+                win, paths, read_errors, plan, job = cur
+                try:
+                    if job is None:
+                        raise RuntimeError("launch failed")
+                    x, plan, left = collect(job)
+                except Exception as e:  # noqa: BLE001
+                    if job is not None:
+                        self._warn(e)
                     x = cupy.zeros((len(paths), max(plan.max_len, 1)), cupy.float32)
                     left = {i: "GPU decoder failed" for i in range(len(paths))}
-                submit()  # the staging buffer just uploaded is free again
+                submit()  # this window's staging buffer has been uploaded: read ahead into it
+                if nxt is None:  # nothing was read ahead (prefetch 1)
+                    nxt = start()
                 x, lengths, errors = self._finish(x, plan, left, paths, read_errors)
                 r0 = 0
                 for g in win:
@@ -484,3 +537,10 @@ class GpuFlacBatches:
                     errs = {i - r0: m for i, m in errors.items() if r0 <= i < r1}
                     yield xg, lens.copy(), g, errs
                     r0 = r1
+                cur = nxt
+
+    def _warn(self, e):
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"GPU FLAC decoding failed ({type(e).__name__}: {e}); "
+                          "decoding on the CPU instead", RuntimeWarning, stacklevel=3)
