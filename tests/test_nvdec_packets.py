@@ -3,6 +3,7 @@ which packets reach the decoder, and which frame is which."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import av
@@ -24,9 +25,17 @@ class FakeNvc:
     class DisplayDecodeLatencyType:
         ZERO = 2
 
+    class cudaVideoCodec:  # noqa: N801
+        H264, HEVC = "H264", "HEVC"
+
+    class PacketData:
+        pass
+
     def __init__(self, path, shift=0, drop=None):
         self.path, self.shift, self.drop = path, shift, drop
         self.fed = []
+        with av.open(path) as c:  # decode-order pts, for packets fed from memory
+            self.dpts = [int(p.pts) for p in c.demux(c.streams.video[0]) if p.size]
 
     def CreateDemuxer(self, filename):  # noqa: N802
         with av.open(filename) as c:
@@ -53,8 +62,13 @@ class FakeNvc:
         class Dec:
             def Decode(self_inner, pkt):  # noqa: N802
                 assert pkt.decode_flag == fake.VideoPacketFlag.ENDOFPICTURE
-                fake.fed.append(pkt.pts - fake.shift)
-                return [("frame", pkt.pts - fake.shift)]
+                if isinstance(pkt, fake.PacketData):  # from memory: pts is the packet's index
+                    assert pkt.bsl > 0 and pkt.bsl_data
+                    p = fake.dpts[pkt.pts]
+                else:
+                    p = pkt.pts - fake.shift
+                fake.fed.append(p)
+                return [("frame", p)]
 
         return Dec()
 
@@ -76,9 +90,14 @@ def clip(tmp_path_factory):
     return str(path), _scan_stream(open_source(path), "b.mp4")
 
 
-@pytest.mark.parametrize("shift", [0, -1024])
-def test_frames_map_by_packet_and_skip_what_is_not_needed(clip, monkeypatch, shift):
+@pytest.mark.parametrize("feed,shift", [("file", 0), ("demuxer", 0), ("demuxer", -1024)])
+def test_frames_map_by_packet_and_skip_what_is_not_needed(clip, monkeypatch, feed, shift):
+    """Packets read from the file by position (MP4: the default) or from PyNvVideoCodec's
+    demuxer (AVPIPE_NVDEC_PACKETS=1 elsewhere) reach the decoder the same way."""
     path, scan = clip
+    assert scan.packet_pos is not None
+    if feed == "demuxer":
+        scan = dataclasses.replace(scan, packet_pos=None)
     fake = FakeNvc(path, shift=shift)
     monkeypatch.setattr(NP, "pynvc", lambda: fake)
     targets = [23, 27, 31, 35, 39]
@@ -100,6 +119,7 @@ def test_frames_map_by_packet_and_skip_what_is_not_needed(clip, monkeypatch, shi
 
 def test_packet_order_disagreement_is_refused(clip, monkeypatch):
     path, scan = clip
+    scan = dataclasses.replace(scan, packet_pos=None)  # the demuxer's order is checked
     monkeypatch.setattr(NP, "pynvc", lambda: FakeNvc(path, drop=5))
     with pytest.raises(NP.PacketPathError, match="packet 5"):
         list(NP.PacketDecoder(0, 0).frames(path, scan, [40, 44]))

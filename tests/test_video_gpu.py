@@ -163,3 +163,45 @@ def test_packet_path_serves_sparse_requests(media, codec, monkeypatch):
         scores = [psnr(got[k], ref[k]) for k in range(len(idx))]
         assert min(scores) >= 40.0, (path, idx, scores)
     assert _video_nvdec._packet_path["enabled"], _video_nvdec._packet_path
+
+
+@pytest.mark.parametrize("codec", [c for c in ("h264", "hevc") if c in ALL])
+def test_packet_path_reads_mp4_packets_itself(tmp_path, codec, monkeypatch):
+    """The default NVDEC path for H.264/HEVC in MP4: packets read from the file by position (no
+    demuxer), disposable ones not wanted skipped; frames match the CPU's for clips, scattered and
+    repeated indices, across files, in several threads at once."""
+    import cupy
+
+    from avpipe.decoding import _video_nvdec
+
+    monkeypatch.delenv("AVPIPE_NVDEC_PACKETS", raising=False)
+    paths = [make_video(tmp_path / f"p{i}.mp4", codec=codec, width=W, height=H, num_frames=70,
+                        container="mp4") for i in range(2)]
+    requests = [(0, [1, 5, 9, 13, 17, 21]), (1, [40, 44, 48]), (0, [69, 0, 33, 33, 12]),
+                (1, [2, 3, 4, 5]), (0, [50])]
+    ref = {}
+    for i, p in enumerate(paths):
+        with avpipe.VideoDecoder(p, device="cpu") as cpu:
+            ref[i] = cpu
+            ref[i] = {k: cpu.get_frames([k]).data[0] for idx in requests for k in idx[1]}
+    errors = []
+
+    def work(order):
+        try:
+            for i, idx in order:
+                with avpipe.VideoDecoder(paths[i], device="cuda") as gpu:
+                    assert gpu._gpu.packet_path and gpu._gpu.scan.packet_pos is not None
+                    got = cupy.asnumpy(gpu.get_frames(idx).data)
+                    assert gpu._gpu.pts_mismatches == 0
+                for k, j in enumerate(idx):
+                    assert psnr(got[k], ref[i][j]) >= 40.0, (codec, i, j)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(requests[s:] + requests[:s],)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:2]
+    assert _video_nvdec._packet_path["enabled"], _video_nvdec._packet_path

@@ -55,12 +55,14 @@ def synth_frame(i: int, width: int, height: int) -> np.ndarray:
 
 def make_video(path, *, codec: str = "h264", num_frames: int = 36, width: int = 128, height: int = 96,
                fps: int = 25, pts: list[int] | None = None, time_base: fractions.Fraction | None = None,
-               encoder: str | None = None) -> str:
+               encoder: str | None = None, container: str | None = None) -> str:
     """Encode ``num_frames`` synthetic frames; ``pts`` (in ``time_base`` units) gives each frame's
     own timestamp (irregular steps make a variable-frame-rate file, a first pts > 0 a shifted one)."""
     enc, fmt, _, pix_fmt, options = CODECS[codec]
     if encoder is not None:
         enc = encoder
+    if container is not None:
+        fmt = container
     path = os.fspath(path)
     with av.open(path, "w", format=fmt) as out:
         st = out.add_stream(enc, rate=fps)

@@ -83,3 +83,63 @@ def disposable_flags(packets, codec: str, length_size: int) -> list[bool]:
     for h in headers:
         flags.append(bool(h) and all((not ref) and tid == max_tid for ref, tid in h))
     return flags
+
+
+START_CODE = b"\x00\x00\x00\x01"
+
+
+def parameter_sets_annexb(codec: str, extradata: bytes | None) -> bytes | None:
+    """The parameter sets (H.264 SPS/PPS, HEVC VPS/SPS/PPS) of an avcC / hvcC record as Annex B
+    NAL units, or None when ``extradata`` is not such a record."""
+    if not extradata or extradata[0] != 1:
+        return None
+    d = bytes(extradata)
+    out = []
+    try:
+        if codec == "h264":
+            pos = 5
+            for mask in (0x1F, 0xFF):  # SPS count (low 5 bits), then PPS count
+                count = d[pos] & mask
+                pos += 1
+                for _ in range(count):
+                    size = int.from_bytes(d[pos : pos + 2], "big")
+                    out.append(START_CODE + d[pos + 2 : pos + 2 + size])
+                    pos += 2 + size
+        elif codec == "hevc":
+            pos = 23
+            for _ in range(d[22]):
+                count = int.from_bytes(d[pos + 1 : pos + 3], "big")
+                pos += 3
+                for _ in range(count):
+                    size = int.from_bytes(d[pos : pos + 2], "big")
+                    out.append(START_CODE + d[pos + 2 : pos + 2 + size])
+                    pos += 2 + size
+        else:
+            return None
+    except IndexError:
+        return None
+    if pos > len(d) or not out:
+        return None
+    return b"".join(out)
+
+
+def to_annexb(data: bytes, length_size: int) -> bytes | None:
+    """One length-prefixed packet as Annex B (start codes); None when its prefixes do not add up."""
+    if length_size == 4:  # same length: overwrite the prefixes
+        buf = bytearray(data)
+        pos, n = 0, len(buf)
+        while pos + 4 <= n:
+            size = int.from_bytes(buf[pos : pos + 4], "big")
+            if size <= 0 or pos + 4 + size > n:
+                return None
+            buf[pos : pos + 4] = START_CODE
+            pos += 4 + size
+        return bytes(buf) if pos == n else None
+    parts, pos, n = [], 0, len(data)
+    while pos + length_size <= n:
+        size = int.from_bytes(data[pos : pos + length_size], "big")
+        if size <= 0 or pos + length_size + size > n:
+            return None
+        parts.append(START_CODE + data[pos + length_size : pos + length_size + size])
+        pos += length_size + size
+    return b"".join(parts) if pos == n and parts else None

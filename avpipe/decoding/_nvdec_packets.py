@@ -3,9 +3,18 @@
 PyNvVideoCodec's ``SimpleDecoder`` decodes every frame from the keyframe before a request to its
 last frame. For a sparse request (a 16-frame clip with stride 4, a few uniform frames) most of
 those frames are only needed as references, and about half of them (x264's default B-frames) are
-not even that: no picture references them (:mod:`._nal`). This decoder demuxes with
-PyNvVideoCodec, skips every packet before the keyframe and every disposable packet that is not
-wanted, and hands the rest to one NVDEC session per thread, reused across files.
+not even that: no picture references them (:mod:`._nal`). This decoder feeds only the packets
+from the keyframe on that are referenced or wanted to one NVDEC session per thread, reused
+across files.
+
+Where the packet scan located every packet in the file (MP4/MOV and the like: ``packet_pos``),
+the packets are read straight from the file (one ``pread`` per request, no demuxer, GIL
+released) and converted to Annex B (start codes; parameter sets from the container's avcC /
+hvcC record first). That is the default: on an H200 it decodes 16-frame clips of 640x360 H.264
+at about 200 clips/s from 16 threads (decode only), against 126 for the SimpleDecoder path,
+which NVDEC's engines bound (they decode every frame there). Elsewhere (``AVPIPE_NVDEC_PACKETS=1``
+only) PyNvVideoCodec's demuxer reads the file from its start for every request, under the GIL,
+which is why that variant stays opt-in.
 
 The session runs with zero display latency (``DisplayDecodeLatencyType.ZERO``) and every packet
 is marked ``ENDOFPICTURE``: NVDEC then returns each picture from the very ``Decode`` call that
@@ -18,14 +27,16 @@ checked against the scan's (PyAV) packet by packet; any disagreement raises
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
 
+from ._nal import to_annexb
 from ._nvdec_caps import pynvc
 from ._video_scan import StreamScan
 
-__all__ = ["PacketPathError", "PacketDecoder", "thread_packet_decoder"]
+__all__ = ["PacketPathError", "PacketDecoder", "thread_packet_decoder", "packet_feed"]
 
 _local = threading.local()
 
@@ -59,6 +70,34 @@ class PacketDecoder:
         return self._dec
 
     def frames(self, path: str, scan: StreamScan, targets):
+        """See :meth:`_frames_demuxed`; packets read from the file where the scan located them."""
+        if scan.packet_pos is None:
+            yield from self._frames_demuxed(path, scan, targets)
+            return
+        nvc = pynvc()
+        codec = nvc.cudaVideoCodec.H264 if scan.codec == "h264" else nvc.cudaVideoCodec.HEVC
+        dec = self._decoder(nvc, codec, scan.width, scan.height)
+        end_of_picture = nvc.VideoPacketFlag.ENDOFPICTURE
+        feed = packet_feed(path, scan, targets)
+        remaining = {t for _, _, t in feed if t is not None}
+        for k, data, idx in feed:
+            buf = np.frombuffer(data, dtype=np.uint8)
+            pd = nvc.PacketData()
+            pd.bsl_data = int(buf.ctypes.data)
+            pd.bsl = int(buf.size)
+            pd.pts = int(k)
+            pd.decode_flag = end_of_picture
+            frames = dec.Decode(pd)
+            if len(frames) > 1:  # zero latency is not honoured: the path cannot map frames
+                self._dec = None
+                raise RuntimeError(f"packet {k} gave {len(frames)} frames (not zero-latency)")
+            if frames and idx in remaining:
+                remaining.discard(idx)
+                yield idx, frames[0]
+                if not remaining:
+                    return
+
+    def _frames_demuxed(self, path: str, scan: StreamScan, targets):
         """Yield ``(display index, frame)`` for the sorted unique ``targets``, in decode order;
         each frame (a PyNvVideoCodec DecodedFrame, NV12 in device memory) is valid until the
         next item is requested. Targets the decoder never produced are not yielded."""
@@ -107,6 +146,41 @@ class PacketDecoder:
                 yield idx, frames[0]
                 if not remaining:
                     return
+
+
+def packet_feed(path: str, scan: StreamScan, targets):
+    """What the packet path hands NVDEC for the sorted unique display indices ``targets``:
+    ``[(packet index, Annex B bytes, display index or None)]`` in decode order, from the
+    keyframe at or before the first target to the last target's packet, skipping disposable
+    packets that are not targets. The first item starts with the parameter sets."""
+    dpts = scan.decode_pts
+    disp = scan.disposable
+    if dpts is None or disp is None or scan.packet_pos is None:
+        raise PacketPathError("the scan did not locate the packets")
+    want = {int(scan.pts[t]): int(t) for t in targets}
+    order = {int(p): k for k, p in enumerate(dpts.tolist())}  # pts -> position in decode order
+    start = order.get(int(scan.pts[scan.keyframe_at_or_before(int(targets[0]))]))
+    if start is None:
+        raise PacketPathError("keyframe not found in the packet order")
+    # the last target in display order need not be the last one in decode order
+    last = max(order[p] for p in want)
+    ks = [k for k in range(start, last + 1) if k == start or not disp[k] or int(dpts[k]) in want]
+    at = scan.packet_pos[ks]
+    size = scan.packet_size[ks]
+    lo, hi = int(at.min()), int((at + size).max())
+    with open(path, "rb", buffering=0) as f:
+        span = os.pread(f.fileno(), hi - lo, lo)
+    if len(span) != hi - lo:
+        raise PacketPathError("the file is shorter than its packet index")
+    feed = []
+    for k, a, n in zip(ks, at.tolist(), size.tolist()):
+        data = to_annexb(span[a - lo : a - lo + n], scan.nal_size)
+        if data is None:
+            raise PacketPathError(f"packet {k}: NAL length prefixes do not add up")
+        if not feed:
+            data = scan.parameter_sets + data
+        feed.append((k, data, want.get(int(dpts[k]))))
+    return feed
 
 
 def thread_packet_decoder(gpu: int, stream_ptr: int) -> PacketDecoder:

@@ -29,10 +29,12 @@ log = logging.getLogger("avpipe")
 
 _local = threading.local()
 
-# The packet path (skip what a request doesn't need) serves H.264 / HEVC files when
-# AVPIPE_NVDEC_PACKETS=1. Measured on an H200 (2026-11-30, 640x360 H.264, 16-frame clips, stride
-# 4): 1.22x the SimpleDecoder path in one thread, but 0.72x with 16 threads (its per-packet Python
-# loop and zero-latency Decode calls serialize on the GIL), so it is off by default. It turns
+# The packet path (feed NVDEC only what a request needs, :mod:`._nvdec_packets`) serves H.264 /
+# HEVC files whose packets the scan located (MP4/MOV and the like): measured on an H200
+# (2026-11-30, 640x360 H.264, 16-frame clips, stride 4, 16 threads, decode only) 200.7 clips/s
+# against 126.3 for PyNvVideoCodec's SimpleDecoder, whose NVDEC engines are then saturated.
+# AVPIPE_NVDEC_PACKETS=0 turns it off; =1 also uses it for other H.264 / HEVC files, reading
+# them with PyNvVideoCodec's demuxer (slower with many threads: it holds the GIL). It turns
 # itself off for the process the first time PyNvVideoCodec behaves unexpectedly.
 _packet_path = {"enabled": True, "why_off": None}
 
@@ -128,8 +130,10 @@ class NvdecBackend:
         self._dec = None
         self.nvc_num_frames = -1
         self._pts_offset = None  # calibrated on the first batch: nvc pts - scan pts
+        env = os.environ.get("AVPIPE_NVDEC_PACKETS", "").strip()
         self.packet_path = (
-            os.environ.get("AVPIPE_NVDEC_PACKETS", "0") == "1"  # opt-in: see _nvdec_packets
+            env != "0"
+            and (scan.packet_pos is not None or env == "1")
             and source.path is not None
             and scan.codec in ("h264", "hevc")
             and scan.disposable is not None

@@ -18,7 +18,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
-from ._nal import nal_length_size, slice_nal_headers
+from ._nal import nal_length_size, parameter_sets_annexb, slice_nal_headers
 
 __all__ = ["StreamScan", "scan_stream", "open_container", "av_error"]
 
@@ -76,6 +76,13 @@ class StreamScan:
     # per packet in decode (file) order: its pts, and whether no other picture references it
     decode_pts: np.ndarray | None = field(default=None, repr=False)
     disposable: np.ndarray | None = field(default=None, repr=False)
+    # H.264 / HEVC in a file whose packets PyAV locates: each packet's byte offset and size in
+    # decode order, the NAL length size and the parameter sets in Annex B (the NVDEC packet path
+    # reads packets itself instead of demuxing); None where that does not hold
+    packet_pos: np.ndarray | None = field(default=None, repr=False)
+    packet_size: np.ndarray | None = field(default=None, repr=False)
+    nal_size: int = 0
+    parameter_sets: bytes | None = field(default=None, repr=False)
 
     @property
     def num_frames(self) -> int:
@@ -196,6 +203,9 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
         durations: dict[int, int] = {}  # pts -> the packet's own duration, where it has one
         nal_size = nal_length_size(codec, bytes(cc.extradata or b"")) if cc is not None else 0
         slice_headers: list = []
+        positions: list = []  # (pos, size) per packet, for H.264 / HEVC files
+        samples: list = []  # a few packets' bytes, to check their positions against the file
+        locate = source.path is not None and codec in ("h264", "hevc") and nal_size > 0
         first_frame = None
         decode_first = True
         try:
@@ -210,7 +220,13 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
                 if pkt.is_keyframe:
                     key_pts.append(int(p))
                 if codec in ("h264", "hevc"):
-                    slice_headers.append(slice_nal_headers(bytes(pkt), codec, nal_size))
+                    data = bytes(pkt)
+                    slice_headers.append(slice_nal_headers(data, codec, nal_size))
+                    if locate:
+                        at = pkt.pos if pkt.pos is not None else -1
+                        positions.append((int(at), len(data)))
+                        if len(samples) < 2 or len(positions) % 97 == 0:
+                            samples.append((int(at), data))
                 if pkt.duration:
                     last_dur = int(pkt.duration)
                     durations[int(p)] = int(pkt.duration)
@@ -256,6 +272,12 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
         if step_last <= 0:
             rate = st.average_rate or st.guessed_rate or Fraction(25)
             step_last = max(1, int(round(1 / (float(rate) * float(tb)))))
+        packet_pos = packet_size = param_sets = None
+        if locate and len(positions) == len(pts_list) and _positions_hold(source.path, samples):
+            param_sets = parameter_sets_annexb(codec, bytes(cc.extradata or b""))
+            if param_sets is not None:
+                packet_pos = np.array([p for p, _ in positions], dtype=np.int64)
+                packet_size = np.array([n for _, n in positions], dtype=np.int64)
         pix_fmt = cc.pix_fmt if cc is not None else None
         color_space = color_range = None
         rotation = 0
@@ -291,4 +313,20 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
             dts_sorted=np.array(sorted(dts_list), dtype=np.int64),
             decode_pts=np.array(pts_list, dtype=np.int64),
             disposable=disposable,
+            packet_pos=packet_pos,
+            packet_size=packet_size,
+            nal_size=int(nal_size) if packet_pos is not None else 0,
+            parameter_sets=param_sets,
         )
+
+
+def _positions_hold(path: str, samples) -> bool:
+    """Whether the file holds these packets' bytes at the positions the demuxer reported."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            for at, data in samples:
+                if at < 0 or os.pread(f.fileno(), len(data), at) != data:
+                    return False
+    except OSError:
+        return False
+    return bool(samples)

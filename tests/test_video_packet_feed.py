@@ -1,0 +1,104 @@
+"""The NVDEC packet path's feed (packets read from the file by position, converted to Annex B,
+disposable packets that are not wanted left out) decodes to exactly the frames asked for.
+Checked here with FFmpeg's own decoders on the CPU; the GPU test runs the same feed on NVDEC."""
+
+from __future__ import annotations
+
+import av
+import numpy as np
+import pytest
+from video_media import encoder_available, make_video, reference_frames
+
+from avpipe._source import open_source
+from avpipe.decoding._nal import parameter_sets_annexb, to_annexb
+from avpipe.decoding._nvdec_packets import PacketPathError, packet_feed
+from avpipe.decoding._video_scan import scan_stream
+
+CODECS = [c for c in ("h264", "hevc") if encoder_available({"h264": "libx264", "hevc": "libx265"}[c])]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("feed")
+    out = {c: make_video(d / f"f_{c}.mp4", codec=c, num_frames=60, width=160, height=96,
+                         container="mp4") for c in CODECS}
+    out["vfr"] = make_video(d / "f_vfr.mp4", codec="h264", num_frames=40, width=160, height=96,
+                            pts=[100 + 33 * i + (i % 3) * 7 for i in range(40)],
+                            time_base=__import__("fractions").Fraction(1, 1000))
+    return out
+
+
+def _decode_feed(codec, feed, scan):
+    """FFmpeg decodes the feed (Annex B); display index -> rgb24 frame."""
+    cc = av.CodecContext.create(codec, "r")
+    got = {}
+    for k, data, _ in feed:
+        pkt = av.Packet(data)
+        pkt.pts = int(scan.decode_pts[k])
+        for fr in cc.decode(pkt):
+            got[scan.pts_to_index[int(fr.pts)]] = fr.to_ndarray(format="rgb24")
+    for fr in cc.decode(None):
+        got[scan.pts_to_index[int(fr.pts)]] = fr.to_ndarray(format="rgb24")
+    return got
+
+
+@pytest.mark.parametrize("name", CODECS + ["vfr"])
+@pytest.mark.parametrize("targets", [[1, 5, 9, 13], [0], [20, 24, 28, 32, 36], [37, 38, 39]])
+def test_feed_decodes_to_the_frames_asked_for(files, name, targets):
+    path = files[name]
+    codec = "h264" if name == "vfr" else name
+    scan = scan_stream(open_source(path), path)
+    assert scan.packet_pos is not None and scan.nal_size == 4
+    ref, _ = reference_frames(path)
+    feed = packet_feed(path, scan, targets)
+    assert feed[0][1].startswith(scan.parameter_sets)
+    fed = [k for k, _, _ in feed]
+    assert fed == sorted(fed)
+    assert sorted(i for _, _, i in feed if i is not None) == targets
+    skipped = [k for k in range(fed[0], fed[-1] + 1) if k not in fed]
+    assert all(scan.disposable[k] for k in skipped)  # only unreferenced pictures are left out
+    got = _decode_feed(codec, feed, scan)
+    for t in targets:
+        np.testing.assert_array_equal(got[t], ref[t], err_msg=f"{name} frame {t}")
+
+
+def test_feed_skips_disposable_packets(files):
+    """x264's default B-frames are not referenced: a strided clip leaves many packets out."""
+    path = files[CODECS[0]] if CODECS else pytest.skip("no H.264/HEVC encoder")
+    scan = scan_stream(open_source(path), path)
+    feed = packet_feed(path, scan, [20, 24, 28, 32])
+    span = feed[-1][0] - feed[0][0] + 1
+    assert scan.disposable.any() and len(feed) < span
+
+
+def test_annexb_conversion_and_parameter_sets():
+    nal1, nal2 = b"\x65\x88\x84\x00", b"\x06\x05\x01"
+    four = len(nal1).to_bytes(4, "big") + nal1 + len(nal2).to_bytes(4, "big") + nal2
+    assert to_annexb(four, 4) == b"\x00\x00\x00\x01" + nal1 + b"\x00\x00\x00\x01" + nal2
+    two = len(nal1).to_bytes(2, "big") + nal1
+    assert to_annexb(two, 2) == b"\x00\x00\x00\x01" + nal1
+    assert to_annexb(four[:-1], 4) is None  # a prefix that overruns the packet
+    sps, pps = b"\x67\x42\x00\x1e", b"\x68\xce\x3c\x80"
+    avcc = bytes([1, 0x42, 0, 0x1E, 0xFF, 0xE1]) + len(sps).to_bytes(2, "big") + sps
+    avcc += bytes([1]) + len(pps).to_bytes(2, "big") + pps
+    assert parameter_sets_annexb("h264", avcc) == b"\x00\x00\x00\x01" + sps + b"\x00\x00\x00\x01" + pps
+    assert parameter_sets_annexb("h264", b"\x00\x00\x00\x01" + sps) is None  # Annex B already
+
+
+def test_matroska_packets_are_not_located(tmp_path):
+    """Matroska reports block positions, not the packets' own bytes: the scan's check against
+    the file refuses them, and the packet path is not used there."""
+    path = make_video(tmp_path / "m.mkv", codec="h264", num_frames=12, container="matroska")
+    scan = scan_stream(open_source(path), path)
+    assert scan.packet_pos is None
+    with pytest.raises(PacketPathError):
+        packet_feed(path, scan, [3])
+
+
+def test_feed_refuses_a_file_that_changed(files, tmp_path):
+    path = files["vfr"]
+    scan = scan_stream(open_source(path), path)
+    short = tmp_path / "short.mp4"
+    short.write_bytes(open(path, "rb").read()[: int(scan.packet_pos.max()) // 2])
+    with pytest.raises(PacketPathError):
+        packet_feed(str(short), scan, [30, 34])
