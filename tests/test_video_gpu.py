@@ -167,14 +167,14 @@ def test_packet_path_serves_sparse_requests(media, codec, monkeypatch):
 
 @pytest.mark.parametrize("codec", [c for c in ("h264", "hevc") if c in ALL])
 def test_packet_path_reads_mp4_packets_itself(tmp_path, codec, monkeypatch):
-    """The default NVDEC path for H.264/HEVC in MP4: packets read from the file by position (no
+    """The NVDEC packet path for H.264/HEVC in MP4: packets read from the file by position (no
     demuxer), disposable ones not wanted skipped; frames match the CPU's for clips, scattered and
     repeated indices, across files, in several threads at once."""
     import cupy
 
     from avpipe.decoding import _video_nvdec
 
-    monkeypatch.delenv("AVPIPE_NVDEC_PACKETS", raising=False)
+    monkeypatch.setenv("AVPIPE_NVDEC_PACKETS", "1")
     paths = [make_video(tmp_path / f"p{i}.mp4", codec=codec, width=W, height=H, num_frames=70,
                         container="mp4") for i in range(2)]
     requests = [(0, [1, 5, 9, 13, 17, 21]), (1, [40, 44, 48]), (0, [69, 0, 33, 33, 12]),

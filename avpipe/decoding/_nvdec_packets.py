@@ -8,13 +8,10 @@ from the keyframe on that are referenced or wanted to one NVDEC session per thre
 across files.
 
 Where the packet scan located every packet in the file (MP4/MOV and the like: ``packet_pos``),
-the packets are read straight from the file (one ``pread`` per request, no demuxer, GIL
-released) and converted to Annex B (start codes; parameter sets from the container's avcC /
-hvcC record first). That is the default: on an H200 it decodes 16-frame clips of 640x360 H.264
-at about 200 clips/s from 16 threads (decode only), against 126 for the SimpleDecoder path,
-which NVDEC's engines bound (they decode every frame there). Elsewhere (``AVPIPE_NVDEC_PACKETS=1``
-only) PyNvVideoCodec's demuxer reads the file from its start for every request, under the GIL,
-which is why that variant stays opt-in.
+the packets are read straight from the file (one ``pread`` per request, no demuxer) and
+converted to Annex B (start codes; parameter sets from the container's avcC / hvcC record
+first); elsewhere PyNvVideoCodec's demuxer reads the file from its start for every request.
+The path is opt-in (``AVPIPE_NVDEC_PACKETS=1``); :mod:`._video_nvdec` gives the measurements.
 
 The session runs with zero display latency (``DisplayDecodeLatencyType.ZERO``) and every packet
 is marked ``ENDOFPICTURE``: NVDEC then returns each picture from the very ``Decode`` call that

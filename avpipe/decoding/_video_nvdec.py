@@ -29,13 +29,15 @@ log = logging.getLogger("avpipe")
 
 _local = threading.local()
 
-# The packet path (feed NVDEC only what a request needs, :mod:`._nvdec_packets`) serves H.264 /
-# HEVC files whose packets the scan located (MP4/MOV and the like): measured on an H200
-# (2026-11-30, 640x360 H.264, 16-frame clips, stride 4, 16 threads, decode only) 200.7 clips/s
-# against 126.3 for PyNvVideoCodec's SimpleDecoder, whose NVDEC engines are then saturated.
-# AVPIPE_NVDEC_PACKETS=0 turns it off; =1 also uses it for other H.264 / HEVC files, reading
-# them with PyNvVideoCodec's demuxer (slower with many threads: it holds the GIL). It turns
-# itself off for the process the first time PyNvVideoCodec behaves unexpectedly.
+# The packet path (feed NVDEC only what a request needs, :mod:`._nvdec_packets`) is opt-in:
+# AVPIPE_NVDEC_PACKETS=1. Measured on an H200 (2026-11-30, the anchors' 640x360 H.264 files,
+# 16-frame clips, stride 4, 16 threads): packets read from the MP4 by position, 95.5 clips/s with
+# the transform against 106.8 for the SimpleDecoder path (60-76 against 95 without it). Its
+# zero-latency session holds one picture in flight and returns it before the next packet is fed,
+# and each of a clip's ~90 Decode calls gives up and re-takes the GIL, so 16 threads keep NVDEC
+# less busy than the SimpleDecoder's pipelined full-GOP decode, although it decodes about half
+# the pictures. It turns itself off for the process the first time PyNvVideoCodec behaves
+# unexpectedly.
 _packet_path = {"enabled": True, "why_off": None}
 
 
@@ -130,10 +132,8 @@ class NvdecBackend:
         self._dec = None
         self.nvc_num_frames = -1
         self._pts_offset = None  # calibrated on the first batch: nvc pts - scan pts
-        env = os.environ.get("AVPIPE_NVDEC_PACKETS", "").strip()
         self.packet_path = (
-            env != "0"
-            and (scan.packet_pos is not None or env == "1")
+            os.environ.get("AVPIPE_NVDEC_PACKETS", "0").strip() == "1"  # opt-in (see above)
             and source.path is not None
             and scan.codec in ("h264", "hevc")
             and scan.disposable is not None
