@@ -103,7 +103,9 @@ class AudioBatchLoader:
     GPU, bit-exact to libFLAC: threads only read the files' bytes; any file the GPU does not
     decode exactly, or that is not FLAC, is decoded by libsndfile instead; needs
     ``device="cuda"``), or "auto": "gpu" when ``device`` is a GPU and every path ends in
-    ``.flac``, else "cpu". ``transport`` and ``num_workers`` apply to "cpu" only.
+    ``.flac``, else "cpu". ``transport`` and ``num_workers`` apply to "cpu" only. The GPU decoder
+    runs over windows of whole batches (``AVPIPE_FLAC_WINDOW`` files, default 256: one thread per
+    FLAC frame needs many frames per launch to fill the GPU).
     """
 
     def __init__(
