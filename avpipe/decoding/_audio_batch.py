@@ -151,14 +151,7 @@ class AudioBatchLoader:
         ctx = mp.get_context("fork")
         if max_samples is None:
             with ctx.Pool(min(self.num_workers, 16)) as p:
-                info = p.map(_frames_of, self.paths, chunksize=16)
-            self.frames = np.array([i[0] for i in info])
-            rates = {i[1] for i in info if i[0] >= 0}
-            if len(rates) > 1:
-                raise ValueError(
-                    f"paths must share one sample rate (no resampling here), got {sorted(rates)}"
-                )
-            self.sample_rate = rates.pop() if rates else None
+                self._take_infos(p.map(_frames_of, self.paths, chunksize=16))
             max_samples = int(max(self.frames.max(), 1))
         else:
             self.frames, self.sample_rate = None, None
@@ -179,6 +172,17 @@ class AudioBatchLoader:
         # workers and the shared buffer go away with the loader, also without close()
         self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._mm)
 
+    def _take_infos(self, infos):
+        """Per-file ``(frames, sample rate, channels)`` (frames -1: unreadable) -> ``frames`` and
+        ``sample_rate``; files of different rates are refused (this loader does not resample)."""
+        self.frames = np.array([i[0] for i in infos])
+        rates = {i[1] for i in infos if i[0] >= 0}
+        if len(rates) > 1:
+            raise ValueError(
+                f"paths must share one sample rate (no resampling here), got {sorted(rates)}"
+            )
+        self.sample_rate = rates.pop() if rates else None
+
     def _init_gpu(self, max_samples):
         """The GPU decoder's set-up: no worker processes, no shared ring; file sizes and
         lengths come from the files' own headers (libsndfile for anything else)."""
@@ -190,14 +194,7 @@ class AudioBatchLoader:
             return header_info(p) or _frames_of(p)
 
         with ThreadPoolExecutor(8) as ex:
-            infos = list(ex.map(info, self.paths))
-        self.frames = np.array([i[0] for i in infos])
-        rates = {i[1] for i in infos if i[0] >= 0}
-        if len(rates) > 1:
-            raise ValueError(
-                f"paths must share one sample rate (no resampling here), got {sorted(rates)}"
-            )
-        self.sample_rate = rates.pop() if rates else None
+            self._take_infos(list(ex.map(info, self.paths)))
         if max_samples is None:
             max_samples = int(max(self.frames.max(), 1))
         self.max_samples = int(max_samples)
