@@ -67,24 +67,23 @@ class PacketDecoder:
         return self._dec
 
     def frames(self, path: str, scan: StreamScan, targets):
-        """See :meth:`_frames_demuxed`; packets read from the file where the scan located them."""
-        if scan.packet_pos is None:
-            yield from self._frames_demuxed(path, scan, targets)
-            return
+        """Yield ``(display index, frame)`` for the sorted unique ``targets``, in decode order;
+        each frame (a PyNvVideoCodec DecodedFrame, NV12 in device memory) is valid until the
+        next item is requested. Targets the decoder never produced are not yielded. Packets are
+        read from the file where the scan located them, else from PyNvVideoCodec's demuxer."""
         nvc = pynvc()
-        codec = nvc.cudaVideoCodec.H264 if scan.codec == "h264" else nvc.cudaVideoCodec.HEVC
+        if scan.packet_pos is None:
+            dmx, packets = self._demuxed(nvc, path, scan, targets)
+            codec = dmx.GetNvCodecId()
+        else:
+            codec = nvc.cudaVideoCodec.H264 if scan.codec == "h264" else nvc.cudaVideoCodec.HEVC
+            packets = self._from_file(nvc, packet_feed(path, scan, targets))
         dec = self._decoder(nvc, codec, scan.width, scan.height)
         end_of_picture = nvc.VideoPacketFlag.ENDOFPICTURE
-        feed = packet_feed(path, scan, targets)
-        remaining = {t for _, _, t in feed if t is not None}
-        for k, data, idx in feed:
-            buf = np.frombuffer(data, dtype=np.uint8)
-            pd = nvc.PacketData()
-            pd.bsl_data = int(buf.ctypes.data)
-            pd.bsl = int(buf.size)
-            pd.pts = int(k)
-            pd.decode_flag = end_of_picture
-            frames = dec.Decode(pd)
+        remaining = {int(t) for t in targets}
+        for k, pkt, idx in packets:
+            pkt.decode_flag = end_of_picture
+            frames = dec.Decode(pkt)
             if len(frames) > 1:  # zero latency is not honoured: the path cannot map frames
                 self._dec = None
                 raise RuntimeError(f"packet {k} gave {len(frames)} frames (not zero-latency)")
@@ -94,11 +93,22 @@ class PacketDecoder:
                 if not remaining:
                     return
 
-    def _frames_demuxed(self, path: str, scan: StreamScan, targets):
-        """Yield ``(display index, frame)`` for the sorted unique ``targets``, in decode order;
-        each frame (a PyNvVideoCodec DecodedFrame, NV12 in device memory) is valid until the
-        next item is requested. Targets the decoder never produced are not yielded."""
-        nvc = pynvc()
+    @staticmethod
+    def _from_file(nvc, feed):
+        """``(packet index, PacketData, display index or None)`` for :func:`packet_feed`'s items;
+        each PacketData points into its bytes, which the generator keeps alive until the next."""
+        for k, data, idx in feed:
+            buf = np.frombuffer(data, dtype=np.uint8)
+            pd = nvc.PacketData()
+            pd.bsl_data = int(buf.ctypes.data)
+            pd.bsl = int(buf.size)
+            pd.pts = int(k)
+            yield k, pd, idx
+
+    @staticmethod
+    def _demuxed(nvc, path: str, scan: StreamScan, targets):
+        """PyNvVideoCodec's demuxer and the packets to feed from it, as :meth:`_from_file`
+        gives them; its packet order is checked against the scan's packet by packet."""
         dpts = scan.decode_pts
         disp = scan.disposable
         if dpts is None or disp is None:
@@ -109,40 +119,29 @@ class PacketDecoder:
         if pos.size == 0:
             raise PacketPathError("keyframe not found in the packet order")
         start = int(pos[0])
-        remaining = set(want.values())
         try:
             dmx = nvc.CreateDemuxer(filename=path)
         except Exception as e:  # noqa: BLE001
             raise PacketPathError(f"CreateDemuxer failed: {e}") from None
-        dec = self._decoder(nvc, dmx.GetNvCodecId(), scan.width, scan.height)
-        end_of_picture = nvc.VideoPacketFlag.ENDOFPICTURE
-        offset = None
-        k = -1
-        n = int(dpts.shape[0])
-        for pkt in dmx:
-            if pkt.bsl == 0:
-                break
-            k += 1
-            if k >= n:
-                raise PacketPathError("more packets than the scan found")
-            if offset is None:
-                offset = int(pkt.pts) - int(dpts[0])
-            p = int(dpts[k])
-            if int(pkt.pts) - offset != p:
-                raise PacketPathError(f"packet {k}: pts {pkt.pts} != scan {p} (+{offset})")
-            if k < start or (disp[k] and p not in want):
-                continue
-            pkt.decode_flag = end_of_picture
-            frames = dec.Decode(pkt)
-            if len(frames) > 1:  # zero latency is not honoured: the path cannot map frames
-                self._dec = None
-                raise RuntimeError(f"packet {k} gave {len(frames)} frames (not zero-latency)")
-            idx = want.get(p)
-            if frames and idx in remaining:
-                remaining.discard(idx)
-                yield idx, frames[0]
-                if not remaining:
+
+        def packets():
+            offset = None
+            n = int(dpts.shape[0])
+            for k, pkt in enumerate(dmx):
+                if pkt.bsl == 0:
                     return
+                if k >= n:
+                    raise PacketPathError("more packets than the scan found")
+                if offset is None:
+                    offset = int(pkt.pts) - int(dpts[0])
+                p = int(dpts[k])
+                if int(pkt.pts) - offset != p:
+                    raise PacketPathError(f"packet {k}: pts {pkt.pts} != scan {p} (+{offset})")
+                if k < start or (disp[k] and p not in want):
+                    continue
+                yield k, pkt, want.get(p)
+
+        return dmx, packets()
 
 
 def packet_feed(path: str, scan: StreamScan, targets):
