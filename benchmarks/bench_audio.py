@@ -176,11 +176,8 @@ def bench_avpipe_logmel_cpu_decode(files, durs, args):
     return bench_avpipe_logmel(files, durs, args, decoder="cpu")
 
 
-def bench_decode_gpu_flac(files, durs, args):
-    from avpipe.decoding._audio_batch import AudioBatchLoader
-
-    loader = AudioBatchLoader(files, batch_size=BATCH, prefetch=args.prefetch, device="cuda",
-                              decoder="gpu")
+def _decode_only(loader, files, args, sync=lambda: None):
+    """Audio-seconds/s of the loader's batches alone (nothing done with them); (rate, passes)."""
     n_batches = math.ceil(len(files) / BATCH)
     stream = loader.batches(epochs=10 ** 6)
 
@@ -188,11 +185,20 @@ def bench_decode_gpu_flac(files, durs, args):
         return sum(float(next(stream)[1].sum()) / SR for _ in range(n_batches))
 
     try:
-        audio_s, secs, n = run_timed(epoch, min(args.budget, 8), sync=cuda_sync)
+        audio_s, secs, n = run_timed(epoch, min(args.budget, 8), sync=sync)
     finally:
         stream.close()
         loader.close()
-    return audio_s / secs, {"passes": n, "what": "read bytes in threads, FLAC frames decoded on the GPU"}
+    return audio_s / secs, n
+
+
+def bench_decode_gpu_flac(files, durs, args):
+    from avpipe.decoding._audio_batch import AudioBatchLoader
+
+    loader = AudioBatchLoader(files, batch_size=BATCH, prefetch=args.prefetch, device="cuda",
+                              decoder="gpu")
+    rate, n = _decode_only(loader, files, args, sync=cuda_sync)
+    return rate, {"passes": n, "what": "read bytes in threads, FLAC frames decoded on the GPU"}
 
 
 def bench_avpipe_logmel_gpu_only(files, durs, args):
@@ -375,19 +381,9 @@ def bench_decode_procs_i16_shared(files, durs, args):
 
     loader = AudioBatchLoader(files, batch_size=BATCH, num_workers=args.workers, prefetch=args.prefetch,
                               device="none")
-    n_batches = math.ceil(len(files) / BATCH)
-    stream = loader.batches(epochs=10 ** 6)
-
-    def epoch():
-        return sum(float(next(stream)[1].sum()) / SR for _ in range(n_batches))
-
-    try:
-        audio_s, secs, n = run_timed(epoch, min(args.budget, 8))
-    finally:
-        stream.close()
-        loader.close()
-    return audio_s / secs, {"passes": n, "workers": loader.num_workers,
-                            "what": "worker processes, SoundFile.read int16 into a shared ring"}
+    rate, n = _decode_only(loader, files, args)
+    return rate, {"passes": n, "workers": loader.num_workers,
+                  "what": "worker processes, SoundFile.read int16 into a shared ring"}
 
 
 # ---------------------------------------------------------------------------------------------
