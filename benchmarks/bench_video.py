@@ -295,7 +295,22 @@ def bench_avpipe_packets(files, budget):
         os.environ.pop("AVPIPE_NVDEC_PACKETS", None)
 
 
-BENCHES = {"avpipe_clip_cps": bench_avpipe, "avpipe_packets_clip_cps": bench_avpipe_packets, "pynvc_clip_cps": bench_pynvc, "dali_video_reader_cps": bench_dali}
+def bench_avpipe_packets_chunk1(files, budget):
+    """The packet path with one packet per Decode call (how it fed NVDEC before chunks)."""
+    os.environ["AVPIPE_NVDEC_CHUNK"] = "1"
+    try:
+        return bench_avpipe_packets(files, budget)
+    finally:
+        os.environ.pop("AVPIPE_NVDEC_CHUNK", None)
+
+
+BENCHES = {
+    "avpipe_clip_cps": bench_avpipe,
+    "avpipe_packets_clip_cps": bench_avpipe_packets,
+    "avpipe_packets_chunk1_clip_cps": bench_avpipe_packets_chunk1,
+    "pynvc_clip_cps": bench_pynvc,
+    "dali_video_reader_cps": bench_dali,
+}
 
 
 def main():

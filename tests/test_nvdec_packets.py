@@ -3,6 +3,7 @@ which packets reach the decoder, and which frame is which."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import types
 
@@ -12,12 +13,13 @@ import pytest
 
 from avpipe._source import open_source
 from avpipe.decoding import _nvdec_packets as NP
+from avpipe.decoding._nal import to_annexb
 from avpipe.decoding._video_scan import _scan_stream
 
 
 class FakeNvc:
     """Demuxer over PyAV packets (decode order); a zero-latency decoder: one frame per picture
-    packet, returned by the call that fed it, labelled with that packet's pts."""
+    fed, returned by the call that fed it, labelled with its packet's pts."""
 
     class VideoPacketFlag:
         ENDOFPICTURE = 4
@@ -31,11 +33,15 @@ class FakeNvc:
     class PacketData:
         pass
 
-    def __init__(self, path, shift=0, drop=None):
-        self.path, self.shift, self.drop = path, shift, drop
-        self.fed = []
-        with av.open(path) as c:  # decode-order pts, for packets fed from memory
-            self.dpts = [int(p.pts) for p in c.demux(c.streams.video[0]) if p.size]
+    def __init__(self, path, shift=0, drop=None, lose_picture=None):
+        self.path, self.shift, self.drop, self.lose_picture = path, shift, drop, lose_picture
+        self.fed, self.calls = [], []
+        self.by_slice = {}  # a picture's first slice (NAL bytes) -> its packet's pts
+        with av.open(path) as c:  # packets fed from memory are known by their slices
+            for p in c.demux(c.streams.video[0]):
+                if p.size:
+                    for nal in _first_slices(to_annexb(bytes(p), 4)):
+                        self.by_slice[nal] = int(p.pts)
 
     def CreateDemuxer(self, filename):  # noqa: N802
         with av.open(filename) as c:
@@ -62,15 +68,25 @@ class FakeNvc:
         class Dec:
             def Decode(self_inner, pkt):  # noqa: N802
                 assert pkt.decode_flag == fake.VideoPacketFlag.ENDOFPICTURE
-                if isinstance(pkt, fake.PacketData):  # from memory: pts is the packet's index
+                if isinstance(pkt, fake.PacketData):  # from memory: Annex B, pictures in a row
                     assert pkt.bsl > 0 and pkt.bsl_data
-                    p = fake.dpts[pkt.pts]
+                    slices = _first_slices(ctypes.string_at(pkt.bsl_data, pkt.bsl))
+                    fake.calls.append(len(slices))
+                    ps = [fake.by_slice[nal] for nal in slices]
                 else:
-                    p = pkt.pts - fake.shift
-                fake.fed.append(p)
-                return [("frame", p)]
+                    ps = [pkt.pts - fake.shift]
+                if fake.lose_picture is not None and fake.lose_picture in ps:
+                    ps.remove(fake.lose_picture)  # a picture NVDEC did not output
+                fake.fed.extend(ps)
+                return [("frame", p) for p in ps]
 
         return Dec()
+
+
+def _first_slices(annexb: bytes) -> list:
+    """The first slice NAL of each H.264 picture in an Annex B buffer (first_mb_in_slice 0)."""
+    return [nal for nal in annexb.split(b"\x00\x00\x00\x01")[1:]
+            if len(nal) > 1 and nal[0] & 0x1F in (1, 5) and nal[1] & 0x80]
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +139,67 @@ def test_packet_order_disagreement_is_refused(clip, monkeypatch):
     monkeypatch.setattr(NP, "pynvc", lambda: FakeNvc(path, drop=5))
     with pytest.raises(NP.PacketPathError, match="packet 5"):
         list(NP.PacketDecoder(0, 0).frames(path, scan, [40, 44]))
+
+
+@pytest.mark.parametrize("chunk", ["1", "3", "16", "1000"])
+def test_file_packets_go_in_chunks(clip, monkeypatch, chunk):
+    """Packets read from the file reach NVDEC a chunk per Decode call; frames still map to
+    their packets, and the request stops at the chunk with its last target."""
+    path, scan = clip
+    monkeypatch.setenv("AVPIPE_NVDEC_CHUNK", chunk)
+    fake = FakeNvc(path)
+    monkeypatch.setattr(NP, "pynvc", lambda: fake)
+    targets = [1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41]
+    got = list(NP.PacketDecoder(0, 0).frames(path, scan, targets))
+    assert sorted(i for i, _ in got) == targets
+    assert all(frame[1] == int(scan.pts[idx]) for idx, frame in got)
+    feed = NP.packet_feed(path, scan, targets)
+    size = int(chunk)
+    assert fake.calls == [len(feed[c : c + size]) for c in range(0, len(feed), size)]
+    assert max(fake.calls) <= size
+
+
+def test_a_chunk_short_of_a_picture_is_refused(clip, monkeypatch):
+    """A chunk that gives fewer pictures than packets cannot be mapped: the caller is told."""
+    path, scan = clip
+    targets = [23, 27, 31]
+    feed = NP.packet_feed(path, scan, targets)
+    lost = int(scan.decode_pts[feed[1][0]])
+    monkeypatch.setattr(NP, "pynvc", lambda: FakeNvc(path, lose_picture=lost))
+    dec = NP.PacketDecoder(0, 0)
+    with pytest.raises(NP.PacketPathError, match="expected"):
+        list(dec.frames(path, scan, targets))
+    assert dec._dec is None  # the next request gets a fresh session
+
+
+class _Frame:
+    def __init__(self, shape, strides, luma, chroma):
+        self.shape, self.strides, self._p = shape, strides, (luma, chroma)
+
+    def GetPtrToPlane(self, i):  # noqa: N802 — PyNvVideoCodec's name
+        return self._p[i]
+
+
+def test_frame_planes_reads_and_checks_the_layout():
+    """NVDEC frames are read by plane pointers only when they describe NV12 of the stream's size."""
+    from avpipe.decoding._video_nvdec import frame_planes
+
+    base = 1 << 20
+    # 360 rows of luma, chroma right after, pitch 640 (what PyNvVideoCodec 2.2 gives 640x360)
+    assert frame_planes(_Frame((540, 640), (640, 1), base, base + 360 * 640), 360, 640) == (
+        base, base + 360 * 640, 640,
+    )  # fmt: skip
+    # a padded pitch and chroma after aligned rows (1080p in 1088-row surfaces)
+    f = _Frame((1632, 1920), (2048, 1), base, base + 1088 * 2048)
+    assert frame_planes(f, 1080, 1920) == (base, base + 1088 * 2048, 2048)
+    bad = [
+        _Frame((540, 640), (640, 1), base, base + 359 * 640),  # chroma inside the luma rows
+        _Frame((540, 640), (640, 1), base, base + 360 * 640 + 3),  # not on a row start
+        _Frame((500, 640), (640, 1), base, base + 360 * 640),  # chroma rows past the frame
+        _Frame((540, 320), (640, 1), base, base + 360 * 640),  # narrower than the stream
+        _Frame((540, 640), (640, 2), base, base + 360 * 640),  # not byte-packed rows
+        _Frame((540, 640), (640, 1), base, base),  # one plane
+    ]
+    for fr in bad:
+        assert frame_planes(fr, 360, 640) is None
+    assert frame_planes(object(), 360, 640) is None  # an older PyNvVideoCodec: DLPack instead

@@ -75,6 +75,40 @@ def test_nvdec_matches_cpu(media, codec):
         assert psnr(c.transpose(0, 2, 3, 1), ref.data[:3]) >= 40.0
 
 
+@pytest.mark.parametrize("packets", ["0", "1"])
+@pytest.mark.parametrize("codec", ALL)
+def test_frames_by_pointer_equal_dlpack(media, codec, packets, monkeypatch):
+    """Reading NVDEC frames by their planes' pointers gives the DLPack path's bytes exactly,
+    for RGB (HWC, CHW) and NV12 output; and the pointer path is the one taken."""
+    import cupy
+
+    from avpipe.decoding import _video_nvdec as nv
+
+    monkeypatch.setenv("AVPIPE_NVDEC_PACKETS", packets)
+    used = []
+    real = nv.frame_planes
+
+    def counting(frame, h, w):
+        r = real(frame, h, w)
+        used.append(r is not None)
+        return r
+
+    monkeypatch.setattr(nv, "frame_planes", counting)
+    idx = [9, 3, 3, 17, 30]
+    outs = {}
+    for raw in (True, False):
+        monkeypatch.setitem(nv._raw_planes, "enabled", raw)
+        for output, layout in (("rgb", "HWC"), ("rgb", "CHW"), ("nv12", "HWC")):
+            with avpipe.VideoDecoder(media[codec], device="cuda", output=output, layout=layout) as d:
+                if d.backend != "nvdec":
+                    pytest.skip(f"NVDEC refused {codec}: {d.fallback_reason}")
+                outs[raw, output, layout] = cupy.asnumpy(d.get_frames(idx).data)
+    assert nv._raw_planes["enabled"], nv._raw_planes
+    assert used and all(used), "PyNvVideoCodec's frames did not expose their planes"
+    for output, layout in (("rgb", "HWC"), ("rgb", "CHW"), ("nv12", "HWC")):
+        np.testing.assert_array_equal(outs[True, output, layout], outs[False, output, layout])
+
+
 def test_kernel_equals_reference(media):
     import cupy
 
@@ -141,8 +175,9 @@ def test_nvdec_fallback_reported(tmp_path):
         avpipe.VideoDecoder(p, device="cuda", allow_cpu_fallback=False)
 
 
+@pytest.mark.parametrize("chunk", ["1", "16"])
 @pytest.mark.parametrize("codec", [c for c in ("h264", "hevc") if c in ALL])
-def test_packet_path_serves_sparse_requests(media, codec, monkeypatch):
+def test_packet_path_serves_sparse_requests(media, codec, chunk, monkeypatch):
     """H.264/HEVC requests go through the packet path (disposable packets skipped), frames equal
     the CPU's, and one thread's session moves between files without leaking stale frames."""
     import cupy
@@ -150,6 +185,7 @@ def test_packet_path_serves_sparse_requests(media, codec, monkeypatch):
     from avpipe.decoding import _video_nvdec
 
     monkeypatch.setenv("AVPIPE_NVDEC_PACKETS", "1")
+    monkeypatch.setenv("AVPIPE_NVDEC_CHUNK", chunk)
     other = media["vfr"]
     requests = [(media[codec], [1, 5, 9, 13, 17]), (other, [2, 6, 10]), (media[codec], [30, 34, 38]),
                 (media[codec], [0, 4]), (other, [25, 29])]

@@ -13,7 +13,7 @@ import functools
 
 import numpy as np
 
-__all__ = ["yuv_coefficients", "nv12_to_rgb_reference", "nv12_to_rgb"]
+__all__ = ["yuv_coefficients", "nv12_to_rgb_reference", "nv12_to_rgb", "nv12_planes_to_rgb"]
 
 # colour matrix tag -> (Kr, Kb)
 _KRKB = {
@@ -64,15 +64,15 @@ def nv12_to_rgb_reference(nv12: np.ndarray, height: int, width: int, coeffs) -> 
 
 _KERNEL = r"""
 extern "C" __global__ void avpipe_nv12_to_rgb(
-    const unsigned char* __restrict__ src, long long pitch, int chroma_row, int height, int width,
-    unsigned char* __restrict__ dst, int chw,
+    const unsigned char* __restrict__ luma, const unsigned char* __restrict__ chroma,
+    long long pitch, int height, int width, unsigned char* __restrict__ dst, int chw,
     float ys, float y0, float rv, float gu, float gv, float bu)
 {
     int x = blockIdx.x * blockDim.x + threadIdx.x;
     int y = blockIdx.y * blockDim.y + threadIdx.y;
     if (x >= width || y >= height) return;
-    float Y = (float)src[(long long)y * pitch + x];
-    const unsigned char* uvrow = src + (long long)(chroma_row + y / 2) * pitch;
+    float Y = (float)luma[(long long)y * pitch + x];
+    const unsigned char* uvrow = chroma + (long long)(y / 2) * pitch;
     int cx = (x / 2) * 2;
     float U = (float)uvrow[cx] - 128.0f;
     float V = (float)uvrow[cx + 1] - 128.0f;
@@ -114,18 +114,28 @@ def nv12_to_rgb(
     if src.dtype != cupy.uint8 or src.ndim != 2 or src.strides[1] != 1:
         src = cupy.ascontiguousarray(src, dtype=cupy.uint8)
     pitch = int(src.strides[0])
+    crow = height if chroma_row is None else int(chroma_row)
+    base = int(src.data.ptr)
+    nv12_planes_to_rgb(base, base + crow * pitch, pitch, height, width, coeffs, out, chw=chw)
+
+
+def nv12_planes_to_rgb(
+    luma_ptr: int, chroma_ptr: int, pitch: int, height: int, width: int, coeffs, out, *,
+    chw: bool = False,
+) -> None:  # fmt: skip
+    """:func:`nv12_to_rgb` on raw device pointers (a decoder's frame without an array object
+    around it): the luma plane at ``luma_ptr`` and the interleaved chroma plane at
+    ``chroma_ptr``, both ``pitch`` bytes per row; the caller keeps the memory alive and ordered
+    before the current stream."""
     ys, y0, rv, gu, gv, bu = (np.float32(c) for c in coeffs)
     k = _kernel(int(out.device.id))
-    block = (32, 8, 1)
-    grid = ((width + 31) // 32, (height + 7) // 8, 1)
-    crow = height if chroma_row is None else int(chroma_row)
     k(
-        grid,
-        block,
+        ((width + 31) // 32, (height + 7) // 8, 1),
+        (32, 8, 1),
         (
-            src,
+            np.uint64(luma_ptr),
+            np.uint64(chroma_ptr),
             np.int64(pitch),
-            np.int32(crow),
             np.int32(height),
             np.int32(width),
             out,

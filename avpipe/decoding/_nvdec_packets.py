@@ -13,13 +13,15 @@ converted to Annex B (start codes; parameter sets from the container's avcC / hv
 first); elsewhere PyNvVideoCodec's demuxer reads the file from its start for every request.
 The path is opt-in (``AVPIPE_NVDEC_PACKETS=1``); :mod:`._video_nvdec` gives the measurements.
 
-The session runs with zero display latency (``DisplayDecodeLatencyType.ZERO``) and every packet
-is marked ``ENDOFPICTURE``: NVDEC then returns each picture from the very ``Decode`` call that
-fed its packet, in decode order. So the frame of packet *k* is known without trusting
-timestamps (PyNvVideoCodec re-labels them), nothing stays queued between requests, and a request
-ends as soon as its last target is decoded. The packet order of PyNvVideoCodec's demuxer is
-checked against the scan's (PyAV) packet by packet; any disagreement raises
-:class:`PacketPathError`, and the caller falls back to the ``SimpleDecoder`` path.
+The session runs with zero display latency (``DisplayDecodeLatencyType.ZERO``): NVDEC returns
+each picture from the very ``Decode`` call that fed it, in decode order, and nothing stays
+queued between requests. Packets read from the file go to NVDEC in chunks of up to
+``AVPIPE_NVDEC_CHUNK`` (default 16) pictures per ``Decode`` call, the chunk's last picture
+marked ``ENDOFPICTURE``; a chunk must give exactly one picture per packet, the i-th for its i-th
+packet, so the frame of each packet is known without trusting timestamps (PyNvVideoCodec
+re-labels them). Anything else raises :class:`PacketPathError`. Demuxer-fed packets go one per
+call, and the demuxer's packet order is checked against the scan's (PyAV) packet by packet. On
+:class:`PacketPathError` the caller falls back to the ``SimpleDecoder`` path.
 """
 
 from __future__ import annotations
@@ -72,15 +74,15 @@ class PacketDecoder:
         next item is requested. Targets the decoder never produced are not yielded. Packets are
         read from the file where the scan located them, else from PyNvVideoCodec's demuxer."""
         nvc = pynvc()
-        if scan.packet_pos is None:
-            dmx, packets = self._demuxed(nvc, path, scan, targets)
-            codec = dmx.GetNvCodecId()
-        else:
-            codec = nvc.cudaVideoCodec.H264 if scan.codec == "h264" else nvc.cudaVideoCodec.HEVC
-            packets = self._from_file(nvc, packet_feed(path, scan, targets))
-        dec = self._decoder(nvc, codec, scan.width, scan.height)
-        end_of_picture = nvc.VideoPacketFlag.ENDOFPICTURE
         remaining = {int(t) for t in targets}
+        if scan.packet_pos is not None:
+            codec = nvc.cudaVideoCodec.H264 if scan.codec == "h264" else nvc.cudaVideoCodec.HEVC
+            dec = self._decoder(nvc, codec, scan.width, scan.height)
+            yield from self._chunked(nvc, dec, packet_feed(path, scan, targets), remaining)
+            return
+        dmx, packets = self._demuxed(nvc, path, scan, targets)
+        dec = self._decoder(nvc, dmx.GetNvCodecId(), scan.width, scan.height)
+        end_of_picture = nvc.VideoPacketFlag.ENDOFPICTURE
         for k, pkt, idx in packets:
             pkt.decode_flag = end_of_picture
             frames = dec.Decode(pkt)
@@ -93,22 +95,38 @@ class PacketDecoder:
                 if not remaining:
                     return
 
-    @staticmethod
-    def _from_file(nvc, feed):
-        """``(packet index, PacketData, display index or None)`` for :func:`packet_feed`'s items;
-        each PacketData points into its bytes, which the generator keeps alive until the next."""
-        for k, data, idx in feed:
-            buf = np.frombuffer(data, dtype=np.uint8)
+    def _chunked(self, nvc, dec, feed, remaining):
+        """:meth:`frames` for packets read from the file: a few ``Decode`` calls per request
+        (each one gives the GIL back and takes it again) instead of one per packet."""
+        chunk = _chunk_size()
+        end_of_picture = nvc.VideoPacketFlag.ENDOFPICTURE
+        for c in range(0, len(feed), chunk):
+            part = feed[c : c + chunk]
+            buf = np.frombuffer(b"".join(data for _, data, _ in part), dtype=np.uint8)
             pd = nvc.PacketData()
             pd.bsl_data = int(buf.ctypes.data)
             pd.bsl = int(buf.size)
-            pd.pts = int(k)
-            yield k, pd, idx
+            pd.pts = int(part[0][0])
+            pd.decode_flag = end_of_picture
+            frames = dec.Decode(pd)
+            if len(frames) != len(part):
+                self._dec = None  # the parser may hold a picture: start the next request afresh
+                raise PacketPathError(
+                    f"packets {part[0][0]}..{part[-1][0]} gave {len(frames)} pictures, "
+                    f"expected {len(part)}"
+                )
+            for (_, _, idx), frame in zip(part, frames):
+                if idx in remaining:
+                    remaining.discard(idx)
+                    yield idx, frame
+                    if not remaining:
+                        return
 
     @staticmethod
     def _demuxed(nvc, path: str, scan: StreamScan, targets):
-        """PyNvVideoCodec's demuxer and the packets to feed from it, as :meth:`_from_file`
-        gives them; its packet order is checked against the scan's packet by packet."""
+        """PyNvVideoCodec's demuxer and its packets to feed, as ``(packet index, PacketData,
+        display index or None)``; its packet order is checked against the scan's, packet by
+        packet."""
         dpts = scan.decode_pts
         disp = scan.disposable
         if dpts is None or disp is None:
@@ -177,6 +195,13 @@ def packet_feed(path: str, scan: StreamScan, targets):
             data = scan.parameter_sets + data
         feed.append((k, data, want.get(int(dpts[k]))))
     return feed
+
+
+def _chunk_size() -> int:
+    try:
+        return max(1, int(os.environ.get("AVPIPE_NVDEC_CHUNK", "16")))
+    except ValueError:
+        return 16
 
 
 def thread_packet_decoder(gpu: int, stream_ptr: int) -> PacketDecoder:
