@@ -22,7 +22,7 @@ class FakeNvc:
     fed, returned by the call that fed it, labelled with its packet's pts."""
 
     class VideoPacketFlag:
-        ENDOFPICTURE = 4
+        ENDOFPICTURE, ENDOFSTREAM = 4, 1
 
     class DisplayDecodeLatencyType:
         ZERO = 2
@@ -35,7 +35,7 @@ class FakeNvc:
 
     def __init__(self, path, shift=0, drop=None, lose_picture=None):
         self.path, self.shift, self.drop, self.lose_picture = path, shift, drop, lose_picture
-        self.fed, self.calls = [], []
+        self.fed, self.calls, self.flushes = [], [], 0
         self.by_slice = {}  # a picture's first slice (NAL bytes) -> its packet's pts
         with av.open(path) as c:  # packets fed from memory are known by their slices
             for p in c.demux(c.streams.video[0]):
@@ -66,14 +66,21 @@ class FakeNvc:
         fake = self
 
         class Dec:
+            pending = []  # from memory (no ENDOFPICTURE): a picture waits for the next one
+
             def Decode(self_inner, pkt):  # noqa: N802
-                assert pkt.decode_flag == fake.VideoPacketFlag.ENDOFPICTURE
-                if isinstance(pkt, fake.PacketData):  # from memory: Annex B, pictures in a row
-                    assert pkt.bsl > 0 and pkt.bsl_data
+                if isinstance(pkt, fake.PacketData) and pkt.bsl == 0:  # end of stream: flush
+                    assert pkt.decode_flag == fake.VideoPacketFlag.ENDOFSTREAM
+                    fake.flushes += 1
+                    ps, self_inner.pending = self_inner.pending, []
+                elif isinstance(pkt, fake.PacketData):  # from memory: Annex B, pictures in a row
+                    assert pkt.bsl_data and getattr(pkt, "decode_flag", 0) == 0
                     slices = _first_slices(ctypes.string_at(pkt.bsl_data, pkt.bsl))
                     fake.calls.append(len(slices))
-                    ps = [fake.by_slice[nal] for nal in slices]
-                else:
+                    ps = self_inner.pending + [fake.by_slice[nal] for nal in slices]
+                    ps, self_inner.pending = ps[:-1], ps[-1:]
+                else:  # from the demuxer: one picture, out at once
+                    assert pkt.decode_flag == fake.VideoPacketFlag.ENDOFPICTURE
                     ps = [pkt.pts - fake.shift]
                 if fake.lose_picture is not None and fake.lose_picture in ps:
                     ps.remove(fake.lose_picture)  # a picture NVDEC did not output
@@ -157,17 +164,19 @@ def test_file_packets_go_in_chunks(clip, monkeypatch, chunk):
     size = int(chunk)
     assert fake.calls == [len(feed[c : c + size]) for c in range(0, len(feed), size)]
     assert max(fake.calls) <= size
+    assert fake.flushes == 1  # the request ends with an end-of-stream packet
 
 
 def test_a_chunk_short_of_a_picture_is_refused(clip, monkeypatch):
-    """A chunk that gives fewer pictures than packets cannot be mapped: the caller is told."""
+    """Fewer pictures than packets cannot be mapped: the caller is told, and the session that
+    may hold a picture is dropped."""
     path, scan = clip
     targets = [23, 27, 31]
     feed = NP.packet_feed(path, scan, targets)
     lost = int(scan.decode_pts[feed[1][0]])
     monkeypatch.setattr(NP, "pynvc", lambda: FakeNvc(path, lose_picture=lost))
     dec = NP.PacketDecoder(0, 0)
-    with pytest.raises(NP.PacketPathError, match="expected"):
+    with pytest.raises(NP.PacketPathError, match="packets gave"):
         list(dec.frames(path, scan, targets))
     assert dec._dec is None  # the next request gets a fresh session
 
