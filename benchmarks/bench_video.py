@@ -3,8 +3,10 @@
 RGB -> short side 224 (bilinear) -> center crop 224 -> ImageNet-normalized fp16 [16, 3, 224, 224],
 16 threads over the H.264 640x360 files of --data. Measured, in one run:
 
-* avpipe_clip_cps — avpipe.VideoDecoder (NVDEC, NV12 + our RGB kernel, decoder reused per thread)
-  + avpipe.decoding.samplers.sample_random_clips + the transform.
+* avpipe_clip_cps — avpipe.VideoDecoder (NVDEC packet path: only the packets a clip needs, read
+  from the MP4 by position; NV12 + our RGB kernel; a session per thread) + avpipe.decoding.samplers
+  .sample_random_clips + the transform. avpipe_simple_clip_cps: the same through PyNvVideoCodec's
+  SimpleDecoder (AVPIPE_NVDEC_PACKETS=0); avpipe_packets_chunk1_clip_cps: one packet per Decode.
 * pynvc_clip_cps  — plain PyNvVideoCodec SimpleDecoder (RGB output, get_batch_frames_by_index)
   + the same transform.
 * dali_video_reader_cps — DALI fn.readers.video (GPU) + resize + crop_mirror_normalize.
@@ -285,29 +287,31 @@ def bench_dali(files, budget):
     return clips / secs, {"clips": clips, "seconds": round(secs, 3), "iters": iters, "batch": batch}
 
 
-def bench_avpipe_packets(files, budget):
-    """avpipe with its opt-in NVDEC packet path (packets read from the MP4 by position,
-    disposable packets that are not wanted skipped)."""
-    os.environ["AVPIPE_NVDEC_PACKETS"] = "1"
-    try:
-        return bench_avpipe(files, budget)
-    finally:
-        os.environ.pop("AVPIPE_NVDEC_PACKETS", None)
+def _with_env(bench, **env):
+    """``bench`` with environment variables set for its duration."""
 
+    def run(files, budget):
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return bench(files, budget)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
-def bench_avpipe_packets_chunk1(files, budget):
-    """The packet path with one packet per Decode call (how it fed NVDEC before chunks)."""
-    os.environ["AVPIPE_NVDEC_CHUNK"] = "1"
-    try:
-        return bench_avpipe_packets(files, budget)
-    finally:
-        os.environ.pop("AVPIPE_NVDEC_CHUNK", None)
+    return run
 
 
 BENCHES = {
+    # the default: the NVDEC packet path (MP4 packets read by position, chunks of 16 per Decode)
     "avpipe_clip_cps": bench_avpipe,
-    "avpipe_packets_clip_cps": bench_avpipe_packets,
-    "avpipe_packets_chunk1_clip_cps": bench_avpipe_packets_chunk1,
+    # the SimpleDecoder path (every picture from the keyframe on), as before the packet path
+    "avpipe_simple_clip_cps": _with_env(bench_avpipe, AVPIPE_NVDEC_PACKETS="0"),
+    # the packet path with one packet per Decode call (how it fed NVDEC before chunks)
+    "avpipe_packets_chunk1_clip_cps": _with_env(bench_avpipe, AVPIPE_NVDEC_CHUNK="1"),
     "pynvc_clip_cps": bench_pynvc,
     "dali_video_reader_cps": bench_dali,
 }

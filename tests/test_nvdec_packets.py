@@ -212,3 +212,25 @@ def test_frame_planes_reads_and_checks_the_layout():
     for fr in bad:
         assert frame_planes(fr, 360, 640) is None
     assert frame_planes(object(), 360, 640) is None  # an older PyNvVideoCodec: DLPack instead
+
+
+def test_which_streams_take_the_packet_path(clip, monkeypatch):
+    """By default H.264/HEVC whose packets the scan located (MP4) take the packet path; "1" adds
+    demuxer-fed containers, "0" turns it off; small or non-H.264/HEVC streams never take it."""
+    from avpipe.decoding._video_nvdec import use_packet_path
+
+    path, scan = clip  # 160x144 H.264 MP4
+    mkv = dataclasses.replace(scan, packet_pos=None)
+    for mode, mp4_takes, mkv_takes in [(None, True, False), ("auto", True, False),
+                                       ("1", True, True), ("0", False, False)]:  # fmt: skip
+        if mode is None:
+            monkeypatch.delenv("AVPIPE_NVDEC_PACKETS", raising=False)
+        else:
+            monkeypatch.setenv("AVPIPE_NVDEC_PACKETS", mode)
+        assert use_packet_path(scan, path) is mp4_takes, mode
+        assert use_packet_path(mkv, path) is mkv_takes, mode
+    monkeypatch.setenv("AVPIPE_NVDEC_PACKETS", "1")
+    assert not use_packet_path(scan, None)  # bytes in memory
+    assert not use_packet_path(dataclasses.replace(scan, codec="vp9"), path)
+    assert not use_packet_path(dataclasses.replace(scan, width=128), path)
+    assert not use_packet_path(dataclasses.replace(scan, disposable=None), path)

@@ -11,7 +11,8 @@ Where the packet scan located every packet in the file (MP4/MOV and the like: ``
 the packets are read straight from the file (one ``pread`` per request, no demuxer) and
 converted to Annex B (start codes; parameter sets from the container's avcC / hvcC record
 first); elsewhere PyNvVideoCodec's demuxer reads the file from its start for every request.
-The path is opt-in (``AVPIPE_NVDEC_PACKETS=1``); :mod:`._video_nvdec` gives the measurements.
+The file-fed path is the default for H.264/HEVC in MP4/MOV; the demuxer-fed one is opt-in
+(``AVPIPE_NVDEC_PACKETS=1``); :mod:`._video_nvdec` gives the measurements.
 
 The session runs with zero display latency (``DisplayDecodeLatencyType.ZERO``): NVDEC returns
 every picture in decode order, nothing reordered. Packets read from the file go to NVDEC in

@@ -1,4 +1,8 @@
-"""The GPU backend: NVDEC through PyNvVideoCodec's SimpleDecoder, frames stay on the GPU.
+"""The GPU backend: NVDEC through PyNvVideoCodec, frames stay on the GPU.
+
+H.264 and HEVC in MP4/MOV go through the packet path (:mod:`._nvdec_packets`: only the packets a
+request needs, read from the file by position); everything else, and any request the packet
+path cannot map, through PyNvVideoCodec's SimpleDecoder.
 
 Frames come out in their native NV12 layout (device memory) and are converted to RGB by our own
 kernel (:mod:`._nv12`), which follows the stream's colour-matrix and range tags the way FFmpeg
@@ -29,16 +33,31 @@ log = logging.getLogger("avpipe")
 
 _local = threading.local()
 
-# The packet path (feed NVDEC only what a request needs, :mod:`._nvdec_packets`) is opt-in:
-# AVPIPE_NVDEC_PACKETS=1. Measured on an H200 (2026-11-30, the anchors' 640x360 H.264 files,
-# 16-frame clips, stride 4, 16 threads): packets read from the MP4 by position, 95.5 clips/s with
-# the transform against 106.8 for the SimpleDecoder path (60-76 against 95 without it). Its
-# zero-latency session holds one picture in flight and returns it before the next packet is fed,
-# and each of a clip's ~90 Decode calls gives up and re-takes the GIL, so 16 threads keep NVDEC
-# less busy than the SimpleDecoder's pipelined full-GOP decode, although it decodes about half
-# the pictures. It turns itself off for the process the first time PyNvVideoCodec behaves
-# unexpectedly.
+# The packet path (feed NVDEC only what a request needs, :mod:`._nvdec_packets`) serves H.264 and
+# HEVC files whose packets the scan located (MP4/MOV): AVPIPE_NVDEC_PACKETS unset or "auto".
+# "1" also sends other containers' H.264/HEVC through it (packets from PyNvVideoCodec's demuxer,
+# which reads from the file's start for every request), "0" turns it off (SimpleDecoder only).
+# Measured on an H200 (2026-11-30, the anchors' 32 640x360 H.264 MP4s, 16-frame clips, stride 4,
+# 224 fp16 transform, 16 threads, one run): 153.0 clips/s against 106.3 for the SimpleDecoder
+# path, which decodes every picture from the keyframe on (about twice as many) and is bound by
+# NVDEC there; 94.6 when each packet went in its own Decode call (each call waits for its
+# picture). It turns itself off for the process the first time PyNvVideoCodec behaves
+# unexpectedly; a request it cannot map is served by the SimpleDecoder path.
 _packet_path = {"enabled": True, "why_off": None}
+
+
+def use_packet_path(scan: StreamScan, path) -> bool:
+    """Whether requests on this stream go through the packet path (see the note above)."""
+    mode = os.environ.get("AVPIPE_NVDEC_PACKETS", "auto").strip().lower()
+    if mode not in ("1", "auto", ""):
+        return False
+    return (
+        path is not None
+        and scan.codec in ("h264", "hevc")
+        and scan.disposable is not None
+        and (mode == "1" or scan.packet_pos is not None)
+        and min(scan.width, scan.height) >= 144  # NVDEC's HEVC minimum; refusals go below
+    )
 
 
 class NvdecRefused(Exception):
@@ -159,13 +178,7 @@ class NvdecBackend:
         self._dec = None
         self.nvc_num_frames = -1
         self._pts_offset = None  # calibrated on the first batch: nvc pts - scan pts
-        self.packet_path = (
-            os.environ.get("AVPIPE_NVDEC_PACKETS", "0").strip() == "1"  # opt-in (see above)
-            and source.path is not None
-            and scan.codec in ("h264", "hevc")
-            and scan.disposable is not None
-            and min(scan.width, scan.height) >= 144  # NVDEC's HEVC minimum; refusals go below
-        )
+        self.packet_path = use_packet_path(scan, source.path)
         if not self.packet_path:
             self._simple()
 
