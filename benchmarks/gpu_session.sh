@@ -13,14 +13,19 @@ BUDGET=${BUDGET:-10}
 ANCHORS=/tmp/gpu-parts/anchors.py
 mkdir -p "$OUT"
 data() { [ -f /tmp/bench/.avpipe-gen-done ] || { python3 "$ANCHORS" --gen-only --data /tmp/bench --out "$OUT/anchors" >"$OUT/gen.log" 2>&1 && touch /tmp/bench/.avpipe-gen-done; }; }
+anchors_only() { python3 "$ANCHORS" --only "$1" --data /tmp/bench --out "$OUT/anchors" --budget "$BUDGET" 2>&1 | tail -12; }
 for step in "$@"; do
   case $step in
     tests)
       python3 -m avpipe info 2>&1 | tee "$OUT/info.txt"
       python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
-    video) data; python3 benchmarks/bench_video.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25 ;;
-    audio) data; python3 benchmarks/bench_audio.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25 ;;
-    image) data; python3 benchmarks/bench_image.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25 ;;
+    # each step then runs anchors.py's own benchmarks for that workload, in the same call
+    video) data; python3 benchmarks/bench_video.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25
+           anchors_only pynvc_clip_cps,dali_video_reader_cps ;;
+    audio) data; python3 benchmarks/bench_audio.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25
+           anchors_only soundfile_decode_aps,dali_logmel_aps,torch_logmel_aps ;;
+    image) data; python3 benchmarks/bench_image.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25
+           anchors_only dali_jpeg_ips,dali_png_ips,dali_tiff_ips,dali_jp2_ips,pil_jpeg_ips ;;
     anchors) data; python3 "$ANCHORS" --data /tmp/bench --out "$OUT/anchors" --budget "$BUDGET" 2>&1 | tail -25 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac

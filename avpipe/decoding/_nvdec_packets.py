@@ -20,7 +20,9 @@ chunks of ``AVPIPE_NVDEC_CHUNK`` (default 16) packets per ``Decode`` call, and a
 packet ends each request; pictures come out one per packet, in the order fed, so the frame of
 each packet is known without trusting timestamps (PyNvVideoCodec re-labels them), and the count
 is checked. Chunks matter: one ``Decode`` per packet (each waits for its picture) gave 71
-clips/s where chunks of 16 gave 129 (H200, 16 threads, 2026-11-30). Demuxer-fed packets go one
+clips/s where chunks of 16 gave 129 (H200, 16 threads, 2026-11-30). A session holds up to one
+chunk of decoded frames at a time (PyNvVideoCodec's output buffers), so memory per thread is about
+``chunk + 1`` frames. Demuxer-fed packets go one
 per call, marked ``ENDOFPICTURE``, and the demuxer's packet order is checked against the scan's
 (PyAV) packet by packet. Anything unexpected raises :class:`PacketPathError`; the caller then
 serves the request with the ``SimpleDecoder`` path.
