@@ -310,7 +310,7 @@ BENCHES = {
     "avpipe_clip_cps": bench_avpipe,
     # the SimpleDecoder path (every picture from the keyframe on), as before the packet path
     "avpipe_simple_clip_cps": _with_env(bench_avpipe, AVPIPE_NVDEC_PACKETS="0"),
-    # the packet path with one packet per Decode call (how it fed NVDEC before chunks)
+    # the packet path with one packet per Decode call (each picture comes out at the next call)
     "avpipe_packets_chunk1_clip_cps": _with_env(bench_avpipe, AVPIPE_NVDEC_CHUNK="1"),
     "pynvc_clip_cps": bench_pynvc,
     "dali_video_reader_cps": bench_dali,

@@ -33,8 +33,9 @@ class FakeNvc:
     class PacketData:
         pass
 
-    def __init__(self, path, shift=0, drop=None, lose_picture=None):
+    def __init__(self, path, shift=0, drop=None, lose_picture=None, extra_picture=False):
         self.path, self.shift, self.drop, self.lose_picture = path, shift, drop, lose_picture
+        self.extra_picture = extra_picture  # the flush gives one picture more than was fed
         self.fed, self.calls, self.flushes = [], [], 0
         self.by_slice = {}  # a picture's first slice (NAL bytes) -> its packet's pts
         with av.open(path) as c:  # packets fed from memory are known by their slices
@@ -73,6 +74,8 @@ class FakeNvc:
                     assert pkt.decode_flag == fake.VideoPacketFlag.ENDOFSTREAM
                     fake.flushes += 1
                     ps, self_inner.pending = self_inner.pending, []
+                    if fake.extra_picture:
+                        ps = ps + ps[-1:]
                 elif isinstance(pkt, fake.PacketData):  # from memory: Annex B, pictures in a row
                     assert pkt.bsl_data and getattr(pkt, "decode_flag", 0) == 0
                     slices = _first_slices(ctypes.string_at(pkt.bsl_data, pkt.bsl))
@@ -150,8 +153,8 @@ def test_packet_order_disagreement_is_refused(clip, monkeypatch):
 
 @pytest.mark.parametrize("chunk", ["1", "3", "16", "1000"])
 def test_file_packets_go_in_chunks(clip, monkeypatch, chunk):
-    """Packets read from the file reach NVDEC a chunk per Decode call; frames still map to
-    their packets, and the request stops at the chunk with its last target."""
+    """Packets read from the file reach NVDEC a chunk per Decode call, then one end-of-stream
+    flush; frames still map to their packets."""
     path, scan = clip
     monkeypatch.setenv("AVPIPE_NVDEC_CHUNK", chunk)
     fake = FakeNvc(path)
@@ -179,6 +182,30 @@ def test_a_chunk_short_of_a_picture_is_refused(clip, monkeypatch):
     with pytest.raises(NP.PacketPathError, match="packets gave"):
         list(dec.frames(path, scan, targets))
     assert dec._dec is None  # the next request gets a fresh session
+
+
+def test_more_pictures_than_packets_is_refused(clip, monkeypatch):
+    path, scan = clip
+    monkeypatch.setattr(NP, "pynvc", lambda: FakeNvc(path, extra_picture=True))
+    dec = NP.PacketDecoder(0, 0)
+    with pytest.raises(NP.PacketPathError, match="more pictures"):
+        list(dec.frames(path, scan, [23, 27, 31]))
+    assert dec._dec is None
+
+
+def test_a_request_left_early_drops_the_session(clip, monkeypatch):
+    """The caller stops after the first frame (its own write failed): the session may hold
+    pictures, so the next request gets a fresh one; a request run to its end keeps it."""
+    path, scan = clip
+    monkeypatch.setattr(NP, "pynvc", lambda: FakeNvc(path))
+    dec = NP.PacketDecoder(0, 0)
+    list(dec.frames(path, scan, [23, 27, 31]))
+    kept = dec._dec
+    assert kept is not None
+    g = dec.frames(path, scan, [23, 27, 31])
+    next(g)
+    g.close()
+    assert dec._dec is None
 
 
 class _Frame:
@@ -222,7 +249,9 @@ def test_which_streams_take_the_packet_path(clip, monkeypatch):
     path, scan = clip  # 160x144 H.264 MP4
     mkv = dataclasses.replace(scan, packet_pos=None)
     for mode, mp4_takes, mkv_takes in [(None, True, False), ("auto", True, False),
-                                       ("1", True, True), ("0", False, False)]:  # fmt: skip
+                                       ("1", True, True), ("on", True, True), ("true", True, True),
+                                       ("0", False, False), ("off", False, False),
+                                       ("no", False, False)]:  # fmt: skip
         if mode is None:
             monkeypatch.delenv("AVPIPE_NVDEC_PACKETS", raising=False)
         else:

@@ -18,6 +18,15 @@ ALL = [c for c in CODECS if encoder_available(CODECS[c][0])]
 W, H = 256, 192  # above NVDEC's minimum sizes for every codec
 
 
+@pytest.fixture(autouse=True)
+def _fresh_nvdec_state(monkeypatch):
+    """Each test starts with the packet path and pointer reads on, whatever an earlier one did."""
+    from avpipe.decoding import _video_nvdec as nv
+
+    monkeypatch.setattr(nv, "_packet_path", {"enabled": True, "why_off": None, "failures": 0})
+    monkeypatch.setattr(nv, "_raw_planes", {"enabled": True, "why_off": None})
+
+
 def psnr(a, b):
     d = a.astype(np.float64) - b.astype(np.float64)
     mse = np.mean(d * d)
@@ -103,6 +112,8 @@ def test_frames_by_pointer_equal_dlpack(media, codec, packets, monkeypatch):
                 if d.backend != "nvdec":
                     pytest.skip(f"NVDEC refused {codec}: {d.fallback_reason}")
                 outs[raw, output, layout] = cupy.asnumpy(d.get_frames(idx).data)
+                if packets == "1" and codec in ("h264", "hevc"):  # the packet path served it
+                    assert d._gpu.packet_path, nv._packet_path
         if raw:  # the pointer path stayed on and was the one taken
             assert nv._raw_planes["enabled"], nv._raw_planes
             assert used and all(used), "PyNvVideoCodec's frames did not expose their planes"

@@ -19,8 +19,10 @@ every picture in decode order, nothing reordered. Packets read from the file go 
 chunks of ``AVPIPE_NVDEC_CHUNK`` (default 16) packets per ``Decode`` call, and an end-of-stream
 packet ends each request; pictures come out one per packet, in the order fed, so the frame of
 each packet is known without trusting timestamps (PyNvVideoCodec re-labels them), and the count
-is checked. Chunks matter: one ``Decode`` per packet (each waits for its picture) gave 71
-clips/s where chunks of 16 gave 129 (H200, 16 threads, 2026-11-30). A session holds up to one
+is checked. Chunks matter (H200, 16 threads, ``benchmarks/bench_video.py``, 2026-11-30): 153.0
+clips/s with chunks of 16; 94.6 with one packet per call (``AVPIPE_NVDEC_CHUNK=1``, each picture
+out at the next call); 95.5 before chunks (one packet per call marked ``ENDOFPICTURE``, each call
+waiting for its own picture). A session holds up to one
 chunk of decoded frames at a time (PyNvVideoCodec's output buffers), so memory per thread is about
 ``chunk + 1`` frames. Demuxer-fed packets go one
 per call, marked ``ENDOFPICTURE``, and the demuxer's packet order is checked against the scan's

@@ -35,27 +35,29 @@ _local = threading.local()
 
 # The packet path (feed NVDEC only what a request needs, :mod:`._nvdec_packets`) serves H.264 and
 # HEVC files whose packets the scan located (MP4/MOV): AVPIPE_NVDEC_PACKETS unset or "auto".
-# "1" also sends other containers' H.264/HEVC through it (packets from PyNvVideoCodec's demuxer,
-# which reads from the file's start for every request), "0" turns it off (SimpleDecoder only).
+# "1" (or true/yes/on) also sends other containers' H.264/HEVC through it (packets from
+# PyNvVideoCodec's demuxer, which reads from the file's start for every request); "0" (or
+# false/no/off) turns it off (SimpleDecoder only). Streams under 144 pixels never take it.
 # Measured on an H200 (2026-11-30, the anchors' 32 640x360 H.264 MP4s, 16-frame clips, stride 4,
 # 224 fp16 transform, 16 threads, one run): 153.0 clips/s against 106.3 for the SimpleDecoder
 # path, which decodes every picture from the keyframe on (about twice as many) and is bound by
-# NVDEC there; 94.6 when each packet went in its own Decode call (each call waits for its
-# picture). It turns itself off for the process the first time PyNvVideoCodec behaves
-# unexpectedly; a request it cannot map is served by the SimpleDecoder path.
-_packet_path = {"enabled": True, "why_off": None}
+# NVDEC there; 94.6 with one packet per Decode call (AVPIPE_NVDEC_CHUNK=1). A request it cannot serve goes to the SimpleDecoder path; after three files in a row
+# on which PyNvVideoCodec misbehaved (and the SimpleDecoder did not), it is off for the process.
+_packet_path = {"enabled": True, "why_off": None, "failures": 0}
+_PACKET_FAILURES_OFF = 3
 
 
 def use_packet_path(scan: StreamScan, path) -> bool:
     """Whether requests on this stream go through the packet path (see the note above)."""
     mode = os.environ.get("AVPIPE_NVDEC_PACKETS", "auto").strip().lower()
-    if mode not in ("1", "auto", ""):
+    if mode in ("0", "false", "no", "off"):
         return False
+    every = mode in ("1", "true", "yes", "on")  # also containers read by PyNvVideoCodec's demuxer
     return (
         path is not None
         and scan.codec in ("h264", "hevc")
         and scan.disposable is not None
-        and (mode == "1" or scan.packet_pos is not None)
+        and (every or scan.packet_pos is not None)
         and min(scan.width, scan.height) >= 144  # NVDEC's HEVC minimum; refusals go below
     )
 
@@ -178,6 +180,7 @@ class NvdecBackend:
         self._dec = None
         self.nvc_num_frames = -1
         self._pts_offset = None  # calibrated on the first batch: nvc pts - scan pts
+        self._packet_failure = None  # why the packet path failed on this file, until counted
         self.packet_path = use_packet_path(scan, source.path)
         if not self.packet_path:
             self._simple()
@@ -226,9 +229,10 @@ class NvdecBackend:
         """(frames for targets[:k], targets[k:]): PyNvVideoCodec's seek refuses some streams'
         last frames (AVI MJPEG), so on an error it is asked again without the tail."""
         tail = []
+        dec = self._simple()  # a refusal (NvdecRefused) goes to the caller: the CPU takes over
         while targets:
             try:
-                frames = self._simple().get_batch_frames_by_index([int(t) for t in targets])
+                frames = dec.get_batch_frames_by_index([int(t) for t in targets])
                 if len(frames) == len(targets):
                     return frames, tail
                 log.warning(
@@ -263,6 +267,9 @@ class NvdecBackend:
         if missing is None:
             with cupy.cuda.Device(self.device.index), self._stream:
                 frames, missing = self._batch(list(targets))
+                if self._packet_failure is not None:  # the SimpleDecoder serves what it did not
+                    _packet_path_failed(self.scan.source_name, self._packet_failure)
+                    self._packet_failure = None
                 for t, fr, rows in zip(targets[: len(frames)], frames, slots):
                     got = _frame_pts(fr)
                     if got is None and self._pts_offset is None:
@@ -350,7 +357,7 @@ class NvdecBackend:
 
     def _decode_packets(self, targets, output, chw, out, slots):
         """The packet path; returns the targets it did not deliver, or None when it cannot
-        serve this file (the caller then uses the SimpleDecoder path)."""
+        serve this request (the caller then uses the SimpleDecoder path for this file)."""
         import cupy
 
         pos = {int(t): i for i, t in enumerate(targets)}
@@ -362,31 +369,35 @@ class NvdecBackend:
                     self._write(frame, slots[pos[t]], output, chw, out)
                     done.add(t)
                 self._stream.synchronize()
-        except PacketPathError as e:
+        except (PacketPathError, OSError) as e:  # this file, not the path: no count against it
             log.info("avpipe: %s: packet path not used (%s)", self.scan.source_name, e)
             self.packet_path = False
             return None
-        except Exception as e:  # noqa: BLE001 — PyNvVideoCodec misbehaved: stop using the path
+        except Exception as e:  # noqa: BLE001 — counted once the SimpleDecoder has served it
             pd._dec = None
-            _packet_path.update(enabled=False, why_off=f"{type(e).__name__}: {e}")
-            log.warning("avpipe: NVDEC packet path disabled (%s: %s)", type(e).__name__, e)
+            self._packet_failure = f"{type(e).__name__}: {e}"
             self.packet_path = False
             return None
         missing = [t for t in targets if t not in done]
-        if missing:
-            # frames came out unrecognised: this file (or this PyNvVideoCodec) does not keep the
-            # stamps; the SimpleDecoder path serves the whole request instead
-            log.warning(
-                "avpipe: %s: the NVDEC packet path delivered %d of %d frames; using SimpleDecoder",
-                self.scan.source_name,
-                len(done),
-                len(targets),
-            )
-            if not done:
-                _packet_path.update(enabled=False, why_off="no frame was recognised")
+        if missing:  # cannot happen while every picture maps to its packet; be safe
+            self._packet_failure = f"delivered {len(done)} of {len(targets)} frames"
             self.packet_path = False
             return None
+        _packet_path["failures"] = 0
         return []
+
+
+def _packet_path_failed(name: str, why: str) -> None:
+    """The packet path failed on a file the SimpleDecoder then decoded: PyNvVideoCodec did
+    something unexpected. Three such failures in a row turn the path off for the process (one
+    odd file must not cost every later file its speed; a PyNvVideoCodec that misbehaves on
+    every file must not cost every file a retry)."""
+    _packet_path["failures"] = n = _packet_path.get("failures", 0) + 1
+    if n >= _PACKET_FAILURES_OFF and _packet_path["enabled"]:
+        _packet_path.update(enabled=False, why_off=why)
+        log.warning("avpipe: NVDEC packet path disabled after %d failures in a row (%s)", n, why)
+    else:
+        log.warning("avpipe: %s: NVDEC packet path failed (%s); SimpleDecoder used", name, why)
 
 
 def nvdec_diagnostics(backend: NvdecBackend, indices) -> dict:

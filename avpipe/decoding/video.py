@@ -173,6 +173,7 @@ class VideoDecoder:
         self._cpu = PyAVBackend(self._src, self._scan, threads=threads)
         self._gpu = None
         self.fallback_reason: str | None = None
+        self._allow_cpu_fallback = bool(allow_cpu_fallback)
         self._lock = threading.Lock()
         self._closed = False
         if self.device.is_cuda:
@@ -181,13 +182,20 @@ class VideoDecoder:
             try:
                 self._gpu = NvdecBackend(self._src, self._scan, self.device)
             except NvdecRefused as e:
-                if not allow_cpu_fallback:
-                    self.close()
-                    raise UnsupportedFormatError(
-                        self.source_name, f"NVDEC refused the stream: {e}"
-                    ) from None
-                self.fallback_reason = str(e)
-                log.warning("avpipe: %s: decoding on the CPU (%s)", self.source_name, e)
+                self._refused(e)
+
+    def _refused(self, e) -> None:
+        """NVDEC refused the stream (when it was opened, or at the first decode, where the
+        refusal only shows once NVDEC sees the stream): decode on the CPU from now on and say
+        so, or raise where the caller does not allow that."""
+        if self._gpu is not None:
+            self._gpu.close()
+            self._gpu = None
+        if not self._allow_cpu_fallback:
+            self.close()
+            raise UnsupportedFormatError(self.source_name, f"NVDEC refused the stream: {e}") from None
+        self.fallback_reason = str(e)
+        log.warning("avpipe: %s: decoding on the CPU (%s)", self.source_name, e)
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -347,9 +355,15 @@ class VideoDecoder:
             slots[u].append(row)
         targets = uniq.tolist()
         with self._lock:
+            data = None
             if self._gpu is not None:
-                data = self._decode_gpu(targets, slots, idx.size)
-            else:
+                from ._video_nvdec import NvdecRefused
+
+                try:
+                    data = self._decode_gpu(targets, slots, idx.size)
+                except NvdecRefused as e:
+                    self._refused(e)
+            if data is None:
                 data = self._decode_cpu(targets, slots, idx.size)
         pts = self.metadata.pts_seconds[idx].copy()
         return FrameBatch(data=data, indices=idx.copy(), pts_seconds=pts)

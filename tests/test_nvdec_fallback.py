@@ -1,0 +1,66 @@
+"""What happens when NVDEC or the packet path gives up (no GPU needed: stand-ins for the GPU
+parts)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from video_media import make_video
+
+import avpipe
+from avpipe.decoding import _video_nvdec as nv
+from avpipe.errors import UnsupportedFormatError
+
+
+class _Gpu:
+    closed = False
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture()
+def video(tmp_path):
+    return make_video(tmp_path / "r.mp4", codec="h264", num_frames=20)
+
+
+@pytest.mark.parametrize("allow", [True, False])
+def test_a_refusal_at_the_first_request_is_a_refusal(video, allow):
+    """NVDEC refusing a stream only when it sees it (size limits) acts like a refusal at open:
+    the CPU decodes from then on and says why, or the caller gets UnsupportedFormatError."""
+    with avpipe.VideoDecoder(video, device="cpu") as ref:
+        want = ref.get_frames([3, 1, 3]).data
+    d = avpipe.VideoDecoder(video, device="cpu", allow_cpu_fallback=allow)
+    gpu = d._gpu = _Gpu()  # as if NVDEC had accepted the stream at open
+
+    def refuse(*a):
+        raise nv.NvdecRefused("PyNvVideoCodec could not open r.mp4: size over the limit")
+
+    d._decode_gpu = refuse
+    if not allow:
+        with pytest.raises(UnsupportedFormatError, match="size over the limit") as e:
+            d.get_frames([3, 1, 3])
+        assert "r.mp4" in str(e.value)
+        return
+    got = d.get_frames([3, 1, 3])
+    np.testing.assert_array_equal(got.data, want)
+    assert gpu.closed and d._gpu is None and d.backend == "pyav"
+    assert "size over the limit" in d.fallback_reason
+    np.testing.assert_array_equal(d.get_frames([1]).data[0], want[1])  # and it stays on the CPU
+    d.close()
+
+
+def test_packet_path_failures_turn_it_off_only_in_a_row(monkeypatch):
+    """One file on which PyNvVideoCodec misbehaves costs that file the packet path; three in a
+    row (with no success between) turn it off for the process."""
+    monkeypatch.setattr(nv, "_packet_path", {"enabled": True, "why_off": None, "failures": 0})
+    nv._packet_path_failed("a.mp4", "RuntimeError: odd")
+    nv._packet_path_failed("b.mp4", "RuntimeError: odd")
+    assert nv._packet_path["enabled"]
+    nv._packet_path["failures"] = 0  # what a served request does
+    nv._packet_path_failed("c.mp4", "RuntimeError: odd")
+    nv._packet_path_failed("d.mp4", "RuntimeError: odd")
+    assert nv._packet_path["enabled"]
+    nv._packet_path_failed("e.mp4", "RuntimeError: odder")
+    assert not nv._packet_path["enabled"]
+    assert nv._packet_path["why_off"] == "RuntimeError: odder"
