@@ -22,12 +22,11 @@ each packet is known without trusting timestamps (PyNvVideoCodec re-labels them)
 is checked. Chunks matter (H200, 16 threads, ``benchmarks/bench_video.py``, 2026-11-30): 153.0
 clips/s with chunks of 16; 94.6 with one packet per call (``AVPIPE_NVDEC_CHUNK=1``, each picture
 out at the next call); 95.5 before chunks (one packet per call marked ``ENDOFPICTURE``, each call
-waiting for its own picture). A session holds up to one
-chunk of decoded frames at a time (PyNvVideoCodec's output buffers), so memory per thread is about
-``chunk + 1`` frames. Demuxer-fed packets go one
-per call, marked ``ENDOFPICTURE``, and the demuxer's packet order is checked against the scan's
-(PyAV) packet by packet. Anything unexpected raises :class:`PacketPathError`; the caller then
-serves the request with the ``SimpleDecoder`` path.
+waiting for its own picture). A session holds up to one chunk of decoded frames at a time
+(PyNvVideoCodec's output buffers), so memory per thread is about ``chunk + 1`` frames.
+Demuxer-fed packets go one per call, marked ``ENDOFPICTURE``, and the demuxer's packet order is
+checked against the scan's (PyAV) packet by packet. Anything unexpected raises
+:class:`PacketPathError`; the caller then serves the request with the ``SimpleDecoder`` path.
 """
 
 from __future__ import annotations

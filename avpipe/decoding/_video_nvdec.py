@@ -41,8 +41,9 @@ _local = threading.local()
 # Measured on an H200 (2026-11-30, the anchors' 32 640x360 H.264 MP4s, 16-frame clips, stride 4,
 # 224 fp16 transform, 16 threads, one run): 153.0 clips/s against 106.3 for the SimpleDecoder
 # path, which decodes every picture from the keyframe on (about twice as many) and is bound by
-# NVDEC there; 94.6 with one packet per Decode call (AVPIPE_NVDEC_CHUNK=1). A request it cannot serve goes to the SimpleDecoder path; after three files in a row
-# on which PyNvVideoCodec misbehaved (and the SimpleDecoder did not), it is off for the process.
+# NVDEC there; 94.6 with one packet per Decode call (AVPIPE_NVDEC_CHUNK=1). A request it cannot
+# serve goes to the SimpleDecoder path; after three files in a row on which PyNvVideoCodec
+# misbehaved (and the SimpleDecoder did not), it is off for the process.
 _packet_path = {"enabled": True, "why_off": None, "failures": 0}
 _PACKET_FAILURES_OFF = 3
 
@@ -123,7 +124,10 @@ def _frame_pts(frame):
 
 # Frames are read by their planes' device pointers (PyNvVideoCodec's GetPtrToPlane) where the
 # frame exposes them; the first failure turns that off for the process (DLPack then, as before).
-_raw_planes = {"enabled": os.environ.get("AVPIPE_NVDEC_DLPACK", "0").strip() != "1", "why_off": None}
+_raw_planes = {
+    "enabled": os.environ.get("AVPIPE_NVDEC_DLPACK", "0").strip() != "1",
+    "why_off": None,
+}
 
 
 def frame_planes(frame, height: int, width: int):
@@ -325,12 +329,17 @@ class NvdecBackend:
                 rt, d = cupy.cuda.runtime, int(dst.data.ptr)
                 d2d = rt.memcpyDeviceToDevice
                 rt.memcpy2DAsync(d, W, luma, pitch, W, H, d2d, self._stream_ptr)
-                rt.memcpy2DAsync(d + H * W, W, chroma, pitch, W, (H + 1) // 2, d2d, self._stream_ptr)
+                ch = (H + 1) // 2
+                rt.memcpy2DAsync(d + H * W, W, chroma, pitch, W, ch, d2d, self._stream_ptr)
             else:
                 nv12_planes_to_rgb(luma, chroma, pitch, H, W, self._coeffs, dst, chw=chw)
         except Exception as e:  # noqa: BLE001 — this PyNvVideoCodec's pointers are not usable
             _raw_planes.update(enabled=False, why_off=f"{type(e).__name__}: {e}")
-            log.warning("avpipe: NVDEC frames by pointer disabled (%s: %s); using DLPack", type(e).__name__, e)
+            log.warning(
+                "avpipe: NVDEC frames by pointer disabled (%s: %s); using DLPack",
+                type(e).__name__,
+                e,
+            )
             return False
         return True
 
@@ -392,7 +401,7 @@ def _packet_path_failed(name: str, why: str) -> None:
     something unexpected. Three such failures in a row turn the path off for the process (one
     odd file must not cost every later file its speed; a PyNvVideoCodec that misbehaves on
     every file must not cost every file a retry)."""
-    _packet_path["failures"] = n = _packet_path.get("failures", 0) + 1
+    _packet_path["failures"] = n = _packet_path["failures"] + 1
     if n >= _PACKET_FAILURES_OFF and _packet_path["enabled"]:
         _packet_path.update(enabled=False, why_off=why)
         log.warning("avpipe: NVDEC packet path disabled after %d failures in a row (%s)", n, why)

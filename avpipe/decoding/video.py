@@ -193,7 +193,9 @@ class VideoDecoder:
             self._gpu = None
         if not self._allow_cpu_fallback:
             self.close()
-            raise UnsupportedFormatError(self.source_name, f"NVDEC refused the stream: {e}") from None
+            raise UnsupportedFormatError(
+                self.source_name, f"NVDEC refused the stream: {e}"
+            ) from None
         self.fallback_reason = str(e)
         log.warning("avpipe: %s: decoding on the CPU (%s)", self.source_name, e)
 
