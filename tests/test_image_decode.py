@@ -339,6 +339,43 @@ def test_gpu_bad_file_is_typed_and_batch_survives(files, tmp_path):
     assert res.images[0] is not None and res.images[2] is not None
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("load", ["0", "0.5", "1"])
+def test_gpu_jpeg_hardware_share_matches_cpu(tmp_path, monkeypatch, load):
+    """AVPIPE_JPEG_HW_LOAD splits a batch between the hardware and CUDA JPEG decoders: every
+    split gives the CPU's pixels within tolerance, in the batch and the stream."""
+    import cupy
+
+    from avpipe.decoding.image import decode_image_stream
+
+    monkeypatch.setenv("AVPIPE_JPEG_HW_LOAD", load)
+    paths = []
+    for i in range(8):
+        p = tmp_path / f"{i}.jpg"
+        Image.fromarray(np.roll(_picture(), 7 * i, axis=1)).save(p, quality=90)
+        paths.append(str(p))
+    cpu = avpipe.decode_images(paths, device="cpu")
+    gpu = [cupy.asnumpy(g) for g in avpipe.decode_images(paths, device="cuda")]
+    streamed = []
+    for b in decode_image_stream(paths, batch_size=8, device="cuda"):
+        streamed += [cupy.asnumpy(im) for im in b.images]
+    assert len(gpu) == len(streamed) == 8
+    for c, g, s in zip(cpu, gpu, streamed):
+        assert np.abs(c.astype(int) - g).max() <= GPU_JPEG_TOL
+        assert np.abs(c.astype(int) - s).max() <= GPU_JPEG_TOL
+
+
+@pytest.mark.gpu
+def test_gpu_bad_hardware_share_is_the_callers_error(files, monkeypatch):
+    from avpipe.decoding.image import decode_image_stream
+
+    monkeypatch.setenv("AVPIPE_JPEG_HW_LOAD", "2")
+    with pytest.raises(ValueError, match="AVPIPE_JPEG_HW_LOAD"):
+        decode_image_batch([files["jpg"]], device="cuda")
+    with pytest.raises(ValueError, match="AVPIPE_JPEG_HW_LOAD"):
+        decode_image_stream([files["jpg"]], device="cuda")
+
+
 # --- streaming (prefetching) decode -------------------------------------------------------------
 
 

@@ -93,13 +93,14 @@ class ImageBatch:
     """The result of :func:`decode_image_batch`.
 
     ``images``: one ``[H, W, 3]`` uint8 array per source (numpy on the CPU, cupy on a GPU),
-    ``None`` where decoding failed. ``errors``: ``(index, exception)`` for each failure.
+    ``None`` where decoding failed; a list, or (streams) a read-only sequence of views of
+    ``stacked`` made as they are indexed. ``errors``: ``(index, exception)`` for each failure.
     ``device``: where the arrays live. ``stacked`` (GPU batches, streams): all images as one ``[N, H, W, 3]``
     array when every image decoded and all have the same shape (the images are views of it);
     else None.
     """
 
-    images: list
+    images: Sequence
     errors: tuple = ()
     device: str = "cpu"
     stacked: Any = field(default=None, repr=False)
@@ -181,6 +182,8 @@ def decode_image_batch(
         sources = [sources]
     sources = list(sources)
     dev = resolve_device(device)
+    if dev.is_cuda:
+        _dali.hw_decoder_load()  # a bad AVPIPE_JPEG_HW_LOAD is the caller's error, not the images'
     rois = _check_rois(roi, len(sources))
     srcs = [open_source(s, param=f"sources[{i}]") for i, s in enumerate(sources)]
     images: list = [None] * len(srcs)
@@ -285,6 +288,8 @@ def decode_image_stream(
         sources = [sources]
     srcs = [open_source(s, param=f"sources[{i}]") for i, s in enumerate(sources)]
     dev = resolve_device(device)
+    if dev.is_cuda:
+        _dali.hw_decoder_load()  # as in decode_image_batch
     if not isinstance(center_square, bool):
         raise TypeError(f"center_square must be a bool, got {center_square!r}")
     chunks = [srcs[i : i + batch_size] for i in range(0, len(srcs), batch_size)]
