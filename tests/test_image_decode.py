@@ -449,35 +449,96 @@ def test_gpu_stream_matches_cpu(files):
 # --- decode-time centre-square crop -------------------------------------------------------------
 
 
-def _square_cases(tmp_path):
+def _square_cases(tmp_path, sizes=((37, 50), (50, 37), (30, 30), (11, 23))):
     out = []
-    for i, (h, w) in enumerate([(37, 50), (50, 37), (30, 30), (11, 23)]):
+    for i, (h, w) in enumerate(sizes):
         a = np.random.default_rng(i).integers(0, 256, (h, w, 3), dtype=np.uint8)
-        p = tmp_path / f"sq{i}.png"
+        p = tmp_path / f"sq{i}_{h}x{w}.png"
         Image.fromarray(a).save(p)
-        s = min(h, w)
-        t, left = (h - s) // 2, (w - s) // 2
-        out.append((str(p), a[t : t + s, left : left + s]))
+        out.append((str(p), a))
     return out
 
 
-def _square_check(cases, device):
+def _square_check(cases, device, margin, bad=None):
+    """Every crop is ``square_window``'s part of the image, and ``windows`` say where it lies."""
+    from avpipe.decoding.image import square_window
     from avpipe.device import to_numpy
 
-    got = [to_numpy(im).copy() for b in decode_image_stream([p for p, _ in cases], batch_size=3,
-                                                            device=device, center_square=True)
-           for im in b.images]  # fmt: skip
-    assert len(got) == len(cases)
-    for g, (_, want) in zip(got, cases):
-        np.testing.assert_array_equal(g, want)
+    paths = [p for p, _ in cases]
+    if bad is not None:
+        paths.insert(1, bad)
+    got, windows, errors = [], [], []
+    for b in decode_image_stream(paths, batch_size=3, device=device, center_square=True,
+                                 center_square_margin=margin):  # fmt: skip
+        got += [None if im is None else to_numpy(im).copy() for im in b.images]
+        windows += list(b.windows)
+        errors += [len(got) - len(b.images) + i for i, _ in b.errors]
+    if bad is not None:
+        assert errors == [1] and got[1] is None and windows[1] is None
+        del got[1], windows[1]
+    assert len(got) == len(windows) == len(cases)
+    for g, win, (_, a) in zip(got, windows, cases):
+        h, w = a.shape[:2]
+        top, left, ch, cw = square_window(h, w, margin)
+        assert win == (top, left, h, w)
+        np.testing.assert_array_equal(g, a[top : top + ch, left : left + cw])
+    return got, windows
 
 
-def test_stream_center_square_returns_the_middle_square(tmp_path):
-    _square_check(_square_cases(tmp_path), "cpu")
+def test_stream_center_square_is_the_middle_square_plus_margin(tmp_path):
+    cases = _square_cases(tmp_path)
+    got, _ = _square_check(cases, "cpu", 0.0)  # the bare square
+    assert [g.shape[:2] for g in got] == [(37, 37), (37, 37), (30, 30), (11, 11)]
+    big = _square_cases(tmp_path, ((120, 160), (161, 100), (64, 64)))
+    got, _ = _square_check(big, "cpu", 0.02)  # + ceil(0.02 * side) + 3 a side where there is room
+    assert [g.shape[:2] for g in got] == [(120, 120 + 2 * 6), (100 + 2 * 5, 100), (64, 64)]
+    _square_check(big, "cpu", 0.1)
     with pytest.raises(TypeError, match="center_square must be a bool"):
         decode_image_stream([], center_square="yes")
+    for bad in (-0.1, 1.0, True, "0.1"):
+        with pytest.raises(ValueError, match="center_square_margin"):
+            decode_image_stream([], center_square=True, center_square_margin=bad)
+
+
+def test_stream_center_square_with_a_bad_file_keeps_windows(tmp_path):
+    """The slow path (a batch with a bad image is decoded again) crops the same way."""
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
+    _square_check(_square_cases(tmp_path, ((120, 160), (161, 100), (64, 64))), "cpu", 0.02,
+                  bad=str(bad))  # fmt: skip
+
+
+def test_stream_crops_resize_like_the_whole_images(tmp_path):
+    """decode-time crop + resize_crop_normalize(window=) == whole decode + resize_crop_normalize."""
+    from avpipe.ops.image import resize_crop_normalize
+
+    cases = _square_cases(tmp_path, ((120, 160), (120, 160), (160, 120)))
+    for interp in ("bilinear", "bicubic"):
+        opts = dict(short_side=64, crop_size=56, interpolation=interp, dtype="float32")
+        streamed = []
+        for b in decode_image_stream([p for p, _ in cases], batch_size=2, device="cpu",
+                                     center_square=True):  # fmt: skip
+            for im, win in zip(b.images, b.windows):
+                assert im.shape[:2] != (win[2], win[3])  # decoded less than the image
+                streamed.append(resize_crop_normalize(im, window=win, **opts))
+        for got, (_, a) in zip(streamed, cases):
+            np.testing.assert_allclose(got, resize_crop_normalize(a, **opts), atol=1e-5)
 
 
 @pytest.mark.gpu
 def test_gpu_stream_center_square(tmp_path):
-    _square_check(_square_cases(tmp_path), "cuda")
+    import cupy
+
+    from avpipe.ops.image import resize_crop_normalize
+
+    _square_check(_square_cases(tmp_path), "cuda", 0.0)
+    big = _square_cases(tmp_path, ((120, 160), (120, 160), (161, 100)))
+    _square_check(big, "cuda", 0.02)
+    # a stacked batch of crops with one window: one call equals the whole images' result
+    opts = dict(short_side=64, crop_size=56, dtype="float32")
+    for b in decode_image_stream([p for p, _ in big[:2]], batch_size=2, device="cuda",
+                                 center_square=True):  # fmt: skip
+        assert b.stacked is not None and b.windows[0] == b.windows[1]
+        got = cupy.asnumpy(resize_crop_normalize(b.stacked, window=b.windows[0], **opts))
+        want = resize_crop_normalize(np.stack([a for _, a in big[:2]]), **opts)
+        np.testing.assert_allclose(got, want, atol=1e-3)

@@ -339,6 +339,65 @@ def test_launch_glue_with_emulated_kernels(fake_cupy, interp, antialias):
 # --- GPU tests ----------------------------------------------------------------------------------
 
 
+# --- a window of the image (a decode-time crop) --------------------------------------------------
+
+WINDOW_CASES = [  # (n, h, w, short_side, crop)
+    (2, 375, 500, 224, 224),  # the benchmark's landscape pictures
+    (1, 500, 375, 224, 224),  # portrait
+    (1, 90, 131, 40, (36, 40)),  # small, odd, non-square crop
+]
+
+
+def _square_window(h, w, margin=0.02):
+    from avpipe.decoding.image import square_window
+
+    return square_window(h, w, margin)
+
+
+@pytest.mark.parametrize("interp", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("antialias", [True, False])
+@pytest.mark.parametrize("case", range(len(WINDOW_CASES)))
+def test_window_of_the_image_gives_the_whole_images_result(case, interp, antialias, fake_cupy):
+    n, h, w, short, crop = WINDOW_CASES[case]
+    x = _picture(n, h, w, seed=case)
+    top, left, ch, cw = _square_window(h, w)
+    assert (ch, cw) != (h, w)  # a real crop
+    part = x[:, top : top + ch, left : left + cw]
+    opts = dict(short_side=short, crop_size=crop, interpolation=interp, antialias=antialias,
+                dtype="float32")  # fmt: skip
+    want = I.resize_crop_normalize(x, **opts)
+    got = I.resize_crop_normalize(part, window=(top, left, h, w), **opts)  # the numpy path
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # the kernels' host logic (emulated): the shifted taps read the window only
+    oh, ow = I.resize_short_side_size(h, w, short)
+    kh, kw = (crop, crop) if isinstance(crop, int) else crop
+    t, lf = int(round((oh - kh) / 2.0)), int(round((ow - kw) / 2.0))
+    args = (oh, ow, (t, t + kh), (lf, lf + kw), interp, antialias)
+    full = K.resample(x.view(_FakeArr), *args, mode=K.MODE_F32, nchw=True)
+    win = K.resample(np.ascontiguousarray(part).view(_FakeArr), *args, mode=K.MODE_F32,
+                     nchw=True, window=(top, left, h, w))  # fmt: skip
+    np.testing.assert_allclose(np.asarray(win), np.asarray(full), atol=1e-5)
+
+
+def test_window_errors():
+    x = _picture(1, 375, 500)
+    sq = x[:, :, 62:437]  # the bare square: the resize reads a column or two either side
+    with pytest.raises(ValueError, match=r"window=\(0, 62, 375, 500\) does not hold .* columns 6"):
+        I.resize_crop_normalize(sq, short_side=224, crop_size=224, window=(0, 62, 375, 500))
+    with pytest.raises(ValueError, match="does not hold"):
+        K.plan_in_window(375, 500, 224, 298, (0, 224), (37, 261), "bilinear", True,
+                         (0, 62, 375, 375))  # fmt: skip
+    # without a crop the resize reads the whole image
+    top, left, ch, cw = _square_window(375, 500)
+    with pytest.raises(ValueError, match="does not hold"):
+        I.resize_crop_normalize(x[:, :, left : left + cw], short_side=224, crop_size=None,
+                                window=(0, left, 375, 500))  # fmt: skip
+    for bad in [(0, 0, 10, 10), (-1, 0, 375, 500), (0, 200, 375, 500), (0, 0, 375), "abc",
+                (0.5, 0, 375, 500)]:  # fmt: skip
+        with pytest.raises(ValueError, match="window"):
+            I.resize_crop_normalize(sq, short_side=224, crop_size=224, window=bad)
+
+
 def _check(g, c, dtype):
     import cupy
 
@@ -468,3 +527,22 @@ def test_gpu_compile_failure_falls_back(monkeypatch, caplog):
                "float32")  # fmt: skip
     finally:
         K._kernels.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("interp,antialias", [("bilinear", True), ("bicubic", False)])
+def test_gpu_window_of_the_image_matches_numpy(interp, antialias, monkeypatch):
+    import cupy
+
+    monkeypatch.delenv("AVPIPE_IMAGE_KERNELS", raising=False)
+    _kernels_available()
+    for case, (n, h, w, short, crop) in enumerate(WINDOW_CASES):
+        x = _picture(n, h, w, seed=case)
+        top, left, ch, cw = _square_window(h, w)
+        part = cupy.asarray(x[:, top : top + ch, left : left + cw])
+        for dtype in ("float32", "float16"):
+            opts = dict(short_side=short, crop_size=crop, interpolation=interp,
+                        antialias=antialias, dtype=dtype)  # fmt: skip
+            got = I.resize_crop_normalize(part, window=(top, left, h, w), **opts)
+            _check(got, I.resize_crop_normalize(x, **opts), dtype)
+

@@ -204,8 +204,10 @@ class StreamDecoder:
     ``load(i)`` returns batch ``i``'s encoded images (a list of uint8 arrays); ``n_batches`` is
     how many there are. With ``files`` (all sources are paths) DALI's own file reader reads them
     in its C++ threads instead (the last batch is padded; the caller trims it). ``run()`` returns
-    DALI's TensorList (valid until the next ``run()``) or raises StopIteration after the last
-    batch.
+    DALI's outputs (valid until the next ``run()``): ``(images,)``, or with ``square`` (a
+    decode-time crop of the centred square widened by ``ceil(margin * side) + 3`` pixels a side
+    where there is room; ``margin=0``: the bare square) ``(images, anchors [x, y], shapes
+    [H, W, C])``; it raises StopIteration after the last batch.
 
     With DALI's default (dynamic) executor, whose outputs DALI never reuses while they are
     referenced, ``run()`` asks for the next iteration right after taking a batch's outputs
@@ -217,7 +219,8 @@ class StreamDecoder:
     """
 
     def __init__(self, load, n_batches: int, device_index, capacity: int, fancy: bool,
-                 prefetch: int = 2, files: list | None = None, square: bool = False):  # fmt: skip
+                 prefetch: int = 2, files: list | None = None, square: bool = False,
+                 margin: float = 0.0):  # fmt: skip
         from nvidia.dali import fn, pipeline_def, types
 
         mixed = device_index is not None
@@ -245,18 +248,23 @@ class StreamDecoder:
                         dtype=types.UINT8, ndim=1,
                     )  # fmt: skip
                 dev = "mixed" if mixed else "cpu"
-                if square:  # decode only the centred min(H, W) square (a decode-time crop)
+                if square:  # a decode-time crop: the centred min(H, W) square + margins
                     from nvidia.dali import math as dmath
 
                     hwc = fn.peek_image_shape(enc, dtype=types.FLOAT)
-                    side = dmath.min(hwc[0], hwc[1])
-                    anchor = fn.stack(
-                        dmath.floor((hwc[1] - side) * 0.5), dmath.floor((hwc[0] - side) * 0.5)
-                    )
-                    return fn.decoders.image_slice(
-                        enc, anchor, fn.stack(side, side), device=dev, output_type=types.RGB,
-                        axis_names="WH", normalized_anchor=False, normalized_shape=False, **extra,
+                    h, w = hwc[0], hwc[1]
+                    side = dmath.min(h, w)
+                    x0, y0 = dmath.floor((w - side) * 0.5), dmath.floor((h - side) * 0.5)
+                    m = dmath.ceil(side * float(margin)) + 3.0 if margin > 0 else 0.0
+                    ax, ay = dmath.max(x0 - m, 0.0), dmath.max(y0 - m, 0.0)
+                    ex, ey = dmath.min(x0 + side + m, w), dmath.min(y0 + side + m, h)
+                    anchor = fn.stack(ax, ay)
+                    img = fn.decoders.image_slice(
+                        enc, anchor, fn.stack(ex - ax, ey - ay), device=dev,
+                        output_type=types.RGB, axis_names="WH", normalized_anchor=False,
+                        normalized_shape=False, **extra,
                     )  # fmt: skip
+                    return img, anchor, hwc
                 return fn.decoders.image(enc, device=dev, output_type=types.RGB, **extra)
 
             pipe = _pipe()
@@ -280,24 +288,24 @@ class StreamDecoder:
         self.stream_outputs = mixed and self.dynamic and _outputs_take_stream(self.pipe)
 
     def run(self, stream=None):
-        """The next batch's TensorList. ``stream`` (a ``cupy.cuda.Stream``; only where
+        """The next batch's outputs (see above). ``stream`` (a ``cupy.cuda.Stream``; only where
         ``stream_outputs``): bind the outputs to it instead of waiting on the host."""
         if self.done >= self.n_batches:
             raise StopIteration
         if not self.dynamic:
-            (out,) = self.pipe.run()
+            outs = self.pipe.run()
             self.done += 1
-            return out
+            return outs
         if not self.started:
             self.started = True
             self.pipe.schedule_run()  # the first call queues `prefetch` iterations
-        (out,) = self.pipe.outputs(stream) if stream is not None else self.pipe.outputs()
+        outs = self.pipe.outputs(stream) if stream is not None else self.pipe.outputs()
         self.done += 1
         # queue the next iteration now, so DALI works on it while the caller uses this batch (an
         # error raised here makes the caller decode this batch again on its slow path)
         if self.done + self.prefetch <= self.n_batches:
             self.pipe.schedule_run()
-        return out
+        return outs
 
     def close(self):
         self.pipe = None

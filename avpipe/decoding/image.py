@@ -28,6 +28,7 @@ image is bad, so a failed batch is decoded again item by item to find the culpri
 from __future__ import annotations
 
 import base64
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -97,13 +98,16 @@ class ImageBatch:
     ``stacked`` made as they are indexed. ``errors``: ``(index, exception)`` for each failure.
     ``device``: where the arrays live. ``stacked`` (GPU batches, streams): all images as one ``[N, H, W, 3]``
     array when every image decoded and all have the same shape (the images are views of it);
-    else None.
+    else None. ``windows`` (streams with ``center_square``): per image, ``(top, left, full_h,
+    full_w)``: where the decoded crop lies in the whole (upright) image, as
+    :func:`avpipe.ops.image.resize_crop_normalize`'s ``window`` takes it; else None.
     """
 
     images: Sequence
     errors: tuple = ()
     device: str = "cpu"
     stacked: Any = field(default=None, repr=False)
+    windows: tuple | None = field(default=None, repr=False)
 
 
 def _classify(name: str, data: bytes, exc: BaseException) -> DecodeError:
@@ -259,15 +263,20 @@ def decode_image_stream(
     exact_jpeg: bool = True,
     prefetch: int = 2,
     center_square: bool = False,
+    center_square_margin: float = 0.02,
 ):
     """Decode ``sources`` in batches of ``batch_size``, yielding one :class:`ImageBatch` each, with
     DALI reading and decoding the next batches while the caller works on the current one (the
     training / benchmark hot path).
 
-    ``center_square=True`` decodes only each image's centred ``min(H, W)`` square (a crop while
-    decoding, so the discarded sides are never decoded): the region that a short-side resize
-    followed by a same-size centre crop keeps. The result equals that resize-then-crop except
-    within a filter's reach of the square's edges, where the dropped pixels no longer contribute.
+    ``center_square=True`` decodes only the middle of each image (a crop while decoding, so the
+    discarded sides are never decoded): its centred ``min(H, W)`` square, widened on each side
+    by ``ceil(center_square_margin * min(H, W)) + 3`` pixels where the image has room
+    (``center_square_margin=0``: the bare square). Each batch's ``windows`` say where the crops
+    lie; give one to :func:`avpipe.ops.image.resize_crop_normalize` (``window=``) and a short-side
+    resize + centre crop of the crops equals the one of the whole images exactly, as long as the
+    margin holds the filter's reach: with the default 0.02, a short side down to about
+    ``min(H, W) / 50 * r`` (``r``: 1 bilinear, 2 bicubic; the op raises ValueError otherwise).
 
     No copies: each batch's arrays alias DALI's output buffers and stay valid only until the next
     batch is asked for (copy what you keep). On a GPU each batch is ordered on the CuPy stream
@@ -292,8 +301,11 @@ def decode_image_stream(
         _dali.hw_decoder_load()  # as in decode_image_batch
     if not isinstance(center_square, bool):
         raise TypeError(f"center_square must be a bool, got {center_square!r}")
+    margin = center_square_margin
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+        raise ValueError(f"center_square_margin must be a number in [0, 1), got {margin!r}")
     chunks = [srcs[i : i + batch_size] for i in range(0, len(srcs), batch_size)]
-    return _stream(chunks, dev, batch_size, exact_jpeg, prefetch, center_square)
+    return _stream(chunks, dev, batch_size, exact_jpeg, prefetch, center_square, float(margin))
 
 
 def _load_chunk(chunk):
@@ -307,7 +319,14 @@ def _load_chunk(chunk):
     return out
 
 
-def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False):
+def _rows_of(t) -> np.ndarray:
+    """A DALI CPU TensorList of equal-length vectors -> one [N, K] numpy array."""
+    if t.is_dense_tensor():
+        return np.array(t.as_tensor())
+    return np.stack([np.asarray(t[i]) for i in range(len(t))])
+
+
+def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False, margin=0.0):
     if not chunks:
         return
     idx = dev.index if dev.is_cuda else None
@@ -319,7 +338,7 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False)
             dec = _dali.StreamDecoder(
                 lambda i: _load_chunk(chunks[i]), len(chunks), idx, batch_size, exact_jpeg,
                 prefetch, files=paths if all(p is not None for p in paths) else None,
-                square=square,
+                square=square, margin=margin,
             )  # fmt: skip
         except Exception:  # noqa: BLE001 - no fast path: the per-batch path below
             dec = None
@@ -340,39 +359,56 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False)
                         # batch's buffers must finish before DALI may reuse them
                         cupy.cuda.get_current_stream().synchronize()
                 try:
-                    out = dec.run(stream)
+                    outs = dec.run(stream)
                 except StopIteration:
                     break
                 except Exception:  # noqa: BLE001 - a bad image: redo from this batch on
                     dec.close()
                     dec = None
                     break
-                items, dense = _dali.views(out, idx)
+                items, dense = _dali.views(outs[0], idx)
                 k = len(chunks[done])  # the reader pads the last batch
                 if len(items) > k:
                     items, dense = items[:k], (dense[:k] if dense is not None else None)
-                yield ImageBatch(images=items, errors=(), device=str(dev), stacked=dense)
+                windows = None
+                if square:  # anchors [x, y] and upright shapes [H, W, C] -> (top, left, H, W)
+                    xy, hwc = _rows_of(outs[1])[:k], _rows_of(outs[2])[:k]
+                    windows = tuple(
+                        (int(a[1]), int(a[0]), int(s[0]), int(s[1])) for a, s in zip(xy, hwc)
+                    )
+                yield ImageBatch(images=items, errors=(), device=str(dev), stacked=dense,
+                                 windows=windows)  # fmt: skip
                 done += 1
         finally:  # the pipeline's threads and buffers go when the stream ends or is dropped
             if dec is not None:
                 dec.close()
     for chunk in chunks[done:]:
         b = decode_image_batch(chunk, device=dev, exact_jpeg=exact_jpeg)
-        yield _center_squares(b) if square else b
+        yield _center_squares(b, margin) if square else b
 
 
-def _center_squares(b: ImageBatch) -> ImageBatch:
+def square_window(h: int, w: int, margin: float) -> tuple[int, int, int, int]:
+    """``(top, left, height, width)`` of ``center_square``'s crop of an ``h x w`` image."""
+    side = min(h, w)
+    m = math.ceil(side * margin) + 3 if margin > 0 else 0
+    x0, y0 = (w - side) // 2, (h - side) // 2
+    ax, ay = max(x0 - m, 0), max(y0 - m, 0)
+    return ay, ax, min(y0 + side + m, h) - ay, min(x0 + side + m, w) - ax
+
+
+def _center_squares(b: ImageBatch, margin: float) -> ImageBatch:
     """The slow path's equivalent of ``center_square``: crop after decoding."""
-    out = []
+    out, windows = [], []
     for im in b.images:
         if im is None:
             out.append(None)
+            windows.append(None)
             continue
         h, w = im.shape[:2]
-        s = min(h, w)
-        top, left = (h - s) // 2, (w - s) // 2
-        out.append(im[top : top + s, left : left + s])
-    return ImageBatch(images=out, errors=b.errors, device=b.device)
+        top, left, ch, cw = square_window(h, w, margin)
+        out.append(im[top : top + ch, left : left + cw])
+        windows.append((top, left, h, w))
+    return ImageBatch(images=out, errors=b.errors, device=b.device, windows=tuple(windows))
 
 
 # --- avpipe.info() probe ------------------------------------------------------------------------

@@ -287,6 +287,37 @@ def plan(h, w, out_h, out_w, rows, cols, interpolation, antialias) -> Plan:
     return Plan(x=x, y=y, row0=row0, rows=max(rows_n, 1), key=key)
 
 
+def _reach_error(window, need_rows, need_cols):
+    return ValueError(
+        f"window={window!r} does not hold source rows {need_rows[0]}..{need_rows[1] - 1} and "
+        f"columns {need_cols[0]}..{need_cols[1] - 1}, which the resize reads; decode a wider "
+        "window (e.g. a larger center_square margin)"
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def plan_in_window(full_h, full_w, out_h, out_w, rows, cols, interpolation, antialias, window):
+    """:func:`plan` for a ``full_h x full_w`` image of which the input holds only ``window =
+    (top, left, h, w)``: the taps shifted into the window (ValueError if a tap with a nonzero
+    weight falls outside it)."""
+    top, left, h, w = window
+    p = plan(full_h, full_w, out_h, out_w, rows, cols, interpolation, antialias)
+    xs, xc = p.x.start.astype(np.int64), p.x.count.astype(np.int64)
+    used = xc > 0
+    lo = int(xs[used].min()) if used.any() else left
+    hi = int((xs + xc)[used].max()) if used.any() else left
+    ry = p.y.count > 0
+    r_lo, r_hi = (p.row0, p.row0 + p.rows) if ry.any() else (top, top)
+    if lo < left or hi > left + w or r_lo < top or r_hi > top + h:
+        raise _reach_error(window, (r_lo, r_hi), (lo, hi))
+    table = p.x.table.copy()
+    table[:, 0] = np.where(used, xs - left, 0)
+    table.setflags(write=False)
+    row0 = p.row0 - top if ry.any() else 0
+    return Plan(x=AxisTaps(table, p.x.weights), y=p.y, row0=row0, rows=p.rows,
+                key=p.key + (tuple(window),))  # fmt: skip
+
+
 # --- device side ---------------------------------------------------------------------------------
 
 _WARNED = []
@@ -357,13 +388,16 @@ def resample(
     nchw: bool,
     a=None,
     b=None,
+    window=None,
 ):
     """Run both passes on cupy ``xb`` ``[N, H, W, C]``; returns a new contiguous cupy array
     (``[N, C, h, w]`` if ``nchw`` else ``[N, h, w, C]``, float32 / float16 / uint8 by ``mode``),
     or None when the kernels are unavailable (then the caller takes the array-module path).
 
     ``a``, ``b``: per-channel float32 ``v * a + b`` for the float modes (default 1, 0); the
-    uint8 mode also rounds/clips between the passes (PIL's 8-bit behaviour)."""
+    uint8 mode also rounds/clips between the passes (PIL's 8-bit behaviour). ``window``:
+    ``(top, left, full_h, full_w)``: ``xb`` holds that part of a larger image, which is what
+    ``out_h``/``rows``/``cols`` refer to (see :func:`plan_in_window`)."""
     import cupy
 
     device_id = int(xb.device.id)
@@ -371,7 +405,12 @@ def resample(
     if kern is None:
         return None
     n, h, w, c = (int(s) for s in xb.shape)
-    p = plan(h, w, int(out_h), int(out_w), tuple(rows), tuple(cols), interpolation, antialias)
+    args = (int(out_h), int(out_w), tuple(rows), tuple(cols), interpolation, antialias)
+    if window is None:
+        p = plan(h, w, *args)
+    else:
+        top, left, full_h, full_w = (int(v) for v in window)
+        p = plan_in_window(full_h, full_w, *args, (top, left, h, w))
     oh, ow = p.y.table.shape[0], p.x.table.shape[0]
     out_dtype = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}[mode]
     with cupy.cuda.Device(device_id):

@@ -155,3 +155,17 @@ def apply_axis(xp, x, idx, w, axis: int):
     if axis == 2:
         return xp.matmul(_device_dense(xp, idx, w, x.shape[2]), x)  # [O, H] @ [N, C, H, W]
     return xp.matmul(x, _device_dense(xp, idx, w, x.shape[3], True))  # [N, C, H, W] @ [W, O]
+
+
+def shift_into(idx, w, offset: int, size: int):
+    """Taps of a resize of a larger axis moved into the window ``offset : offset + size`` that
+    the input holds: ``(idx - offset)``, or None if a tap with a nonzero weight falls outside
+    (taps of zero weight are clamped into the window; they add nothing)."""
+    j = np.asarray(idx, np.int64) - int(offset)
+    live = np.asarray(w) != 0
+    if live.any() and (j[live].min() < 0 or j[live].max() >= size):
+        return None
+    j = np.clip(j, 0, size - 1)
+    j.setflags(write=False)
+    return j
+

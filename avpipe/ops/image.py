@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 
 import numpy as np
 
@@ -130,19 +131,32 @@ def _round_u8(xp, y):
     return xp.clip(xp.floor(y + 0.5), 0, 255).astype(xp.uint8)
 
 
-def _resample(xp, x, out_h, out_w, interpolation, antialias, rows=None, cols=None, u8=False):
+def _resample(xp, x, out_h, out_w, interpolation, antialias, rows=None, cols=None, u8=False,
+              window=None):  # fmt: skip
     """float32 [N, C, H, W] -> float32 [N, C, len(rows), len(cols)] (rows/cols: output windows
     of the resized image, i.e. a crop folded into the resize).
 
     ``u8``: round and clip to 0..255 between the passes, as PIL does for 8-bit images (so that
-    bicubic overshoot is clipped the same way), and take PIL's pass order (horizontal first)."""
+    bicubic overshoot is clipped the same way), and take PIL's pass order (horizontal first).
+    ``window``: ``(top, left, full_h, full_w)``: ``x`` is that part of a larger image, which the
+    resize geometry refers to (ValueError if the resize reads pixels outside it)."""
     n, c, h, w = x.shape
+    top, left, full_h, full_w = window if window is not None else (0, 0, h, w)
     r0, r1 = rows if rows is not None else (0, out_h)
     c0, c1 = cols if cols is not None else (0, out_w)
-    y_idx, y_w = _rs.axis_weights(h, out_h, interpolation, bool(antialias), r0, r1)
-    x_idx, x_w = _rs.axis_weights(w, out_w, interpolation, bool(antialias), c0, c1)
-    do_h = (out_h, r0, r1) != (h, 0, h)
-    do_w = (out_w, c0, c1) != (w, 0, w)
+    y_idx, y_w = _rs.axis_weights(full_h, out_h, interpolation, bool(antialias), r0, r1)
+    x_idx, x_w = _rs.axis_weights(full_w, out_w, interpolation, bool(antialias), c0, c1)
+    if window is not None:
+        yi, xi = _rs.shift_into(y_idx, y_w, top, h), _rs.shift_into(x_idx, x_w, left, w)
+        if yi is None or xi is None:
+            live_y, live_x = y_idx[y_w != 0], x_idx[x_w != 0]
+            raise _kern._reach_error(
+                tuple(window), (int(live_y.min()), int(live_y.max()) + 1),
+                (int(live_x.min()), int(live_x.max()) + 1),
+            )  # fmt: skip
+        y_idx, x_idx = yi, xi
+    do_h = (out_h, r0, r1, full_h) != (h, 0, h, h)
+    do_w = (out_w, c0, c1, full_w) != (w, 0, w, w)
 
     def mid(t):
         return xp.clip(xp.floor(t + 0.5), 0.0, 255.0) if (u8 and do_h and do_w) else t
@@ -228,6 +242,21 @@ def crop(x, top: int, left: int, height: int, width: int):
     _crop_box(xb.shape[1], xb.shape[2], int(top), int(left), height, width)
     out = xb[:, top : top + height, left : left + width]
     return out[0] if single else out
+
+
+def _check_window(window, h, w):
+    """``(top, left, full_h, full_w)`` of an ``h x w`` input inside its full image, validated."""
+    try:
+        top, left, full_h, full_w = (operator.index(v) for v in window)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"window must be (top, left, full_height, full_width) ints, got {window!r}"
+        ) from None
+    if top < 0 or left < 0 or top + h > full_h or left + w > full_w:
+        raise ValueError(
+            f"window={window!r} does not fit the {h}x{w} input inside a {full_h}x{full_w} image"
+        )
+    return top, left, full_h, full_w
 
 
 def _center_offsets(h, w, ch, cw):
@@ -433,6 +462,7 @@ def resize_crop_normalize(
     antialias: bool = True,
     dtype="float16",
     layout: str = "NCHW",
+    window=None,
 ):
     """resize (short side or size) -> center crop -> normalize -> dtype -> layout, fused.
 
@@ -441,6 +471,12 @@ def resize_crop_normalize(
     the intermediate uint8 rounding (within 1/255/std of the unfused chain on uint8 input).
     ``crop_size=None`` keeps the whole resized image. Returns ``[N, C, h, w]`` (``"NCHW"``) or
     ``[N, h, w, C]`` (``"NHWC"``); one image in -> one image out (``[C, h, w]``/``[h, w, C]``).
+
+    ``window=(top, left, full_h, full_w)``: ``x`` holds only that part (rows ``top:top + H``,
+    columns ``left:left + W``) of each ``full_h x full_w`` image, e.g. a decode-time crop
+    (:func:`avpipe.decoding.image.decode_image_stream`'s ``center_square``); the geometry is the
+    full image's and the result is the same as on the full images, as long as the window holds
+    every pixel the resize reads (else ValueError).
     """
     _check_interp(interpolation)
     if short_side is not None and size is not None:
@@ -451,6 +487,9 @@ def resize_crop_normalize(
         raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
     xp, xb, single = _as_batch(x)
     n, h, w, c = xb.shape
+    if window is not None:
+        window = _check_window(window, h, w)
+        h, w = window[2], window[3]  # the geometry is the full image's
     oh, ow = _target_size(h, w, size, short_side)
     if crop_size is None:
         rows, cols = (0, oh), (0, ow)
@@ -470,10 +509,11 @@ def resize_crop_normalize(
         b = (-m / s).astype(np.float32)
         mode = _kern.MODE_F16 if dt == np.float16 else _kern.MODE_F32
         y = _kern.resample(xb, oh, ow, rows, cols, interpolation, antialias, mode=mode,
-                           nchw=layout in ("NCHW", "CHW"), a=a, b=b)  # fmt: skip
+                           nchw=layout in ("NCHW", "CHW"), a=a, b=b, window=window)  # fmt: skip
         if y is not None:
             return y[0] if single else y
-    y = _resample(xp, _to_nchw_f32(xp, xb), oh, ow, interpolation, antialias, rows, cols)
+    y = _resample(xp, _to_nchw_f32(xp, xb), oh, ow, interpolation, antialias, rows, cols,
+                  window=window)  # fmt: skip
     y = normalize(y, mean, std, scale=scale, dtype=dtype, layout="NCHW")
     if layout in ("NHWC", "HWC"):
         y = xp.transpose(y, (0, 2, 3, 1))
