@@ -381,9 +381,10 @@ def main():
                     continue
                 if name == "dali_hw1" and (kind != "jpeg" or not gpu):
                     continue
+                samples.setdefault(name, []).append(None)  # None: this round failed
                 try:
                     ips, ex = fn_(*fargs)
-                    samples.setdefault(name, []).append(round(ips, 1))
+                    samples[name][-1] = round(ips, 1)
                     extra.setdefault(name, []).append(ex)
                     print(f"{kind:5s} {name:12s} {ips:10.1f} images/s  round {rnd}  {ex}",
                           flush=True)  # fmt: skip
@@ -396,10 +397,14 @@ def main():
 
                     cupy.get_default_memory_pool().free_all_blocks()
         for name, vals in samples.items():
-            row[name] = float(np.median(vals))
+            ok = [v for v in vals if v is not None]
+            if ok:
+                row[name] = float(np.median(ok))
         extra["rounds"] = samples
         for name, ref in (("avpipe", "dali"), ("avpipe_roi", "dali"), ("avpipe", "dali_hw1")):
-            pairs = list(zip(samples.get(name, []), samples.get(ref, [])))
+            # rounds where both ran (a failed round of either is skipped, never re-paired)
+            pairs = [(a, d) for a, d in zip(samples.get(name, []), samples.get(ref, []))
+                     if a is not None and d is not None]  # fmt: skip
             if pairs:  # the ratio within each round (side by side), then the median over rounds
                 extra[f"{name}_over_{ref}_per_round"] = [round(a / d, 3) for a, d in pairs]
                 row[f"{name}_over_{ref}"] = round(float(np.median([a / d for a, d in pairs])), 3)

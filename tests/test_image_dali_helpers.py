@@ -44,3 +44,34 @@ def test_hw_decoder_load_default_and_env(monkeypatch):
         monkeypatch.setenv("AVPIPE_JPEG_HW_LOAD", bad)
         with pytest.raises(ValueError, match=f"AVPIPE_JPEG_HW_LOAD .*{bad!r}"):
             dali.hw_decoder_load()
+
+
+def test_build_with_fallback_drops_options_one_step_at_a_time(caplog, monkeypatch):
+    monkeypatch.setattr(dali, "_DROPPED", set())
+    seen = []
+
+    def build_refusing(refused):
+        def build(opts):
+            seen.append(dict(opts))
+            if refused & set(opts) or "everything" in refused:
+                raise RuntimeError(f"unknown argument {sorted(refused & set(opts))}")
+            return "pipe"
+
+        return build
+
+    full = {"hw_decoder_load": 1.0, "jpeg_fancy_upsampling": True}
+    assert dali.build_with_fallback(build_refusing(set()), full) == "pipe"
+    assert seen == [full]
+    seen.clear()
+    # an older DALI without fancy upsampling keeps the hardware share
+    assert dali.build_with_fallback(build_refusing({"jpeg_fancy_upsampling"}), full) == "pipe"
+    assert seen == [full, {"hw_decoder_load": 1.0}]
+    assert "jpeg_fancy_upsampling" in caplog.text
+    seen.clear()
+    assert dali.build_with_fallback(build_refusing({"hw_decoder_load"}), full) == "pipe"
+    assert seen == [full, {"hw_decoder_load": 1.0}, {}]
+    seen.clear()
+    with pytest.raises(RuntimeError):  # a failure without options is DALI's own: raised
+        dali.build_with_fallback(build_refusing({"everything"}), {})
+    assert seen == [{}]
+

@@ -493,6 +493,9 @@ def test_stream_center_square_is_the_middle_square_plus_margin(tmp_path):
     got, _ = _square_check(big, "cpu", 0.02)  # + ceil(0.02 * side) + 3 a side where there is room
     assert [g.shape[:2] for g in got] == [(120, 120 + 2 * 6), (100 + 2 * 5, 100), (64, 64)]
     _square_check(big, "cpu", 0.1)
+    # 100 * 0.15 is 15.0 in float64 but just over 15 in float32 (DALI's graph arithmetic): the
+    # fast path's windows and square_window (the slow path's) must still agree
+    _square_check(_square_cases(tmp_path, ((100, 160),)), "cpu", 0.15)
     with pytest.raises(TypeError, match="center_square must be a bool"):
         decode_image_stream([], center_square="yes")
     for bad in (-0.1, 1.0, True, "0.1"):
@@ -513,16 +516,21 @@ def test_stream_crops_resize_like_the_whole_images(tmp_path):
     from avpipe.ops.image import resize_crop_normalize
 
     cases = _square_cases(tmp_path, ((120, 160), (120, 160), (160, 120)))
-    for interp in ("bilinear", "bicubic"):
-        opts = dict(short_side=64, crop_size=56, interpolation=interp, dtype="float32")
+    paths = [p for p, _ in cases]
+    for interp in ("bilinear", "bicubic"):  # crop == short side: the filter reaches the margin
+        opts = dict(short_side=64, crop_size=64, interpolation=interp, dtype="float32")
         streamed = []
-        for b in decode_image_stream([p for p, _ in cases], batch_size=2, device="cpu",
-                                     center_square=True):  # fmt: skip
+        for b in decode_image_stream(paths, batch_size=2, device="cpu", center_square=True):
             for im, win in zip(b.images, b.windows):
                 assert im.shape[:2] != (win[2], win[3])  # decoded less than the image
                 streamed.append(resize_crop_normalize(im, window=win, **opts))
         for got, (_, a) in zip(streamed, cases):
             np.testing.assert_allclose(got, resize_crop_normalize(a, **opts), atol=1e-5)
+    # a target too small for the default margin (bicubic reaches 2 * 120 / 32 = 7.5 pixels)
+    (b,) = decode_image_stream(paths[:1], device="cpu", center_square=True)
+    with pytest.raises(ValueError, match="does not hold"):
+        resize_crop_normalize(b.images[0], short_side=32, crop_size=32, interpolation="bicubic",
+                              window=b.windows[0])  # fmt: skip
 
 
 @pytest.mark.gpu

@@ -392,6 +392,19 @@ def test_window_errors():
     with pytest.raises(ValueError, match="does not hold"):
         I.resize_crop_normalize(x[:, :, left : left + cw], short_side=224, crop_size=None,
                                 window=(0, left, 375, 500))  # fmt: skip
+    # one window per image: accepted when they agree, refused when they differ
+    top, left, ch, cw = _square_window(375, 500)
+    two = np.concatenate([x, x])[:, :, left : left + cw]
+    win = (0, left, 375, 500)
+    np.testing.assert_array_equal(
+        I.resize_crop_normalize(two, short_side=224, crop_size=224, window=[win, win]),
+        I.resize_crop_normalize(two, short_side=224, crop_size=224, window=win),
+    )
+    with pytest.raises(ValueError, match="different windows"):
+        I.resize_crop_normalize(two, short_side=224, crop_size=224,
+                                window=[win, (0, left + 10, 375, 520)])  # fmt: skip
+    with pytest.raises(ValueError, match="1 windows for 2 images"):
+        I.resize_crop_normalize(two, short_side=224, crop_size=224, window=[win])
     for bad in [(0, 0, 10, 10), (-1, 0, 375, 500), (0, 200, 375, 500), (0, 0, 375), "abc",
                 (0.5, 0, 375, 500)]:  # fmt: skip
         with pytest.raises(ValueError, match="window"):

@@ -8,12 +8,15 @@ and the next call builds a fresh one (a build costs a few milliseconds).
 from __future__ import annotations
 
 import inspect
+import logging
 import operator
 import os
 import threading
 from collections.abc import Sequence
 
 import numpy as np
+
+log = logging.getLogger("avpipe")
 
 _CACHE: dict = {}
 _CACHE_LOCK = threading.Lock()
@@ -51,6 +54,31 @@ def mixed_options(fancy: bool) -> dict:
     return opts
 
 
+def build_with_fallback(build, opts: dict):
+    """``build(opts)``; where DALI rejects an option (an older DALI), build without
+    ``jpeg_fancy_upsampling`` first, then without any option (each drop logged once)."""
+    tries = [opts]
+    if "jpeg_fancy_upsampling" in opts:
+        tries.append({k: v for k, v in opts.items() if k != "jpeg_fancy_upsampling"})
+    if opts:
+        tries.append({})
+    for i, o in enumerate(tries):
+        try:
+            return build(o)
+        except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError/TypeError
+            if i == len(tries) - 1:
+                raise
+            dropped = sorted(set(o) - set(tries[i + 1]))
+            if tuple(dropped) not in _DROPPED:
+                _DROPPED.add(tuple(dropped))
+                log.warning("avpipe: DALI refused image decoder option(s) %s (%s: %s); "
+                            "building without", dropped, type(e).__name__, e)  # fmt: skip
+    raise AssertionError("unreachable")
+
+
+_DROPPED: set = set()
+
+
 def capacity_for(n: int, max_batch: int) -> int:
     """Batch capacity buckets (powers of two up to max_batch) so few pipelines get built."""
     cap = 1
@@ -76,13 +104,7 @@ class DaliDecoder:
         def build(extra):
             return self._build(fn, pipeline_def, types, mixed, roi, capacity, device_index, extra)
 
-        extra = mixed_options(fancy) if mixed else {}
-        try:
-            self.pipe = build(extra)
-        except Exception:  # noqa: BLE001 - an older DALI without the options: plain decode
-            if not extra:
-                raise
-            self.pipe = build({})
+        self.pipe = build_with_fallback(build, mixed_options(fancy) if mixed else {})
         self.broken = False
 
     @staticmethod
@@ -271,13 +293,7 @@ class StreamDecoder:
             pipe.build()
             return pipe
 
-        extra = mixed_options(fancy) if mixed else {}
-        try:
-            self.pipe = build(extra)
-        except Exception:  # noqa: BLE001
-            if not extra:
-                raise
-            self.pipe = build({})
+        self.pipe = build_with_fallback(build, mixed_options(fancy) if mixed else {})
 
         self.n_batches = n_batches
         self.done = 0

@@ -95,7 +95,7 @@ class ImageBatch:
 
     ``images``: one ``[H, W, 3]`` uint8 array per source (numpy on the CPU, cupy on a GPU),
     ``None`` where decoding failed; a list, or (streams) a read-only sequence of views of
-    ``stacked`` made as they are indexed. ``errors``: ``(index, exception)`` for each failure.
+    ``stacked`` made as they are indexed (``list(images)`` for a list). ``errors``: ``(index, exception)`` for each failure.
     ``device``: where the arrays live. ``stacked`` (GPU batches, streams): all images as one ``[N, H, W, 3]``
     array when every image decoded and all have the same shape (the images are views of it);
     else None. ``windows`` (streams with ``center_square``): per image, ``(top, left, full_h,
@@ -273,10 +273,12 @@ def decode_image_stream(
     discarded sides are never decoded): its centred ``min(H, W)`` square, widened on each side
     by ``ceil(center_square_margin * min(H, W)) + 3`` pixels where the image has room
     (``center_square_margin=0``: the bare square). Each batch's ``windows`` say where the crops
-    lie; give one to :func:`avpipe.ops.image.resize_crop_normalize` (``window=``) and a short-side
-    resize + centre crop of the crops equals the one of the whole images exactly, as long as the
-    margin holds the filter's reach: with the default 0.02, a short side down to about
-    ``min(H, W) / 50 * r`` (``r``: 1 bilinear, 2 bicubic; the op raises ValueError otherwise).
+    lie; give them to :func:`avpipe.ops.image.resize_crop_normalize` (``window=``) and a
+    short-side resize + centre crop of the crops equals the one of the whole images exactly, as
+    long as the fixed margin holds the filter's reach, about ``r * min(H, W) / short_side``
+    pixels (``r``: 1 bilinear, 2 bicubic; less when the centre crop is narrower than the resized
+    short side): with the default 0.02, a target short side of at least about ``50 * r`` (the op
+    raises ValueError where the crop is too small). Raise the margin for smaller targets.
 
     No copies: each batch's arrays alias DALI's output buffers and stay valid only until the next
     batch is asked for (copy what you keep). On a GPU each batch is ordered on the CuPy stream
@@ -388,9 +390,10 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False,
 
 
 def square_window(h: int, w: int, margin: float) -> tuple[int, int, int, int]:
-    """``(top, left, height, width)`` of ``center_square``'s crop of an ``h x w`` image."""
+    """``(top, left, height, width)`` of ``center_square``'s crop of an ``h x w`` image. The
+    margin's product is taken in float32, as DALI's graph arithmetic does on the fast path."""
     side = min(h, w)
-    m = math.ceil(side * margin) + 3 if margin > 0 else 0
+    m = math.ceil(float(np.float32(side) * np.float32(margin))) + 3 if margin > 0 else 0
     x0, y0 = (w - side) // 2, (h - side) // 2
     ax, ay = max(x0 - m, 0), max(y0 - m, 0)
     return ay, ax, min(y0 + side + m, h) - ay, min(x0 + side + m, w) - ax

@@ -157,6 +157,14 @@ def apply_axis(xp, x, idx, w, axis: int):
     return xp.matmul(x, _device_dense(xp, idx, w, x.shape[3], True))  # [N, C, H, W] @ [W, O]
 
 
+@functools.lru_cache(maxsize=512)
+def shifted_axis_weights(in_size, out_size, interpolation, antialias, start, stop, offset, size):
+    """:func:`axis_weights` of a resize of ``in_size`` with the taps moved into the window
+    ``offset : offset + size`` (:func:`shift_into`), or None if they reach outside it."""
+    idx, w = axis_weights(in_size, out_size, interpolation, antialias, start, stop)
+    return shift_into(idx, w, offset, size)
+
+
 def shift_into(idx, w, offset: int, size: int):
     """Taps of a resize of a larger axis moved into the window ``offset : offset + size`` that
     the input holds: ``(idx - offset)``, or None if a tap with a nonzero weight falls outside

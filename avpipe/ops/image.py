@@ -146,8 +146,9 @@ def _resample(xp, x, out_h, out_w, interpolation, antialias, rows=None, cols=Non
     c0, c1 = cols if cols is not None else (0, out_w)
     y_idx, y_w = _rs.axis_weights(full_h, out_h, interpolation, bool(antialias), r0, r1)
     x_idx, x_w = _rs.axis_weights(full_w, out_w, interpolation, bool(antialias), c0, c1)
-    if window is not None:
-        yi, xi = _rs.shift_into(y_idx, y_w, top, h), _rs.shift_into(x_idx, x_w, left, w)
+    if window is not None:  # taps moved into the window (cached: the cuBLAS path keys on them)
+        yi = _rs.shifted_axis_weights(full_h, out_h, interpolation, bool(antialias), r0, r1, top, h)
+        xi = _rs.shifted_axis_weights(full_w, out_w, interpolation, bool(antialias), c0, c1, left, w)
         if yi is None or xi is None:
             live_y, live_x = y_idx[y_w != 0], x_idx[x_w != 0]
             raise _kern._reach_error(
@@ -242,6 +243,21 @@ def crop(x, top: int, left: int, height: int, width: int):
     _crop_box(xb.shape[1], xb.shape[2], int(top), int(left), height, width)
     out = xb[:, top : top + height, left : left + width]
     return out[0] if single else out
+
+
+def _one_window(window, n):
+    """A single window, or the common one of a per-image sequence."""
+    if isinstance(window, (list, tuple)) and window and isinstance(window[0], (list, tuple)):
+        if len(window) != n:
+            raise ValueError(f"window: got {len(window)} windows for {n} images")
+        first = tuple(window[0])
+        if any(tuple(wi) != first for wi in window):
+            raise ValueError(
+                f"window: the images have different windows ({first!r}, ...); resize the "
+                "images of each window separately"
+            )
+        return first
+    return window
 
 
 def _check_window(window, h, w):
@@ -476,7 +492,9 @@ def resize_crop_normalize(
     columns ``left:left + W``) of each ``full_h x full_w`` image, e.g. a decode-time crop
     (:func:`avpipe.decoding.image.decode_image_stream`'s ``center_square``); the geometry is the
     full image's and the result is the same as on the full images, as long as the window holds
-    every pixel the resize reads (else ValueError).
+    every pixel the resize reads (else ValueError). A sequence of windows, one per image (a
+    stream batch's ``windows``), is accepted when they are all the same (else ValueError: crops
+    of one shape can come from images of different sizes; resize those in groups).
     """
     _check_interp(interpolation)
     if short_side is not None and size is not None:
@@ -488,7 +506,7 @@ def resize_crop_normalize(
     xp, xb, single = _as_batch(x)
     n, h, w, c = xb.shape
     if window is not None:
-        window = _check_window(window, h, w)
+        window = _check_window(_one_window(window, n), h, w)
         h, w = window[2], window[3]  # the geometry is the full image's
     oh, ow = _target_size(h, w, size, short_side)
     if crop_size is None:
