@@ -385,8 +385,7 @@ def test_window_errors():
     with pytest.raises(ValueError, match=r"window=\(0, 62, 375, 500\) does not hold .* columns 6"):
         I.resize_crop_normalize(sq, short_side=224, crop_size=224, window=(0, 62, 375, 500))
     with pytest.raises(ValueError, match="does not hold"):
-        K.plan_in_window(375, 500, 224, 298, (0, 224), (37, 261), "bilinear", True,
-                         (0, 62, 375, 375))  # fmt: skip
+        K.plan(375, 375, 224, 298, (0, 224), (37, 261), "bilinear", True, (0, 62, 375, 500))
     # without a crop the resize reads the whole image
     top, left, ch, cw = _square_window(375, 500)
     with pytest.raises(ValueError, match="does not hold"):

@@ -62,18 +62,16 @@ def build_with_fallback(build, opts: dict):
         tries.append({k: v for k, v in opts.items() if k != "jpeg_fancy_upsampling"})
     if opts:
         tries.append({})
-    for i, o in enumerate(tries):
+    for o, fewer in zip(tries, tries[1:]):
         try:
             return build(o)
         except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError/TypeError
-            if i == len(tries) - 1:
-                raise
-            dropped = sorted(set(o) - set(tries[i + 1]))
-            if tuple(dropped) not in _DROPPED:
-                _DROPPED.add(tuple(dropped))
+            dropped = tuple(sorted(set(o) - set(fewer)))
+            if dropped not in _DROPPED:
+                _DROPPED.add(dropped)
                 log.warning("avpipe: DALI refused image decoder option(s) %s (%s: %s); "
-                            "building without", dropped, type(e).__name__, e)  # fmt: skip
-    raise AssertionError("unreachable")
+                            "building without", list(dropped), type(e).__name__, e)  # fmt: skip
+    return build(tries[-1])
 
 
 _DROPPED: set = set()
@@ -362,6 +360,13 @@ class Rows(Sequence):
 
     def __repr__(self):
         return f"Rows({len(self)} x {tuple(self._dense.shape[1:])})"
+
+
+def host_rows(t) -> np.ndarray:
+    """A CPU TensorList of equal-length vectors (anchors, shapes) -> one [N, K] numpy array."""
+    if t.is_dense_tensor():
+        return np.array(t.as_tensor())
+    return np.stack([np.asarray(t[i]) for i in range(len(t))])
 
 
 def views(out, device_index):

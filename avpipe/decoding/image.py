@@ -95,7 +95,8 @@ class ImageBatch:
 
     ``images``: one ``[H, W, 3]`` uint8 array per source (numpy on the CPU, cupy on a GPU),
     ``None`` where decoding failed; a list, or (streams) a read-only sequence of views of
-    ``stacked`` made as they are indexed (``list(images)`` for a list). ``errors``: ``(index, exception)`` for each failure.
+    ``stacked`` made as they are indexed (``list(images)`` for a list). ``errors``:
+    ``(index, exception)`` for each failure.
     ``device``: where the arrays live. ``stacked`` (GPU batches, streams): all images as one ``[N, H, W, 3]``
     array when every image decoded and all have the same shape (the images are views of it);
     else None. ``windows`` (streams with ``center_square``): per image, ``(top, left, full_h,
@@ -321,13 +322,6 @@ def _load_chunk(chunk):
     return out
 
 
-def _rows_of(t) -> np.ndarray:
-    """A DALI CPU TensorList of equal-length vectors -> one [N, K] numpy array."""
-    if t.is_dense_tensor():
-        return np.array(t.as_tensor())
-    return np.stack([np.asarray(t[i]) for i in range(len(t))])
-
-
 def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False, margin=0.0):
     if not chunks:
         return
@@ -374,7 +368,7 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False,
                     items, dense = items[:k], (dense[:k] if dense is not None else None)
                 windows = None
                 if square:  # anchors [x, y] and upright shapes [H, W, C] -> (top, left, H, W)
-                    xy, hwc = _rows_of(outs[1])[:k], _rows_of(outs[2])[:k]
+                    xy, hwc = _dali.host_rows(outs[1])[:k], _dali.host_rows(outs[2])[:k]
                     windows = tuple(
                         (int(a[1]), int(a[0]), int(s[0]), int(s[1])) for a, s in zip(xy, hwc)
                     )

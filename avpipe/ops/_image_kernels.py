@@ -264,14 +264,15 @@ def sparse_taps(idx: np.ndarray, w: np.ndarray) -> AxisTaps:
 
 
 @functools.lru_cache(maxsize=512)
-def plan(h, w, out_h, out_w, rows, cols, interpolation, antialias) -> Plan:
+def plan(h, w, out_h, out_w, rows, cols, interpolation, antialias, window=None) -> Plan:
     """Tap tables for resizing ``h x w`` to ``out_h x out_w`` and keeping output rows
-    ``rows = (r0, r1)`` and columns ``cols = (c0, c1)``."""
-    r0, r1 = rows
-    c0, c1 = cols
+    ``rows = (r0, r1)`` and columns ``cols = (c0, c1)``. ``window=(top, left, full_h,
+    full_w)``: the input is that part of a larger image (see
+    :func:`avpipe.ops._image_resize.resize_taps`; ValueError if the taps reach outside it)."""
     antialias = bool(antialias)
-    y = sparse_taps(*_rs.axis_weights(h, out_h, interpolation, antialias, r0, r1))
-    x = sparse_taps(*_rs.axis_weights(w, out_w, interpolation, antialias, c0, c1))
+    y_taps, x_taps = _rs.resize_taps(h, w, out_h, out_w, tuple(rows), tuple(cols), interpolation,
+                                     antialias, window)  # fmt: skip
+    y, x = sparse_taps(*y_taps), sparse_taps(*x_taps)
     ys, yc = y.start.astype(np.int64), y.count.astype(np.int64)
     used = yc > 0
     if used.any():
@@ -283,39 +284,8 @@ def plan(h, w, out_h, out_w, rows, cols, interpolation, antialias) -> Plan:
     table[:, 0] = np.where(used, ys - row0, 0)
     table.setflags(write=False)
     y = AxisTaps(table, y.weights)
-    key = (h, w, out_h, out_w, tuple(rows), tuple(cols), interpolation, antialias)
+    key = (h, w, out_h, out_w, tuple(rows), tuple(cols), interpolation, antialias, window)
     return Plan(x=x, y=y, row0=row0, rows=max(rows_n, 1), key=key)
-
-
-def _reach_error(window, need_rows, need_cols):
-    return ValueError(
-        f"window={window!r} does not hold source rows {need_rows[0]}..{need_rows[1] - 1} and "
-        f"columns {need_cols[0]}..{need_cols[1] - 1}, which the resize reads; decode a wider "
-        "window (e.g. a larger center_square margin)"
-    )
-
-
-@functools.lru_cache(maxsize=512)
-def plan_in_window(full_h, full_w, out_h, out_w, rows, cols, interpolation, antialias, window):
-    """:func:`plan` for a ``full_h x full_w`` image of which the input holds only ``window =
-    (top, left, h, w)``: the taps shifted into the window (ValueError if a tap with a nonzero
-    weight falls outside it)."""
-    top, left, h, w = window
-    p = plan(full_h, full_w, out_h, out_w, rows, cols, interpolation, antialias)
-    xs, xc = p.x.start.astype(np.int64), p.x.count.astype(np.int64)
-    used = xc > 0
-    lo = int(xs[used].min()) if used.any() else left
-    hi = int((xs + xc)[used].max()) if used.any() else left
-    ry = p.y.count > 0
-    r_lo, r_hi = (p.row0, p.row0 + p.rows) if ry.any() else (top, top)
-    if lo < left or hi > left + w or r_lo < top or r_hi > top + h:
-        raise _reach_error(window, (r_lo, r_hi), (lo, hi))
-    table = p.x.table.copy()
-    table[:, 0] = np.where(used, xs - left, 0)
-    table.setflags(write=False)
-    row0 = p.row0 - top if ry.any() else 0
-    return Plan(x=AxisTaps(table, p.x.weights), y=p.y, row0=row0, rows=p.rows,
-                key=p.key + (tuple(window),))  # fmt: skip
 
 
 # --- device side ---------------------------------------------------------------------------------
@@ -397,7 +367,7 @@ def resample(
     ``a``, ``b``: per-channel float32 ``v * a + b`` for the float modes (default 1, 0); the
     uint8 mode also rounds/clips between the passes (PIL's 8-bit behaviour). ``window``:
     ``(top, left, full_h, full_w)``: ``xb`` holds that part of a larger image, which is what
-    ``out_h``/``rows``/``cols`` refer to (see :func:`plan_in_window`)."""
+    ``out_h``/``rows``/``cols`` refer to (see :func:`plan`)."""
     import cupy
 
     device_id = int(xb.device.id)
@@ -405,12 +375,8 @@ def resample(
     if kern is None:
         return None
     n, h, w, c = (int(s) for s in xb.shape)
-    args = (int(out_h), int(out_w), tuple(rows), tuple(cols), interpolation, antialias)
-    if window is None:
-        p = plan(h, w, *args)
-    else:
-        top, left, full_h, full_w = (int(v) for v in window)
-        p = plan_in_window(full_h, full_w, *args, (top, left, h, w))
+    p = plan(h, w, int(out_h), int(out_w), tuple(rows), tuple(cols), interpolation, antialias,
+             None if window is None else tuple(int(v) for v in window))  # fmt: skip
     oh, ow = p.y.table.shape[0], p.x.table.shape[0]
     out_dtype = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}[mode]
     with cupy.cuda.Device(device_id):

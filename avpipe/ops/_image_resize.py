@@ -158,11 +158,27 @@ def apply_axis(xp, x, idx, w, axis: int):
 
 
 @functools.lru_cache(maxsize=512)
-def shifted_axis_weights(in_size, out_size, interpolation, antialias, start, stop, offset, size):
-    """:func:`axis_weights` of a resize of ``in_size`` with the taps moved into the window
-    ``offset : offset + size`` (:func:`shift_into`), or None if they reach outside it."""
-    idx, w = axis_weights(in_size, out_size, interpolation, antialias, start, stop)
-    return shift_into(idx, w, offset, size)
+def resize_taps(h, w, out_h, out_w, rows, cols, interpolation, antialias, window=None):
+    """``((y_idx, y_w), (x_idx, x_w))``: :func:`axis_weights` of both axes of a resize to
+    ``out_h x out_w`` keeping output ``rows``/``cols``, for an ``h x w`` input.
+
+    ``window=(top, left, full_h, full_w)``: the input is that part of a larger image, which the
+    resize geometry refers to; the taps are moved into the window (:func:`shift_into`), and a
+    ValueError says which source rows and columns it lacks if they reach outside it."""
+    top, left, full_h, full_w = (0, 0, h, w) if window is None else window
+    y = axis_weights(full_h, out_h, interpolation, antialias, *rows)
+    x = axis_weights(full_w, out_w, interpolation, antialias, *cols)
+    if window is None:
+        return y, x
+    yi, xi = shift_into(*y, top, h), shift_into(*x, left, w)
+    if yi is None or xi is None:
+        live_y, live_x = y[0][y[1] != 0], x[0][x[1] != 0]
+        raise ValueError(
+            f"window={tuple(window)!r} does not hold source rows {live_y.min()}..{live_y.max()} "
+            f"and columns {live_x.min()}..{live_x.max()}, which the resize reads; decode a wider "
+            "window (e.g. a larger center_square margin)"
+        )
+    return (yi, y[1]), (xi, x[1])
 
 
 def shift_into(idx, w, offset: int, size: int):

@@ -141,21 +141,13 @@ def _resample(xp, x, out_h, out_w, interpolation, antialias, rows=None, cols=Non
     ``window``: ``(top, left, full_h, full_w)``: ``x`` is that part of a larger image, which the
     resize geometry refers to (ValueError if the resize reads pixels outside it)."""
     n, c, h, w = x.shape
-    top, left, full_h, full_w = window if window is not None else (0, 0, h, w)
+    full_h, full_w = (h, w) if window is None else window[2:]
     r0, r1 = rows if rows is not None else (0, out_h)
     c0, c1 = cols if cols is not None else (0, out_w)
-    y_idx, y_w = _rs.axis_weights(full_h, out_h, interpolation, bool(antialias), r0, r1)
-    x_idx, x_w = _rs.axis_weights(full_w, out_w, interpolation, bool(antialias), c0, c1)
-    if window is not None:  # taps moved into the window (cached: the cuBLAS path keys on them)
-        yi = _rs.shifted_axis_weights(full_h, out_h, interpolation, bool(antialias), r0, r1, top, h)
-        xi = _rs.shifted_axis_weights(full_w, out_w, interpolation, bool(antialias), c0, c1, left, w)
-        if yi is None or xi is None:
-            live_y, live_x = y_idx[y_w != 0], x_idx[x_w != 0]
-            raise _kern._reach_error(
-                tuple(window), (int(live_y.min()), int(live_y.max()) + 1),
-                (int(live_x.min()), int(live_x.max()) + 1),
-            )  # fmt: skip
-        y_idx, x_idx = yi, xi
+    (y_idx, y_w), (x_idx, x_w) = _rs.resize_taps(
+        h, w, out_h, out_w, (r0, r1), (c0, c1), interpolation, bool(antialias),
+        None if window is None else tuple(window),
+    )  # fmt: skip
     do_h = (out_h, r0, r1, full_h) != (h, 0, h, h)
     do_w = (out_w, c0, c1, full_w) != (w, 0, w, w)
 
