@@ -1,0 +1,64 @@
+"""The counter-based generator: known answers, independence of position, CPU = GPU."""
+
+import numpy as np
+import pytest
+
+from avpipe.ops import random as R
+
+
+def test_philox_known_answers():
+    # Random123's kat_vectors for philox4x32_10
+    z = np.zeros(1, np.uint32)
+    assert [int(x[0]) for x in R.philox4x32(z, z, z, z, 0, 0)] == [
+        0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    f = np.full(1, 0xFFFFFFFF, np.uint32)
+    assert [int(x[0]) for x in R.philox4x32(f, f, f, f, 0xFFFFFFFF, 0xFFFFFFFF)] == [
+        0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+
+
+def test_draws_depend_only_on_their_coordinates():
+    a = R.uniform(7, "crop", 3, np.arange(100), 5)
+    b = R.uniform(7, "crop", 3, [42, 99], 5)
+    np.testing.assert_array_equal(a[[42, 99]], b)
+    # a prefix of the draws of an item does not depend on how many are drawn
+    np.testing.assert_array_equal(R.uniform(7, "crop", 3, [5], 2), a[5:6, :2])
+    # seed, stream and epoch each change the draws
+    for other in (R.uniform(8, "crop", 3, [5], 5), R.uniform(7, "flip", 3, [5], 5),
+                  R.uniform(7, "crop", 4, [5], 5)):
+        assert not np.array_equal(other, a[5:6])
+
+
+def test_distributions():
+    u = R.uniform(0, "u", 0, np.arange(20000), 1).ravel()
+    assert 0.0 <= u.min() and u.max() < 1.0 and abs(u.mean() - 0.5) < 0.01
+    k = R.integers(0, "k", 0, np.arange(20000), 1, low=2, high=7).ravel()
+    assert set(np.unique(k).tolist()) == {2, 3, 4, 5, 6}
+    counts = np.bincount(k - 2) / k.size
+    assert np.all(np.abs(counts - 0.2) < 0.015)
+    z = R.normal(0, "z", 0, np.arange(20000), 1).ravel()
+    assert abs(z.mean()) < 0.03 and abs(z.std() - 1.0) < 0.03
+    b = R.bernoulli(0, "b", 0, np.arange(20000), 1, p=0.3).ravel()
+    assert abs(b.mean() - 0.3) < 0.015
+
+
+def test_validation_names_the_parameter():
+    with pytest.raises(ValueError, match="high"):
+        R.integers(0, "k", 0, [0], 1, low=3, high=3)
+    with pytest.raises(ValueError, match="p must"):
+        R.bernoulli(0, "b", 0, [0], p=1.5)
+    with pytest.raises(TypeError, match="seed"):
+        R.uniform("x", "u", 0, [0])
+
+
+@pytest.mark.gpu
+def test_gpu_draws_equal_cpu_draws():
+    import cupy
+
+    ids = np.arange(1000)
+    for fn, kw in ((R.uniform, {}), (R.integers, {"high": 1000}), (R.bernoulli, {"p": 0.5})):
+        cpu = fn(11, "s", 2, ids, 7, **kw)
+        gpu = fn(11, "s", 2, cupy.asarray(ids), 7, xp=cupy, **kw)
+        np.testing.assert_array_equal(cpu, cupy.asnumpy(gpu))
+    np.testing.assert_allclose(
+        R.normal(1, "n", 0, ids, 3),
+        cupy.asnumpy(R.normal(1, "n", 0, cupy.asarray(ids), 3, xp=cupy)), rtol=1e-12, atol=1e-12)
