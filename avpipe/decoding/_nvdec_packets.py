@@ -58,10 +58,15 @@ class PacketDecoder:
         self._dec = None
         self._key = None
 
+    def drop(self):
+        """Forget the session (after an error, or with pictures left in its parser): it is never
+        fed again; the next request opens a fresh one."""
+        self._dec, self._key = None, None
+
     def _decoder(self, nvc, codec_id, width: int, height: int):
         key = (str(codec_id), width, height)
         if self._dec is None or self._key != key:
-            self._dec = None
+            self.drop()
             self._dec = nvc.CreateDecoder(
                 gpuid=self.gpu,
                 codec=codec_id,
@@ -92,7 +97,7 @@ class PacketDecoder:
             pkt.decode_flag = end_of_picture
             frames = dec.Decode(pkt)
             if len(frames) > 1:  # zero latency is not honoured: the path cannot map frames
-                self._dec = None
+                self.drop()
                 raise RuntimeError(f"packet {k} gave {len(frames)} frames (not zero-latency)")
             if frames and idx in remaining:
                 remaining.discard(idx)
@@ -134,7 +139,7 @@ class PacketDecoder:
             complete = True
         finally:
             if not complete:
-                self._dec = None  # the parser may hold pictures: the next request starts afresh
+                self.drop()  # it raised, or its parser holds pictures: never fed again
 
     @staticmethod
     def _demuxed(nvc, path: str, scan: StreamScan, targets):

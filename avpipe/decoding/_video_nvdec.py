@@ -82,7 +82,10 @@ def thread_stream(gpu: int):
 
 
 def _acquire(nvc, path_or_bytes, gpu: int, stream_ptr: int):
-    """A SimpleDecoder on ``path_or_bytes``: this thread's cached one, reconfigured, if any."""
+    """A SimpleDecoder on ``path_or_bytes``: this thread's cached one, reconfigured, if any.
+
+    Only sessions that never raised are cached (:func:`_release`); a cached one whose
+    ``reconfigure_decoder`` raises is retired (:func:`retire`), never used again."""
     pool = getattr(_local, "pool", None)
     if pool is None:
         pool = _local.pool = {}
@@ -94,6 +97,7 @@ def _acquire(nvc, path_or_bytes, gpu: int, stream_ptr: int):
             return dec
         except Exception as e:  # noqa: BLE001 — fall back to a fresh decoder
             log.debug("avpipe: reconfigure_decoder failed (%s); creating a new decoder", e)
+            retire(dec)
     return nvc.SimpleDecoder(
         path_or_bytes,
         gpu_id=gpu,
@@ -104,10 +108,30 @@ def _acquire(nvc, path_or_bytes, gpu: int, stream_ptr: int):
 
 
 def _release(dec, gpu: int, stream_ptr: int):
+    """Return a healthy session to this thread's cache (callers pass only sessions that never
+    raised)."""
     pool = getattr(_local, "pool", None)
     if pool is None:
         pool = _local.pool = {}
-    pool.setdefault((gpu, stream_ptr), dec)
+    if pool.setdefault((gpu, stream_ptr), dec) is not dec:
+        retire(dec)
+
+
+# Sessions that raised. PyNvVideoCodec's NvDecoder keeps going after a failed
+# cuvidCreateDecoder (its size fields are set, the decoder handle is not): the next bitstream
+# it parses calls HandlePictureDecode, which throws "Decoder not initialized" from inside
+# libnvcuvid's parser callback, and that exception ends in std::terminate. A session that has
+# raised once is therefore never reconfigured, decoded with or flushed again: it is dropped
+# here, and its handles are released by its destructor (which only destroys the parser and
+# the decoder; it parses nothing).
+_retired = {"count": 0}
+
+
+def retire(dec) -> None:
+    """Drop a PyNvVideoCodec session that raised: nothing calls it again."""
+    if dec is not None:
+        _retired["count"] += 1
+        del dec
 
 
 def _frame_pts(frame):
@@ -199,6 +223,7 @@ class NvdecBackend:
                 with cupy.cuda.Device(self.device.index):
                     self._dec = _acquire(self._nvc, src, self.device.index, self._stream_ptr)
             except Exception as e:  # noqa: BLE001 — NVDEC refused the stream
+                self._dec = None
                 raise NvdecRefused(
                     f"PyNvVideoCodec could not open {self.scan.source_name}: "
                     f"{type(e).__name__}: {e}"
@@ -216,7 +241,16 @@ class NvdecBackend:
                 self._stream.synchronize()
             except Exception:  # noqa: BLE001
                 pass
-            _release(dec, self.device.index, self._stream_ptr)
+            _release(dec, self.device.index, self._stream_ptr)  # healthy: failures are retired
+
+    def _drop_failed(self):
+        """The SimpleDecoder raised: retire it; a later call opens a fresh session."""
+        dec, self._dec = self._dec, None
+        try:
+            self._stream.synchronize()
+        except Exception:  # noqa: BLE001
+            pass
+        retire(dec)
 
     def _pts_ok(self, got, index: int) -> bool:
         """PyNvVideoCodec labels frame i with its pts, its pts from a zero start, or (MP4) the
@@ -231,10 +265,11 @@ class NvdecBackend:
 
     def _batch(self, targets):
         """(frames for targets[:k], targets[k:]): PyNvVideoCodec's seek refuses some streams'
-        last frames (AVI MJPEG), so on an error it is asked again without the tail."""
+        last frames (AVI MJPEG), so on an error it is asked again without the tail, each time
+        by a fresh session (a session that raised is never called again: :func:`retire`)."""
         tail = []
-        dec = self._simple()  # a refusal (NvdecRefused) goes to the caller: the CPU takes over
         while targets:
+            dec = self._simple()  # a refusal (NvdecRefused) goes to the caller: CPU takes over
             try:
                 frames = dec.get_batch_frames_by_index([int(t) for t in targets])
                 if len(frames) == len(targets):
@@ -247,6 +282,7 @@ class NvdecBackend:
                 )
                 return [], list(targets) + tail
             except Exception as e:  # noqa: BLE001
+                self._drop_failed()
                 log.warning(
                     "avpipe: PyNvVideoCodec failed on %s (%s: %s)",
                     self.scan.source_name,
@@ -383,7 +419,7 @@ class NvdecBackend:
             self.packet_path = False
             return None
         except Exception as e:  # noqa: BLE001 — counted once the SimpleDecoder has served it
-            pd._dec = None
+            pd.drop()
             self._packet_failure = f"{type(e).__name__}: {e}"
             self.packet_path = False
             return None
