@@ -107,6 +107,15 @@ def ref_features(x, *, win, pad_mode, guard, n_valid, n_fft=512, hop=160, preemp
 
 
 def ref_nemo(x):
+    """Current NeMo (NVIDIA-NeMo/NeMo 009d1c15, features.py): get_seq_len =
+    floor_divide(n + n_fft // 2 * 2 - n_fft, hop) = n // 160; statistics over those frames; the
+    rest (the STFT's last frame included) masked to 0."""
+    n_valid = (len(x) + 512 // 2 * 2 - 512) // 160
+    return ref_features(x, win=400, pad_mode="constant", guard=2.0 ** -24, n_valid=n_valid)
+
+
+def ref_nemo_v1(x):
+    """NeMo 1.x (NVIDIA/NeMo bcb749ef): one more valid frame, n // 160 + 1."""
     return ref_features(x, win=400, pad_mode="constant", guard=2.0 ** -24, n_valid=len(x) // 160 + 1)
 
 
@@ -121,7 +130,9 @@ def ref_mlperf(x):
 LENGTHS = [12000, 7777, 3200, 4000]
 
 
-@pytest.mark.parametrize("preset,ref", [("nemo", ref_nemo), ("mlperf_rnnt", ref_mlperf)])
+@pytest.mark.parametrize(
+    "preset,ref", [("nemo", ref_nemo), ("nemo_v1", ref_nemo_v1), ("mlperf_rnnt", ref_mlperf)]
+)
 @pytest.mark.parametrize("kind", ["speech", "random"])
 def test_log_mel_matches_reference(preset, ref, kind):
     make = speech_like if kind == "speech" else random_signal
@@ -141,7 +152,10 @@ def test_log_mel_matches_reference(preset, ref, kind):
 
 def test_nemo_frame_count_and_padding_zero():
     for n in (159, 160, 161, 16000, 16001):
-        _, fl = A.log_mel(random_signal(n, 1), preset="nemo")
+        f, fl = A.log_mel(random_signal(n, 1), preset="nemo")
+        assert fl.tolist() == [n // 160]
+        assert f.shape[-1] == n // 160 + 1 and np.all(f[..., n // 160:] == 0)  # last frame masked
+        _, fl = A.log_mel(random_signal(n, 1), preset="nemo_v1")
         assert fl.tolist() == [n // 160 + 1]
         _, fl = A.log_mel(random_signal(n, 1), preset="mlperf_rnnt")
         assert fl.tolist() == [-(-n // 160)]
@@ -181,13 +195,19 @@ def test_log_mel_training_dither_and_validation():
 
 
 def test_short_and_empty_items():
-    x, lens = padded_batch([random_signal(3000, 0), random_signal(100, 1), np.zeros(0, np.float32)])
-    for preset in ("nemo", "mlperf_rnnt"):
+    items = [random_signal(3000, 0), random_signal(100, 1), np.zeros(0, np.float32),
+             random_signal(200, 2)]
+    x, lens = padded_batch(items)
+    for preset in ("nemo", "nemo_v1", "mlperf_rnnt"):
         f, fl = A.log_mel(x, lens, preset=preset)
         assert np.isfinite(f).all()
         assert fl[2] == 0 and np.all(f[2] == 0)
-        assert fl[1] == (1 if preset == "nemo" else 1)
+        # 100 samples: no whole hop under current NeMo; one (centred) frame otherwise
+        assert fl[1] == (0 if preset == "nemo" else 1)
+        assert fl[3] == (1 if preset == "nemo" else 2)
         assert np.all(f[1] == 0)   # one valid frame normalizes to 0, the rest is padding
+        if preset == "nemo":
+            assert np.all(f[3] == 0)
 
 
 # ---------------------------------------------------------------------------------------------

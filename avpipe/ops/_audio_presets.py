@@ -55,28 +55,38 @@ NEMO = LogMelConfig(
     n_mels=80, fmin=0.0, fmax=8000.0, mel_htk=False, mel_norm="slaney",
     log_guard="add", log_guard_value=2.0 ** -24,
     normalize="per_feature", norm_eps=1e-5, norm_ddof=1,
-    frame_rule="floor_plus_one", pad_to=0,
+    frame_rule="floor", pad_to=0,
 )
-NEMO_DOC = """NeMo's ``FilterbankFeatures`` as configured for Conformer-Transducer (16 kHz).
+NEMO_DOC = """Current NeMo's (2.x) ``FilterbankFeatures`` as configured for Conformer / FastConformer
+Transducers and Parakeet (16 kHz): what a current checkpoint was trained on.
 
 Source: NVIDIA NeMo, ``nemo/collections/asr/parts/preprocessing/features.py``
-(``FilterbankFeatures.forward``, ``normalize_batch``), read at NVIDIA-NeMo/NeMo commit
-009d1c153f0652d2558897c7e3e4670dfd6a7437 (zero-padded centred ``torch.stft``
-``pad_mode="constant"``, preemphasis masked to the item's length, the masked per-feature
-normalization) and NVIDIA/NeMo commit bcb749ef88e0d8169e42180fe54ac7b425537d20 (the frame count
-``floor((n + 2 * (n_fft // 2) - n_fft) / hop) + 1 = n // 160 + 1``); the Conformer-Transducer
-configs set ``window_size 0.025, window_stride 0.01, features 80, n_fft 512, dither 1e-5,
-pad_to 0``.
+(``FilterbankFeatures.get_seq_len``, ``FilterbankFeatures.forward``, ``normalize_batch``), read at
+NVIDIA-NeMo/NeMo commit 009d1c153f0652d2558897c7e3e4670dfd6a7437: zero-padded centred
+``torch.stft`` (``pad_mode="constant"``), preemphasis masked to the item's length, and the frame
+count ``get_seq_len = floor_divide(n + pad_amount - n_fft, hop)`` with
+``pad_amount = n_fft // 2 * 2``, that is ``n // 160``; the per-feature statistics are taken over
+those frames only, and every frame from ``n // 160`` on (the STFT's last frame included) is set
+to the pad value 0. The Conformer-Transducer configs set ``window_size 0.025,
+window_stride 0.01, features 80, n_fft 512, dither 1e-5, pad_to 0``.
 
 Steps: dither 1e-5 (training only) -> preemphasis 0.97 (y[0] = x[0], zero past the length)
 -> STFT: symmetric Hann of 400 samples centred in n_fft 512, hop 160, centred frames with zero
 padding -> |X|^2 -> 80 Slaney-scale, Slaney-normalized mel filters 0-8 kHz (librosa) ->
 ln(x + 2^-24) -> per-feature normalization over the valid frames, (x - mean) / (std + 1e-5)
 with the n-1 std -> frames past the length set to 0; pad_to 0. Valid frames per item:
-``n // 160 + 1``.
+``n // 160`` (an item under 160 samples has none; one with a single valid frame normalizes to
+0, as NeMo's NaN-to-0 std guard gives). NeMo 1.x counted one frame more: ``"nemo_v1"``.
+"""
 
-Note: the newest NeMo (commit 009d1c15) counts ``n // 160`` valid frames (the last centred
-frame is masked); for that variant use ``log_mel(..., preset=NEMO.replace(frame_rule="floor"))``.
+NEMO_V1 = NEMO.replace(name="nemo_v1", frame_rule="floor_plus_one")
+NEMO_V1_DOC = """NeMo 1.x's ``FilterbankFeatures``: the ``nemo`` preset with one more valid frame.
+
+Source: NVIDIA/NeMo commit bcb749ef88e0d8169e42180fe54ac7b425537d20,
+``nemo/collections/asr/parts/preprocessing/features.py`` (``get_seq_len``:
+``floor((n + 2 * (n_fft // 2) - n_fft) / hop) + 1 = n // 160 + 1``). Every other step is the
+``nemo`` preset's; the STFT's last centred frame counts as valid and enters the statistics.
+Use it for checkpoints trained with NeMo 1.x.
 """
 
 MLPERF_RNNT = LogMelConfig(
@@ -111,5 +121,5 @@ if alone (the reflection happens at the item's own end, and its preemphasis stop
 so an item's features do not depend on what it is batched with.
 """
 
-PRESETS = {"nemo": NEMO, "mlperf_rnnt": MLPERF_RNNT}
-PRESET_DOCS = {"nemo": NEMO_DOC, "mlperf_rnnt": MLPERF_RNNT_DOC}
+PRESETS = {"nemo": NEMO, "nemo_v1": NEMO_V1, "mlperf_rnnt": MLPERF_RNNT}
+PRESET_DOCS = {"nemo": NEMO_DOC, "nemo_v1": NEMO_V1_DOC, "mlperf_rnnt": MLPERF_RNNT_DOC}

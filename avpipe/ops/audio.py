@@ -12,7 +12,7 @@ item's length are exactly 0 and results stay on the input's device.
   :func:`dct_matrix`
 * features: :func:`normalize` (per-feature / all-features over valid frames),
   :func:`stack_frames`, :func:`pad_to_multiple`
-* presets: :func:`log_mel` with ``preset="nemo"`` or ``"mlperf_rnnt"`` (:data:`PRESETS`,
+* presets: :func:`log_mel` with ``preset="nemo"``, ``"nemo_v1"`` or ``"mlperf_rnnt"`` (:data:`PRESETS`,
   :class:`LogMelConfig`)
 
 1-D input: ``log_mel(x)`` with ``x [n]`` returns ``([1, n_mels, T], [1])`` — always a batch;
@@ -48,7 +48,7 @@ from ._audio_core import (
     stft,
     stft_frame_lengths,
 )
-from ._audio_presets import MLPERF_RNNT, NEMO, PRESET_DOCS, PRESETS, LogMelConfig
+from ._audio_presets import MLPERF_RNNT, NEMO, NEMO_V1, PRESET_DOCS, PRESETS, LogMelConfig
 
 __all__ = [
     "log_mel",
@@ -57,6 +57,7 @@ __all__ = [
     "PRESETS",
     "PRESET_DOCS",
     "NEMO",
+    "NEMO_V1",
     "MLPERF_RNNT",
     "dither",
     "preemphasis",
@@ -123,7 +124,8 @@ def log_mel(signals, lengths=None, *, preset="nemo", training=False, sample_rate
     signals' device; a 1-D input gives ``B = 1``. ``T >= max(frame_lengths)``; every frame
     past an item's length is exactly 0.
 
-    ``preset``: ``"nemo"`` or ``"mlperf_rnnt"`` (documented in
+    ``preset``: ``"nemo"`` (current NeMo: ``n // 160`` valid frames), ``"nemo_v1"`` (NeMo 1.x:
+    ``n // 160 + 1``) or ``"mlperf_rnnt"`` (documented in
     :data:`avpipe.ops.audio.PRESETS` / ``PRESET_DOCS``), or a :class:`LogMelConfig`.
     ``training``: add the preset's dither (seeded by ``seed``); False: no dither.
     ``sample_rate``: the signals' rate; it must equal the preset's (resample first).
@@ -168,4 +170,4 @@ def log_mel(signals, lengths=None, *, preset="nemo", training=False, sample_rate
     return feats, fl
 
 
-log_mel.__doc__ += "\n\nnemo preset:\n" + PRESET_DOCS["nemo"] + "\nmlperf_rnnt preset:\n" + PRESET_DOCS["mlperf_rnnt"]
+log_mel.__doc__ += "".join(f"\n\n{k} preset:\n{v}" for k, v in PRESET_DOCS.items())
