@@ -61,7 +61,7 @@ def _gpu_info():
 
 def _nvdec_codecs():
     """Codecs NVDEC decodes on GPU 0, asked of the driver (cuvidGetDecoderCaps)."""
-    from .decoding import _nvdec_caps
+    from .decoding.video import _nvdec_caps
 
     return _nvdec_caps.supported_codecs(_NVDEC_CODECS)
 

@@ -136,7 +136,7 @@ def cuda_sync():
 
 
 def bench_avpipe_logmel(files, durs, args, decoder="auto"):
-    from avpipe.decoding._audio_batch import AudioBatchLoader
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
 
     # the loader forks its workers (decoder "cpu") before this process touches CUDA
     loader = AudioBatchLoader(files, batch_size=BATCH, num_workers=args.workers, prefetch=args.prefetch,
@@ -193,7 +193,7 @@ def _decode_only(loader, files, args, sync=lambda: None):
 
 
 def bench_decode_gpu_flac(files, durs, args):
-    from avpipe.decoding._audio_batch import AudioBatchLoader
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
 
     loader = AudioBatchLoader(files, batch_size=BATCH, prefetch=args.prefetch, device="cuda",
                               decoder="gpu")
@@ -377,10 +377,10 @@ def bench_decode_threads_i16_prealloc(files, durs, args):
 
 
 def bench_decode_procs_i16_shared(files, durs, args):
-    from avpipe.decoding._audio_batch import AudioBatchLoader
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
 
     loader = AudioBatchLoader(files, batch_size=BATCH, num_workers=args.workers, prefetch=args.prefetch,
-                              device="none")
+                              decode_only=True)
     rate, n = _decode_only(loader, files, args)
     return rate, {"passes": n, "workers": loader.num_workers,
                   "what": "worker processes, SoundFile.read int16 into a shared ring"}

@@ -187,7 +187,7 @@ def test_public_names():
 
 
 def test_batch_loader_cpu_matches_soundfile(tmp_path):
-    from avpipe.decoding._audio_batch import AudioBatchLoader
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
 
     rng = np.random.default_rng(3)
     paths, want = [], []
@@ -218,7 +218,7 @@ def test_batch_loader_never_hangs_on_a_stuck_decoder(tmp_path):
     import os
     import time
 
-    from avpipe.decoding._audio_batch import AudioBatchLoader
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
 
     good = []
     for i in range(3):
@@ -240,7 +240,7 @@ def test_batch_loader_never_hangs_on_a_stuck_decoder(tmp_path):
 
 
 def test_batch_loader_refuses_mixed_rates_and_reports_long_files(tmp_path):
-    from avpipe.decoding._audio_batch import AudioBatchLoader
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
 
     a, b = tmp_path / "a.wav", tmp_path / "b.wav"
     sf.write(a, np.zeros(100, np.float32), SR)

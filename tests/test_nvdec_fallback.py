@@ -8,7 +8,7 @@ import pytest
 from video_media import make_video
 
 import avpipe
-from avpipe.decoding import _video_nvdec as nv
+from avpipe.decoding.video import _nvdec as nv
 from avpipe.errors import UnsupportedFormatError
 
 

@@ -139,8 +139,8 @@ def test_load_audio_to_gpu(tmp_path):
 def test_batch_loader_gpu_matches_cpu(tmp_path):
     cp = _cp()
     sf = pytest.importorskip("soundfile")
-    from avpipe.decoding._audio_batch import AudioBatchLoader
     from avpipe.ops import log_mel
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
 
     rng = np.random.default_rng(5)
     paths = []

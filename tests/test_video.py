@@ -20,9 +20,9 @@ from video_media import (
 )
 
 import avpipe
-from avpipe.decoding import samplers
-from avpipe.decoding._nv12 import nv12_to_rgb_reference, yuv_coefficients
 from avpipe.errors import CorruptDataError, DecodeError, MemoryCapError, UnsupportedFormatError
+from avpipe.ops.color import nv12_to_rgb_reference, yuv_coefficients
+from avpipe.pipeline import samplers
 
 ALL = [c for c in CODECS if encoder_available(CODECS[c][0])]
 

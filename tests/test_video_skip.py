@@ -8,9 +8,9 @@ import pytest
 
 import avpipe
 from avpipe._source import open_source
-from avpipe.decoding import _video_cpu
-from avpipe.decoding._nal import disposable_flags, nal_length_size, slice_nal_headers
-from avpipe.decoding._video_scan import _scan_stream
+from avpipe.decoding.video import _pyav as _video_cpu
+from avpipe.decoding.video._nal import disposable_flags, nal_length_size, slice_nal_headers
+from avpipe.decoding.video._scan import _scan_stream
 
 
 def _encode(path, codec, n=48, bframes=3, w=160, h=144):

@@ -81,7 +81,7 @@ __all__ = [
 
 def resample(signal, orig_sr, target_sr, *, quality="high", axis=-1):
     """Polyphase windowed-sinc resampling (numpy or cupy); see :mod:`avpipe.decoding.audio`."""
-    from ..decoding._audio_resample import resample as _resample
+    from ._resample import resample as _resample
 
     return _resample(signal, orig_sr, target_sr, quality=quality, axis=axis)
 

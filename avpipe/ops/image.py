@@ -40,6 +40,7 @@ import operator
 
 import numpy as np
 
+from .._validate import pos_int
 from ..device import array_module
 from . import _image_kernels as _kern
 from . import _image_resize as _rs
@@ -82,21 +83,15 @@ def _as_batch(x, param="x"):
     raise ValueError(f"{param} must be [H, W, C] or [N, H, W, C], got shape {tuple(x.shape)}")
 
 
-def _pos_int(v, param):
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
-        raise ValueError(f"{param} must be a positive int, got {v!r}")
-    return int(v)
-
-
 def _hw(size, param="size"):
     if isinstance(size, numbers.Integral) and not isinstance(size, bool):
-        s = _pos_int(size, param)
+        s = pos_int(param, size)
         return s, s
     try:
         h, w = size
     except (TypeError, ValueError):
         raise ValueError(f"{param} must be an int or (height, width), got {size!r}") from None
-    return _pos_int(h, param), _pos_int(w, param)
+    return pos_int(param, h), pos_int(param, w)
 
 
 def _dtype(dtype, param="dtype"):
@@ -121,7 +116,7 @@ def _check_interp(interpolation):
 def resize_short_side_size(height: int, width: int, short_side: int) -> tuple[int, int]:
     """Output (h, w) when the shorter side becomes ``short_side`` (torchvision's rounding:
     the long side is ``int(short_side * long / short)``)."""
-    short_side = _pos_int(short_side, "short_side")
+    short_side = pos_int("short_side", short_side)
     if height <= width:
         return short_side, max(1, int(short_side * width / height))
     return max(1, int(short_side * height / width)), short_side
@@ -231,7 +226,7 @@ def _crop_box(h, w, top, left, height, width):
 def crop(x, top: int, left: int, height: int, width: int):
     """``x[..., top:top+height, left:left+width, :]`` (a view); the box must lie inside."""
     _, xb, single = _as_batch(x)
-    height, width = _pos_int(height, "height"), _pos_int(width, "width")
+    height, width = pos_int("height", height), pos_int("width", width)
     _crop_box(xb.shape[1], xb.shape[2], int(top), int(left), height, width)
     out = xb[:, top : top + height, left : left + width]
     return out[0] if single else out

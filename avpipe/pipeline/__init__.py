@@ -1,7 +1,11 @@
-"""Pipeline sources, samplers and batching.
+"""Everything that iterates: samplers, prefetching streams, batch loaders and training feeds.
 
-* :class:`ImageFolder` — a directory of class folders -> batches of images and labels
-  (:mod:`avpipe.pipeline.image_folder`).
+* :mod:`avpipe.pipeline.samplers` — seeded frame and clip samplers over a ``VideoDecoder``.
+* :mod:`avpipe.pipeline.clips` — :class:`ClipFeed`: batches of transformed video clips.
+* :mod:`avpipe.pipeline.audio_loader` — :class:`AudioBatchLoader`: padded audio batches
+  (FLAC decoded on the GPU in windows of files, else worker processes into a shared ring).
+* :mod:`avpipe.pipeline.image_stream` — :func:`decode_image_stream`: prefetched image batches.
+* :mod:`avpipe.pipeline.image_folder` — :class:`ImageFolder`: class folders -> image batches.
 """
 
 from __future__ import annotations

@@ -49,8 +49,13 @@ from typing import Any
 
 import numpy as np
 
+from ..decoding.audio import load_audio
+from ..decoding.image import decode_images
+from ..decoding.video import VideoDecoder
 from ..device import Device, resolve_device, to_numpy
 from ..errors import EmptyMediaError
+from ..ops import image as im
+from ..ops.audio import log_mel
 
 __all__ = [
     "Preset",
@@ -134,27 +139,21 @@ def uniform_indices(num_frames: int, count: int) -> np.ndarray:
 
 
 def _resize_center_crop(x, size: int):
-    from ..ops import image as im
-
     return im.center_crop(im.resize(x, short_side=size), size)
 
 
 def _audio_log_mel(path: str, device: Device):
-    import avpipe
-
-    audio = avpipe.load_audio(path, sample_rate=QUICKSTART_SAMPLE_RATE, device=str(device))
+    audio = load_audio(path, sample_rate=QUICKSTART_SAMPLE_RATE, device=str(device))
     x = audio.samples
     if x.shape[-1] == 0:
         raise EmptyMediaError(path, "no audio samples")
-    feats, lengths = avpipe.ops.log_mel(x, preset="nemo")
+    feats, lengths = log_mel(x, preset="nemo")
     n = int(to_numpy(lengths).reshape(-1)[0])
     return feats[0, :, :n]
 
 
 def _video_frames(path: str, device: Device):
-    import avpipe
-
-    with avpipe.VideoDecoder(path, device=str(device)) as dec:
+    with VideoDecoder(path, device=str(device)) as dec:
         n = int(dec.metadata.num_frames)
         if n <= 0:
             raise EmptyMediaError(path, "no video frames")
@@ -164,9 +163,7 @@ def _video_frames(path: str, device: Device):
 
 
 def _image_thumbnail(path: str, device: Device):
-    import avpipe
-
-    (img,) = avpipe.decode_images([path], device=str(device))
+    (img,) = decode_images([path], device=str(device))
     return _resize_center_crop(img, QUICKSTART_SIZE)
 
 

@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from .._source import open_source
-from ..device import resolve_device
-from ..errors import MemoryCapError, UnsupportedFormatError
-from ._video_cpu import PyAVBackend, frame_to_array
-from ._video_scan import StreamScan, scan_stream
+from ..._source import open_source
+from ...device import resolve_device
+from ...errors import MemoryCapError, UnsupportedFormatError
+from ._pyav import PyAVBackend, frame_to_array
+from ._scan import StreamScan, scan_stream
 
 __all__ = ["VideoDecoder", "VideoMetadata", "FrameBatch"]
 
@@ -177,7 +177,7 @@ class VideoDecoder:
         self._lock = threading.Lock()
         self._closed = False
         if self.device.is_cuda:
-            from ._video_nvdec import NvdecBackend, NvdecRefused
+            from ._nvdec import NvdecBackend, NvdecRefused
 
             try:
                 self._gpu = NvdecBackend(self._src, self._scan, self.device)
@@ -359,7 +359,7 @@ class VideoDecoder:
         with self._lock:
             data = None
             if self._gpu is not None:
-                from ._video_nvdec import NvdecRefused
+                from ._nvdec import NvdecRefused
 
                 try:
                     data = self._decode_gpu(targets, slots, idx.size)

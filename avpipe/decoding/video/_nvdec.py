@@ -18,14 +18,14 @@ threads use separate decoders, which NVDEC runs on its several engines concurren
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
-from ..errors import UnsupportedFormatError
-from ._nv12 import nv12_planes_to_rgb, nv12_to_rgb, yuv_coefficients
+from ... import settings
+from ...errors import UnsupportedFormatError
+from ...ops.color import nv12_planes_to_rgb, nv12_to_rgb, yuv_coefficients
 from ._nvdec_caps import nvdec_supports, pynvc
 from ._nvdec_packets import PacketPathError, thread_packet_decoder
-from ._video_scan import StreamScan
+from ._scan import StreamScan
 
 __all__ = ["NvdecBackend", "NvdecRefused"]
 
@@ -50,10 +50,10 @@ _PACKET_FAILURES_OFF = 3
 
 def use_packet_path(scan: StreamScan, path) -> bool:
     """Whether requests on this stream go through the packet path (see the note above)."""
-    mode = os.environ.get("AVPIPE_NVDEC_PACKETS", "auto").strip().lower()
-    if mode in ("0", "false", "no", "off"):
+    mode = settings.nvdec_packets()
+    if mode == "off":
         return False
-    every = mode in ("1", "true", "yes", "on")  # also containers read by PyNvVideoCodec's demuxer
+    every = mode == "on"  # also containers read by PyNvVideoCodec's demuxer
     return (
         path is not None
         and scan.codec in ("h264", "hevc")
@@ -125,7 +125,7 @@ def _frame_pts(frame):
 # Frames are read by their planes' device pointers (PyNvVideoCodec's GetPtrToPlane) where the
 # frame exposes them; the first failure turns that off for the process (DLPack then, as before).
 _raw_planes = {
-    "enabled": os.environ.get("AVPIPE_NVDEC_DLPACK", "0").strip() != "1",
+    "enabled": True,  # AVPIPE_NVDEC_DLPACK=1 (read per request) turns it off too
     "why_off": None,
 }
 
@@ -185,6 +185,7 @@ class NvdecBackend:
         self.nvc_num_frames = -1
         self._pts_offset = None  # calibrated on the first batch: nvc pts - scan pts
         self._packet_failure = None  # why the packet path failed on this file, until counted
+        self._dlpack = False  # AVPIPE_NVDEC_DLPACK, read per request
         self.packet_path = use_packet_path(scan, source.path)
         if not self.packet_path:
             self._simple()
@@ -265,6 +266,7 @@ class NvdecBackend:
         import cupy
 
         scan = self.scan
+        self._dlpack = settings.nvdec_dlpack()
         missing = None
         if self.packet_path and _packet_path["enabled"]:
             missing = self._decode_packets(targets, output, chw, out, slots)
@@ -303,7 +305,11 @@ class NvdecBackend:
     def _write(self, frame, rows, output, chw, out):
         """Convert one decoded NV12 frame into ``out[rows]`` on this backend's stream."""
         first = rows[0]
-        if not (_raw_planes["enabled"] and self._write_raw(frame, out[first], output, chw)):
+        if not (
+            _raw_planes["enabled"]
+            and not self._dlpack
+            and self._write_raw(frame, out[first], output, chw)
+        ):
             self._write_dlpack(frame, out[first], output, chw)
         for r in rows[1:]:
             out[r] = out[first]

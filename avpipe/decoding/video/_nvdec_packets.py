@@ -36,9 +36,10 @@ import threading
 
 import numpy as np
 
+from ... import settings
 from ._nal import to_annexb
 from ._nvdec_caps import pynvc
-from ._video_scan import StreamScan
+from ._scan import StreamScan
 
 __all__ = ["PacketPathError", "PacketDecoder", "thread_packet_decoder", "packet_feed"]
 
@@ -212,10 +213,7 @@ def packet_feed(path: str, scan: StreamScan, targets):
 
 
 def _chunk_size() -> int:
-    try:
-        return max(1, int(os.environ.get("AVPIPE_NVDEC_CHUNK", "16")))
-    except ValueError:
-        return 16
+    return settings.nvdec_chunk()
 
 
 def thread_packet_decoder(gpu: int, stream_ptr: int) -> PacketDecoder:

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from .._validate import pos_int
+
 __all__ = [
     "Clips",
     "sample_uniform",
@@ -41,12 +43,6 @@ class Clips:
         return int(self.indices.shape[0])
 
 
-def _pos_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
-    return int(v)
-
-
 def _rng(seed):
     if isinstance(seed, np.random.Generator):
         return seed
@@ -63,9 +59,9 @@ def clip_indices_random(
     """[num_clips, clip_length] indices of clips at random starts (uniform over all valid
     starts). A video shorter than one clip raises ValueError."""
     num_clips, clip_length, stride = (
-        _pos_int("num_clips", num_clips),
-        _pos_int("clip_length", clip_length),
-        _pos_int("stride", stride),
+        pos_int("num_clips", num_clips),
+        pos_int("clip_length", clip_length),
+        pos_int("stride", stride),
     )
     span = _span(clip_length, stride)
     if span > num_frames:
@@ -87,7 +83,7 @@ def clip_indices_regular(
 ) -> np.ndarray:
     """Clips starting every ``interval`` frames, or ``num_clips`` clips spread evenly
     (exactly one of the two)."""
-    clip_length, stride = _pos_int("clip_length", clip_length), _pos_int("stride", stride)
+    clip_length, stride = pos_int("clip_length", clip_length), pos_int("stride", stride)
     span = _span(clip_length, stride)
     if span > num_frames:
         raise ValueError(
@@ -100,9 +96,9 @@ def clip_indices_regular(
         )
     last = num_frames - span
     if interval is not None:
-        starts = np.arange(0, last + 1, _pos_int("interval", interval))
+        starts = np.arange(0, last + 1, pos_int("interval", interval))
     else:
-        starts = np.round(np.linspace(0, last, _pos_int("num_clips", num_clips))).astype(np.int64)
+        starts = np.round(np.linspace(0, last, pos_int("num_clips", num_clips))).astype(np.int64)
     return starts[:, None] + np.arange(clip_length)[None, :] * stride
 
 
@@ -117,7 +113,7 @@ def _clips(decoder, idx: np.ndarray) -> Clips:
 
 def sample_uniform(decoder, num_frames: int):
     """``num_frames`` frames spread evenly from the first to the last (a FrameBatch)."""
-    k = _pos_int("num_frames", num_frames)
+    k = pos_int("num_frames", num_frames)
     n = decoder.metadata.num_frames
     idx = np.round(np.linspace(0, n - 1, k)).astype(np.int64)
     return decoder.get_frames(idx)
@@ -159,7 +155,7 @@ def sample_regular_clips(
 def sample_clips_at(decoder, seconds, *, clip_length: int = 16, stride: int = 1) -> Clips:
     """One clip per start time: its first frame is the frame shown at t, then ``stride``
     frames apart. A clip running past the last frame raises ValueError."""
-    clip_length, stride = _pos_int("clip_length", clip_length), _pos_int("stride", stride)
+    clip_length, stride = pos_int("clip_length", clip_length), pos_int("stride", stride)
     starts = np.asarray(decoder.index_at(np.asarray(seconds, dtype=np.float64).reshape(-1)))
     idx = starts[:, None] + np.arange(clip_length)[None, :] * stride
     n = decoder.metadata.num_frames

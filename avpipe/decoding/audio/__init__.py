@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from .._source import open_source
-from ..device import resolve_device
-from ..errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
-from ._audio_resample import QUALITIES, resample
+from ..._source import open_source
+from ...device import resolve_device
+from ...errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
+from ...ops._resample import QUALITIES, resample
 
 __all__ = ["load_audio", "Audio", "resample", "audio_info"]
 

@@ -15,8 +15,8 @@ import threading
 
 import numpy as np
 
-from ..errors import CorruptDataError, DecodeError
-from ._video_scan import StreamScan, av_error, open_container
+from ...errors import CorruptDataError, DecodeError
+from ._scan import StreamScan, av_error, open_container
 
 __all__ = ["PyAVBackend"]
 

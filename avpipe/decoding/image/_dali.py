@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ... import settings
+
 log = logging.getLogger("avpipe")
 
 _CACHE: dict = {}
@@ -23,9 +25,9 @@ _CACHE_LOCK = threading.Lock()
 
 
 def num_threads() -> int:
-    env = os.environ.get("AVPIPE_DALI_THREADS")
-    if env:
-        return max(1, int(env))
+    n = settings.dali_threads()
+    if n is not None:
+        return n
     return max(1, min(16, os.cpu_count() or 1))
 
 
@@ -34,16 +36,7 @@ def hw_decoder_load() -> float:
     one; DALI's other JPEGs go to its CUDA decoder, whose Huffman stage runs on the CPU threads for
     images under about a megapixel). avpipe's default is 1.0, not DALI's 0.65: on the H200 it
     decoded the benchmark's 500x375 JPEGs about 1.15x faster. ``AVPIPE_JPEG_HW_LOAD`` sets it."""
-    env = os.environ.get("AVPIPE_JPEG_HW_LOAD", "").strip()
-    if not env:
-        return 1.0
-    try:
-        v = float(env)
-    except ValueError:
-        v = float("nan")
-    if not 0.0 <= v <= 1.0:
-        raise ValueError(f"AVPIPE_JPEG_HW_LOAD must be a number in [0, 1], got {env!r}")
-    return v
+    return settings.jpeg_hw_load()
 
 
 def mixed_options(fancy: bool) -> dict:
@@ -328,8 +321,7 @@ class StreamDecoder:
 def _outputs_take_stream(pipe) -> bool:
     """Whether ``pipe.outputs`` accepts ``cuda_stream`` (DALI >= 2.0 with the dynamic executor);
     ``AVPIPE_DALI_STREAM_OUTPUTS=0`` turns it off (host-synchronous outputs, as before)."""
-    env = os.environ.get("AVPIPE_DALI_STREAM_OUTPUTS", "1").strip().lower()
-    if env in ("0", "false", "no"):
+    if not settings.dali_stream_outputs():
         return False
     try:
         return "cuda_stream" in inspect.signature(pipe.outputs).parameters
