@@ -10,7 +10,7 @@ import pytest
 from video_media import CODECS, encoder_available, make_video
 
 import avpipe
-from avpipe.ops.color import nv12_to_rgb, nv12_to_rgb_reference, yuv_coefficients
+from avpipe.ops.color import nv12_to_rgb_device, nv12_to_rgb_reference, yuv_coefficients
 
 pytestmark = pytest.mark.gpu
 
@@ -131,7 +131,7 @@ def test_kernel_equals_reference(media):
             co = yuv_coefficients(space, rng_tag, fmt)
             ref = nv12_to_rgb_reference(nv, h, w, co)
             out = cupy.empty((h, w, 3), cupy.uint8)
-            nv12_to_rgb(cupy.asarray(nv), h, w, co, out)
+            nv12_to_rgb_device(cupy.asarray(nv), h, w, co, out)
             assert np.abs(cupy.asnumpy(out).astype(int) - ref).max() <= 1
 
 

@@ -27,14 +27,13 @@ vertical pass that also normalizes, casts and writes the layout) with the same t
 numpy path, which is their reference (they agree within 1e-3 on float32 output);
 ``AVPIPE_IMAGE_KERNELS=0`` selects the array-module (cuBLAS) path instead.
 
-:func:`nv12_to_rgb` converts NV12 (or planar 4:2:0) to RGB with the colour tags' matrix and range,
-in swscale's own fixed-point arithmetic (bit-exact with PyAV's ``to_ndarray(format="rgb24")`` of
-the same yuv420p planes on x86).
+:func:`nv12_to_rgb` (defined in :mod:`avpipe.ops.color`, re-exported here) converts NV12 (or
+planar 4:2:0) to RGB with the colour tags' matrix and range, in swscale's own fixed-point
+arithmetic (bit-exact with PyAV's ``to_ndarray(format="rgb24")`` of the same yuv420p planes).
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 import operator
 
@@ -44,6 +43,7 @@ from .._validate import pos_int
 from ..device import array_module
 from . import _image_kernels as _kern
 from . import _image_resize as _rs
+from .color import nv12_to_rgb
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -354,99 +354,6 @@ def to_dtype(x, dtype, *, scale: bool = True):
     if scale and x.dtype == np.uint8:
         y = y * (1.0 / 255.0)
     return y.astype(dt)
-
-
-# --- NV12 -> RGB -------------------------------------------------------------------------------
-
-# (Kr, Kb) of each matrix (FFmpeg's colorspace names accepted too)
-_MATRICES = {
-    "bt601": (0.299, 0.114),
-    "smpte170m": (0.299, 0.114),
-    "bt470bg": (0.299, 0.114),
-    "bt709": (0.2126, 0.0722),
-    "bt2020": (0.2627, 0.0593),
-    "bt2020nc": (0.2627, 0.0593),
-    "smpte240m": (0.212, 0.087),
-    "fcc": (0.30, 0.11),
-}
-
-
-def _yuv_coeffs(matrix, full_range):
-    """swscale's fixed-point yuv->rgb constants for ``matrix``/range.
-
-    The 16.16 coefficients are FFmpeg's (``2(1-Kr)``, ``2(1-Kb)``, ``2Kb(1-Kb)/Kg``,
-    ``2Kr(1-Kr)/Kg``, each times 255/224) derived from Kr/Kb; then reduced as swscale's SIMD
-    ``yuv2rgb`` path does: Q13 multipliers used with a ``>> 16`` on values scaled by 8.
-    """
-    kr, kb = _MATRICES[matrix]
-    kg = 1.0 - kr - kb
-    f = 255.0 / 224.0 * 65536.0
-
-    def q(v):
-        return int(math.floor(v + 0.5))
-
-    crv, cbu = q(2 * (1 - kr) * f), q(2 * (1 - kb) * f)
-    cgu, cgv = -q(2 * kb * (1 - kb) / kg * f), -q(2 * kr * (1 - kr) / kg * f)
-    cy, oy = 1 << 16, 0
-    if not full_range:
-        cy, oy = (cy * 255) // 219, 16 << 16
-    else:
-        # C integer division truncates toward zero
-        crv, cbu = (crv * 224) // 255, (cbu * 224) // 255
-        cgu, cgv = -((-cgu * 224) // 255), -((-cgv * 224) // 255)
-
-    def r16(v):  # swscale's roundToInt16(v * 2**13) etc.: (v + 2**15) >> 16
-        return (v + (1 << 15)) >> 16
-
-    return dict(
-        yc=r16(cy << 13),
-        yo=r16(oy << 3),
-        vr=r16(crv << 13),
-        ub=r16(cbu << 13),
-        ug=r16(cgu << 13),
-        vg=r16(cgv << 13),
-    )
-
-
-def nv12_to_rgb(y, uv, *, matrix: str = "bt601", full_range: bool = False):
-    """NV12 (or any 4:2:0) -> RGB uint8 ``[..., H, W, 3]``, bit-exact with FFmpeg.
-
-    ``y``: luma ``[..., H, W]`` uint8. ``uv``: interleaved chroma ``[..., ceil(H/2), ceil(W/2), 2]``
-    (NV12's second plane, reshaped) or the same plane as ``[..., ceil(H/2), 2*ceil(W/2)]``.
-    ``matrix``: ``"bt601"`` (FFmpeg's default for untagged video), ``"bt709"``, ``"bt2020"``,
-    ``"smpte240m"``, ``"fcc"`` (or FFmpeg's names ``"smpte170m"``, ``"bt470bg"``,
-    ``"bt2020nc"``); ``full_range``: JPEG/full range (0..255) instead of limited (16..235).
-
-    The arithmetic is swscale's ``yuv420p -> rgb24`` fast path on x86 (what PyAV's
-    ``to_ndarray(format="rgb24")`` runs for a software decoder's yuv420p frame): chroma
-    replicated over each 2x2 block, fixed-point Q13 coefficients, terms floored, sum saturated.
-    On the same planes it equals PyAV's output exactly (the tests allow 2 levels, for builds
-    whose swscale takes its C path). Integer xp arithmetic: numpy and cupy give the same bytes.
-    """
-    if matrix not in _MATRICES:
-        raise ValueError(f"matrix must be one of {sorted(_MATRICES)}, got {matrix!r}")
-    xp = array_module(y, uv)
-    if y.ndim < 2:
-        raise ValueError(f"y must be [..., H, W], got shape {tuple(y.shape)}")
-    h, w = y.shape[-2], y.shape[-1]
-    ch, cw = (h + 1) // 2, (w + 1) // 2
-    if uv.shape[-3:] != (ch, cw, 2):
-        if uv.shape[-2:] == (ch, 2 * cw):
-            uv = uv.reshape(uv.shape[:-2] + (ch, cw, 2))
-        else:
-            raise ValueError(
-                f"uv must be [..., {ch}, {cw}, 2] or [..., {ch}, {2 * cw}] for a {h}x{w} y plane, "
-                f"got shape {tuple(uv.shape)}"
-            )
-    k = _yuv_coeffs(matrix, full_range)
-    c = uv.astype(xp.int32) * 8 - 1024
-    c = xp.repeat(xp.repeat(c, 2, axis=-3), 2, axis=-2)[..., :h, :w, :]
-    u8, v8 = c[..., 0], c[..., 1]
-    yy = ((y.astype(xp.int32) * 8 - k["yo"]) * k["yc"]) >> 16
-    r = yy + ((v8 * k["vr"]) >> 16)
-    g = yy + ((u8 * k["ug"]) >> 16) + ((v8 * k["vg"]) >> 16)
-    b = yy + ((u8 * k["ub"]) >> 16)
-    return xp.clip(xp.stack([r, g, b], axis=-1), 0, 255).astype(xp.uint8)
 
 
 # --- fused training path -----------------------------------------------------------------------

@@ -5,7 +5,7 @@ request needs, read from the file by position); everything else, and any request
 path cannot map, through PyNvVideoCodec's SimpleDecoder.
 
 Frames come out in their native NV12 layout (device memory) and are converted to RGB by our own
-kernel (:mod:`._nv12`), which follows the stream's colour-matrix and range tags the way FFmpeg
+kernel (:mod:`avpipe.ops.color`), which follows the stream's colour-matrix and range tags the way FFmpeg
 does for the CPU backend. PyNvVideoCodec numbers frames with its own demuxer; every returned
 frame's pts is checked against the packet scan, and frames whose pts do not match are decoded
 by the CPU backend instead (counted in ``pts_mismatches``), so frame i is the same on both.
@@ -22,7 +22,7 @@ import threading
 
 from ... import settings
 from ...errors import UnsupportedFormatError
-from ...ops.color import nv12_planes_to_rgb, nv12_to_rgb, yuv_coefficients
+from ...ops.color import nv12_planes_to_rgb, nv12_to_rgb_device, yuv_coefficients
 from ._nvdec_caps import nvdec_supports, pynvc
 from ._nvdec_packets import PacketPathError, thread_packet_decoder
 from ._scan import StreamScan
@@ -368,7 +368,7 @@ class NvdecBackend:
             dst[:H] = x[:H, :W]
             dst[H : H + ch] = x[chroma_row : chroma_row + ch, :W]
         else:
-            nv12_to_rgb(x, H, W, self._coeffs, dst, chw=chw, chroma_row=chroma_row)
+            nv12_to_rgb_device(x, H, W, self._coeffs, dst, chw=chw, chroma_row=chroma_row)
 
     def _decode_packets(self, targets, output, chw, out, slots):
         """The packet path; returns the targets it did not deliver, or None when it cannot
