@@ -154,7 +154,7 @@ def bench_avpipe_logmel(files, durs, args, decoder="auto"):
         for _ in range(n_batches):
             x, lens, _, errors = next(stream)
             if errors:
-                raise RuntimeError(f"decode errors: {list(errors.values())[:3]}")
+                raise RuntimeError(f"decode errors: {[str(e) for _, e in errors[:3]]}")
             feats, fl = log_mel(x, lens, preset="nemo")
             shapes.add(tuple(feats.shape[:2]))
             secs += float(lens.sum()) / SR

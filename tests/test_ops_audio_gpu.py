@@ -154,7 +154,7 @@ def test_batch_loader_gpu_matches_cpu(tmp_path):
         got = list(gpu_loader.batches(epochs=2))
     assert len(got) == len(want) == 4
     for (xg, lg, _, eg), (xc, lc, _, ec) in zip(got, want):
-        assert eg == ec == {}
+        assert eg == ec == ()
         assert isinstance(xg, cp.ndarray) and xg.dtype == cp.float32
         np.testing.assert_array_equal(lg, lc)
         np.testing.assert_array_equal(cp.asnumpy(xg), xc)

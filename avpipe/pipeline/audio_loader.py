@@ -22,13 +22,54 @@ import os
 import time
 import weakref
 from collections import deque
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .. import settings
+from .._results import BatchResult
 from ..device import resolve_device
+from ..errors import CorruptDataError, DecodeTimeoutError, EmptyMediaError
 
 _SHARED: dict = {}  # set in the parent before the pool forks; inherited by the workers
+
+
+@dataclass(frozen=True)
+class AudioBatch(BatchResult):
+    """One batch of :class:`AudioBatchLoader`: ``signals`` ``[b, max_len]`` float32 (None with
+    ``decode_only``), ``lengths`` numpy int64 samples (0 for a failed item), ``paths``, and
+    ``errors`` ``((index in the batch, DecodeError), ...)``. Unpacks as
+    ``signals, lengths, paths, errors``."""
+
+    signals: Any
+    lengths: np.ndarray
+    paths: list
+    errors: tuple = ()
+    device: str = "cpu"
+
+    def _astuple(self):
+        return (self.signals, self.lengths, self.paths, self.errors)
+
+    def __iter__(self):
+        return iter(self._astuple())
+
+    def __getitem__(self, i):
+        return self._astuple()[i]
+
+
+def _as_errors(paths, messages: dict) -> tuple:
+    """The loaders' ``{index: message}`` as ``((index, DecodeError), ...)``."""
+    out = []
+    for i, why in sorted(messages.items()):
+        if why.startswith("no answer from the decoding worker"):
+            cls = DecodeTimeoutError
+        elif why == "no audio samples":
+            cls = EmptyMediaError
+        else:
+            cls = CorruptDataError
+        out.append((int(i), cls(str(paths[i]), why)))
+    return tuple(out)
 
 
 def _frames_of(path):
@@ -87,12 +128,13 @@ def _decode_many(tasks):
 
 
 class AudioBatchLoader:
-    """Iterate padded batches of decoded audio: yields ``(signals, lengths, paths, errors)``.
+    """Iterate padded batches of decoded audio: yields :class:`AudioBatch` (unpacks as
+    ``(signals, lengths, paths, errors)``).
 
     ``signals``: ``[b, max_len]`` float32 on ``device`` (cupy on a GPU, numpy on the CPU; None
     with ``decode_only=True``, which decodes into the host ring and hands nothing out: for
     measurements),
-    zero past each length; ``lengths``: numpy int64 samples; ``errors``: ``{index: message}``
+    zero past each length; ``lengths``: numpy int64 samples; ``errors``: ``(index, DecodeError)``
     for items that failed (their length is 0), including files longer than ``max_samples``.
     Sources must be mono or are downmixed; no resampling: files of different sample rates are
     refused up front (``ValueError``). A batch whose workers do not answer within ``timeout``
@@ -307,7 +349,11 @@ class AudioBatchLoader:
         groups = [self.paths[i : i + self.batch] for i in range(0, len(self.paths), self.batch)]
         n_total = len(groups) * int(epochs)
         if self.decoder == "gpu":
-            yield from self._gpu.run(groups[k % len(groups)] for k in range(n_total))
+            dev = str(self.device)
+            for x, lengths, group, errs in self._gpu.run(
+                groups[k % len(groups)] for k in range(n_total)
+            ):
+                yield AudioBatch(x, lengths, group, _as_errors(group, errs), dev)
             return
         pending = deque()
         k_submit = 0
@@ -343,7 +389,7 @@ class AudioBatchLoader:
                 x = self._to_cpu(slot, b, max_len, lengths)
             if k_submit < n_total:
                 submit()
-            yield x, lengths, group, errors
+            yield AudioBatch(x, lengths, group, _as_errors(group, errors), str(self.device))
 
     def close(self):
         if self._registered:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .._source import open_source
+from .._validate import pos_int
 from ..decoding.image import ImageBatch, _dali, decode_image_batch, square_window
 from ..device import Device, resolve_device
 
@@ -55,8 +56,7 @@ def decode_image_stream(
     bad images show up in ``errors`` and the rest still come back.
     A missing path raises ``FileNotFoundError`` before anything is decoded.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    batch_size = pos_int("batch_size", batch_size)
     if isinstance(sources, (str, bytes, bytearray, memoryview, os.PathLike)) or hasattr(
         sources, "read"
     ):

@@ -4,7 +4,8 @@ Every sampler computes its indices first (numpy, seeded), then makes one request
 decoder, which sorts, deduplicates and decodes each needed GOP once. Results carry the frames
 plus their indices and pts.
 
-* :func:`sample_uniform` — N frames spread evenly over the video.
+* :func:`sample_uniform` — N frames spread evenly over the video (:func:`uniform_indices`: the
+  centres of N equal segments, the one uniform rule in avpipe; ``avpipe extract`` uses it too).
 * :func:`sample_random_clips` — clips of T frames with a stride at random starts.
 * :func:`sample_regular_clips` — clips starting at regular intervals.
 * :func:`sample_clips_at` — clips starting at given times (seconds).
@@ -17,10 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from .._results import BatchResult
 from .._validate import pos_int
 
 __all__ = [
     "Clips",
+    "uniform_indices",
     "sample_uniform",
     "sample_random_clips",
     "sample_regular_clips",
@@ -31,13 +34,15 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Clips:
+class Clips(BatchResult):
     """``data`` [num_clips, T, ...frame shape] on the decoder's device; ``indices`` and
-    ``pts_seconds`` [num_clips, T] numpy."""
+    ``pts_seconds`` [num_clips, T] numpy; ``errors`` always empty (a bad frame raises)."""
 
     data: Any
     indices: np.ndarray
     pts_seconds: np.ndarray
+    errors: tuple = ()
+    device: str = "cpu"
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
@@ -102,21 +107,28 @@ def clip_indices_regular(
     return starts[:, None] + np.arange(clip_length)[None, :] * stride
 
 
+def uniform_indices(num_frames: int, count: int) -> np.ndarray:
+    """``count`` frame indices at the centres of ``count`` equal segments of ``num_frames``
+    frames (repeats when the video has fewer than ``count`` frames)."""
+    num_frames, count = pos_int("num_frames", num_frames), pos_int("count", count)
+    idx = np.floor((np.arange(count) + 0.5) * num_frames / count).astype(np.int64)
+    return np.clip(idx, 0, num_frames - 1)
+
+
 def _clips(decoder, idx: np.ndarray) -> Clips:
     c, t = idx.shape
     batch = decoder.get_frames(idx.reshape(-1))
     data = batch.data.reshape(c, t, *batch.data.shape[1:])
     return Clips(
-        data=data, indices=batch.indices.reshape(c, t), pts_seconds=batch.pts_seconds.reshape(c, t)
+        data=data, indices=batch.indices.reshape(c, t), pts_seconds=batch.pts_seconds.reshape(c, t),
+        device=batch.device,
     )
 
 
 def sample_uniform(decoder, num_frames: int):
-    """``num_frames`` frames spread evenly from the first to the last (a FrameBatch)."""
-    k = pos_int("num_frames", num_frames)
-    n = decoder.metadata.num_frames
-    idx = np.round(np.linspace(0, n - 1, k)).astype(np.int64)
-    return decoder.get_frames(idx)
+    """``num_frames`` frames spread evenly over the video (a FrameBatch): the centres of
+    ``num_frames`` equal segments (:func:`uniform_indices`)."""
+    return decoder.get_frames(uniform_indices(decoder.metadata.num_frames, num_frames))
 
 
 def sample_random_clips(

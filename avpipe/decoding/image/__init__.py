@@ -37,7 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from ..._results import BatchResult
 from ..._source import open_source
+from ..._validate import check_on_error
 from ...device import Device, gpu_available, resolve_device
 from ...errors import CorruptDataError, DecodeError, UnsupportedFormatError
 from . import _dali
@@ -90,7 +92,7 @@ def truncation(data: bytes, fmt: str | None) -> str | None:
 
 
 @dataclass(frozen=True)
-class ImageBatch:
+class ImageBatch(BatchResult):
     """The result of :func:`decode_image_batch`.
 
     ``images``: one ``[H, W, 3]`` uint8 array per source (numpy on the CPU, cupy on a GPU),
@@ -119,11 +121,6 @@ def _classify(name: str, data: bytes, exc: BaseException) -> DecodeError:
     if sniff_format(data) is None:
         return UnsupportedFormatError(name, f"not a supported image format ({why})")
     return CorruptDataError(name, f"could not decode image: {why}")
-
-
-def _check_on_error(on_error):
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
 
 
 def _check_rois(rois, n):
@@ -249,7 +246,7 @@ def decode_images(
     the file); ``"skip"`` puts ``None`` in its place. ``roi``, ``exact_jpeg``: see
     :func:`decode_image_batch`.
     """
-    _check_on_error(on_error)
+    check_on_error(on_error)
     batch = decode_image_batch(sources, device=device, roi=roi, exact_jpeg=exact_jpeg)
     if batch.errors and on_error == "raise":
         raise batch.errors[0][1]

@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from ..._results import BatchResult
 from ..._source import open_source
+from ..._validate import pos_int
 from ...device import resolve_device
 from ...errors import MemoryCapError, UnsupportedFormatError
 from ._pyav import PyAVBackend, frame_to_array
@@ -103,14 +105,17 @@ class VideoMetadata:
 
 
 @dataclass(frozen=True)
-class FrameBatch:
+class FrameBatch(BatchResult):
     """Decoded frames: ``data`` is [N, H, W, 3] uint8 RGB (or [N, 3, H, W] with
     ``layout="CHW"``, or [N, H*3/2, W] NV12 with ``output="nv12"``) on the decoder's device,
-    numpy on the CPU and cupy on a GPU; ``indices`` and ``pts_seconds`` are numpy, one per frame."""
+    numpy on the CPU and cupy on a GPU; ``indices`` and ``pts_seconds`` are numpy, one per frame.
+    ``errors`` is always empty: a frame that cannot be decoded raises."""
 
     data: Any
     indices: np.ndarray
     pts_seconds: np.ndarray
+    errors: tuple = ()
+    device: str = "cpu"
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
@@ -294,8 +299,7 @@ class VideoDecoder:
     ) -> FrameBatch:
         """Frames ``start, start+step, ...`` below ``stop`` (Python ``range`` semantics)."""
         n = self.metadata.num_frames
-        if not isinstance(step, (int, np.integer)) or step <= 0:
-            raise ValueError(f"step must be a positive int, got {step!r}")
+        step = pos_int("step", step)
         stop = n if stop is None else stop
         for p, v in (("start", start), ("stop", stop)):
             if not isinstance(v, (int, np.integer)):
@@ -335,8 +339,7 @@ class VideoDecoder:
         """Yield the frames at ``indices`` (default: all, in order) as batches of at most
         ``chunk_size`` frames, in ascending index order, decoding each GOP once overall."""
         self._assert_open()
-        if not isinstance(chunk_size, (int, np.integer)) or chunk_size <= 0:
-            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        chunk_size = pos_int("chunk_size", chunk_size)
         self._check_cap(int(chunk_size))
         if indices is None:
             idx = np.arange(self.metadata.num_frames, dtype=np.int64)
@@ -368,7 +371,7 @@ class VideoDecoder:
             if data is None:
                 data = self._decode_cpu(targets, slots, idx.size)
         pts = self.metadata.pts_seconds[idx].copy()
-        return FrameBatch(data=data, indices=idx.copy(), pts_seconds=pts)
+        return FrameBatch(data=data, indices=idx.copy(), pts_seconds=pts, device=str(self.device))
 
     def _decode_host(self, targets) -> dict:
         """{index: numpy frame} in this decoder's output form (before rotation/layout)."""
