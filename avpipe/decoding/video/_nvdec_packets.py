@@ -39,15 +39,12 @@ import numpy as np
 from ... import settings
 from ._nal import to_annexb
 from ._nvdec_caps import pynvc
+from ._plan import PacketPathError, plan_request
 from ._scan import StreamScan
 
 __all__ = ["PacketPathError", "PacketDecoder", "thread_packet_decoder", "packet_feed"]
 
 _local = threading.local()
-
-
-class PacketPathError(RuntimeError):
-    """The packet path cannot serve this request; use the SimpleDecoder path instead."""
 
 
 class PacketDecoder:
@@ -142,16 +139,8 @@ class PacketDecoder:
         """PyNvVideoCodec's demuxer and its packets to feed, as ``(packet index, PacketData,
         display index or None)``; its packet order is checked against the scan's, packet by
         packet."""
+        plan = plan_request(scan, targets)
         dpts = scan.decode_pts
-        disp = scan.disposable
-        if dpts is None or disp is None:
-            raise PacketPathError("the scan has no packet order")
-        want = {int(scan.pts[t]): int(t) for t in targets}
-        kf = scan.keyframe_at_or_before(int(targets[0]))
-        pos = np.nonzero(dpts == scan.pts[kf])[0]
-        if pos.size == 0:
-            raise PacketPathError("keyframe not found in the packet order")
-        start = int(pos[0])
         try:
             dmx = nvc.CreateDemuxer(filename=path)
         except Exception as e:  # noqa: BLE001
@@ -170,9 +159,9 @@ class PacketDecoder:
                 p = int(dpts[k])
                 if int(pkt.pts) - offset != p:
                     raise PacketPathError(f"packet {k}: pts {pkt.pts} != scan {p} (+{offset})")
-                if k < start or (disp[k] and p not in want):
+                if k < plan.start or not plan.needed(k):
                     continue
-                yield k, pkt, want.get(p)
+                yield k, pkt, plan.want.get(p)
 
         return dmx, packets()
 
@@ -182,18 +171,11 @@ def packet_feed(path: str, scan: StreamScan, targets):
     ``[(packet index, Annex B bytes, display index or None)]`` in decode order, from the
     keyframe at or before the first target to the last target's packet, skipping disposable
     packets that are not targets. The first item starts with the parameter sets."""
-    dpts = scan.decode_pts
-    disp = scan.disposable
-    if dpts is None or disp is None or scan.packet_pos is None:
+    if scan.packet_pos is None:
         raise PacketPathError("the scan did not locate the packets")
-    want = {int(scan.pts[t]): int(t) for t in targets}
-    order = {int(p): k for k, p in enumerate(dpts.tolist())}  # pts -> position in decode order
-    start = order.get(int(scan.pts[scan.keyframe_at_or_before(int(targets[0]))]))
-    if start is None:
-        raise PacketPathError("keyframe not found in the packet order")
-    # the last target in display order need not be the last one in decode order
-    last = max(order[p] for p in want)
-    ks = [k for k in range(start, last + 1) if k == start or not disp[k] or int(dpts[k]) in want]
+    plan = plan_request(scan, targets)  # the same plan as the demuxer feed and PyAV
+    dpts, want = scan.decode_pts, plan.want
+    ks = plan.packets
     at = scan.packet_pos[ks]
     size = scan.packet_size[ks]
     lo, hi = int(at.min()), int((at + size).max())

@@ -16,6 +16,7 @@ import threading
 import numpy as np
 
 from ...errors import CorruptDataError, DecodeError
+from ._plan import skippable_pts
 from ._scan import StreamScan, av_error, open_container
 
 __all__ = ["PyAVBackend"]
@@ -163,14 +164,6 @@ class PyAVBackend:
                     nxt = targets[ti]
                     if scan.keyframe_at_or_before(nxt) > last:
                         break  # a keyframe lies between: seek instead of decoding through
-
-
-def skippable_pts(scan: StreamScan, targets) -> frozenset:
-    """Pts of the disposable packets that are not among the display indices ``targets``."""
-    if scan.disposable is None or not scan.disposable.any():
-        return frozenset()
-    wanted = {int(scan.pts[t]) for t in targets}
-    return frozenset(int(p) for p in scan.decode_pts[scan.disposable].tolist()) - wanted
 
 
 def frame_to_array(frame, output: str, name: str) -> np.ndarray:
