@@ -64,3 +64,31 @@ def test_packet_path_failures_turn_it_off_only_in_a_row(monkeypatch):
     nv._packet_path_failed("e.mp4", "RuntimeError: odder")
     assert not nv._packet_path["enabled"]
     assert nv._packet_path["why_off"] == "RuntimeError: odder"
+
+
+def test_backends_implement_one_interface_and_never_call_the_front(video):
+    """PyAV and NVDEC implement VideoBackend; VideoDecoder alone decides on the fallback: no
+    backend takes a callback into it or imports it."""
+    import ast
+    import inspect
+    import pathlib
+
+    from avpipe.decoding.video import _pyav
+    from avpipe.decoding.video._backend import BackendRefused, VideoBackend
+
+    with avpipe.VideoDecoder(video, device="cpu") as d:
+        assert isinstance(d._cpu, VideoBackend)
+        shape = (d.metadata.height, d.metadata.width, 3)
+        out = np.zeros((3, *shape), np.uint8)
+        assert d._cpu.decode([1, 3], output="rgb", chw=False, out=out, slots=[[0, 2], [1]]) == []
+        want = d.get_frames([1, 3, 1]).data
+        np.testing.assert_array_equal(out, want)
+    assert issubclass(nv.NvdecRefused, BackendRefused)
+    params = inspect.signature(nv.NvdecBackend.decode).parameters
+    assert list(params) == ["self", "targets", "output", "chw", "out", "slots"]
+    for mod in (_pyav, nv):
+        tree = ast.parse(pathlib.Path(mod.__file__).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.level == 1 and node.module is None), mod.__name__
+                assert node.module != "avpipe.decoding.video", mod.__name__

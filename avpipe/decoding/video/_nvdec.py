@@ -23,6 +23,7 @@ import threading
 from ... import settings
 from ...errors import UnsupportedFormatError
 from ...ops.color import nv12_planes_to_rgb, nv12_to_rgb_device, yuv_coefficients
+from ._backend import BackendRefused
 from ._nvdec_caps import nvdec_supports, pynvc
 from ._nvdec_packets import PacketPathError, thread_packet_decoder
 from ._scan import StreamScan
@@ -63,7 +64,7 @@ def use_packet_path(scan: StreamScan, path) -> bool:
     )
 
 
-class NvdecRefused(Exception):
+class NvdecRefused(BackendRefused):
     """NVDEC cannot decode this stream (codec, profile, size, depth); the reason is the text."""
 
 
@@ -153,6 +154,8 @@ def frame_planes(frame, height: int, width: int):
 
 
 class NvdecBackend:
+    """The GPU backend (a :class:`._backend.VideoBackend`)."""
+
     name = "nvdec"
 
     def __init__(self, source, scan: StreamScan, device):
@@ -259,10 +262,10 @@ class NvdecBackend:
                 tail.insert(0, targets.pop())
         return [], tail
 
-    def decode(self, targets, *, output: str, chw: bool, out, slots, cpu_fallback):
+    def decode(self, targets, *, output: str, chw: bool, out, slots) -> list[int]:
         """Decode sorted unique ``targets`` into ``out`` (cupy, [N, ...]); ``slots[i]`` lists the
-        output rows that frame ``targets[i]`` fills. ``cpu_fallback(indices)`` returns
-        {index: numpy array} for frames NVDEC did not deliver correctly."""
+        output rows that frame ``targets[i]`` fills. Returns the targets NVDEC did not deliver
+        correctly (sorted; the caller decodes them elsewhere)."""
         import cupy
 
         scan = self.scan
@@ -293,13 +296,7 @@ class NvdecBackend:
                 scan.source_name,
                 len(missing),
             )
-            host = cpu_fallback(sorted(set(missing)))
-            pos = {t: i for i, t in enumerate(targets)}
-            with cupy.cuda.Device(self.device.index):
-                for t in missing:
-                    arr = cupy.asarray(host[t])
-                    for r in slots[pos[t]]:
-                        out[r] = arr
+        return sorted(set(missing or ()))
 
 
     def _write(self, frame, rows, output, chw, out):

@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 
-from ...errors import CorruptDataError, DecodeError
+from ...errors import CorruptDataError, DecodeError, UnsupportedFormatError
 from ._plan import skippable_pts
 from ._scan import StreamScan, av_error, open_container
 
@@ -25,6 +25,8 @@ _MAX_BAD_PACKETS = 32
 
 
 class PyAVBackend:
+    """The CPU backend (a :class:`._backend.VideoBackend`)."""
+
     name = "pyav"
 
     def __init__(self, source, scan: StreamScan, *, threads: int = 0):
@@ -90,6 +92,25 @@ class PyAVBackend:
                     raise av_error(name, e, "too many undecodable packets") from None
                 continue
             yield from frames
+
+    def decode(self, targets, *, output: str, chw: bool, out, slots) -> list[int]:
+        """:meth:`VideoBackend.decode <._backend.VideoBackend.decode>` into a numpy ``out``;
+        every target is delivered (a frame that cannot be decoded raises)."""
+        name = self.scan.source_name
+        shape = tuple(out.shape[1:])
+        pos = {t: i for i, t in enumerate(targets)}
+        for t, frame in self.iter_frames(targets):
+            a = frame_to_array(frame, output, name)
+            if chw and output == "rgb":
+                a = np.moveaxis(a, -1, 0)
+            if a.shape != shape:
+                raise UnsupportedFormatError(
+                    name,
+                    f"frame {t} has shape {a.shape}, the stream says {shape} (size change mid-stream)",
+                )
+            for r in slots[pos[t]]:
+                out[r] = a
+        return []
 
     def iter_frames(self, targets):
         """Yield ``(index, av.VideoFrame)`` for the sorted, unique display ``targets``."""
