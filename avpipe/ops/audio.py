@@ -49,6 +49,7 @@ from ._audio_core import (
     stft_frame_lengths,
 )
 from ._audio_presets import MLPERF_RNNT, NEMO, PRESET_DOCS, PRESETS, LogMelConfig
+from ._resample import resample as _resample
 
 __all__ = [
     "log_mel",
@@ -80,9 +81,7 @@ __all__ = [
 
 
 def resample(signal, orig_sr, target_sr, *, quality="high", axis=-1):
-    """Polyphase windowed-sinc resampling (numpy or cupy); see :mod:`avpipe.decoding.audio`."""
-    from ._resample import resample as _resample
-
+    """Polyphase windowed-sinc resampling (numpy or cupy); see :mod:`avpipe.ops._resample`."""
     return _resample(signal, orig_sr, target_sr, quality=quality, axis=axis)
 
 

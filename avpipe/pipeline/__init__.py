@@ -10,6 +10,21 @@
 
 from __future__ import annotations
 
+from . import samplers
+from .audio_loader import AudioBatch, AudioBatchLoader
+from .clips import Clip, ClipBatch, ClipFeed
 from .image_folder import IMAGE_EXTENSIONS, ImageFolder, ImageFolderBatch
+from .image_stream import decode_image_stream
 
-__all__ = ["ImageFolder", "ImageFolderBatch", "IMAGE_EXTENSIONS"]
+__all__ = [
+    "samplers",
+    "AudioBatchLoader",
+    "AudioBatch",
+    "ClipFeed",
+    "Clip",
+    "ClipBatch",
+    "decode_image_stream",
+    "ImageFolder",
+    "ImageFolderBatch",
+    "IMAGE_EXTENSIONS",
+]

@@ -22,6 +22,7 @@ import os
 import time
 import weakref
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ import numpy as np
 
 from .. import settings
 from .._results import BatchResult
+from ..decoding.audio._flac_cuda import GpuFlacBatches, header_info
 from ..device import resolve_device
 from ..errors import CorruptDataError, DecodeTimeoutError, EmptyMediaError
 
@@ -238,10 +240,6 @@ class AudioBatchLoader:
     def _init_gpu(self, max_samples):
         """The GPU decoder's set-up: no worker processes, no shared ring; file sizes and
         lengths come from the files' own headers (libsndfile for anything else)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from ..decoding.audio._flac_cuda import GpuFlacBatches, header_info
-
         def info(p):
             return header_info(p) or _frames_of(p)
 

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from .._version import __version__
 from ..decoding.audio import load_audio
 from ..decoding.image import decode_images
 from ..decoding.video import VideoDecoder
@@ -296,8 +297,6 @@ def _check_meta(out_dir: str, preset: str, root: str) -> None:
                 "extracted from; resume with the same INPUT, or use another --out"
             )
         return
-    from .._version import __version__
-
     tmp = meta_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"preset": preset, "input": root, "avpipe": __version__}, f, indent=1)

@@ -32,6 +32,7 @@ from ..._validate import pos_int
 from ...device import resolve_device
 from ...errors import MemoryCapError, UnsupportedFormatError
 from ._backend import BackendRefused, VideoBackend
+from ._nvdec import NvdecBackend
 from ._pyav import PyAVBackend
 from ._scan import StreamScan, scan_stream
 
@@ -183,8 +184,6 @@ class VideoDecoder:
         self._lock = threading.Lock()
         self._closed = False
         if self.device.is_cuda:
-            from ._nvdec import NvdecBackend
-
             try:
                 self._gpu = NvdecBackend(self._src, self._scan, self.device)
             except BackendRefused as e:
