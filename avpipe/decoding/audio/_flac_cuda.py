@@ -1,8 +1,8 @@
 """FLAC decoding on the GPU, bit-exact to libFLAC (private; used by the audio batch loader).
 
-Why: for the ASR log-mel workload the CPU's FLAC decoding is the bound (libsndfile in 16
-processes decodes about 45,000 audio-seconds/s on the H200 machine's 16 vCPUs, DALI's C++
-threads about 50,000), while the GPU computes log-mel at over 200,000. FLAC frames are
+Why: for the ASR log-mel workload the CPU's FLAC decoding is the bound (libsndfile in worker
+processes, or DALI's C++ threads, decode several times fewer audio-seconds per second than the
+GPU computes log-mel; ``benchmarks/README.md`` has the figures). FLAC frames are
 independent and self-delimiting, so one GPU thread per frame decodes a batch of files at once
 (``_flac_kernels.cu`` explains the three kernels). The host reads the files' bytes (no
 decoding), parses STREAMINFO, uploads the bytes and launches the kernels; one small read-back

@@ -1,7 +1,7 @@
 """Still-image decoding through DALI (nvImageCodec).
 
-On a GPU (``device="cuda"``) DALI's ``"mixed"`` decoder uses nvJPEG (with the A100/H100/H200
-hardware JPEG engine where the GPU has one), nvJPEG2000 and nvTIFF; on the CPU its CPU decoders
+On a GPU (``device="cuda"``) DALI's ``"mixed"`` decoder uses nvJPEG (with the hardware JPEG
+engine where the GPU has one), nvJPEG2000 and nvTIFF; on the CPU its CPU decoders
 (libjpeg-turbo, libpng, libtiff, OpenJPEG, libwebp, ...). Formats: JPEG, PNG, TIFF, JPEG 2000,
 BMP, WebP, PNM.
 
@@ -174,8 +174,8 @@ def decode_image_batch(
     upright image's pixels; boxes are clipped to the image. A missing path still raises
     ``FileNotFoundError`` (it is an argument error, not a content error).
     ``exact_jpeg``: on the GPU, upsample JPEG chroma as libjpeg-turbo does (DALI's
-    ``jpeg_fancy_upsampling``), so GPU and CPU pixels agree within 4 levels (IDCT rounding; 3 measured on an H200); False lets nvJPEG use
-    its faster default upsampling (larger differences at sharp colour edges; what a plain DALI
+    ``jpeg_fancy_upsampling``), so GPU and CPU pixels agree within 4 levels (IDCT rounding); False lets nvJPEG use its
+    faster default upsampling (larger differences at sharp colour edges; what a plain DALI
     pipeline does).
     """
     if isinstance(sources, (str, bytes, bytearray, memoryview, os.PathLike)) or hasattr(

@@ -39,10 +39,9 @@ _local = threading.local()
 # "1" (or true/yes/on) also sends other containers' H.264/HEVC through it (packets from
 # PyNvVideoCodec's demuxer, which reads from the file's start for every request); "0" (or
 # false/no/off) turns it off (SimpleDecoder only). Streams under 144 pixels never take it.
-# Measured on an H200 (2026-11-30, the anchors' 32 640x360 H.264 MP4s, 16-frame clips, stride 4,
-# 224 fp16 transform, 16 threads, one run): 153.0 clips/s against 106.3 for the SimpleDecoder
-# path, which decodes every picture from the keyframe on (about twice as many) and is bound by
-# NVDEC there; 94.6 with one packet per Decode call (AVPIPE_NVDEC_CHUNK=1). A request it cannot
+# It is faster than the SimpleDecoder path, which decodes every picture from the keyframe on
+# (about twice as many for sparse clips) and is bound by NVDEC there, as long as it feeds NVDEC
+# chunks of packets (benchmarks/README.md has the clip rates). A request it cannot
 # serve goes to the SimpleDecoder path; after three files in a row on which PyNvVideoCodec
 # misbehaved (and the SimpleDecoder did not), it is off for the process.
 _packet_path = {"enabled": True, "why_off": None, "failures": 0}
@@ -312,8 +311,9 @@ class NvdecBackend:
             out[r] = out[first]
 
     def _write_raw(self, frame, dst, output, chw) -> bool:
-        """The frame's planes by their device pointers, without a DLPack round trip (which cost
-        about a quarter of the clip rate at 16 threads on an H200, 2026-11-30).
+        """The frame's planes by their device pointers, without a DLPack round trip (a DLPack
+        export per frame costs a large share of the clip rate with many threads;
+        ``benchmarks/README.md``).
         The kernel or copies are ordered after the decoder's event on this backend's stream.
         False where the frame does not expose its planes; the caller then uses DLPack."""
         import cupy

@@ -12,17 +12,17 @@ the packets are read straight from the file (one ``pread`` per request, no demux
 converted to Annex B (start codes; parameter sets from the container's avcC / hvcC record
 first); elsewhere PyNvVideoCodec's demuxer reads the file from its start for every request.
 The file-fed path is the default for H.264/HEVC in MP4/MOV; the demuxer-fed one is opt-in
-(``AVPIPE_NVDEC_PACKETS=1``); :mod:`._video_nvdec` gives the measurements.
+(``AVPIPE_NVDEC_PACKETS=1``); :mod:`._nvdec` says when each is used.
 
 The session runs with zero display latency (``DisplayDecodeLatencyType.ZERO``): NVDEC returns
 every picture in decode order, nothing reordered. Packets read from the file go to NVDEC in
 chunks of ``AVPIPE_NVDEC_CHUNK`` (default 16) packets per ``Decode`` call, and an end-of-stream
 packet ends each request; pictures come out one per packet, in the order fed, so the frame of
 each packet is known without trusting timestamps (PyNvVideoCodec re-labels them), and the count
-is checked. Chunks matter (H200, 16 threads, ``benchmarks/bench_video.py``, 2026-11-30): 153.0
-clips/s with chunks of 16; 94.6 with one packet per call (``AVPIPE_NVDEC_CHUNK=1``, each picture
-out at the next call); 95.5 before chunks (one packet per call marked ``ENDOFPICTURE``, each call
-waiting for its own picture). A session holds up to one chunk of decoded frames at a time
+is checked. Chunks matter: one packet per call (``AVPIPE_NVDEC_CHUNK=1``, each picture out at the
+next call, or each call marked ``ENDOFPICTURE`` and waiting for its own picture) leaves NVDEC
+idle between calls, and chunks of 16 give a clearly higher clip rate (``benchmarks/README.md``
+has the figures of ``benchmarks/bench_video.py``). A session holds up to one chunk of decoded frames at a time
 (PyNvVideoCodec's output buffers), so memory per thread is about ``chunk + 1`` frames.
 Demuxer-fed packets go one per call, marked ``ENDOFPICTURE``, and the demuxer's packet order is
 checked against the scan's (PyAV) packet by packet. Anything unexpected raises
