@@ -30,9 +30,10 @@ import numpy as np
 
 from .. import settings
 from .._results import BatchResult
-from ..decoding.audio._flac_cuda import GpuFlacBatches, header_info
+from ..decoding.audio._flac_cuda import header_info
 from ..device import resolve_device
 from ..errors import CorruptDataError, DecodeTimeoutError, EmptyMediaError
+from ._flac_windows import GpuFlacBatches
 
 _SHARED: dict = {}  # set in the parent before the pool forks; inherited by the workers
 
