@@ -384,7 +384,7 @@ def resize_crop_normalize(
 
     ``window=(top, left, full_h, full_w)``: ``x`` holds only that part (rows ``top:top + H``,
     columns ``left:left + W``) of each ``full_h x full_w`` image, e.g. a decode-time crop
-    (:func:`avpipe.decoding.image.decode_image_stream`'s ``center_square``); the geometry is the
+    (:func:`avpipe.pipeline.image_stream.decode_image_stream`'s ``center_square``); the geometry is the
     full image's and the result is the same as on the full images, as long as the window holds
     every pixel the resize reads (else ValueError). A sequence of windows, one per image (a
     stream batch's ``windows``), is accepted when they are all the same (else ValueError: crops

@@ -6,7 +6,7 @@ the installed libsndfile has them) go through soundfile, which seeks: an ``offse
 AAC, ...) goes through PyAV, which seeks to the offset and stops decoding after the duration.
 
 Resampling (``sample_rate=``) is :func:`resample`, a polyphase windowed-sinc resampler of
-stated quality (see :mod:`avpipe.decoding._audio_resample`) that runs on numpy or cupy.
+stated quality (see :mod:`avpipe.ops._resample`) that runs on numpy or cupy.
 """
 
 from __future__ import annotations
