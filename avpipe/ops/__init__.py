@@ -8,101 +8,37 @@ cupy on a GPU); results stay on the inputs' device.
 * :mod:`avpipe.ops.color` — NV12 -> RGB (one colour table; swscale's fixed-point path and the
   NVDEC backend's CUDA kernel).
 
-Every public name of ``audio`` and ``image`` is also reachable here (``avpipe.ops.log_mel``),
-except names both define (``normalize``), which must be taken from their module.
+Every public name of the modules in ``_SUBMODULES`` is also reachable here
+(``avpipe.ops.log_mel``), except names two of them define (``normalize``), which must be taken
+from their module. The modules are imported with the package (they cost little beyond numpy,
+which each needs), so adding one is one entry in ``_SUBMODULES``.
 """
 
 from __future__ import annotations
 
-from . import audio, color, image
-from .audio import (
-    MLPERF_RNNT,
-    NEMO,
-    PRESET_DOCS,
-    PRESETS,
-    LogMelConfig,
-    dct_matrix,
-    dither,
-    get_window,
-    hz_to_mel,
-    log_guarded,
-    log_mel,
-    log_mel_frame_lengths,
-    mel_filterbank,
-    mel_spectrogram,
-    mel_to_hz,
-    mfcc,
-    pad_to_multiple,
-    power_to_db,
-    preemphasis,
-    resample,
-    spectrogram,
-    stack_frames,
-    stft,
-    stft_frame_lengths,
-)
-from .image import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    center_crop,
-    crop,
-    flip,
-    nv12_to_rgb,
-    resize,
-    resize_crop_normalize,
-    resize_short_side_size,
-    to_chw,
-    to_dtype,
-    to_layout,
-)
+import importlib
 
-__all__ = [
-    "audio",
-    "color",
-    "image",
-    "log_mel",
-    "log_mel_frame_lengths",
-    "LogMelConfig",
-    "PRESETS",
-    "PRESET_DOCS",
-    "NEMO",
-    "MLPERF_RNNT",
-    "dither",
-    "preemphasis",
-    "resample",
-    "stft",
-    "spectrogram",
-    "get_window",
-    "stft_frame_lengths",
-    "mel_filterbank",
-    "mel_spectrogram",
-    "hz_to_mel",
-    "mel_to_hz",
-    "log_guarded",
-    "power_to_db",
-    "mfcc",
-    "dct_matrix",
-    "stack_frames",
-    "pad_to_multiple",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "resize",
-    "resize_short_side_size",
-    "crop",
-    "center_crop",
-    "flip",
-    "to_layout",
-    "to_chw",
-    "to_dtype",
-    "nv12_to_rgb",
-    "resize_crop_normalize",
-]
+from . import color
+
+_SUBMODULES = ("audio", "image")
+
+_modules = [importlib.import_module(f"avpipe.ops.{sub}") for sub in _SUBMODULES]
+_names = [name for mod in _modules for name in mod.__all__]
+_AMBIGUOUS = {name for name in _names if _names.count(name) > 1}
+for _mod in _modules:
+    for _name in _mod.__all__:
+        if _name not in _AMBIGUOUS:
+            globals()[_name] = getattr(_mod, _name)
+
+__all__ = ["color", *_SUBMODULES, *dict.fromkeys(n for n in _names if n not in _AMBIGUOUS)]
 
 
 def __getattr__(name: str):
-    # a name both modules define (normalize): say which one to use, never guess
-    if name in audio.__all__ and name in image.__all__:
-        raise AttributeError(
-            f"avpipe.ops.{name} is ambiguous: use avpipe.ops.audio.{name} or avpipe.ops.image.{name}"
+    if name in _AMBIGUOUS:  # e.g. normalize: say which one, never guess
+        where = " or ".join(
+            f"avpipe.ops.{sub}.{name}"
+            for sub, mod in zip(_SUBMODULES, _modules)
+            if name in mod.__all__
         )
+        raise AttributeError(f"avpipe.ops.{name} is ambiguous: use {where}")
     raise AttributeError(f"module 'avpipe.ops' has no attribute {name!r}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _resample
 from ._audio_core import (
     _as_batch,
     _as_lengths,
@@ -49,7 +50,6 @@ from ._audio_core import (
     stft_frame_lengths,
 )
 from ._audio_presets import MLPERF_RNNT, NEMO, PRESET_DOCS, PRESETS, LogMelConfig
-from ._resample import resample as _resample
 
 __all__ = [
     "log_mel",
@@ -82,7 +82,7 @@ __all__ = [
 
 def resample(signal, orig_sr, target_sr, *, quality="high", axis=-1):
     """Polyphase windowed-sinc resampling (numpy or cupy); see :mod:`avpipe.ops._resample`."""
-    return _resample(signal, orig_sr, target_sr, quality=quality, axis=axis)
+    return _resample.resample(signal, orig_sr, target_sr, quality=quality, axis=axis)
 
 
 def _resolve_preset(preset):
