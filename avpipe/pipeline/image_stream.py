@@ -16,6 +16,7 @@ from .._source import open_source
 from .._validate import pos_int
 from ..decoding.image import ImageBatch, _dali, decode_image_batch, square_window
 from ..device import Device, resolve_device
+from ._dali_stream import StreamDecoder
 
 __all__ = ["decode_image_stream"]
 
@@ -94,7 +95,7 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False,
     with dev.activate():
         paths = [s.path for c in chunks for s in c]
         try:
-            dec = _dali.StreamDecoder(
+            dec = StreamDecoder(
                 lambda i: _load_chunk(chunks[i]), len(chunks), idx, batch_size, exact_jpeg,
                 prefetch, files=paths if all(p is not None for p in paths) else None,
                 square=square, margin=margin,
