@@ -92,3 +92,65 @@ def test_backends_implement_one_interface_and_never_call_the_front(video):
             if isinstance(node, ast.ImportFrom):
                 assert not (node.level == 1 and node.module is None), mod.__name__
                 assert node.module != "avpipe.decoding.video", mod.__name__
+
+
+class _FakeCupy:
+    """Just enough of cupy, backed by numpy, to run VideoDecoder's GPU-side code on the CPU."""
+
+    uint8 = np.uint8
+    empty = staticmethod(np.empty)
+    asarray = staticmethod(np.asarray)
+    rot90 = staticmethod(np.rot90)
+    moveaxis = staticmethod(np.moveaxis)
+    ascontiguousarray = staticmethod(np.ascontiguousarray)
+
+    class cuda:  # noqa: N801
+        @staticmethod
+        def Device(i):  # noqa: N802
+            import contextlib
+
+            return contextlib.nullcontext()
+
+
+class _HalfNvdec:
+    """A backend that delivers every other target (from the CPU reference) and returns the rest
+    as not delivered, as NVDEC does for frames whose numbering differs from the scan."""
+
+    name = "nvdec"
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def decode(self, targets, *, output, chw, out, slots):
+        missing = []
+        for k, (t, rows) in enumerate(zip(targets, slots)):
+            if k % 2:
+                missing.append(t)
+                continue
+            a = self.ref[t]
+            a = np.moveaxis(a, -1, 0) if chw else a
+            for r in rows:
+                out[r] = a
+        return missing
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("layout", ["HWC", "CHW"])
+def test_frames_nvdec_did_not_deliver_come_from_pyav(video, monkeypatch, layout):
+    import sys
+
+    from avpipe.device import Device
+
+    with avpipe.VideoDecoder(video, device="cpu") as ref:
+        frames = {i: ref.get_frames([i]).data[0] for i in range(20)}
+        want = ref.get_frames([5, 2, 9, 2, 14]).data
+    monkeypatch.setitem(sys.modules, "cupy", _FakeCupy)
+    d = avpipe.VideoDecoder(video, device="cpu", layout=layout)
+    d.device = Device("cuda", 0)
+    d._gpu = _HalfNvdec(frames)
+    got = d.get_frames([5, 2, 9, 2, 14])
+    np.testing.assert_array_equal(got.data, want if layout == "HWC" else np.moveaxis(want, -1, 1))
+    assert d.backend == "nvdec"
+    d.close()
