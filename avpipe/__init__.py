@@ -1,7 +1,6 @@
 """avpipe: audio, video and image files to training-ready GPU tensors and stored features.
 
-The public API is small and imported lazily, so ``import avpipe`` is cheap (PyAV, DALI and
-PyNvVideoCodec load the first time a decoder needs them)::
+::
 
     avpipe.info()                     # versions, GPU, NVDEC codecs, DALI decoders
     avpipe.VideoDecoder(src, device=None)
@@ -9,10 +8,13 @@ PyNvVideoCodec load the first time a decoder needs them)::
     avpipe.decode_images(sources, device=None)
     avpipe.ops.log_mel(signals, lengths, preset="nemo")
 
-Sub-packages, one per concern: ``decoding`` (containers and codecs to arrays), ``ops`` (pure
-array operators, numpy or cupy), ``pipeline`` (sources that training jobs consume), ``recipes``
-(ready-made jobs), ``cli`` (the ``avpipe`` command); ``device`` hands arrays to torch / JAX /
-cupy through DLPack.
+Layers, each importing only from those before it: ``ops`` (array math, numpy or cupy) <-
+``decoding`` (one request in, arrays out) <- ``pipeline`` (samplers, prefetching, batch
+loaders, feeds) <- ``recipes`` (ready-made jobs) <- ``cli`` (the ``avpipe`` command); below
+them ``settings``, ``formats``, ``device`` and ``errors``.
+
+The names above load on first use: every layer imports numpy, which ``import avpipe`` alone
+does not need (PyAV, DALI, CuPy and PyNvVideoCodec load only when a decoder needs them).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ _LAZY = {
     "Device": "avpipe.device",
     "resolve_device": "avpipe.device",
 }
-_SUBMODULES = {"ops", "decoding", "device", "pipeline", "recipes", "cli"}
+_SUBMODULES = {"ops", "decoding", "device", "pipeline", "recipes", "cli", "settings", "formats"}
 
 __all__ = [
     "__version__",

@@ -7,6 +7,7 @@ import platform
 import sys
 
 from ._version import __version__
+from .device import default_device, gpu_available
 
 __all__ = ["info", "format_info"]
 
@@ -37,8 +38,6 @@ def _version(names):
 
 
 def _gpu_info():
-    from .device import gpu_available
-
     if not gpu_available():
         return [], None
     import cupy
@@ -61,7 +60,7 @@ def _gpu_info():
 
 def _nvdec_codecs():
     """Codecs NVDEC decodes on GPU 0, asked of the driver (cuvidGetDecoderCaps)."""
-    from .decoding import _nvdec_caps
+    from .decoding.video import _nvdec_caps
 
     return _nvdec_caps.supported_codecs(_NVDEC_CODECS)
 
@@ -78,7 +77,6 @@ def info() -> dict:
 
     Never raises for a missing optional piece: each probe's failure is reported as a string.
     """
-    from .device import default_device
 
     out: dict = {
         "avpipe": __version__,

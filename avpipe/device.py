@@ -15,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from . import settings
 
 __all__ = [
     "Device",
@@ -78,10 +79,15 @@ class Device:
             yield
 
 
-@functools.cache
 def _gpu_count() -> int:
-    if os.environ.get("AVPIPE_DISABLE_GPU", "") not in ("", "0"):
+    """CUDA devices usable here: 0 with ``AVPIPE_DISABLE_GPU`` set (read at each call)."""
+    if settings.disable_gpu():
         return 0
+    return _cuda_device_count()
+
+
+@functools.cache
+def _cuda_device_count() -> int:
     try:
         import cupy
 
@@ -95,11 +101,16 @@ def gpu_available() -> bool:
     return _gpu_count() > 0
 
 
-@functools.cache
 def default_device() -> Device:
+    """``cuda:0`` when a GPU is usable (and ``AVPIPE_DISABLE_GPU`` is off), else the CPU."""
     dev = Device("cuda", 0) if gpu_available() else Device("cpu")
-    log.info("avpipe: default device is %s", dev)
+    if _logged.get("default") != dev:
+        _logged["default"] = dev
+        log.info("avpipe: default device is %s", dev)
     return dev
+
+
+_logged: dict = {}
 
 
 def resolve_device(device: Any = None, *, param: str = "device") -> Device:

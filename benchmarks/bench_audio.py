@@ -136,7 +136,7 @@ def cuda_sync():
 
 
 def bench_avpipe_logmel(files, durs, args, decoder="auto"):
-    from avpipe.decoding._audio_batch import AudioBatchLoader
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
 
     # the loader forks its workers (decoder "cpu") before this process touches CUDA
     loader = AudioBatchLoader(files, batch_size=BATCH, num_workers=args.workers, prefetch=args.prefetch,
@@ -154,7 +154,7 @@ def bench_avpipe_logmel(files, durs, args, decoder="auto"):
         for _ in range(n_batches):
             x, lens, _, errors = next(stream)
             if errors:
-                raise RuntimeError(f"decode errors: {list(errors.values())[:3]}")
+                raise RuntimeError(f"decode errors: {[str(e) for _, e in errors[:3]]}")
             feats, fl = log_mel(x, lens, preset="nemo")
             shapes.add(tuple(feats.shape[:2]))
             secs += float(lens.sum()) / SR
@@ -193,7 +193,7 @@ def _decode_only(loader, files, args, sync=lambda: None):
 
 
 def bench_decode_gpu_flac(files, durs, args):
-    from avpipe.decoding._audio_batch import AudioBatchLoader
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
 
     loader = AudioBatchLoader(files, batch_size=BATCH, prefetch=args.prefetch, device="cuda",
                               decoder="gpu")
@@ -377,10 +377,10 @@ def bench_decode_threads_i16_prealloc(files, durs, args):
 
 
 def bench_decode_procs_i16_shared(files, durs, args):
-    from avpipe.decoding._audio_batch import AudioBatchLoader
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
 
     loader = AudioBatchLoader(files, batch_size=BATCH, num_workers=args.workers, prefetch=args.prefetch,
-                              device="none")
+                              decode_only=True)
     rate, n = _decode_only(loader, files, args)
     return rate, {"passes": n, "workers": loader.num_workers,
                   "what": "worker processes, SoundFile.read int16 into a shared ring"}

@@ -42,8 +42,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import avpipe  # noqa: E402
-from avpipe.decoding.image import decode_image_batch, decode_image_stream  # noqa: E402
+from avpipe.decoding.image import decode_image_batch  # noqa: E402
 from avpipe.ops import image as ops  # noqa: E402
+from avpipe.pipeline.image_stream import decode_image_stream  # noqa: E402
 
 SEED = 20240601
 IMG_W, IMG_H = 500, 375

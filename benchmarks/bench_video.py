@@ -3,9 +3,9 @@
 RGB -> short side 224 (bilinear) -> center crop 224 -> ImageNet-normalized fp16 [16, 3, 224, 224],
 16 threads over the H.264 640x360 files of --data. Measured, in one run:
 
-* avpipe_clip_cps — avpipe.VideoDecoder (NVDEC packet path: only the packets a clip needs, read
-  from the MP4 by position; NV12 + our RGB kernel; a session per thread) + avpipe.decoding.samplers
-  .sample_random_clips + the transform. avpipe_simple_clip_cps: the same through PyNvVideoCodec's
+* avpipe_clip_cps — avpipe.pipeline.clips.ClipFeed: VideoDecoder (NVDEC packet path: only the
+  packets a clip needs, read from the MP4 by position; NV12 + our RGB kernel; a session per
+  thread) + samplers.sample_random_clips + ops.image.resize_crop_normalize. avpipe_simple_clip_cps: the same through PyNvVideoCodec's
   SimpleDecoder (AVPIPE_NVDEC_PACKETS=0); avpipe_packets_chunk1_clip_cps: one packet per Decode.
 * pynvc_clip_cps  — plain PyNvVideoCodec SimpleDecoder (RGB output, get_batch_frames_by_index)
   + the same transform.
@@ -133,30 +133,6 @@ def cupy_transform(x):
     return out
 
 
-def make_transform():
-    """avpipe.ops.image when it exists and agrees with the fused kernel; else the kernel."""
-    try:
-        import cupy
-
-        from avpipe.ops import image as im
-
-        def t(x):
-            # the anchor's transform: short side 224 (bilinear, no antialias), center crop 224,
-            # ImageNet normalization, fp16 NCHW, fused into one pass by avpipe.ops.image
-            return im.resize_crop_normalize(
-                x, short_side=CROP, crop_size=CROP, antialias=False, dtype="float16", layout="NCHW"
-            )
-
-        x = cupy.asarray(np.random.default_rng(0).integers(0, 256, (2, 360, 640, 3), dtype=np.uint8))
-        a, b = t(x), cupy_transform(x)
-        if a.shape == b.shape and float(cupy.abs(a.astype(cupy.float32) - b.astype(cupy.float32)).max()) < 0.1:
-            return t, "avpipe.ops.image.resize_crop_normalize"
-        why = f"differs from the reference transform (shape {a.shape})"
-    except Exception as e:  # noqa: BLE001
-        why = f"{type(e).__name__}: {e}"
-    return cupy_transform, f"fused cupy kernel (avpipe.ops.image not used: {why[:120]})"
-
-
 # ---------------------------------------------------------------------------------------------
 # timing
 # ---------------------------------------------------------------------------------------------
@@ -194,34 +170,32 @@ def run_passes(clip_fn, files, budget, max_passes=40):
 
 
 def bench_avpipe(files, budget):
-    import avpipe
-    from avpipe.decoding import samplers
+    """avpipe's public clip feed (:class:`avpipe.pipeline.clips.ClipFeed`), one clip per call of
+    its ``clip`` from this benchmark's threads (the same passes as the other contenders)."""
+    import cupy
 
-    transform, impl = make_transform()
+    from avpipe.pipeline.clips import ClipFeed
+
+    feed = ClipFeed(files, clip_length=CLIP_LEN, stride=STRIDE, crop_size=CROP, threads=THREADS,
+                    device="cuda")
+    # the feed's transform must agree with the reference kernel the other contenders use
+    x = cupy.asarray(np.random.default_rng(0).integers(0, 256, (2, 360, 640, 3), dtype=np.uint8))
+    a, b = feed.transform(x), cupy_transform(x)
+    diff = float(cupy.abs(a.astype(cupy.float32) - b.astype(cupy.float32)).max())
     stats = {"nvdec": 0, "fallback": 0, "mismatch": 0}
     lock = threading.Lock()
-    local = threading.local()
 
     def clip(path, seed):
-        import cupy
-
-        s = getattr(local, "stream", None)
-        if s is None:
-            s = local.stream = cupy.cuda.Stream(non_blocking=True)
-        with avpipe.VideoDecoder(path, device="cuda") as dec:
-            c = samplers.sample_random_clips(dec, num_clips=1, clip_length=CLIP_LEN, stride=STRIDE, seed=seed)
-            with s:
-                out = transform(c.data[0])
-            s.synchronize()
-            with lock:
-                stats["nvdec" if dec.backend == "nvdec" else "fallback"] += 1
-                if dec._gpu is not None:
-                    stats["mismatch"] += dec._gpu.pts_mismatches
-        assert out.shape == (CLIP_LEN, 3, CROP, CROP) and out.dtype == np.float16
+        c = feed.clip(path, seed)
+        with lock:
+            stats["nvdec" if c.backend == "nvdec" else "fallback"] += 1
+            stats["mismatch"] += c.pts_mismatches
+        assert c.data.shape == (CLIP_LEN, 3, CROP, CROP) and c.data.dtype == np.float16
         return 1
 
     cps, extra = run_passes(clip, files, budget)
-    extra.update(transform=impl, backends=stats)
+    extra.update(transform="avpipe.pipeline.clips.ClipFeed (ops.image.resize_crop_normalize)",
+                 transform_max_diff_vs_reference=diff, backends=stats)
     return cps, extra
 
 

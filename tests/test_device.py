@@ -30,16 +30,10 @@ def test_resolve_names_custom_parameter():
 
 def test_default_is_cpu_without_gpu(monkeypatch):
     monkeypatch.setenv("AVPIPE_DISABLE_GPU", "1")
-    D._gpu_count.cache_clear()
-    D.default_device.cache_clear()
-    try:
-        assert D.resolve_device(None) == D.Device("cpu")
-        assert not D.gpu_available()
-        with pytest.raises(RuntimeError, match="no usable CUDA GPU"):
-            D.resolve_device("cuda")
-    finally:
-        D._gpu_count.cache_clear()
-        D.default_device.cache_clear()
+    assert D.resolve_device(None) == D.Device("cpu")
+    assert not D.gpu_available()
+    with pytest.raises(RuntimeError, match="no usable CUDA GPU"):
+        D.resolve_device("cuda")
 
 
 def test_array_module_and_device_of_on_cpu():

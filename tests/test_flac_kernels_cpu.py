@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flac_media import pack, reference, write_ffmpeg_cases, write_soundfile_cases
 
-from avpipe.decoding import _flac_cuda as fc
+from avpipe.decoding.audio import _flac_cuda as fc
 
 PRELUDE = r"""
 #include <cstdint>

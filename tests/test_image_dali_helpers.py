@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from avpipe.decoding import _image_dali as dali
+from avpipe.decoding.image import _dali as dali
 
 
 def test_rows_are_views_of_the_stacked_batch():

@@ -8,7 +8,7 @@ import pytest
 from video_media import make_video
 
 import avpipe
-from avpipe.decoding import _video_nvdec as nv
+from avpipe.decoding.video import _nvdec as nv
 from avpipe.errors import UnsupportedFormatError
 
 
@@ -64,3 +64,93 @@ def test_packet_path_failures_turn_it_off_only_in_a_row(monkeypatch):
     nv._packet_path_failed("e.mp4", "RuntimeError: odder")
     assert not nv._packet_path["enabled"]
     assert nv._packet_path["why_off"] == "RuntimeError: odder"
+
+
+def test_backends_implement_one_interface_and_never_call_the_front(video):
+    """PyAV and NVDEC implement VideoBackend; VideoDecoder alone decides on the fallback: no
+    backend takes a callback into it or imports it."""
+    import ast
+    import inspect
+    import pathlib
+
+    from avpipe.decoding.video import _pyav
+    from avpipe.decoding.video._backend import BackendRefused, VideoBackend
+
+    with avpipe.VideoDecoder(video, device="cpu") as d:
+        assert isinstance(d._cpu, VideoBackend)
+        shape = (d.metadata.height, d.metadata.width, 3)
+        out = np.zeros((3, *shape), np.uint8)
+        assert d._cpu.decode([1, 3], output="rgb", chw=False, out=out, slots=[[0, 2], [1]]) == []
+        want = d.get_frames([1, 3, 1]).data
+        np.testing.assert_array_equal(out, want)
+    assert issubclass(nv.NvdecRefused, BackendRefused)
+    params = inspect.signature(nv.NvdecBackend.decode).parameters
+    assert list(params) == ["self", "targets", "output", "chw", "out", "slots"]
+    for mod in (_pyav, nv):
+        tree = ast.parse(pathlib.Path(mod.__file__).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.level == 1 and node.module is None), mod.__name__
+                assert node.module != "avpipe.decoding.video", mod.__name__
+
+
+class _FakeCupy:
+    """Just enough of cupy, backed by numpy, to run VideoDecoder's GPU-side code on the CPU."""
+
+    uint8 = np.uint8
+    empty = staticmethod(np.empty)
+    asarray = staticmethod(np.asarray)
+    rot90 = staticmethod(np.rot90)
+    moveaxis = staticmethod(np.moveaxis)
+    ascontiguousarray = staticmethod(np.ascontiguousarray)
+
+    class cuda:  # noqa: N801
+        @staticmethod
+        def Device(i):  # noqa: N802
+            import contextlib
+
+            return contextlib.nullcontext()
+
+
+class _HalfNvdec:
+    """A backend that delivers every other target (from the CPU reference) and returns the rest
+    as not delivered, as NVDEC does for frames whose numbering differs from the scan."""
+
+    name = "nvdec"
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def decode(self, targets, *, output, chw, out, slots):
+        missing = []
+        for k, (t, rows) in enumerate(zip(targets, slots)):
+            if k % 2:
+                missing.append(t)
+                continue
+            a = self.ref[t]
+            a = np.moveaxis(a, -1, 0) if chw else a
+            for r in rows:
+                out[r] = a
+        return missing
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("layout", ["HWC", "CHW"])
+def test_frames_nvdec_did_not_deliver_come_from_pyav(video, monkeypatch, layout):
+    import sys
+
+    from avpipe.device import Device
+
+    with avpipe.VideoDecoder(video, device="cpu") as ref:
+        frames = {i: ref.get_frames([i]).data[0] for i in range(20)}
+        want = ref.get_frames([5, 2, 9, 2, 14]).data
+    monkeypatch.setitem(sys.modules, "cupy", _FakeCupy)
+    d = avpipe.VideoDecoder(video, device="cpu", layout=layout)
+    d.device = Device("cuda", 0)
+    d._gpu = _HalfNvdec(frames)
+    got = d.get_frames([5, 2, 9, 2, 14])
+    np.testing.assert_array_equal(got.data, want if layout == "HWC" else np.moveaxis(want, -1, 1))
+    assert d.backend == "nvdec"
+    d.close()

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from avpipe._source import open_source
-from avpipe.decoding import _nvdec_packets as NP
-from avpipe.decoding._nal import to_annexb
-from avpipe.decoding._video_scan import _scan_stream
+from avpipe.decoding.video import _nvdec_packets as NP
+from avpipe.decoding.video._nal import to_annexb
+from avpipe.decoding.video._scan import _scan_stream
 
 
 class FakeNvc:
@@ -218,7 +218,7 @@ class _Frame:
 
 def test_frame_planes_reads_and_checks_the_layout():
     """NVDEC frames are read by plane pointers only when they describe NV12 of the stream's size."""
-    from avpipe.decoding._video_nvdec import frame_planes
+    from avpipe.decoding.video._nvdec import frame_planes
 
     base = 1 << 20
     # 360 rows of luma, chroma right after, pitch 640 (what PyNvVideoCodec 2.2 gives 640x360)
@@ -244,7 +244,7 @@ def test_frame_planes_reads_and_checks_the_layout():
 def test_which_streams_take_the_packet_path(clip, monkeypatch):
     """By default H.264/HEVC whose packets the scan located (MP4) take the packet path; "1" adds
     demuxer-fed containers, "0" turns it off; small or non-H.264/HEVC streams never take it."""
-    from avpipe.decoding._video_nvdec import use_packet_path
+    from avpipe.decoding.video._nvdec import use_packet_path
 
     path, scan = clip  # 160x144 H.264 MP4
     mkv = dataclasses.replace(scan, packet_pos=None)

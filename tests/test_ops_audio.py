@@ -367,3 +367,14 @@ def test_ops_namespace_exports():
         if name in I.__all__:  # shared names must be taken from their module
             continue
         assert getattr(avpipe.ops, name) is getattr(A, name)
+
+
+def test_ops_all_lists_every_public_name_once():
+    import avpipe.ops
+    from avpipe.ops import image as I
+
+    shared = set(A.__all__) & set(I.__all__)
+    want = {"audio", "color", "image"} | (set(A.__all__) | set(I.__all__)) - shared
+    assert set(avpipe.ops.__all__) == want and len(avpipe.ops.__all__) == len(want)
+    with pytest.raises(AttributeError, match="ambiguous"):
+        avpipe.ops.normalize  # noqa: B018

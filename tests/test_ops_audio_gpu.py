@@ -139,8 +139,8 @@ def test_load_audio_to_gpu(tmp_path):
 def test_batch_loader_gpu_matches_cpu(tmp_path):
     cp = _cp()
     sf = pytest.importorskip("soundfile")
-    from avpipe.decoding._audio_batch import AudioBatchLoader
     from avpipe.ops import log_mel
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
 
     rng = np.random.default_rng(5)
     paths = []
@@ -154,7 +154,7 @@ def test_batch_loader_gpu_matches_cpu(tmp_path):
         got = list(gpu_loader.batches(epochs=2))
     assert len(got) == len(want) == 4
     for (xg, lg, _, eg), (xc, lc, _, ec) in zip(got, want):
-        assert eg == ec == {}
+        assert eg == ec == ()
         assert isinstance(xg, cp.ndarray) and xg.dtype == cp.float32
         np.testing.assert_array_equal(lg, lc)
         np.testing.assert_array_equal(cp.asnumpy(xg), xc)

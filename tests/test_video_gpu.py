@@ -10,7 +10,7 @@ import pytest
 from video_media import CODECS, encoder_available, make_video
 
 import avpipe
-from avpipe.decoding._nv12 import nv12_to_rgb, nv12_to_rgb_reference, yuv_coefficients
+from avpipe.ops.color import nv12_to_rgb_device, nv12_to_rgb_reference, yuv_coefficients
 
 pytestmark = pytest.mark.gpu
 
@@ -21,7 +21,7 @@ W, H = 256, 192  # above NVDEC's minimum sizes for every codec
 @pytest.fixture(autouse=True)
 def _fresh_nvdec_state(monkeypatch):
     """Each test starts with the packet path and pointer reads on, whatever an earlier one did."""
-    from avpipe.decoding import _video_nvdec as nv
+    from avpipe.decoding.video import _nvdec as nv
 
     monkeypatch.setattr(nv, "_packet_path", {"enabled": True, "why_off": None, "failures": 0})
     monkeypatch.setattr(nv, "_raw_planes", {"enabled": True, "why_off": None})
@@ -59,7 +59,7 @@ def test_nvdec_matches_cpu(media, codec):
             pytest.skip(f"NVDEC refused {codec}: {gpu.fallback_reason}")
         diag = {}
         try:
-            from avpipe.decoding._video_nvdec import nvdec_diagnostics
+            from avpipe.decoding.video._nvdec import nvdec_diagnostics
 
             diag = nvdec_diagnostics(gpu._gpu, sorted(set(idx)))
         except Exception as e:  # noqa: BLE001
@@ -91,7 +91,7 @@ def test_frames_by_pointer_equal_dlpack(media, codec, packets, monkeypatch):
     for RGB (HWC, CHW) and NV12 output; and the pointer path is the one taken."""
     import cupy
 
-    from avpipe.decoding import _video_nvdec as nv
+    from avpipe.decoding.video import _nvdec as nv
 
     monkeypatch.setenv("AVPIPE_NVDEC_PACKETS", packets)
     used = []
@@ -131,7 +131,7 @@ def test_kernel_equals_reference(media):
             co = yuv_coefficients(space, rng_tag, fmt)
             ref = nv12_to_rgb_reference(nv, h, w, co)
             out = cupy.empty((h, w, 3), cupy.uint8)
-            nv12_to_rgb(cupy.asarray(nv), h, w, co, out)
+            nv12_to_rgb_device(cupy.asarray(nv), h, w, co, out)
             assert np.abs(cupy.asnumpy(out).astype(int) - ref).max() <= 1
 
 
@@ -194,7 +194,7 @@ def test_packet_path_serves_sparse_requests(media, codec, chunk, monkeypatch):
     the CPU's, and one thread's session moves between files without leaking stale frames."""
     import cupy
 
-    from avpipe.decoding import _video_nvdec
+    from avpipe.decoding.video import _nvdec as _video_nvdec
 
     monkeypatch.setenv("AVPIPE_NVDEC_PACKETS", "1")
     monkeypatch.setenv("AVPIPE_NVDEC_CHUNK", chunk)
@@ -220,7 +220,7 @@ def test_packet_path_reads_mp4_packets_itself(tmp_path, codec, monkeypatch):
     repeated indices, across files, in several threads at once."""
     import cupy
 
-    from avpipe.decoding import _video_nvdec
+    from avpipe.decoding.video import _nvdec as _video_nvdec
 
     monkeypatch.setenv("AVPIPE_NVDEC_PACKETS", "1")
     paths = [make_video(tmp_path / f"p{i}.mp4", codec=codec, width=W, height=H, num_frames=70,

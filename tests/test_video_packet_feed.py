@@ -10,9 +10,9 @@ import pytest
 from video_media import encoder_available, make_video, reference_frames
 
 from avpipe._source import open_source
-from avpipe.decoding._nal import parameter_sets_annexb, to_annexb
-from avpipe.decoding._nvdec_packets import PacketPathError, packet_feed
-from avpipe.decoding._video_scan import scan_stream
+from avpipe.decoding.video._nal import parameter_sets_annexb, to_annexb
+from avpipe.decoding.video._nvdec_packets import PacketPathError, packet_feed
+from avpipe.decoding.video._scan import scan_stream
 
 CODECS = [c for c in ("h264", "hevc") if encoder_available({"h264": "libx264", "hevc": "libx265"}[c])]
 

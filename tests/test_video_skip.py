@@ -8,9 +8,10 @@ import pytest
 
 import avpipe
 from avpipe._source import open_source
-from avpipe.decoding import _video_cpu
-from avpipe.decoding._nal import disposable_flags, nal_length_size, slice_nal_headers
-from avpipe.decoding._video_scan import _scan_stream
+from avpipe.decoding.video import _plan
+from avpipe.decoding.video import _pyav as _video_cpu
+from avpipe.decoding.video._nal import disposable_flags, nal_length_size, slice_nal_headers
+from avpipe.decoding.video._scan import _scan_stream
 
 
 def _encode(path, codec, n=48, bframes=3, w=160, h=144):
@@ -70,7 +71,7 @@ def test_skipping_decodes_fewer_packets_and_same_frames(tmp_path, codec, monkeyp
         np.testing.assert_array_equal(got.data[k], ref[i])
     assert decoded and max(decoded) > 0  # some packets were skipped
     wanted = {int(scan.pts[i]) for i in idx}
-    assert not (_video_cpu.skippable_pts(scan, idx) & wanted)  # a wanted frame is never skipped
+    assert not (_plan.skippable_pts(scan, idx) & wanted)  # a wanted frame is never skipped
 
 
 def test_p_only_stream_has_nothing_to_skip(tmp_path):

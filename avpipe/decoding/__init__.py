@@ -1,6 +1,26 @@
-"""Decoding: containers and codecs to arrays.
+"""Decoding: one request in, arrays out (no prefetching, no sampling: that is
+:mod:`avpipe.pipeline`).
 
 * :mod:`avpipe.decoding.video` — :class:`VideoDecoder` over NVDEC (PyNvVideoCodec) and PyAV.
-* :mod:`avpipe.decoding.audio` — :func:`load_audio` (soundfile; PyAV for video containers).
+* :mod:`avpipe.decoding.audio` — :func:`load_audio` (soundfile; PyAV for video containers), and
+  the CUDA FLAC decoder of a window of files.
 * :mod:`avpipe.decoding.image` — :func:`decode_images` (DALI: nvJPEG / nvJPEG2000 / nvTIFF).
 """
+
+from __future__ import annotations
+
+from .audio import Audio, audio_info, load_audio
+from .image import ImageBatch, decode_image_batch, decode_images
+from .video import FrameBatch, VideoDecoder, VideoMetadata
+
+__all__ = [
+    "VideoDecoder",
+    "VideoMetadata",
+    "FrameBatch",
+    "load_audio",
+    "Audio",
+    "audio_info",
+    "decode_images",
+    "decode_image_batch",
+    "ImageBatch",
+]

@@ -18,17 +18,12 @@ import math
 
 import numpy as np
 
+from .._validate import pos_int as _pos_int
 from ..device import array_module
 
 # --------------------------------------------------------------------------------------------
 # argument helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _pos_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 def _as_batch(signals, name="signals"):

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from .. import settings
 from . import _image_resize as _rs
 
 log = logging.getLogger("avpipe")
@@ -195,7 +195,7 @@ _KERNEL_NAMES = ("avp_hpass_u8", "avp_hpass_f32", "avp_vpass")
 
 def enabled() -> bool:
     """False when ``AVPIPE_IMAGE_KERNELS=0`` (use the array-module / cuBLAS path)."""
-    return os.environ.get("AVPIPE_IMAGE_KERNELS", "1").strip().lower() not in ("0", "false", "no")
+    return settings.image_kernels()
 
 
 # --- host-side tap tables ------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _resample
 from ._audio_core import (
     _as_batch,
     _as_lengths,
@@ -81,10 +82,8 @@ __all__ = [
 
 
 def resample(signal, orig_sr, target_sr, *, quality="high", axis=-1):
-    """Polyphase windowed-sinc resampling (numpy or cupy); see :mod:`avpipe.decoding.audio`."""
-    from ..decoding._audio_resample import resample as _resample
-
-    return _resample(signal, orig_sr, target_sr, quality=quality, axis=axis)
+    """Polyphase windowed-sinc resampling (numpy or cupy); see :mod:`avpipe.ops._resample`."""
+    return _resample.resample(signal, orig_sr, target_sr, quality=quality, axis=axis)
 
 
 def _resolve_preset(preset):

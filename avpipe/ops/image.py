@@ -27,22 +27,23 @@ vertical pass that also normalizes, casts and writes the layout) with the same t
 numpy path, which is their reference (they agree within 1e-3 on float32 output);
 ``AVPIPE_IMAGE_KERNELS=0`` selects the array-module (cuBLAS) path instead.
 
-:func:`nv12_to_rgb` converts NV12 (or planar 4:2:0) to RGB with the colour tags' matrix and range,
-in swscale's own fixed-point arithmetic (bit-exact with PyAV's ``to_ndarray(format="rgb24")`` of
-the same yuv420p planes on x86).
+:func:`nv12_to_rgb` (defined in :mod:`avpipe.ops.color`, re-exported here) converts NV12 (or
+planar 4:2:0) to RGB with the colour tags' matrix and range, in swscale's own fixed-point
+arithmetic (bit-exact with PyAV's ``to_ndarray(format="rgb24")`` of the same yuv420p planes).
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 import operator
 
 import numpy as np
 
+from .._validate import pos_int
 from ..device import array_module
 from . import _image_kernels as _kern
 from . import _image_resize as _rs
+from .color import nv12_to_rgb
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -82,21 +83,15 @@ def _as_batch(x, param="x"):
     raise ValueError(f"{param} must be [H, W, C] or [N, H, W, C], got shape {tuple(x.shape)}")
 
 
-def _pos_int(v, param):
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
-        raise ValueError(f"{param} must be a positive int, got {v!r}")
-    return int(v)
-
-
 def _hw(size, param="size"):
     if isinstance(size, numbers.Integral) and not isinstance(size, bool):
-        s = _pos_int(size, param)
+        s = pos_int(param, size)
         return s, s
     try:
         h, w = size
     except (TypeError, ValueError):
         raise ValueError(f"{param} must be an int or (height, width), got {size!r}") from None
-    return _pos_int(h, param), _pos_int(w, param)
+    return pos_int(param, h), pos_int(param, w)
 
 
 def _dtype(dtype, param="dtype"):
@@ -121,7 +116,7 @@ def _check_interp(interpolation):
 def resize_short_side_size(height: int, width: int, short_side: int) -> tuple[int, int]:
     """Output (h, w) when the shorter side becomes ``short_side`` (torchvision's rounding:
     the long side is ``int(short_side * long / short)``)."""
-    short_side = _pos_int(short_side, "short_side")
+    short_side = pos_int("short_side", short_side)
     if height <= width:
         return short_side, max(1, int(short_side * width / height))
     return max(1, int(short_side * height / width)), short_side
@@ -231,7 +226,7 @@ def _crop_box(h, w, top, left, height, width):
 def crop(x, top: int, left: int, height: int, width: int):
     """``x[..., top:top+height, left:left+width, :]`` (a view); the box must lie inside."""
     _, xb, single = _as_batch(x)
-    height, width = _pos_int(height, "height"), _pos_int(width, "width")
+    height, width = pos_int("height", height), pos_int("width", width)
     _crop_box(xb.shape[1], xb.shape[2], int(top), int(left), height, width)
     out = xb[:, top : top + height, left : left + width]
     return out[0] if single else out
@@ -361,99 +356,6 @@ def to_dtype(x, dtype, *, scale: bool = True):
     return y.astype(dt)
 
 
-# --- NV12 -> RGB -------------------------------------------------------------------------------
-
-# (Kr, Kb) of each matrix (FFmpeg's colorspace names accepted too)
-_MATRICES = {
-    "bt601": (0.299, 0.114),
-    "smpte170m": (0.299, 0.114),
-    "bt470bg": (0.299, 0.114),
-    "bt709": (0.2126, 0.0722),
-    "bt2020": (0.2627, 0.0593),
-    "bt2020nc": (0.2627, 0.0593),
-    "smpte240m": (0.212, 0.087),
-    "fcc": (0.30, 0.11),
-}
-
-
-def _yuv_coeffs(matrix, full_range):
-    """swscale's fixed-point yuv->rgb constants for ``matrix``/range.
-
-    The 16.16 coefficients are FFmpeg's (``2(1-Kr)``, ``2(1-Kb)``, ``2Kb(1-Kb)/Kg``,
-    ``2Kr(1-Kr)/Kg``, each times 255/224) derived from Kr/Kb; then reduced as swscale's SIMD
-    ``yuv2rgb`` path does: Q13 multipliers used with a ``>> 16`` on values scaled by 8.
-    """
-    kr, kb = _MATRICES[matrix]
-    kg = 1.0 - kr - kb
-    f = 255.0 / 224.0 * 65536.0
-
-    def q(v):
-        return int(math.floor(v + 0.5))
-
-    crv, cbu = q(2 * (1 - kr) * f), q(2 * (1 - kb) * f)
-    cgu, cgv = -q(2 * kb * (1 - kb) / kg * f), -q(2 * kr * (1 - kr) / kg * f)
-    cy, oy = 1 << 16, 0
-    if not full_range:
-        cy, oy = (cy * 255) // 219, 16 << 16
-    else:
-        # C integer division truncates toward zero
-        crv, cbu = (crv * 224) // 255, (cbu * 224) // 255
-        cgu, cgv = -((-cgu * 224) // 255), -((-cgv * 224) // 255)
-
-    def r16(v):  # swscale's roundToInt16(v * 2**13) etc.: (v + 2**15) >> 16
-        return (v + (1 << 15)) >> 16
-
-    return dict(
-        yc=r16(cy << 13),
-        yo=r16(oy << 3),
-        vr=r16(crv << 13),
-        ub=r16(cbu << 13),
-        ug=r16(cgu << 13),
-        vg=r16(cgv << 13),
-    )
-
-
-def nv12_to_rgb(y, uv, *, matrix: str = "bt601", full_range: bool = False):
-    """NV12 (or any 4:2:0) -> RGB uint8 ``[..., H, W, 3]``, bit-exact with FFmpeg.
-
-    ``y``: luma ``[..., H, W]`` uint8. ``uv``: interleaved chroma ``[..., ceil(H/2), ceil(W/2), 2]``
-    (NV12's second plane, reshaped) or the same plane as ``[..., ceil(H/2), 2*ceil(W/2)]``.
-    ``matrix``: ``"bt601"`` (FFmpeg's default for untagged video), ``"bt709"``, ``"bt2020"``,
-    ``"smpte240m"``, ``"fcc"`` (or FFmpeg's names ``"smpte170m"``, ``"bt470bg"``,
-    ``"bt2020nc"``); ``full_range``: JPEG/full range (0..255) instead of limited (16..235).
-
-    The arithmetic is swscale's ``yuv420p -> rgb24`` fast path on x86 (what PyAV's
-    ``to_ndarray(format="rgb24")`` runs for a software decoder's yuv420p frame): chroma
-    replicated over each 2x2 block, fixed-point Q13 coefficients, terms floored, sum saturated.
-    On the same planes it equals PyAV's output exactly (the tests allow 2 levels, for builds
-    whose swscale takes its C path). Integer xp arithmetic: numpy and cupy give the same bytes.
-    """
-    if matrix not in _MATRICES:
-        raise ValueError(f"matrix must be one of {sorted(_MATRICES)}, got {matrix!r}")
-    xp = array_module(y, uv)
-    if y.ndim < 2:
-        raise ValueError(f"y must be [..., H, W], got shape {tuple(y.shape)}")
-    h, w = y.shape[-2], y.shape[-1]
-    ch, cw = (h + 1) // 2, (w + 1) // 2
-    if uv.shape[-3:] != (ch, cw, 2):
-        if uv.shape[-2:] == (ch, 2 * cw):
-            uv = uv.reshape(uv.shape[:-2] + (ch, cw, 2))
-        else:
-            raise ValueError(
-                f"uv must be [..., {ch}, {cw}, 2] or [..., {ch}, {2 * cw}] for a {h}x{w} y plane, "
-                f"got shape {tuple(uv.shape)}"
-            )
-    k = _yuv_coeffs(matrix, full_range)
-    c = uv.astype(xp.int32) * 8 - 1024
-    c = xp.repeat(xp.repeat(c, 2, axis=-3), 2, axis=-2)[..., :h, :w, :]
-    u8, v8 = c[..., 0], c[..., 1]
-    yy = ((y.astype(xp.int32) * 8 - k["yo"]) * k["yc"]) >> 16
-    r = yy + ((v8 * k["vr"]) >> 16)
-    g = yy + ((u8 * k["ug"]) >> 16) + ((v8 * k["vg"]) >> 16)
-    b = yy + ((u8 * k["ub"]) >> 16)
-    return xp.clip(xp.stack([r, g, b], axis=-1), 0, 255).astype(xp.uint8)
-
-
 # --- fused training path -----------------------------------------------------------------------
 
 
@@ -482,7 +384,7 @@ def resize_crop_normalize(
 
     ``window=(top, left, full_h, full_w)``: ``x`` holds only that part (rows ``top:top + H``,
     columns ``left:left + W``) of each ``full_h x full_w`` image, e.g. a decode-time crop
-    (:func:`avpipe.decoding.image.decode_image_stream`'s ``center_square``); the geometry is the
+    (:func:`avpipe.pipeline.image_stream.decode_image_stream`'s ``center_square``); the geometry is the
     full image's and the result is the same as on the full images, as long as the window holds
     every pixel the resize reads (else ValueError). A sequence of windows, one per image (a
     stream batch's ``windows``), is accepted when they are all the same (else ValueError: crops

@@ -25,27 +25,28 @@ from typing import Any
 
 import numpy as np
 
+from .._results import BatchResult
+from .._validate import check_on_error, pos_int
 from ..decoding.image import decode_image_batch
 from ..device import resolve_device
+from ..formats import IMAGE_EXTENSIONS
 
 __all__ = ["ImageFolder", "ImageFolderBatch", "IMAGE_EXTENSIONS"]
 
-IMAGE_EXTENSIONS = (
-    ".jpg", ".jpeg", ".jpe", ".png", ".tif", ".tiff", ".jp2", ".j2k", ".jpx",
-    ".bmp", ".webp", ".pnm", ".ppm", ".pgm", ".pbm",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
-class ImageFolderBatch:
+class ImageFolderBatch(BatchResult):
     """One batch: ``images`` (a stacked array when every transformed image has the same shape,
-    else a list), ``labels`` (int64, on the images' device), ``paths``, and ``errors`` — the
-    ``(path, error)`` pairs skipped from this batch."""
+    else a list), ``labels`` (int64, on the images' device), ``paths`` of the good images, and
+    ``errors`` — ``(index among the batch's drawn items, DecodeError)`` for each skipped one
+    (the error names its file)."""
 
     images: Any
     labels: Any
     paths: tuple
     errors: tuple = field(default=(), repr=False)
+    device: str = "cpu"
 
 
 class ImageFolder:
@@ -56,7 +57,9 @@ class ImageFolder:
     ``device``: where images are decoded (None: the GPU when usable). ``transform``: a function
     applied to each decoded ``[H, W, 3]`` uint8 image (e.g. ``functools.partial(
     avpipe.ops.image.resize_crop_normalize, short_side=224, crop_size=224)``).
-    ``on_error``: ``"skip"`` or ``"raise"``. ``extensions``: which files count as images.
+    ``on_error``: ``"skip"`` or ``"raise"``. ``extensions``: which files count as images
+    (default :data:`avpipe.formats.IMAGE_EXTENSIONS`). ``self.errors`` collects
+    ``(path, DecodeError)`` for every image skipped so far.
     """
 
     def __init__(
@@ -75,10 +78,8 @@ class ImageFolder:
         root = os.fspath(root)
         if not os.path.isdir(root):
             raise FileNotFoundError(f"root: no such directory: {root!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        batch_size = pos_int("batch_size", batch_size)
+        check_on_error(on_error)
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable or None, got {type(transform).__name__}")
         self.root = root
@@ -127,8 +128,7 @@ class ImageFolder:
         res = decode_image_batch(paths, device=self.device)
         if res.errors and self.on_error == "raise":
             raise res.errors[0][1]
-        errs = tuple((paths[i], e) for i, e in res.errors)
-        self.errors.extend(errs)
+        self.errors.extend((paths[i], e) for i, e in res.errors)
         keep = [i for i, im in enumerate(res.images) if im is not None]
         imgs = [res.images[i] for i in keep]
         if self.transform is not None:
@@ -144,5 +144,6 @@ class ImageFolder:
             else:
                 images = imgs
         return ImageFolderBatch(
-            images=images, labels=labels, paths=tuple(paths[i] for i in keep), errors=errs
+            images=images, labels=labels, paths=tuple(paths[i] for i in keep),
+            errors=tuple(res.errors), device=str(self.device),
         )

@@ -7,12 +7,6 @@
 
 from __future__ import annotations
 
-import importlib
+from . import extract
 
-_SUBMODULES = ("extract",)
-
-
-def __getattr__(name: str):
-    if name in _SUBMODULES:
-        return importlib.import_module(f"avpipe.recipes.{name}")
-    raise AttributeError(f"module 'avpipe.recipes' has no attribute {name!r}")
+__all__ = ["extract"]

@@ -29,11 +29,11 @@ gone are dropped, and the file is rewritten (atomically) when anything was dropp
 
 Presets (:data:`PRESETS`):
 
-* ``quickstart`` — audio (.wav .flac .ogg .opus .mp3) -> ``load_audio(sr=16000)`` ->
-  ``ops.log_mel(preset="nemo")`` -> ``[80, T]`` float32; video (.mp4 .m4v .mkv .webm .avi .mov)
-  -> 8 uniformly spaced frames -> resize short side 224 + center crop -> ``[8, 224, 224, 3]``
-  uint8; images (.jpg .jpeg .png .tif .tiff .jp2 .bmp .webp) -> ``decode_images`` -> resize
-  short side 224 + center crop -> ``[224, 224, 3]`` uint8.
+* ``quickstart`` — files by extension (:mod:`avpipe.formats`): audio -> ``load_audio(sr=16000)``
+  -> ``ops.log_mel(preset="nemo")`` -> ``[80, T]`` float32; video -> 8 uniformly spaced frames
+  (``pipeline.samplers.uniform_indices``) -> resize short side 224 + center crop ->
+  ``[8, 224, 224, 3]`` uint8; images -> ``decode_images`` -> resize short side 224 + center
+  crop -> ``[224, 224, 3]`` uint8.
 """
 
 from __future__ import annotations
@@ -49,8 +49,16 @@ from typing import Any
 
 import numpy as np
 
+from .._version import __version__
+from ..decoding.audio import load_audio
+from ..decoding.image import decode_images
+from ..decoding.video import VideoDecoder
 from ..device import Device, resolve_device, to_numpy
 from ..errors import EmptyMediaError
+from ..formats import EXTENSIONS
+from ..ops import image as im
+from ..ops.audio import log_mel
+from ..pipeline.samplers import uniform_indices
 
 __all__ = [
     "Preset",
@@ -122,39 +130,22 @@ QUICKSTART_FRAMES = 8
 QUICKSTART_SIZE = 224
 
 
-def uniform_indices(num_frames: int, count: int) -> np.ndarray:
-    """``count`` frame indices at the centres of ``count`` equal segments of the video
-    (repeats when the video is shorter than ``count`` frames)."""
-    if num_frames <= 0:
-        raise ValueError(f"num_frames must be positive, got {num_frames!r}")
-    if count <= 0:
-        raise ValueError(f"count must be positive, got {count!r}")
-    idx = np.floor((np.arange(count) + 0.5) * num_frames / count).astype(np.int64)
-    return np.clip(idx, 0, num_frames - 1)
-
-
 def _resize_center_crop(x, size: int):
-    from ..ops import image as im
-
     return im.center_crop(im.resize(x, short_side=size), size)
 
 
 def _audio_log_mel(path: str, device: Device):
-    import avpipe
-
-    audio = avpipe.load_audio(path, sample_rate=QUICKSTART_SAMPLE_RATE, device=str(device))
+    audio = load_audio(path, sample_rate=QUICKSTART_SAMPLE_RATE, device=str(device))
     x = audio.samples
     if x.shape[-1] == 0:
         raise EmptyMediaError(path, "no audio samples")
-    feats, lengths = avpipe.ops.log_mel(x, preset="nemo")
+    feats, lengths = log_mel(x, preset="nemo")
     n = int(to_numpy(lengths).reshape(-1)[0])
     return feats[0, :, :n]
 
 
 def _video_frames(path: str, device: Device):
-    import avpipe
-
-    with avpipe.VideoDecoder(path, device=str(device)) as dec:
+    with VideoDecoder(path, device=str(device)) as dec:
         n = int(dec.metadata.num_frames)
         if n <= 0:
             raise EmptyMediaError(path, "no video frames")
@@ -164,19 +155,8 @@ def _video_frames(path: str, device: Device):
 
 
 def _image_thumbnail(path: str, device: Device):
-    import avpipe
-
-    (img,) = avpipe.decode_images([path], device=str(device))
+    (img,) = decode_images([path], device=str(device))
     return _resize_center_crop(img, QUICKSTART_SIZE)
-
-
-AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3")
-VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mkv", ".webm", ".avi", ".mov")
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".jp2", ".bmp", ".webp")
-
-
-def _ext_map(**kinds) -> dict[str, str]:
-    return {ext: kind for kind, exts in kinds.items() for ext in exts}
 
 
 QUICKSTART = Preset(
@@ -185,7 +165,7 @@ QUICKSTART = Preset(
         "audio -> NeMo log-mel [80, T] float32 (16 kHz); video -> 8 uniform frames "
         "[8, 224, 224, 3] uint8; images -> [224, 224, 3] uint8 (short side 224, center crop)"
     ),
-    extensions=_ext_map(audio=AUDIO_EXTENSIONS, video=VIDEO_EXTENSIONS, image=IMAGE_EXTENSIONS),
+    extensions=dict(EXTENSIONS),
     extractors={"audio": _audio_log_mel, "video": _video_frames, "image": _image_thumbnail},
 )
 
@@ -317,8 +297,6 @@ def _check_meta(out_dir: str, preset: str, root: str) -> None:
                 "extracted from; resume with the same INPUT, or use another --out"
             )
         return
-    from .._version import __version__
-
     tmp = meta_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"preset": preset, "input": root, "avpipe": __version__}, f, indent=1)

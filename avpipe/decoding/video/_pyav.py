@@ -15,8 +15,9 @@ import threading
 
 import numpy as np
 
-from ..errors import CorruptDataError, DecodeError
-from ._video_scan import StreamScan, av_error, open_container
+from ...errors import CorruptDataError, DecodeError, UnsupportedFormatError
+from ._plan import skippable_pts
+from ._scan import StreamScan, av_error, open_container
 
 __all__ = ["PyAVBackend"]
 
@@ -24,6 +25,8 @@ _MAX_BAD_PACKETS = 32
 
 
 class PyAVBackend:
+    """The CPU backend (a :class:`._backend.VideoBackend`)."""
+
     name = "pyav"
 
     def __init__(self, source, scan: StreamScan, *, threads: int = 0):
@@ -89,6 +92,25 @@ class PyAVBackend:
                     raise av_error(name, e, "too many undecodable packets") from None
                 continue
             yield from frames
+
+    def decode(self, targets, *, output: str, chw: bool, out, slots) -> list[int]:
+        """:meth:`VideoBackend.decode <._backend.VideoBackend.decode>` into a numpy ``out``;
+        every target is delivered (a frame that cannot be decoded raises)."""
+        name = self.scan.source_name
+        shape = tuple(out.shape[1:])
+        pos = {t: i for i, t in enumerate(targets)}
+        for t, frame in self.iter_frames(targets):
+            a = frame_to_array(frame, output, name)
+            if chw and output == "rgb":
+                a = np.moveaxis(a, -1, 0)
+            if a.shape != shape:
+                raise UnsupportedFormatError(
+                    name,
+                    f"frame {t} has shape {a.shape}, the stream says {shape} (size change mid-stream)",
+                )
+            for r in slots[pos[t]]:
+                out[r] = a
+        return []
 
     def iter_frames(self, targets):
         """Yield ``(index, av.VideoFrame)`` for the sorted, unique display ``targets``."""
@@ -163,14 +185,6 @@ class PyAVBackend:
                     nxt = targets[ti]
                     if scan.keyframe_at_or_before(nxt) > last:
                         break  # a keyframe lies between: seek instead of decoding through
-
-
-def skippable_pts(scan: StreamScan, targets) -> frozenset:
-    """Pts of the disposable packets that are not among the display indices ``targets``."""
-    if scan.disposable is None or not scan.disposable.any():
-        return frozenset()
-    wanted = {int(scan.pts[t]) for t in targets}
-    return frozenset(int(p) for p in scan.decode_pts[scan.disposable].tolist()) - wanted
 
 
 def frame_to_array(frame, output: str, name: str) -> np.ndarray:

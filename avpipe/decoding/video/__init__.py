@@ -26,11 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from .._source import open_source
-from ..device import resolve_device
-from ..errors import MemoryCapError, UnsupportedFormatError
-from ._video_cpu import PyAVBackend, frame_to_array
-from ._video_scan import StreamScan, scan_stream
+from ..._results import BatchResult
+from ..._source import open_source
+from ..._validate import pos_int
+from ...device import resolve_device
+from ...errors import MemoryCapError, UnsupportedFormatError
+from ._backend import BackendRefused, VideoBackend
+from ._nvdec import NvdecBackend
+from ._pyav import PyAVBackend
+from ._scan import StreamScan, scan_stream
 
 __all__ = ["VideoDecoder", "VideoMetadata", "FrameBatch"]
 
@@ -103,14 +107,17 @@ class VideoMetadata:
 
 
 @dataclass(frozen=True)
-class FrameBatch:
+class FrameBatch(BatchResult):
     """Decoded frames: ``data`` is [N, H, W, 3] uint8 RGB (or [N, 3, H, W] with
     ``layout="CHW"``, or [N, H*3/2, W] NV12 with ``output="nv12"``) on the decoder's device,
-    numpy on the CPU and cupy on a GPU; ``indices`` and ``pts_seconds`` are numpy, one per frame."""
+    numpy on the CPU and cupy on a GPU; ``indices`` and ``pts_seconds`` are numpy, one per frame.
+    ``errors`` is always empty: a frame that cannot be decoded raises."""
 
     data: Any
     indices: np.ndarray
     pts_seconds: np.ndarray
+    errors: tuple = ()
+    device: str = "cpu"
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
@@ -170,18 +177,16 @@ class VideoDecoder:
         self.metadata = VideoMetadata.from_scan(self._scan)
         self.output, self.layout, self.rotate = output, layout, bool(rotate)
         self.memory_cap_bytes = memory_cap_bytes
-        self._cpu = PyAVBackend(self._src, self._scan, threads=threads)
-        self._gpu = None
+        self._cpu: VideoBackend = PyAVBackend(self._src, self._scan, threads=threads)
+        self._gpu: VideoBackend | None = None
         self.fallback_reason: str | None = None
         self._allow_cpu_fallback = bool(allow_cpu_fallback)
         self._lock = threading.Lock()
         self._closed = False
         if self.device.is_cuda:
-            from ._video_nvdec import NvdecBackend, NvdecRefused
-
             try:
                 self._gpu = NvdecBackend(self._src, self._scan, self.device)
-            except NvdecRefused as e:
+            except BackendRefused as e:
                 self._refused(e)
 
     def _refused(self, e) -> None:
@@ -294,8 +299,7 @@ class VideoDecoder:
     ) -> FrameBatch:
         """Frames ``start, start+step, ...`` below ``stop`` (Python ``range`` semantics)."""
         n = self.metadata.num_frames
-        if not isinstance(step, (int, np.integer)) or step <= 0:
-            raise ValueError(f"step must be a positive int, got {step!r}")
+        step = pos_int("step", step)
         stop = n if stop is None else stop
         for p, v in (("start", start), ("stop", stop)):
             if not isinstance(v, (int, np.integer)):
@@ -335,8 +339,7 @@ class VideoDecoder:
         """Yield the frames at ``indices`` (default: all, in order) as batches of at most
         ``chunk_size`` frames, in ascending index order, decoding each GOP once overall."""
         self._assert_open()
-        if not isinstance(chunk_size, (int, np.integer)) or chunk_size <= 0:
-            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        chunk_size = pos_int("chunk_size", chunk_size)
         self._check_cap(int(chunk_size))
         if indices is None:
             idx = np.arange(self.metadata.num_frames, dtype=np.int64)
@@ -351,6 +354,8 @@ class VideoDecoder:
             raise RuntimeError(f"VideoDecoder for {self.source_name} is closed")
 
     def _decode(self, idx: np.ndarray) -> FrameBatch:
+        """The fallback is decided here: NVDEC first where it holds the stream; a refusal moves
+        this decoder to the CPU for good, and frames NVDEC did not deliver come from PyAV."""
         uniq, inverse = np.unique(idx, return_inverse=True)
         slots: list[list[int]] = [[] for _ in range(uniq.size)]
         for row, u in enumerate(inverse.tolist()):
@@ -359,47 +364,38 @@ class VideoDecoder:
         with self._lock:
             data = None
             if self._gpu is not None:
-                from ._video_nvdec import NvdecRefused
-
                 try:
                     data = self._decode_gpu(targets, slots, idx.size)
-                except NvdecRefused as e:
+                except BackendRefused as e:
                     self._refused(e)
             if data is None:
                 data = self._decode_cpu(targets, slots, idx.size)
         pts = self.metadata.pts_seconds[idx].copy()
-        return FrameBatch(data=data, indices=idx.copy(), pts_seconds=pts)
+        return FrameBatch(data=data, indices=idx.copy(), pts_seconds=pts, device=str(self.device))
 
-    def _decode_host(self, targets) -> dict:
-        """{index: numpy frame} in this decoder's output form (before rotation/layout)."""
-        out = {}
-        for t, frame in self._cpu.iter_frames(targets):
-            out[t] = frame_to_array(frame, self.output, self.source_name)
-        return out
-
-    def _finish_host(self, a: np.ndarray) -> np.ndarray:
+    def _plain_rows(self):
+        """(row shape the backends write, whether it is CHW, whether rotation follows)."""
+        m = self.metadata
         if self.output == "nv12":
-            return a
-        if self.rotate and self.metadata.rotation % 360:
-            a = np.rot90(a, k=(self.metadata.rotation // 90) % 4, axes=(0, 1))
+            return (m.height + (m.height + 1) // 2, m.width), False, False
+        rotate = bool(self.rotate and m.rotation % 360)
+        chw = self.layout == "CHW" and not rotate
+        return ((3, m.height, m.width) if chw else (m.height, m.width, 3)), chw, rotate
+
+    def _rotated(self, xp, out):
+        """Apply the display rotation (and then the CHW layout) to a whole batch."""
+        m = self.metadata
+        out = xp.rot90(out, k=(m.rotation // 90) % 4, axes=(1, 2))
         if self.layout == "CHW":
-            a = np.moveaxis(a, -1, 0)
-        return a
+            out = xp.moveaxis(out, -1, 1)
+        return xp.ascontiguousarray(out)
 
     def _decode_cpu(self, targets, slots, n):
-        shape = self._frame_shape()
-        out = np.empty((n, *shape), dtype=np.uint8)
-        name = self.source_name
-        for t, frame in self._cpu.iter_frames(targets):
-            a = self._finish_host(frame_to_array(frame, self.output, name))
-            if a.shape != shape:
-                raise UnsupportedFormatError(
-                    name,
-                    f"frame {t} has shape {a.shape}, the stream says {shape} (size change mid-stream)",
-                )
-            rows = slots[_bisect(targets, t)]
-            for r in rows:
-                out[r] = a
+        row, chw, rotate = self._plain_rows()
+        out = np.empty((n, *row), dtype=np.uint8)
+        self._cpu.decode(targets, output=self.output, chw=chw, out=out, slots=slots)
+        if rotate:
+            out = self._rotated(np, out)
         if self.device.is_cuda:  # GPU fallback: frames go to the decoder's device
             import cupy
 
@@ -410,39 +406,23 @@ class VideoDecoder:
     def _decode_gpu(self, targets, slots, n):
         import cupy
 
-        m = self.metadata
-        shape = self._frame_shape()
-        rotate = self.rotate and self.output == "rgb" and m.rotation % 360
-        chw = self.layout == "CHW" and not rotate
-        base = (
-            (3, m.height, m.width)
-            if chw
-            else (shape if self.output == "nv12" else (m.height, m.width, 3))
-        )
+        row, chw, rotate = self._plain_rows()
         with cupy.cuda.Device(self.device.index):
-            out = cupy.empty((n, *base), dtype=cupy.uint8)
-
-        def fallback(missing):
-            return {t: self._finish_gpu_host(a, chw) for t, a in self._decode_host(missing).items()}
-
-        self._gpu.decode(
-            targets, output=self.output, chw=chw, out=out, slots=slots, cpu_fallback=fallback
-        )
+            out = cupy.empty((n, *row), dtype=cupy.uint8)
+        missing = self._gpu.decode(targets, output=self.output, chw=chw, out=out, slots=slots)
+        if missing:  # frames NVDEC did not deliver: the PyAV backend decodes them
+            pos = {t: i for i, t in enumerate(targets)}
+            host = np.empty((len(missing), *row), dtype=np.uint8)
+            self._cpu.decode(
+                missing, output=self.output, chw=chw, out=host,
+                slots=[[i] for i in range(len(missing))],
+            )  # fmt: skip
+            with cupy.cuda.Device(self.device.index):
+                for i, t in enumerate(missing):
+                    arr = cupy.asarray(host[i])
+                    for r in slots[pos[t]]:
+                        out[r] = arr
         if rotate:
             with cupy.cuda.Device(self.device.index):
-                out = cupy.rot90(out, k=(m.rotation // 90) % 4, axes=(1, 2))
-                if self.layout == "CHW":
-                    out = cupy.moveaxis(out, -1, 1)
-                out = cupy.ascontiguousarray(out)
+                out = self._rotated(cupy, out)
         return out
-
-    def _finish_gpu_host(self, a, chw):
-        if self.output == "rgb" and chw:
-            return np.ascontiguousarray(np.moveaxis(a, -1, 0))
-        return a
-
-
-def _bisect(seq, x):
-    import bisect
-
-    return bisect.bisect_left(seq, x)

@@ -17,7 +17,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
+from ...errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
 from ._nal import nal_length_size, parameter_sets_annexb, slice_nal_headers
 
 __all__ = ["StreamScan", "scan_stream", "open_container", "av_error"]

@@ -11,7 +11,7 @@ shared, already-touched buffer (no allocation, no page faults, no GIL shared wit
 used ``[B, max_len]`` block to the GPU (``cudaMemcpy2DAsync`` from page-locked memory when the
 buffer can be registered) and converts to float32 there (``x / 32768``, soundfile's scaling).
 
-Private helper behind :func:`iter_audio_batches`; used by ``benchmarks/bench_audio.py``.
+Public as :class:`AudioBatchLoader`; ``benchmarks/bench_audio.py`` measures it.
 """
 
 from __future__ import annotations
@@ -22,10 +22,57 @@ import os
 import time
 import weakref
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from .. import settings
+from .._results import BatchResult
+from ..decoding.audio._flac_cuda import header_info
+from ..device import resolve_device
+from ..errors import CorruptDataError, DecodeTimeoutError, EmptyMediaError
+from ._flac_windows import GpuFlacBatches
+
 _SHARED: dict = {}  # set in the parent before the pool forks; inherited by the workers
+
+
+@dataclass(frozen=True)
+class AudioBatch(BatchResult):
+    """One batch of :class:`AudioBatchLoader`: ``signals`` ``[b, max_len]`` float32 (None with
+    ``decode_only``), ``lengths`` numpy int64 samples (0 for a failed item), ``paths``, and
+    ``errors`` ``((index in the batch, DecodeError), ...)``. Unpacks as
+    ``signals, lengths, paths, errors``."""
+
+    signals: Any
+    lengths: np.ndarray
+    paths: list
+    errors: tuple = ()
+    device: str = "cpu"
+
+    def _astuple(self):
+        return (self.signals, self.lengths, self.paths, self.errors)
+
+    def __iter__(self):
+        return iter(self._astuple())
+
+    def __getitem__(self, i):
+        return self._astuple()[i]
+
+
+def _as_errors(paths, messages: dict) -> tuple:
+    """The loaders' ``{index: message}`` as ``((index, DecodeError), ...)``."""
+    out = []
+    for i, why in sorted(messages.items()):
+        if why.startswith("no answer from the decoding worker"):
+            cls = DecodeTimeoutError
+        elif why == "no audio samples":
+            cls = EmptyMediaError
+        else:
+            cls = CorruptDataError
+        out.append((int(i), cls(str(paths[i]), why)))
+    return tuple(out)
 
 
 def _frames_of(path):
@@ -84,11 +131,13 @@ def _decode_many(tasks):
 
 
 class AudioBatchLoader:
-    """Iterate padded batches of decoded audio: yields ``(signals, lengths, paths, errors)``.
+    """Iterate padded batches of decoded audio: yields :class:`AudioBatch` (unpacks as
+    ``(signals, lengths, paths, errors)``).
 
-    ``signals``: ``[b, max_len]`` float32 on ``device`` (cupy for "cuda", numpy for "cpu",
-    None for device "none": decode only),
-    zero past each length; ``lengths``: numpy int64 samples; ``errors``: ``{index: message}``
+    ``signals``: ``[b, max_len]`` float32 on ``device`` (cupy on a GPU, numpy on the CPU; None
+    with ``decode_only=True``, which decodes into the host ring and hands nothing out: for
+    measurements),
+    zero past each length; ``lengths``: numpy int64 samples; ``errors``: ``(index, DecodeError)``
     for items that failed (their length is 0), including files longer than ``max_samples``.
     Sources must be mono or are downmixed; no resampling: files of different sample rates are
     refused up front (``ValueError``). A batch whose workers do not answer within ``timeout``
@@ -115,11 +164,12 @@ class AudioBatchLoader:
         batch_size=64,
         num_workers=None,
         prefetch=4,
-        device="cuda",
+        device=None,
         transport="int16",
         max_samples=None,
         timeout=120.0,
         decoder="auto",
+        decode_only: bool = False,
     ):
         if transport not in ("int16", "float32"):
             raise ValueError(f"transport must be 'int16' or 'float32', got {transport!r}")
@@ -131,14 +181,19 @@ class AudioBatchLoader:
         self.batch = int(batch_size)
         self.num_workers = int(num_workers or os.cpu_count() or 1)
         self.prefetch = max(1, int(prefetch))
-        self.device = device
+        self.device = resolve_device(device)
+        self.decode_only = bool(decode_only)
         self.dtype = np.dtype(transport)
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
-        on_gpu = device is not None and str(device).startswith("cuda")
+        on_gpu = self.device.is_cuda
         if decoder == "gpu" and not on_gpu:
             raise ValueError(f"decoder='gpu' needs device='cuda', got device={device!r}")
+        if decoder == "gpu" and self.decode_only:
+            raise ValueError("decode_only=True measures the CPU decoder; decoder='gpu' has none")
+        if self.decode_only:
+            on_gpu = False  # the CPU decoder: nothing is handed to a device
         if decoder == "auto":
             decoder = (
                 "gpu" if on_gpu and all(p.lower().endswith(".flac") for p in self.paths) else "cpu"
@@ -186,10 +241,6 @@ class AudioBatchLoader:
     def _init_gpu(self, max_samples):
         """The GPU decoder's set-up: no worker processes, no shared ring; file sizes and
         lengths come from the files' own headers (libsndfile for anything else)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from ._flac_cuda import GpuFlacBatches, header_info
-
         def info(p):
             return header_info(p) or _frames_of(p)
 
@@ -206,7 +257,7 @@ class AudioBatchLoader:
                 sizes[p] = 0  # reported when its batch is read
         self._gpu = GpuFlacBatches(
             sizes, max_samples=self.max_samples, prefetch=min(self.prefetch, 2),
-            window=int(os.environ.get("AVPIPE_FLAC_WINDOW", "256")),
+            window=settings.flac_window(),
         )
         self._pool = None
         self._mm = None
@@ -297,7 +348,11 @@ class AudioBatchLoader:
         groups = [self.paths[i : i + self.batch] for i in range(0, len(self.paths), self.batch)]
         n_total = len(groups) * int(epochs)
         if self.decoder == "gpu":
-            yield from self._gpu.run(groups[k % len(groups)] for k in range(n_total))
+            dev = str(self.device)
+            for x, lengths, group, errs in self._gpu.run(
+                groups[k % len(groups)] for k in range(n_total)
+            ):
+                yield AudioBatch(x, lengths, group, _as_errors(group, errs), dev)
             return
         pending = deque()
         k_submit = 0
@@ -325,15 +380,15 @@ class AudioBatchLoader:
             errors = {i: r[1] for i, r in enumerate(results) if r[1] is not None}
             b = len(group)
             max_len = int(lengths.max()) if b else 0
-            if self.device is None or self.device == "none":
+            if self.decode_only:
                 x = None  # decode only (measurements)
-            elif str(self.device).startswith("cuda"):
+            elif self.device.is_cuda:
                 x = self._to_gpu(slot, b, max_len, lengths)
             else:
                 x = self._to_cpu(slot, b, max_len, lengths)
             if k_submit < n_total:
                 submit()
-            yield x, lengths, group, errors
+            yield AudioBatch(x, lengths, group, _as_errors(group, errors), str(self.device))
 
     def close(self):
         if self._registered:

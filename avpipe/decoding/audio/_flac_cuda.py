@@ -1,8 +1,8 @@
 """FLAC decoding on the GPU, bit-exact to libFLAC (private; used by the audio batch loader).
 
-Why: for the ASR log-mel workload the CPU's FLAC decoding is the bound (libsndfile in 16
-processes decodes about 45,000 audio-seconds/s on the H200 machine's 16 vCPUs, DALI's C++
-threads about 50,000), while the GPU computes log-mel at over 200,000. FLAC frames are
+Why: for the ASR log-mel workload the CPU's FLAC decoding is the bound (libsndfile in worker
+processes, or DALI's C++ threads, decode several times fewer audio-seconds per second than the
+GPU computes log-mel; ``benchmarks/README.md`` has the figures). FLAC frames are
 independent and self-delimiting, so one GPU thread per frame decodes a batch of files at once
 (``_flac_kernels.cu`` explains the three kernels). The host reads the files' bytes (no
 decoding), parses STREAMINFO, uploads the bytes and launches the kernels; one small read-back
@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import struct
 import threading
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -341,7 +340,8 @@ def decode_on_gpu(buf: np.ndarray, offsets: np.ndarray, plan: Plan | None = None
 
 
 # ---------------------------------------------------------------------------------------------
-# batches of files: read ahead into page-locked staging, decode on the GPU, CPU for the rest
+# one file: its header, and libFLAC's decode of what the GPU leaves
+# (windows of batches, read ahead and scheduled: avpipe.pipeline._flac_windows)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -369,176 +369,3 @@ def _cpu_decode(path, max_samples):
     if x.shape[0] == 0:
         raise ValueError("no audio samples")
     return x[:, 0] if x.shape[1] == 1 else x.mean(axis=1)
-
-
-class GpuFlacBatches:
-    """Padded float32 cupy batches of FLAC files decoded on the GPU.
-
-    One GPU thread decodes one FLAC frame, so a launch over a single batch of 64 utterances
-    (about 2,000 frames) leaves most of the GPU idle while each thread works through its 4,096
-    samples. The kernels therefore run over a *window* of consecutive batches (``window``
-    files, whole batches) at once, and the window's batches are handed out one by one.
-    ``read_threads`` threads read upcoming windows' bytes (no decoding on the CPU) into
-    ``prefetch`` page-locked staging buffers; files the GPU does not cover exactly are decoded by
-    libFLAC on the CPU. Errors are per item (``{index: message}``, length 0), never per batch.
-    """
-
-    def __init__(self, sizes: dict, *, max_samples: int, prefetch: int = 2, read_threads: int = 8,
-                 window: int = 256):
-        import cupy
-
-        self.sizes = sizes  # path -> bytes on disk
-        self.max_samples = int(max_samples)
-        self.prefetch = max(1, int(prefetch))
-        self.read_threads = max(1, int(read_threads))
-        self.window = max(1, int(window))
-        self._cupy = cupy
-        # one per window read ahead, one queued on the GPU, one being handed out
-        self._staging = [None] * (self.prefetch + 2)
-        self._warned = False
-
-    def _buffer(self, k, nbytes):
-        cur = self._staging[k]
-        if cur is None or cur.nbytes < nbytes:
-            mem = self._cupy.cuda.alloc_pinned_memory(max(nbytes, 1 << 20))
-            cur = np.frombuffer(mem, np.uint8, mem.size())
-            self._staging[k] = cur
-        return cur
-
-    @staticmethod
-    def _read_files(buf, offsets, paths, lo, hi):
-        errors = {}
-        for i in range(lo, hi):
-            a, n = int(offsets[i]), int(offsets[i + 1] - offsets[i])
-            try:
-                with open(paths[i], "rb", buffering=0) as f:
-                    got = f.readinto(memoryview(buf)[a : a + n])
-                if got < n:  # the file shrank since it was listed: its frames will not cover
-                    buf[a + got : a + n] = 0
-            except OSError as e:
-                errors[i] = f"{type(e).__name__}: {e}"
-                buf[a : a + n] = 0
-        return errors
-
-    def _load(self, slot, paths, io):
-        """Read ``paths`` back to back into staging buffer ``slot`` and plan their decode."""
-        sizes = [self.sizes.get(p, 0) for p in paths]
-        offsets = np.zeros(len(paths) + 1, np.int64)
-        offsets[1:] = np.cumsum(sizes)
-        buf = self._buffer(slot, int(offsets[-1]) + PAD)
-        step = max(1, -(-len(paths) // self.read_threads))
-        futs = [io.submit(self._read_files, buf, offsets, paths, a, min(a + step, len(paths)))
-                for a in range(0, len(paths), step)]
-        errors = {}
-        for f in futs:
-            errors.update(f.result())
-        buf[int(offsets[-1]) : int(offsets[-1]) + PAD] = 0
-        return buf, offsets, errors, plan_batch(buf, offsets)
-
-    def _finish(self, x, plan, left, paths, read_errors):
-        """Fill the rows the GPU left with libFLAC's decode; lengths and errors per item."""
-        cupy = self._cupy
-        lengths = np.array(
-            [(si.total_samples if si is not None else 0) for si in plan.infos], np.int64
-        )
-        errors = {}
-        for i in left:
-            if i in read_errors:
-                errors[i] = read_errors[i]
-                lengths[i] = 0
-                continue
-            try:
-                y = _cpu_decode(paths[i], self.max_samples)
-            except Exception as e:  # one bad file does not stop the batch
-                errors[i] = f"{type(e).__name__}: {e}"
-                lengths[i] = 0
-                continue
-            lengths[i] = len(y)
-            if len(y) > x.shape[1]:
-                x = cupy.pad(x, ((0, 0), (0, len(y) - x.shape[1])))
-            x[i, : len(y)] = cupy.asarray(y)
-            x[i, len(y) :] = 0
-        for i in np.flatnonzero(lengths > self.max_samples):
-            errors[int(i)] = (
-                f"{int(lengths[i])} samples, more than max_samples={self.max_samples}: skipped"
-            )
-            lengths[i] = 0
-            x[int(i)] = 0
-        return x, lengths, errors
-
-    def run(self, groups):
-        """Yield ``(signals, lengths, group, errors)`` for each group (batch) of paths."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        cupy = self._cupy
-        groups = iter(groups)
-        pending = []
-        with ThreadPoolExecutor(self.prefetch, thread_name_prefix="avpipe-flac-window") as ex, \
-                ThreadPoolExecutor(self.read_threads, thread_name_prefix="avpipe-flac-read") as io:
-
-            def submit():
-                win, n = [], 0
-                while n < self.window:
-                    g = next(groups, None)
-                    if g is None:
-                        break
-                    win.append(list(g))
-                    n += len(g)
-                if win:
-                    slot = submit.k % (self.prefetch + 2)
-                    submit.k += 1
-                    paths = [p for g in win for p in g]
-                    pending.append((win, paths, ex.submit(self._load, slot, paths, io)))
-
-            submit.k = 0
-            for _ in range(self.prefetch):
-                submit()
-
-            def start():
-                """Queue the next window's decode on the GPU (no waiting)."""
-                if not pending:
-                    return None
-                win, paths, fut = pending.pop(0)
-                buf, offsets, read_errors, plan = fut.result()
-                try:
-                    job = launch(buf, offsets, plan)
-                except Exception as e:  # noqa: BLE001 - e.g. no NVRTC: libFLAC decodes them all
-                    self._warn(e)
-                    job = None
-                return win, paths, read_errors, plan, job
-
-            cur = start()
-            while cur is not None:
-                # the next window's decode is queued before the consumer's work on this one,
-                # so the GPU never waits for the host between windows
-                nxt = start()
-                win, paths, read_errors, plan, job = cur
-                try:
-                    if job is None:
-                        raise RuntimeError("launch failed")
-                    x, plan, left = collect(job)
-                except Exception as e:  # noqa: BLE001
-                    if job is not None:
-                        self._warn(e)
-                    x = cupy.zeros((len(paths), max(plan.max_len, 1)), cupy.float32)
-                    left = {i: "GPU decoder failed" for i in range(len(paths))}
-                submit()  # this window's staging buffer has been uploaded: read ahead into it
-                if nxt is None:  # nothing was read ahead (prefetch 1)
-                    nxt = start()
-                x, lengths, errors = self._finish(x, plan, left, paths, read_errors)
-                r0 = 0
-                for g in win:
-                    r1 = r0 + len(g)
-                    lens = lengths[r0:r1]
-                    max_len = int(lens.max()) if len(lens) else 0
-                    xg = cupy.ascontiguousarray(x[r0:r1, :max_len])
-                    errs = {i - r0: m for i, m in errors.items() if r0 <= i < r1}
-                    yield xg, lens.copy(), g, errs
-                    r0 = r1
-                cur = nxt
-
-    def _warn(self, e):
-        if not self._warned:
-            self._warned = True
-            warnings.warn(f"GPU FLAC decoding failed ({type(e).__name__}: {e}); "
-                          "decoding on the CPU instead", RuntimeWarning, stacklevel=3)

@@ -4,7 +4,8 @@ Every sampler computes its indices first (numpy, seeded), then makes one request
 decoder, which sorts, deduplicates and decodes each needed GOP once. Results carry the frames
 plus their indices and pts.
 
-* :func:`sample_uniform` — N frames spread evenly over the video.
+* :func:`sample_uniform` — N frames spread evenly over the video (:func:`uniform_indices`: the
+  centres of N equal segments, the one uniform rule in avpipe; ``avpipe extract`` uses it too).
 * :func:`sample_random_clips` — clips of T frames with a stride at random starts.
 * :func:`sample_regular_clips` — clips starting at regular intervals.
 * :func:`sample_clips_at` — clips starting at given times (seconds).
@@ -17,8 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from .._results import BatchResult
+from .._validate import pos_int
+
 __all__ = [
     "Clips",
+    "uniform_indices",
     "sample_uniform",
     "sample_random_clips",
     "sample_regular_clips",
@@ -29,22 +34,18 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Clips:
+class Clips(BatchResult):
     """``data`` [num_clips, T, ...frame shape] on the decoder's device; ``indices`` and
-    ``pts_seconds`` [num_clips, T] numpy."""
+    ``pts_seconds`` [num_clips, T] numpy; ``errors`` always empty (a bad frame raises)."""
 
     data: Any
     indices: np.ndarray
     pts_seconds: np.ndarray
+    errors: tuple = ()
+    device: str = "cpu"
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
-
-
-def _pos_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
-    return int(v)
 
 
 def _rng(seed):
@@ -63,9 +64,9 @@ def clip_indices_random(
     """[num_clips, clip_length] indices of clips at random starts (uniform over all valid
     starts). A video shorter than one clip raises ValueError."""
     num_clips, clip_length, stride = (
-        _pos_int("num_clips", num_clips),
-        _pos_int("clip_length", clip_length),
-        _pos_int("stride", stride),
+        pos_int("num_clips", num_clips),
+        pos_int("clip_length", clip_length),
+        pos_int("stride", stride),
     )
     span = _span(clip_length, stride)
     if span > num_frames:
@@ -87,7 +88,7 @@ def clip_indices_regular(
 ) -> np.ndarray:
     """Clips starting every ``interval`` frames, or ``num_clips`` clips spread evenly
     (exactly one of the two)."""
-    clip_length, stride = _pos_int("clip_length", clip_length), _pos_int("stride", stride)
+    clip_length, stride = pos_int("clip_length", clip_length), pos_int("stride", stride)
     span = _span(clip_length, stride)
     if span > num_frames:
         raise ValueError(
@@ -100,10 +101,18 @@ def clip_indices_regular(
         )
     last = num_frames - span
     if interval is not None:
-        starts = np.arange(0, last + 1, _pos_int("interval", interval))
+        starts = np.arange(0, last + 1, pos_int("interval", interval))
     else:
-        starts = np.round(np.linspace(0, last, _pos_int("num_clips", num_clips))).astype(np.int64)
+        starts = np.round(np.linspace(0, last, pos_int("num_clips", num_clips))).astype(np.int64)
     return starts[:, None] + np.arange(clip_length)[None, :] * stride
+
+
+def uniform_indices(num_frames: int, count: int) -> np.ndarray:
+    """``count`` frame indices at the centres of ``count`` equal segments of ``num_frames``
+    frames (repeats when the video has fewer than ``count`` frames)."""
+    num_frames, count = pos_int("num_frames", num_frames), pos_int("count", count)
+    idx = np.floor((np.arange(count) + 0.5) * num_frames / count).astype(np.int64)
+    return np.clip(idx, 0, num_frames - 1)
 
 
 def _clips(decoder, idx: np.ndarray) -> Clips:
@@ -111,16 +120,15 @@ def _clips(decoder, idx: np.ndarray) -> Clips:
     batch = decoder.get_frames(idx.reshape(-1))
     data = batch.data.reshape(c, t, *batch.data.shape[1:])
     return Clips(
-        data=data, indices=batch.indices.reshape(c, t), pts_seconds=batch.pts_seconds.reshape(c, t)
+        data=data, indices=batch.indices.reshape(c, t), pts_seconds=batch.pts_seconds.reshape(c, t),
+        device=batch.device,
     )
 
 
 def sample_uniform(decoder, num_frames: int):
-    """``num_frames`` frames spread evenly from the first to the last (a FrameBatch)."""
-    k = _pos_int("num_frames", num_frames)
-    n = decoder.metadata.num_frames
-    idx = np.round(np.linspace(0, n - 1, k)).astype(np.int64)
-    return decoder.get_frames(idx)
+    """``num_frames`` frames spread evenly over the video (a FrameBatch): the centres of
+    ``num_frames`` equal segments (:func:`uniform_indices`)."""
+    return decoder.get_frames(uniform_indices(decoder.metadata.num_frames, num_frames))
 
 
 def sample_random_clips(
@@ -159,7 +167,7 @@ def sample_regular_clips(
 def sample_clips_at(decoder, seconds, *, clip_length: int = 16, stride: int = 1) -> Clips:
     """One clip per start time: its first frame is the frame shown at t, then ``stride``
     frames apart. A clip running past the last frame raises ValueError."""
-    clip_length, stride = _pos_int("clip_length", clip_length), _pos_int("stride", stride)
+    clip_length, stride = pos_int("clip_length", clip_length), pos_int("stride", stride)
     starts = np.asarray(decoder.index_at(np.asarray(seconds, dtype=np.float64).reshape(-1)))
     idx = starts[:, None] + np.arange(clip_length)[None, :] * stride
     n = decoder.metadata.num_frames

@@ -1,7 +1,7 @@
 """Still-image decoding through DALI (nvImageCodec).
 
-On a GPU (``device="cuda"``) DALI's ``"mixed"`` decoder uses nvJPEG (with the A100/H100/H200
-hardware JPEG engine where the GPU has one), nvJPEG2000 and nvTIFF; on the CPU its CPU decoders
+On a GPU (``device="cuda"``) DALI's ``"mixed"`` decoder uses nvJPEG (with the hardware JPEG
+engine where the GPU has one), nvJPEG2000 and nvTIFF; on the CPU its CPU decoders
 (libjpeg-turbo, libpng, libtiff, OpenJPEG, libwebp, ...). Formats: JPEG, PNG, TIFF, JPEG 2000,
 BMP, WebP, PNM.
 
@@ -37,17 +37,19 @@ from typing import Any
 
 import numpy as np
 
-from .._source import open_source
-from ..device import Device, gpu_available, resolve_device
-from ..errors import CorruptDataError, DecodeError, UnsupportedFormatError
-from . import _image_dali as _dali
+from ..._results import BatchResult
+from ..._source import open_source
+from ..._validate import check_on_error
+from ...device import Device, gpu_available, resolve_device
+from ...errors import CorruptDataError, DecodeError, UnsupportedFormatError
+from . import _dali
 
 __all__ = [
     "decode_images",
     "decode_image_batch",
-    "decode_image_stream",
     "ImageBatch",
     "sniff_format",
+    "square_window",
     "decoder_status",
 ]
 
@@ -90,7 +92,7 @@ def truncation(data: bytes, fmt: str | None) -> str | None:
 
 
 @dataclass(frozen=True)
-class ImageBatch:
+class ImageBatch(BatchResult):
     """The result of :func:`decode_image_batch`.
 
     ``images``: one ``[H, W, 3]`` uint8 array per source (numpy on the CPU, cupy on a GPU),
@@ -119,11 +121,6 @@ def _classify(name: str, data: bytes, exc: BaseException) -> DecodeError:
     if sniff_format(data) is None:
         return UnsupportedFormatError(name, f"not a supported image format ({why})")
     return CorruptDataError(name, f"could not decode image: {why}")
-
-
-def _check_on_error(on_error):
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
 
 
 def _check_rois(rois, n):
@@ -177,8 +174,8 @@ def decode_image_batch(
     upright image's pixels; boxes are clipped to the image. A missing path still raises
     ``FileNotFoundError`` (it is an argument error, not a content error).
     ``exact_jpeg``: on the GPU, upsample JPEG chroma as libjpeg-turbo does (DALI's
-    ``jpeg_fancy_upsampling``), so GPU and CPU pixels agree within 4 levels (IDCT rounding; 3 measured on an H200); False lets nvJPEG use
-    its faster default upsampling (larger differences at sharp colour edges; what a plain DALI
+    ``jpeg_fancy_upsampling``), so GPU and CPU pixels agree within 4 levels (IDCT rounding); False lets nvJPEG use its
+    faster default upsampling (larger differences at sharp colour edges; what a plain DALI
     pipeline does).
     """
     if isinstance(sources, (str, bytes, bytearray, memoryview, os.PathLike)) or hasattr(
@@ -249,138 +246,11 @@ def decode_images(
     the file); ``"skip"`` puts ``None`` in its place. ``roi``, ``exact_jpeg``: see
     :func:`decode_image_batch`.
     """
-    _check_on_error(on_error)
+    check_on_error(on_error)
     batch = decode_image_batch(sources, device=device, roi=roi, exact_jpeg=exact_jpeg)
     if batch.errors and on_error == "raise":
         raise batch.errors[0][1]
     return batch.images
-
-
-def decode_image_stream(
-    sources: Sequence,
-    *,
-    batch_size: int = 128,
-    device=None,
-    exact_jpeg: bool = True,
-    prefetch: int = 2,
-    center_square: bool = False,
-    center_square_margin: float = 0.02,
-):
-    """Decode ``sources`` in batches of ``batch_size``, yielding one :class:`ImageBatch` each, with
-    DALI reading and decoding the next batches while the caller works on the current one (the
-    training / benchmark hot path).
-
-    ``center_square=True`` decodes only the middle of each image (a crop while decoding, so the
-    discarded sides are never decoded): its centred ``min(H, W)`` square, widened on each side
-    by ``ceil(center_square_margin * min(H, W)) + 3`` pixels where the image has room
-    (``center_square_margin=0``: the bare square). Each batch's ``windows`` say where the crops
-    lie; give them to :func:`avpipe.ops.image.resize_crop_normalize` (``window=``) and a
-    short-side resize + centre crop of the crops equals the one of the whole images exactly, as
-    long as the fixed margin holds the filter's reach, about ``r * min(H, W) / short_side``
-    pixels (``r``: 1 bilinear, 2 bicubic; less when the centre crop is narrower than the resized
-    short side): with the default 0.02, a target short side of at least about ``50 * r`` (the op
-    raises ValueError where the crop is too small). Raise the margin for smaller targets.
-
-    No copies: each batch's arrays alias DALI's output buffers and stay valid only until the next
-    batch is asked for (copy what you keep). On a GPU each batch is ordered on the CuPy stream
-    that is current when it is asked for: work queued on that stream sees the decoded pixels and
-    finishes before DALI reuses the buffers (work on another stream must first wait for that
-    one); with an older DALI (or ``AVPIPE_DALI_STREAM_OUTPUTS=0``) the pixels are ready on the
-    host instead and asking for the next batch first waits for the work queued on the current
-    stream. ``stacked`` is set when a batch's images all have one shape. A batch that fails (a
-    bad image) and every batch after it are decoded again with :func:`decode_image_batch`, so
-    bad images show up in ``errors`` and the rest still come back.
-    A missing path raises ``FileNotFoundError`` before anything is decoded.
-    """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if isinstance(sources, (str, bytes, bytearray, memoryview, os.PathLike)) or hasattr(
-        sources, "read"
-    ):
-        sources = [sources]
-    srcs = [open_source(s, param=f"sources[{i}]") for i, s in enumerate(sources)]
-    dev = resolve_device(device)
-    if dev.is_cuda:
-        _dali.hw_decoder_load()  # as in decode_image_batch
-    if not isinstance(center_square, bool):
-        raise TypeError(f"center_square must be a bool, got {center_square!r}")
-    margin = center_square_margin
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
-        raise ValueError(f"center_square_margin must be a number in [0, 1), got {margin!r}")
-    chunks = [srcs[i : i + batch_size] for i in range(0, len(srcs), batch_size)]
-    return _stream(chunks, dev, batch_size, exact_jpeg, prefetch, center_square, float(margin))
-
-
-def _load_chunk(chunk):
-    out = []
-    for s in chunk:
-        try:
-            data = s.read_bytes()
-        except OSError:
-            data = b""
-        out.append(np.frombuffer(data, np.uint8))
-    return out
-
-
-def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False, margin=0.0):
-    if not chunks:
-        return
-    idx = dev.index if dev.is_cuda else None
-    done = 0
-    # items DALI cannot even start on (empty / unknown) make the fast path fall back at once
-    with dev.activate():
-        paths = [s.path for c in chunks for s in c]
-        try:
-            dec = _dali.StreamDecoder(
-                lambda i: _load_chunk(chunks[i]), len(chunks), idx, batch_size, exact_jpeg,
-                prefetch, files=paths if all(p is not None for p in paths) else None,
-                square=square, margin=margin,
-            )  # fmt: skip
-        except Exception:  # noqa: BLE001 - no fast path: the per-batch path below
-            dec = None
-        cupy = None
-        if dev.is_cuda:
-            import cupy
-        try:
-            while dec is not None and done < len(chunks):
-                stream = None
-                if cupy is not None:
-                    if dec.stream_outputs:
-                        # the batch is bound to the caller's stream: that stream (not the host)
-                        # waits for the decode, and DALI frees the buffers in its order, after
-                        # the work the caller queues there (no host synchronisation)
-                        stream = cupy.cuda.get_current_stream()
-                    elif done:
-                        # host-synchronous outputs: work the caller queued on the previous
-                        # batch's buffers must finish before DALI may reuse them
-                        cupy.cuda.get_current_stream().synchronize()
-                try:
-                    outs = dec.run(stream)
-                except StopIteration:
-                    break
-                except Exception:  # noqa: BLE001 - a bad image: redo from this batch on
-                    dec.close()
-                    dec = None
-                    break
-                items, dense = _dali.views(outs[0], idx)
-                k = len(chunks[done])  # the reader pads the last batch
-                if len(items) > k:
-                    items, dense = items[:k], (dense[:k] if dense is not None else None)
-                windows = None
-                if square:  # anchors [x, y] and upright shapes [H, W, C] -> (top, left, H, W)
-                    xy, hwc = _dali.host_rows(outs[1])[:k], _dali.host_rows(outs[2])[:k]
-                    windows = tuple(
-                        (int(a[1]), int(a[0]), int(s[0]), int(s[1])) for a, s in zip(xy, hwc)
-                    )
-                yield ImageBatch(images=items, errors=(), device=str(dev), stacked=dense,
-                                 windows=windows)  # fmt: skip
-                done += 1
-        finally:  # the pipeline's threads and buffers go when the stream ends or is dropped
-            if dec is not None:
-                dec.close()
-    for chunk in chunks[done:]:
-        b = decode_image_batch(chunk, device=dev, exact_jpeg=exact_jpeg)
-        yield _center_squares(b, margin) if square else b
 
 
 def square_window(h: int, w: int, margin: float) -> tuple[int, int, int, int]:
@@ -391,21 +261,6 @@ def square_window(h: int, w: int, margin: float) -> tuple[int, int, int, int]:
     x0, y0 = (w - side) // 2, (h - side) // 2
     ax, ay = max(x0 - m, 0), max(y0 - m, 0)
     return ay, ax, min(y0 + side + m, h) - ay, min(x0 + side + m, w) - ax
-
-
-def _center_squares(b: ImageBatch, margin: float) -> ImageBatch:
-    """The slow path's equivalent of ``center_square``: crop after decoding."""
-    out, windows = [], []
-    for im in b.images:
-        if im is None:
-            out.append(None)
-            windows.append(None)
-            continue
-        h, w = im.shape[:2]
-        top, left, ch, cw = square_window(h, w, margin)
-        out.append(im[top : top + ch, left : left + cw])
-        windows.append((top, left, h, w))
-    return ImageBatch(images=out, errors=b.errors, device=b.device, windows=tuple(windows))
 
 
 # --- avpipe.info() probe ------------------------------------------------------------------------

@@ -7,7 +7,6 @@ and the next call builds a fresh one (a build costs a few milliseconds).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import operator
 import os
@@ -16,6 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ... import settings
+
 log = logging.getLogger("avpipe")
 
 _CACHE: dict = {}
@@ -23,27 +24,19 @@ _CACHE_LOCK = threading.Lock()
 
 
 def num_threads() -> int:
-    env = os.environ.get("AVPIPE_DALI_THREADS")
-    if env:
-        return max(1, int(env))
+    n = settings.dali_threads()
+    if n is not None:
+        return n
     return max(1, min(16, os.cpu_count() or 1))
 
 
 def hw_decoder_load() -> float:
     """The share of each batch's JPEGs given to the GPU's hardware JPEG decoder (where the GPU has
     one; DALI's other JPEGs go to its CUDA decoder, whose Huffman stage runs on the CPU threads for
-    images under about a megapixel). avpipe's default is 1.0, not DALI's 0.65: on the H200 it
-    decoded the benchmark's 500x375 JPEGs about 1.15x faster. ``AVPIPE_JPEG_HW_LOAD`` sets it."""
-    env = os.environ.get("AVPIPE_JPEG_HW_LOAD", "").strip()
-    if not env:
-        return 1.0
-    try:
-        v = float(env)
-    except ValueError:
-        v = float("nan")
-    if not 0.0 <= v <= 1.0:
-        raise ValueError(f"AVPIPE_JPEG_HW_LOAD must be a number in [0, 1], got {env!r}")
-    return v
+    images under about a megapixel). avpipe's default is 1.0, not DALI's 0.65: small JPEGs
+    decode faster when the hardware decoder takes them all (``benchmarks/README.md``).
+    ``AVPIPE_JPEG_HW_LOAD`` sets it."""
+    return settings.jpeg_hw_load()
 
 
 def mixed_options(fancy: bool) -> dict:
@@ -215,126 +208,6 @@ def to_cupy_list(out, device_index: int):
                 pass
         items = [cupy.asarray(out[i]).copy() for i in range(n)]
         return items, (items[0][None] if n == 1 else None)
-
-
-class StreamDecoder:
-    """A pipelined, prefetching DALI pipeline over a known list of batches: DALI's own threads
-    read and decode batch i+1.. while the caller works on batch i.
-
-    ``load(i)`` returns batch ``i``'s encoded images (a list of uint8 arrays); ``n_batches`` is
-    how many there are. With ``files`` (all sources are paths) DALI's own file reader reads them
-    in its C++ threads instead (the last batch is padded; the caller trims it). ``run()`` returns
-    DALI's outputs (valid until the next ``run()``): ``(images,)``, or with ``square`` (a
-    decode-time crop of the centred square widened by ``ceil(margin * side) + 3`` pixels a side
-    where there is room; ``margin=0``: the bare square) ``(images, anchors [x, y], shapes
-    [H, W, C])``; it raises StopIteration after the last batch.
-
-    With DALI's default (dynamic) executor, whose outputs DALI never reuses while they are
-    referenced, ``run()`` asks for the next iteration right after taking a batch's outputs
-    (``schedule_run`` / ``outputs``, as DALI's own framework iterators do), so DALI keeps
-    ``prefetch`` batches in flight while the caller works on the one it got; ``pipe.run()``
-    would only ask on the caller's next call. ``stream_outputs``: on a GPU, ``run(stream)``
-    binds the outputs to that CUDA stream (DALI's ``outputs(cuda_stream=...)``): the stream,
-    not the host, waits for the decode, and DALI frees the buffers in that stream's order.
-    """
-
-    def __init__(self, load, n_batches: int, device_index, capacity: int, fancy: bool,
-                 prefetch: int = 2, files: list | None = None, square: bool = False,
-                 margin: float = 0.0):  # fmt: skip
-        from nvidia.dali import fn, pipeline_def, types
-
-        mixed = device_index is not None
-
-        def source(info):
-            if info.iteration >= n_batches:
-                raise StopIteration
-            return load(info.iteration)
-
-        def build(extra):
-            @pipeline_def(
-                batch_size=capacity,
-                num_threads=num_threads(),
-                device_id=device_index,
-                prefetch_queue_depth=prefetch,
-            )
-            def _pipe():
-                if files is not None:
-                    enc, _ = fn.readers.file(
-                        files=files, random_shuffle=False, pad_last_batch=True, name="reader"
-                    )
-                else:
-                    enc = fn.external_source(
-                        source=source, batch=True, batch_info=True, device="cpu",
-                        dtype=types.UINT8, ndim=1,
-                    )  # fmt: skip
-                dev = "mixed" if mixed else "cpu"
-                if square:  # a decode-time crop: the centred min(H, W) square + margins
-                    from nvidia.dali import math as dmath
-
-                    hwc = fn.peek_image_shape(enc, dtype=types.FLOAT)
-                    h, w = hwc[0], hwc[1]
-                    side = dmath.min(h, w)
-                    x0, y0 = dmath.floor((w - side) * 0.5), dmath.floor((h - side) * 0.5)
-                    m = dmath.ceil(side * float(margin)) + 3.0 if margin > 0 else 0.0
-                    ax, ay = dmath.max(x0 - m, 0.0), dmath.max(y0 - m, 0.0)
-                    ex, ey = dmath.min(x0 + side + m, w), dmath.min(y0 + side + m, h)
-                    anchor = fn.stack(ax, ay)
-                    img = fn.decoders.image_slice(
-                        enc, anchor, fn.stack(ex - ax, ey - ay), device=dev,
-                        output_type=types.RGB, axis_names="WH", normalized_anchor=False,
-                        normalized_shape=False, **extra,
-                    )  # fmt: skip
-                    return img, anchor, hwc
-                return fn.decoders.image(enc, device=dev, output_type=types.RGB, **extra)
-
-            pipe = _pipe()
-            pipe.build()
-            return pipe
-
-        self.pipe = build_with_fallback(build, mixed_options(fancy) if mixed else {})
-
-        self.n_batches = n_batches
-        self.done = 0
-        self.prefetch = max(1, int(prefetch))
-        self.started = False
-        # outputs stay valid while referenced (DALI >= 2.0 default); else the legacy pipe.run()
-        self.dynamic = bool(getattr(self.pipe, "exec_dynamic", False))
-        self.stream_outputs = mixed and self.dynamic and _outputs_take_stream(self.pipe)
-
-    def run(self, stream=None):
-        """The next batch's outputs (see above). ``stream`` (a ``cupy.cuda.Stream``; only where
-        ``stream_outputs``): bind the outputs to it instead of waiting on the host."""
-        if self.done >= self.n_batches:
-            raise StopIteration
-        if not self.dynamic:
-            outs = self.pipe.run()
-            self.done += 1
-            return outs
-        if not self.started:
-            self.started = True
-            self.pipe.schedule_run()  # the first call queues `prefetch` iterations
-        outs = self.pipe.outputs(stream) if stream is not None else self.pipe.outputs()
-        self.done += 1
-        # queue the next iteration now, so DALI works on it while the caller uses this batch (an
-        # error raised here makes the caller decode this batch again on its slow path)
-        if self.done + self.prefetch <= self.n_batches:
-            self.pipe.schedule_run()
-        return outs
-
-    def close(self):
-        self.pipe = None
-
-
-def _outputs_take_stream(pipe) -> bool:
-    """Whether ``pipe.outputs`` accepts ``cuda_stream`` (DALI >= 2.0 with the dynamic executor);
-    ``AVPIPE_DALI_STREAM_OUTPUTS=0`` turns it off (host-synchronous outputs, as before)."""
-    env = os.environ.get("AVPIPE_DALI_STREAM_OUTPUTS", "1").strip().lower()
-    if env in ("0", "false", "no"):
-        return False
-    try:
-        return "cuda_stream" in inspect.signature(pipe.outputs).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 class Rows(Sequence):

@@ -12,17 +12,17 @@ the packets are read straight from the file (one ``pread`` per request, no demux
 converted to Annex B (start codes; parameter sets from the container's avcC / hvcC record
 first); elsewhere PyNvVideoCodec's demuxer reads the file from its start for every request.
 The file-fed path is the default for H.264/HEVC in MP4/MOV; the demuxer-fed one is opt-in
-(``AVPIPE_NVDEC_PACKETS=1``); :mod:`._video_nvdec` gives the measurements.
+(``AVPIPE_NVDEC_PACKETS=1``); :mod:`._nvdec` says when each is used.
 
 The session runs with zero display latency (``DisplayDecodeLatencyType.ZERO``): NVDEC returns
 every picture in decode order, nothing reordered. Packets read from the file go to NVDEC in
 chunks of ``AVPIPE_NVDEC_CHUNK`` (default 16) packets per ``Decode`` call, and an end-of-stream
 packet ends each request; pictures come out one per packet, in the order fed, so the frame of
 each packet is known without trusting timestamps (PyNvVideoCodec re-labels them), and the count
-is checked. Chunks matter (H200, 16 threads, ``benchmarks/bench_video.py``, 2026-11-30): 153.0
-clips/s with chunks of 16; 94.6 with one packet per call (``AVPIPE_NVDEC_CHUNK=1``, each picture
-out at the next call); 95.5 before chunks (one packet per call marked ``ENDOFPICTURE``, each call
-waiting for its own picture). A session holds up to one chunk of decoded frames at a time
+is checked. Chunks matter: one packet per call (``AVPIPE_NVDEC_CHUNK=1``, each picture out at the
+next call, or each call marked ``ENDOFPICTURE`` and waiting for its own picture) leaves NVDEC
+idle between calls, and chunks of 16 give a clearly higher clip rate (``benchmarks/README.md``
+has the figures of ``benchmarks/bench_video.py``). A session holds up to one chunk of decoded frames at a time
 (PyNvVideoCodec's output buffers), so memory per thread is about ``chunk + 1`` frames.
 Demuxer-fed packets go one per call, marked ``ENDOFPICTURE``, and the demuxer's packet order is
 checked against the scan's (PyAV) packet by packet. Anything unexpected raises
@@ -36,17 +36,15 @@ import threading
 
 import numpy as np
 
+from ... import settings
 from ._nal import to_annexb
 from ._nvdec_caps import pynvc
-from ._video_scan import StreamScan
+from ._plan import PacketPathError, plan_request
+from ._scan import StreamScan
 
 __all__ = ["PacketPathError", "PacketDecoder", "thread_packet_decoder", "packet_feed"]
 
 _local = threading.local()
-
-
-class PacketPathError(RuntimeError):
-    """The packet path cannot serve this request; use the SimpleDecoder path instead."""
 
 
 class PacketDecoder:
@@ -146,16 +144,8 @@ class PacketDecoder:
         """PyNvVideoCodec's demuxer and its packets to feed, as ``(packet index, PacketData,
         display index or None)``; its packet order is checked against the scan's, packet by
         packet."""
+        plan = plan_request(scan, targets)
         dpts = scan.decode_pts
-        disp = scan.disposable
-        if dpts is None or disp is None:
-            raise PacketPathError("the scan has no packet order")
-        want = {int(scan.pts[t]): int(t) for t in targets}
-        kf = scan.keyframe_at_or_before(int(targets[0]))
-        pos = np.nonzero(dpts == scan.pts[kf])[0]
-        if pos.size == 0:
-            raise PacketPathError("keyframe not found in the packet order")
-        start = int(pos[0])
         try:
             dmx = nvc.CreateDemuxer(filename=path)
         except Exception as e:  # noqa: BLE001
@@ -174,9 +164,9 @@ class PacketDecoder:
                 p = int(dpts[k])
                 if int(pkt.pts) - offset != p:
                     raise PacketPathError(f"packet {k}: pts {pkt.pts} != scan {p} (+{offset})")
-                if k < start or (disp[k] and p not in want):
+                if k < plan.start or not plan.needed(k):
                     continue
-                yield k, pkt, want.get(p)
+                yield k, pkt, plan.want.get(p)
 
         return dmx, packets()
 
@@ -186,18 +176,11 @@ def packet_feed(path: str, scan: StreamScan, targets):
     ``[(packet index, Annex B bytes, display index or None)]`` in decode order, from the
     keyframe at or before the first target to the last target's packet, skipping disposable
     packets that are not targets. The first item starts with the parameter sets."""
-    dpts = scan.decode_pts
-    disp = scan.disposable
-    if dpts is None or disp is None or scan.packet_pos is None:
+    if scan.packet_pos is None:
         raise PacketPathError("the scan did not locate the packets")
-    want = {int(scan.pts[t]): int(t) for t in targets}
-    order = {int(p): k for k, p in enumerate(dpts.tolist())}  # pts -> position in decode order
-    start = order.get(int(scan.pts[scan.keyframe_at_or_before(int(targets[0]))]))
-    if start is None:
-        raise PacketPathError("keyframe not found in the packet order")
-    # the last target in display order need not be the last one in decode order
-    last = max(order[p] for p in want)
-    ks = [k for k in range(start, last + 1) if k == start or not disp[k] or int(dpts[k]) in want]
+    plan = plan_request(scan, targets)  # the same plan as the demuxer feed and PyAV
+    dpts, want = scan.decode_pts, plan.want
+    ks = plan.packets
     at = scan.packet_pos[ks]
     size = scan.packet_size[ks]
     lo, hi = int(at.min()), int((at + size).max())
@@ -217,10 +200,7 @@ def packet_feed(path: str, scan: StreamScan, targets):
 
 
 def _chunk_size() -> int:
-    try:
-        return max(1, int(os.environ.get("AVPIPE_NVDEC_CHUNK", "16")))
-    except ValueError:
-        return 16
+    return settings.nvdec_chunk()
 
 
 def thread_packet_decoder(gpu: int, stream_ptr: int) -> PacketDecoder:

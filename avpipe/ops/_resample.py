@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from .._validate import pos_int
 from ..device import array_module
 
 QUALITIES = {"high": (32, 0.945, 9.0), "fast": (12, 0.90, 7.0)}
@@ -44,9 +45,7 @@ def resample(signal, orig_sr, target_sr, *, quality="high", axis=-1):
     Output length along ``axis``: ``ceil(n * target_sr / orig_sr)``. float32 out (float64 in
     stays float64). Same rate: returned unchanged.
     """
-    for name, v in (("orig_sr", orig_sr), ("target_sr", target_sr)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    orig_sr, target_sr = pos_int("orig_sr", orig_sr), pos_int("target_sr", target_sr)
     if quality not in QUALITIES:
         raise ValueError(f"quality must be one of {sorted(QUALITIES)}, got {quality!r}")
     xp = array_module(signal)

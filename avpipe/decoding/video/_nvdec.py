@@ -5,7 +5,7 @@ request needs, read from the file by position); everything else, and any request
 path cannot map, through PyNvVideoCodec's SimpleDecoder.
 
 Frames come out in their native NV12 layout (device memory) and are converted to RGB by our own
-kernel (:mod:`._nv12`), which follows the stream's colour-matrix and range tags the way FFmpeg
+kernel (:mod:`avpipe.ops.color`), which follows the stream's colour-matrix and range tags the way FFmpeg
 does for the CPU backend. PyNvVideoCodec numbers frames with its own demuxer; every returned
 frame's pts is checked against the packet scan, and frames whose pts do not match are decoded
 by the CPU backend instead (counted in ``pts_mismatches``), so frame i is the same on both.
@@ -18,14 +18,15 @@ threads use separate decoders, which NVDEC runs on its several engines concurren
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
-from ..errors import UnsupportedFormatError
-from ._nv12 import nv12_planes_to_rgb, nv12_to_rgb, yuv_coefficients
+from ... import settings
+from ...errors import UnsupportedFormatError
+from ...ops.color import nv12_planes_to_rgb, nv12_to_rgb_device, yuv_coefficients
+from ._backend import BackendRefused
 from ._nvdec_caps import nvdec_supports, pynvc
 from ._nvdec_packets import PacketPathError, thread_packet_decoder
-from ._video_scan import StreamScan
+from ._scan import StreamScan
 
 __all__ = ["NvdecBackend", "NvdecRefused"]
 
@@ -38,10 +39,9 @@ _local = threading.local()
 # "1" (or true/yes/on) also sends other containers' H.264/HEVC through it (packets from
 # PyNvVideoCodec's demuxer, which reads from the file's start for every request); "0" (or
 # false/no/off) turns it off (SimpleDecoder only). Streams under 144 pixels never take it.
-# Measured on an H200 (2026-11-30, the anchors' 32 640x360 H.264 MP4s, 16-frame clips, stride 4,
-# 224 fp16 transform, 16 threads, one run): 153.0 clips/s against 106.3 for the SimpleDecoder
-# path, which decodes every picture from the keyframe on (about twice as many) and is bound by
-# NVDEC there; 94.6 with one packet per Decode call (AVPIPE_NVDEC_CHUNK=1). A request it cannot
+# It is faster than the SimpleDecoder path, which decodes every picture from the keyframe on
+# (about twice as many for sparse clips) and is bound by NVDEC there, as long as it feeds NVDEC
+# chunks of packets (benchmarks/README.md has the clip rates). A request it cannot
 # serve goes to the SimpleDecoder path; after three files in a row on which PyNvVideoCodec
 # misbehaved (and the SimpleDecoder did not), it is off for the process.
 _packet_path = {"enabled": True, "why_off": None, "failures": 0}
@@ -50,10 +50,10 @@ _PACKET_FAILURES_OFF = 3
 
 def use_packet_path(scan: StreamScan, path) -> bool:
     """Whether requests on this stream go through the packet path (see the note above)."""
-    mode = os.environ.get("AVPIPE_NVDEC_PACKETS", "auto").strip().lower()
-    if mode in ("0", "false", "no", "off"):
+    mode = settings.nvdec_packets()
+    if mode == "off":
         return False
-    every = mode in ("1", "true", "yes", "on")  # also containers read by PyNvVideoCodec's demuxer
+    every = mode == "on"  # also containers read by PyNvVideoCodec's demuxer
     return (
         path is not None
         and scan.codec in ("h264", "hevc")
@@ -63,7 +63,7 @@ def use_packet_path(scan: StreamScan, path) -> bool:
     )
 
 
-class NvdecRefused(Exception):
+class NvdecRefused(BackendRefused):
     """NVDEC cannot decode this stream (codec, profile, size, depth); the reason is the text."""
 
 
@@ -149,7 +149,7 @@ def _frame_pts(frame):
 # Frames are read by their planes' device pointers (PyNvVideoCodec's GetPtrToPlane) where the
 # frame exposes them; the first failure turns that off for the process (DLPack then, as before).
 _raw_planes = {
-    "enabled": os.environ.get("AVPIPE_NVDEC_DLPACK", "0").strip() != "1",
+    "enabled": True,  # AVPIPE_NVDEC_DLPACK=1 (read per request) turns it off too
     "why_off": None,
 }
 
@@ -177,6 +177,8 @@ def frame_planes(frame, height: int, width: int):
 
 
 class NvdecBackend:
+    """The GPU backend (a :class:`._backend.VideoBackend`)."""
+
     name = "nvdec"
 
     def __init__(self, source, scan: StreamScan, device):
@@ -209,6 +211,7 @@ class NvdecBackend:
         self.nvc_num_frames = -1
         self._pts_offset = None  # calibrated on the first batch: nvc pts - scan pts
         self._packet_failure = None  # why the packet path failed on this file, until counted
+        self._dlpack = False  # AVPIPE_NVDEC_DLPACK, read per request
         self.packet_path = use_packet_path(scan, source.path)
         if not self.packet_path:
             self._simple()
@@ -294,13 +297,14 @@ class NvdecBackend:
                 tail.insert(0, targets.pop())
         return [], tail
 
-    def decode(self, targets, *, output: str, chw: bool, out, slots, cpu_fallback):
+    def decode(self, targets, *, output: str, chw: bool, out, slots) -> list[int]:
         """Decode sorted unique ``targets`` into ``out`` (cupy, [N, ...]); ``slots[i]`` lists the
-        output rows that frame ``targets[i]`` fills. ``cpu_fallback(indices)`` returns
-        {index: numpy array} for frames NVDEC did not deliver correctly."""
+        output rows that frame ``targets[i]`` fills. Returns the targets NVDEC did not deliver
+        correctly (sorted; the caller decodes them elsewhere)."""
         import cupy
 
         scan = self.scan
+        self._dlpack = settings.nvdec_dlpack()
         missing = None
         if self.packet_path and _packet_path["enabled"]:
             missing = self._decode_packets(targets, output, chw, out, slots)
@@ -327,26 +331,25 @@ class NvdecBackend:
                 scan.source_name,
                 len(missing),
             )
-            host = cpu_fallback(sorted(set(missing)))
-            pos = {t: i for i, t in enumerate(targets)}
-            with cupy.cuda.Device(self.device.index):
-                for t in missing:
-                    arr = cupy.asarray(host[t])
-                    for r in slots[pos[t]]:
-                        out[r] = arr
+        return sorted(set(missing or ()))
 
 
     def _write(self, frame, rows, output, chw, out):
         """Convert one decoded NV12 frame into ``out[rows]`` on this backend's stream."""
         first = rows[0]
-        if not (_raw_planes["enabled"] and self._write_raw(frame, out[first], output, chw)):
+        if not (
+            _raw_planes["enabled"]
+            and not self._dlpack
+            and self._write_raw(frame, out[first], output, chw)
+        ):
             self._write_dlpack(frame, out[first], output, chw)
         for r in rows[1:]:
             out[r] = out[first]
 
     def _write_raw(self, frame, dst, output, chw) -> bool:
-        """The frame's planes by their device pointers, without a DLPack round trip (which cost
-        about a quarter of the clip rate at 16 threads on an H200, 2026-11-30).
+        """The frame's planes by their device pointers, without a DLPack round trip (a DLPack
+        export per frame costs a large share of the clip rate with many threads;
+        ``benchmarks/README.md``).
         The kernel or copies are ordered after the decoder's event on this backend's stream.
         False where the frame does not expose its planes; the caller then uses DLPack."""
         import cupy
@@ -398,7 +401,7 @@ class NvdecBackend:
             dst[:H] = x[:H, :W]
             dst[H : H + ch] = x[chroma_row : chroma_row + ch, :W]
         else:
-            nv12_to_rgb(x, H, W, self._coeffs, dst, chw=chw, chroma_row=chroma_row)
+            nv12_to_rgb_device(x, H, W, self._coeffs, dst, chw=chw, chroma_row=chroma_row)
 
     def _decode_packets(self, targets, output, chw, out, slots):
         """The packet path; returns the targets it did not deliver, or None when it cannot

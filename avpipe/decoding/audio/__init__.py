@@ -6,7 +6,7 @@ the installed libsndfile has them) go through soundfile, which seeks: an ``offse
 AAC, ...) goes through PyAV, which seeks to the offset and stops decoding after the duration.
 
 Resampling (``sample_rate=``) is :func:`resample`, a polyphase windowed-sinc resampler of
-stated quality (see :mod:`avpipe.decoding._audio_resample`) that runs on numpy or cupy.
+stated quality (see :mod:`avpipe.ops._resample`) that runs on numpy or cupy.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from .._source import open_source
-from ..device import resolve_device
-from ..errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
-from ._audio_resample import QUALITIES, resample
+from ..._source import open_source
+from ...device import resolve_device
+from ...errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
+from ...ops._resample import QUALITIES, resample
 
 __all__ = ["load_audio", "Audio", "resample", "audio_info"]
 

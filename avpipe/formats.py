@@ -1,0 +1,32 @@
+"""The one registry of file extensions: which files avpipe treats as audio, video or images.
+
+Extensions are lower case with the dot; match them with ``os.path.splitext(p)[1].lower()``
+(:func:`kind_of`). Images are what DALI's decoders read (JPEG, PNG, TIFF, JPEG 2000, BMP, WebP,
+PNM); video and audio what PyAV / libsndfile open in practice. Content is never trusted to the
+name: decoders sniff the bytes and raise :class:`~avpipe.errors.UnsupportedFormatError`.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["AUDIO_EXTENSIONS", "VIDEO_EXTENSIONS", "IMAGE_EXTENSIONS", "EXTENSIONS", "kind_of"]
+
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3")
+VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mkv", ".webm", ".avi", ".mov")
+IMAGE_EXTENSIONS = (
+    ".jpg", ".jpeg", ".jpe", ".png", ".tif", ".tiff", ".jp2", ".j2k", ".jpx",
+    ".bmp", ".webp", ".pnm", ".ppm", ".pgm", ".pbm",
+)  # fmt: skip
+
+# extension -> "audio" | "video" | "image"
+EXTENSIONS = {
+    **{e: "audio" for e in AUDIO_EXTENSIONS},
+    **{e: "video" for e in VIDEO_EXTENSIONS},
+    **{e: "image" for e in IMAGE_EXTENSIONS},
+}
+
+
+def kind_of(path) -> str | None:
+    """``"audio"``, ``"video"``, ``"image"`` or None, from ``path``'s extension."""
+    return EXTENSIONS.get(os.path.splitext(os.fspath(path))[1].lower())

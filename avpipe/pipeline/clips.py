@@ -1,0 +1,198 @@
+"""A feed of transformed video clips: per file one random clip, decoded by a pool of threads.
+
+Each clip is ``clip_length`` frames ``stride`` apart at a seeded random start
+(:func:`~avpipe.pipeline.samplers.sample_random_clips`), decoded by a :class:`VideoDecoder` on
+the feed's device (NVDEC on a GPU: each thread has its own decoder session and CUDA stream),
+then resized (short side), centre-cropped and normalized in one fused pass
+(:func:`avpipe.ops.image.resize_crop_normalize`) into ``[clip_length, 3, crop, crop]``::
+
+    feed = ClipFeed(paths, clip_length=16, stride=4, crop_size=224, batch_size=8, device="cuda")
+    for batch in feed:                 # one epoch, a new shuffle each time
+        batch.clips                    # [B, 16, 3, 224, 224] float16 on the device
+        batch.errors                   # ((index in the epoch, DecodeError), ...): skipped files
+
+This is the workload ``benchmarks/bench_video.py`` measures (its ``avpipe`` contender calls
+:meth:`ClipFeed.clip` from its own threads). Threads overlap well here: decoding waits on NVDEC
+and the transform is one kernel, so a thread per decoder session keeps NVDEC's engines busy.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._results import BatchResult
+from .._validate import check_on_error, pos_int
+from ..decoding.video import VideoDecoder
+from ..device import resolve_device
+from ..errors import DecodeError
+from ..ops import image as _image
+from . import samplers
+
+__all__ = ["ClipFeed", "Clip", "ClipBatch"]
+
+
+@dataclass(frozen=True)
+class Clip:
+    """One transformed clip: ``data`` [T, 3, crop, crop] (layout ``"NCHW"``) on the feed's
+    device; ``indices`` and ``pts_seconds`` [T] numpy; ``backend``: ``"nvdec"`` or ``"pyav"``;
+    ``pts_mismatches``: frames NVDEC numbered differently from the scan (decoded on the CPU)."""
+
+    data: Any
+    indices: np.ndarray
+    pts_seconds: np.ndarray
+    path: str
+    backend: str
+    pts_mismatches: int = 0
+
+
+@dataclass(frozen=True)
+class ClipBatch(BatchResult):
+    """``clips`` [B, T, 3, crop, crop] on the feed's device (None when every item failed);
+    ``paths`` the B good items' paths; ``errors`` ``(index in the epoch, DecodeError)``."""
+
+    clips: Any = None
+    paths: tuple = ()
+    errors: tuple = ()
+    device: str = "cpu"
+
+
+class ClipFeed:
+    """Batches of one random clip per file (see the module's docstring).
+
+    Args:
+        paths: video files.
+        clip_length, stride: frames per clip and the step between them.
+        crop_size, short_side: resize the short side to ``short_side`` (default ``crop_size``),
+            then a centre crop of ``crop_size``.
+        mean, std, dtype, layout, antialias: as :func:`avpipe.ops.image.resize_crop_normalize`
+            (defaults: ImageNet statistics, float16, ``"NCHW"`` per clip, no antialias).
+        batch_size: clips per batch.
+        threads: decoding threads (each keeps its own decoder session and CUDA stream).
+        device: None (the GPU when usable, else the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+        seed, shuffle: epoch ``e`` visits the files in a seeded order and draws each clip's
+            start from ``(seed, e, index)``; the same arguments give the same clips.
+        on_error: ``"skip"`` (default; a bad file is reported in the batch's ``errors``) or
+            ``"raise"``.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence,
+        *,
+        clip_length: int = 16,
+        stride: int = 4,
+        crop_size: int = 224,
+        short_side: int | None = None,
+        mean=_image.IMAGENET_MEAN,
+        std=_image.IMAGENET_STD,
+        dtype="float16",
+        layout: str = "NCHW",
+        antialias: bool = False,
+        batch_size: int = 8,
+        threads: int = 16,
+        device=None,
+        seed: int = 0,
+        shuffle: bool = True,
+        on_error: str = "skip",
+    ):
+        self.paths = [str(p) for p in paths]
+        self.clip_length = pos_int("clip_length", clip_length)
+        self.stride = pos_int("stride", stride)
+        self.crop_size = pos_int("crop_size", crop_size)
+        self.short_side = self.crop_size if short_side is None else pos_int("short_side", short_side)
+        self.batch_size = pos_int("batch_size", batch_size)
+        self.threads = pos_int("threads", threads)
+        self.device = resolve_device(device)
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.on_error = check_on_error(on_error)
+        self._transform_args = dict(
+            short_side=self.short_side, crop_size=self.crop_size, mean=mean, std=std,
+            antialias=bool(antialias), dtype=dtype, layout=layout,
+        )  # fmt: skip
+        self._local = threading.local()
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return -(-len(self.paths) // self.batch_size)
+
+    # -- one clip (the unit of work; thread-safe) -------------------------------------------
+    def _stream(self):
+        if not self.device.is_cuda:
+            return None
+        s = getattr(self._local, "stream", None)
+        if s is None:
+            import cupy
+
+            with cupy.cuda.Device(self.device.index):
+                s = self._local.stream = cupy.cuda.Stream(non_blocking=True)
+        return s
+
+    def transform(self, frames):
+        """[T, H, W, 3] uint8 frames -> the feed's transformed clip."""
+        return _image.resize_crop_normalize(frames, **self._transform_args)
+
+    def clip(self, path, seed) -> Clip:
+        """One random clip of ``path`` (start drawn from ``seed``), transformed. On a GPU the
+        transform runs on this thread's stream and is finished when this returns."""
+        s = self._stream()
+        with VideoDecoder(path, device=self.device) as dec:
+            c = samplers.sample_random_clips(
+                dec, num_clips=1, clip_length=self.clip_length, stride=self.stride, seed=seed
+            )
+            if s is None:
+                out = self.transform(c.data[0])
+            else:
+                with s:
+                    out = self.transform(c.data[0])
+                s.synchronize()
+            backend = dec.backend
+            mismatches = int(getattr(dec._gpu, "pts_mismatches", 0) or 0)
+        return Clip(
+            data=out, indices=c.indices[0], pts_seconds=c.pts_seconds[0], path=str(path),
+            backend=backend, pts_mismatches=mismatches,
+        )  # fmt: skip
+
+    # -- epochs -------------------------------------------------------------------------------
+    def _order(self, epoch: int) -> np.ndarray:
+        n = len(self.paths)
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, epoch]).permutation(n)
+
+    def _one(self, args):
+        pos, path, seed = args
+        try:
+            return pos, self.clip(path, seed), None
+        except DecodeError as e:
+            return pos, None, e
+
+    def __iter__(self) -> Iterator[ClipBatch]:
+        epoch = self.epoch
+        self.epoch += 1
+        order = self._order(epoch)
+        work = [
+            (pos, self.paths[i], [self.seed, epoch, int(i)]) for pos, i in enumerate(order)
+        ]
+        xp = self.device.xp
+        with ThreadPoolExecutor(self.threads) as pool:
+            for b0 in range(0, len(work), self.batch_size):
+                done = list(pool.map(self._one, work[b0 : b0 + self.batch_size]))
+                good = [c for _, c, _ in done if c is not None]
+                errors = tuple((pos, e) for pos, _, e in done if e is not None)
+                if errors and self.on_error == "raise":
+                    raise errors[0][1]
+                clips = None
+                if good:
+                    with self.device.activate():
+                        clips = xp.stack([c.data for c in good])
+                yield ClipBatch(
+                    clips=clips, paths=tuple(c.path for c in good), errors=errors,
+                    device=str(self.device),
+                )  # fmt: skip

@@ -1,0 +1,169 @@
+"""Every ``AVPIPE_*`` environment variable, parsed in one place with one grammar.
+
+Each variable is read when the setting is asked for (never at import), so a test or a process
+may change it between calls. Grammar:
+
+* booleans: ``1``/``0``, ``true``/``false``, ``on``/``off``, ``yes``/``no`` (any case,
+  surrounding spaces ignored); unset or empty means the default;
+* integers and floats: a number in the stated range;
+* anything else raises ``ValueError`` naming the variable and the value.
+
+=============================== ======= ================================================================
+variable                        default meaning
+=============================== ======= ================================================================
+``AVPIPE_DISABLE_GPU``          off     ``device=None`` means the CPU even where a GPU is usable
+``AVPIPE_IMAGE_KERNELS``        on      image ops use avpipe's fused CUDA kernels (off: cuBLAS path)
+``AVPIPE_NVDEC_PACKETS``        auto    NVDEC packet path: auto (H.264/HEVC in MP4/MOV), on (also
+                                        other containers, PyNvVideoCodec's demuxer), off
+``AVPIPE_NVDEC_CHUNK``          16      packets per NVDEC ``Decode`` call on the packet path (>= 1)
+``AVPIPE_NVDEC_DLPACK``         off     read NVDEC frames through DLPack instead of plane pointers
+``AVPIPE_FLAC_WINDOW``          256     files per GPU FLAC decode launch (>= 1)
+``AVPIPE_JPEG_HW_LOAD``         1.0     share of a JPEG batch for the hardware decoder, in [0, 1]
+``AVPIPE_DALI_THREADS``         CPUs    DALI CPU threads per pipeline (>= 1; default min(CPUs, 16))
+``AVPIPE_DALI_STREAM_OUTPUTS``  on      DALI outputs ordered on the caller's CUDA stream
+=============================== ======= ================================================================
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+__all__ = [
+    "env_bool",
+    "env_int",
+    "env_float",
+    "disable_gpu",
+    "image_kernels",
+    "nvdec_packets",
+    "nvdec_chunk",
+    "nvdec_dlpack",
+    "flac_window",
+    "jpeg_hw_load",
+    "dali_threads",
+    "dali_stream_outputs",
+    "VARIABLES",
+]
+
+_TRUE = ("1", "true", "on", "yes")
+_FALSE = ("0", "false", "off", "no")
+
+
+def _raw(name: str) -> str | None:
+    v = os.environ.get(name)
+    if v is None or not v.strip():
+        return None
+    return v.strip()
+
+
+def env_bool(name: str, default: bool) -> bool:
+    """The boolean variable ``name`` (see the module's grammar); ``default`` when unset/empty."""
+    v = _raw(name)
+    if v is None:
+        return default
+    low = v.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(
+        f"{name} must be one of 1/0, true/false, on/off, yes/no, got {os.environ.get(name)!r}"
+    )
+
+
+def env_int(name: str, default: int | None, *, minimum: int | None = None) -> int | None:
+    """The integer variable ``name`` (at least ``minimum``); ``default`` when unset/empty."""
+    v = _raw(name)
+    if v is None:
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        n = None
+    if n is None or (minimum is not None and n < minimum):
+        want = "an integer" if minimum is None else f"an integer >= {minimum}"
+        raise ValueError(f"{name} must be {want}, got {os.environ.get(name)!r}")
+    return n
+
+
+def env_float(name: str, default: float, *, lo: float, hi: float) -> float:
+    """The number variable ``name`` in ``[lo, hi]``; ``default`` when unset/empty."""
+    v = _raw(name)
+    if v is None:
+        return default
+    try:
+        x = float(v)
+    except ValueError:
+        x = math.nan
+    if not (lo <= x <= hi):  # also NaN
+        raise ValueError(f"{name} must be a number in [{lo:g}, {hi:g}], got {os.environ.get(name)!r}")
+    return x
+
+
+def disable_gpu() -> bool:
+    """``AVPIPE_DISABLE_GPU``: ``device=None`` means the CPU even where a GPU is usable."""
+    return env_bool("AVPIPE_DISABLE_GPU", False)
+
+
+def image_kernels() -> bool:
+    """``AVPIPE_IMAGE_KERNELS``: the image ops' fused CUDA kernels (off: the cuBLAS path)."""
+    return env_bool("AVPIPE_IMAGE_KERNELS", True)
+
+
+def nvdec_packets() -> str:
+    """``AVPIPE_NVDEC_PACKETS``: ``"auto"`` (default), ``"on"`` or ``"off"``; ``auto`` or a
+    boolean."""
+    v = _raw("AVPIPE_NVDEC_PACKETS")
+    if v is None or v.lower() == "auto":
+        return "auto"
+    try:
+        return "on" if env_bool("AVPIPE_NVDEC_PACKETS", False) else "off"
+    except ValueError:
+        raise ValueError(
+            "AVPIPE_NVDEC_PACKETS must be auto or one of 1/0, true/false, on/off, yes/no, "
+            f"got {os.environ.get('AVPIPE_NVDEC_PACKETS')!r}"
+        ) from None
+
+
+def nvdec_chunk() -> int:
+    """``AVPIPE_NVDEC_CHUNK``: packets per ``Decode`` call on the NVDEC packet path."""
+    return env_int("AVPIPE_NVDEC_CHUNK", 16, minimum=1)
+
+
+def nvdec_dlpack() -> bool:
+    """``AVPIPE_NVDEC_DLPACK``: read NVDEC frames through DLPack instead of plane pointers."""
+    return env_bool("AVPIPE_NVDEC_DLPACK", False)
+
+
+def flac_window() -> int:
+    """``AVPIPE_FLAC_WINDOW``: files per GPU FLAC decode launch."""
+    return env_int("AVPIPE_FLAC_WINDOW", 256, minimum=1)
+
+
+def jpeg_hw_load() -> float:
+    """``AVPIPE_JPEG_HW_LOAD``: the share of a JPEG batch DALI gives its hardware decoder."""
+    return env_float("AVPIPE_JPEG_HW_LOAD", 1.0, lo=0.0, hi=1.0)
+
+
+def dali_threads() -> int | None:
+    """``AVPIPE_DALI_THREADS``: DALI CPU threads per pipeline (None: avpipe's default)."""
+    return env_int("AVPIPE_DALI_THREADS", None, minimum=1)
+
+
+def dali_stream_outputs() -> bool:
+    """``AVPIPE_DALI_STREAM_OUTPUTS``: DALI outputs ordered on the caller's CUDA stream."""
+    return env_bool("AVPIPE_DALI_STREAM_OUTPUTS", True)
+
+
+# name -> the function that reads it (the README's table lists the same)
+VARIABLES = {
+    "AVPIPE_DISABLE_GPU": disable_gpu,
+    "AVPIPE_IMAGE_KERNELS": image_kernels,
+    "AVPIPE_NVDEC_PACKETS": nvdec_packets,
+    "AVPIPE_NVDEC_CHUNK": nvdec_chunk,
+    "AVPIPE_NVDEC_DLPACK": nvdec_dlpack,
+    "AVPIPE_FLAC_WINDOW": flac_window,
+    "AVPIPE_JPEG_HW_LOAD": jpeg_hw_load,
+    "AVPIPE_DALI_THREADS": dali_threads,
+    "AVPIPE_DALI_STREAM_OUTPUTS": dali_stream_outputs,
+}

@@ -1,0 +1,57 @@
+"""avpipe.pipeline.clips.ClipFeed on the CPU: batches of transformed clips, errors skipped."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+
+from avpipe.errors import DecodeError
+from avpipe.pipeline.clips import ClipFeed
+
+SAMPLES = pathlib.Path(__file__).resolve().parents[1] / "samples" / "video"
+
+
+def _videos():
+    return sorted(str(p) for p in SAMPLES.iterdir() if p.suffix in (".mp4", ".webm", ".avi"))
+
+
+def test_clip_feed_batches_and_epochs(tmp_path):
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(b"not a video")
+    paths = _videos()[:3] + [str(bad)]
+    feed = ClipFeed(paths, clip_length=4, stride=2, crop_size=32, batch_size=3, threads=2,
+                    device="cpu", seed=1)
+    assert len(feed) == 2
+    batches = list(feed)
+    shapes = [b.clips.shape for b in batches if b.clips is not None]
+    assert sum(s[0] for s in shapes) == 3 and all(s[1:] == (4, 3, 32, 32) for s in shapes)
+    assert all(b.clips.dtype == np.float16 for b in batches if b.clips is not None)
+    assert all(len(b.paths) == (0 if b.clips is None else len(b.clips)) for b in batches)
+    errors = [e for b in batches for e in b.errors]
+    assert len(errors) == 1 and isinstance(errors[0][1], DecodeError)
+    again = ClipFeed(paths, clip_length=4, stride=2, crop_size=32, batch_size=3, threads=1,
+                     device="cpu", seed=1)
+    for a, b in zip(batches, again):  # the same arguments give the same clips
+        assert a.paths == b.paths
+        if a.clips is not None:
+            np.testing.assert_array_equal(a.clips, b.clips)
+    with pytest.raises(DecodeError):
+        list(ClipFeed([str(bad)], device="cpu", on_error="raise"))
+
+
+def test_clip_feed_clip_matches_sampler_and_transform():
+    import avpipe
+    from avpipe.ops.image import resize_crop_normalize
+    from avpipe.pipeline import samplers
+
+    path = _videos()[0]
+    feed = ClipFeed([path], clip_length=4, stride=3, crop_size=48, device="cpu")
+    c = feed.clip(path, 7)
+    with avpipe.VideoDecoder(path, device="cpu") as dec:
+        ref = samplers.sample_random_clips(dec, clip_length=4, stride=3, seed=7)
+    np.testing.assert_array_equal(c.indices, ref.indices[0])
+    want = resize_crop_normalize(ref.data[0], short_side=48, crop_size=48, antialias=False)
+    np.testing.assert_array_equal(c.data, want)
+    assert c.backend == "pyav"
