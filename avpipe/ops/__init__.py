@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 
-_SUBMODULES = ("audio", "image")
+_SUBMODULES = ("audio", "image", "audio_augment", "image_augment")
 
 
 def __getattr__(name: str):
