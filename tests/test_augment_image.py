@@ -423,5 +423,8 @@ def test_gpu_ops_equal_cpu():
     c = I.sample_cutmix_params(0, 0, np.arange(4), 60, 100)
     np.testing.assert_array_equal(cp.asnumpy(I.apply_cutmix(xg, cp.eye(4), c)[0]),
                                   I.apply_cutmix(x, np.eye(4), c)[0])  # fmt: skip
+    # the chain rounds to uint8 after the crop and after the jitter: a value on a rounding
+    # boundary may differ by a level or two there (1 level = 1 / 255 / std ~ 0.017 here)
     chain = I.video_train_chain(32)
-    np.testing.assert_allclose(cp.asnumpy(chain(xg, seed=3)), chain(x, seed=3), atol=2e-2)
+    d = np.abs(cp.asnumpy(chain(xg, seed=3)) - chain(x, seed=3))
+    assert d.max() < 4 / 255 / 0.224 and np.mean(d > 1e-3) < 1e-2
