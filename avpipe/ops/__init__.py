@@ -5,6 +5,12 @@ cupy on a GPU); results stay on the inputs' device.
   normalization, frame stacking, resampling, and the preset pipeline :func:`log_mel`.
 * :mod:`avpipe.ops.image` — resize, crop, flip, normalize, layout and dtype; a video clip
   ``[T, H, W, C]`` is a batch of frames and an image is a clip of one frame.
+* :mod:`avpipe.ops.audio_augment`, :mod:`avpipe.ops.image_augment` — augmentations drawn per
+  sample (speed perturbation, noise, reverb, SpecAugment; random resized crop, flip, colour
+  jitter, mixup/cutmix), each a parameter sampler plus a pure apply function, chained by
+  ``Chain``.
+* :mod:`avpipe.ops.random` — counter-based draws keyed by (seed, stream, epoch, sample id),
+  the same on numpy and cupy.
 * :mod:`avpipe.ops.color` — NV12 -> RGB (one colour table; swscale's fixed-point path and the
   NVDEC backend's CUDA kernel).
 
@@ -18,19 +24,25 @@ from __future__ import annotations
 
 import importlib
 
-from . import color
+from . import color, random
 
-_SUBMODULES = ("audio", "image")
+_SUBMODULES = ("audio", "image", "audio_augment", "image_augment")
 
 _modules = [importlib.import_module(f"avpipe.ops.{sub}") for sub in _SUBMODULES]
 _names = [name for mod in _modules for name in mod.__all__]
-_AMBIGUOUS = {name for name in _names if _names.count(name) > 1}
+# a name is ambiguous where two modules give it different objects (normalize); one object
+# exported by several modules (Chain) is not
+_AMBIGUOUS = {
+    name
+    for name in _names
+    if len({id(getattr(m, name)) for m in _modules if name in m.__all__}) > 1
+}
 for _mod in _modules:
     for _name in _mod.__all__:
         if _name not in _AMBIGUOUS:
             globals()[_name] = getattr(_mod, _name)
 
-__all__ = ["color", *_SUBMODULES, *dict.fromkeys(n for n in _names if n not in _AMBIGUOUS)]
+__all__ = ["color", "random", *_SUBMODULES, *dict.fromkeys(n for n in _names if n not in _AMBIGUOUS)]
 
 
 def __getattr__(name: str):

@@ -1,0 +1,219 @@
+"""Shared pieces of the augmentation operators: draw helpers, the op protocol and :class:`Chain`.
+
+Every augmentation is two things:
+
+* a parameter sampler ``sample_params(seed, epoch, ids, ..., xp)`` that draws only through
+  :mod:`avpipe.ops.random` (so CPU and GPU draw the same parameters, and a resumed run draws
+  what the uninterrupted one would have), returning a ``dict`` of arrays, one row per item;
+* a pure function of ``(data, params)`` that applies them (given the same params it gives the
+  same output, so a params dict can be stored and replayed).
+
+An op object (:class:`Augment`) bundles the two; :class:`Chain` runs a list of them, drawing
+each op's parameters from the data as it reaches that op (lengths after a speed change, the
+frame size after a crop), and can hand back and replay the list of parameter dicts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..device import array_module, to_numpy
+from . import random as R
+
+__all__ = ["Augment", "Chain", "register", "REGISTRY"]
+
+REGISTRY: dict[str, type] = {}
+
+
+def register(cls):
+    """Class decorator: make ``cls`` buildable by :meth:`Chain.from_config` as ``cls.name``."""
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+# --- draw helpers --------------------------------------------------------------------------------
+
+
+def as_ids(ids, n: int, xp):
+    """Sample ids for ``n`` items: ``arange(n)`` by default; int64 on ``xp``."""
+    if ids is None:
+        return xp.arange(n, dtype=xp.int64)
+    ids = xp.asarray(ids, dtype=xp.int64).reshape(-1)
+    if ids.shape[0] != n:
+        raise ValueError(f"ids must have one entry per item ({n}), got {ids.shape[0]}")
+    return ids
+
+
+def below(w, span, xp):
+    """Integers uniform on ``[0, span)`` from uint32 words ``w`` by multiply-shift (exact
+    integer arithmetic: identical on numpy and cupy). ``span`` broadcasts against ``w``; a span
+    of 0 or less gives 0."""
+    s = xp.maximum(xp.asarray(span, dtype=xp.int64), 0).astype(xp.uint64)
+    return ((w.astype(xp.uint64) * s) >> xp.uint64(32)).astype(xp.int64)
+
+
+def unit(w, xp):
+    """float64 uniform on [0, 1) from uint32 words (``u * 2**-32``, exact on both devices)."""
+    return w.astype(xp.float64) * (2.0**-32)
+
+
+def applied(seed, stream, epoch, ids, p, xp):
+    """bool [B]: whether each item's op is applied (probability ``p``; its own stream)."""
+    if p >= 1.0:
+        return xp.ones(ids.shape[0], dtype=bool)
+    return R.bernoulli(seed, stream + ".p", epoch, ids, 1, p=float(p), xp=xp)[:, 0]
+
+
+def host(x):
+    """A host numpy copy (a no-op for numpy input)."""
+    return x if isinstance(x, np.ndarray) else to_numpy(x)
+
+
+def on(xp, x, dtype=None):
+    """``x`` as an ``xp`` array (copies host <-> device as needed)."""
+    if xp is np:
+        x = host(x) if not isinstance(x, (int, float, list, tuple)) else x
+        return np.asarray(x, dtype=dtype)
+    return xp.asarray(x, dtype=dtype)
+
+
+def uniform_range(rng, name):
+    """``(lo, hi)`` from a pair, or ``(v, v)`` from one number."""
+    if isinstance(rng, (int, float)):
+        return float(rng), float(rng)
+    try:
+        lo, hi = (float(v) for v in rng)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number or a (low, high) pair, got {rng!r}") from None
+    if hi < lo:
+        raise ValueError(f"{name}: high must be >= low, got {rng!r}")
+    return lo, hi
+
+
+def gamma(seed, stream, epoch, ids, alpha: float, attempts: int = 16):
+    """Gamma(alpha, 1) draws [B] (host float64) by Marsaglia-Tsang with a fixed number of
+    attempts (first accepted wins; all rejected has probability < 1e-18 for any alpha); alpha
+    below 1 by the boost ``Gamma(alpha + 1) * U ** (1 / alpha)``. Computed on the host from
+    :mod:`avpipe.ops.random` draws, so every device gets the same values."""
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha!r}")
+    a = alpha + 1.0 if alpha < 1.0 else alpha
+    d = a - 1.0 / 3.0
+    c = 1.0 / np.sqrt(9.0 * d)
+    z = R.normal(seed, stream + ".n", epoch, ids, attempts)
+    u = R.uniform(seed, stream + ".u", epoch, ids, attempts + 1)
+    v = (1.0 + c * z) ** 3
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ok = (v > 0) & (np.log(np.maximum(u[:, :attempts], 1e-300))
+                        < 0.5 * z * z + d - d * v + d * np.log(np.where(v > 0, v, 1.0)))
+    first = np.argmax(ok, axis=1)
+    g = d * v[np.arange(v.shape[0]), first]
+    g = np.where(ok.any(axis=1), g, d)  # never in practice
+    if alpha < 1.0:
+        g = g * np.maximum(u[:, attempts], 2.0**-33) ** (1.0 / alpha)
+    return g
+
+
+# --- ops and chains ------------------------------------------------------------------------------
+
+
+class Augment:
+    """One augmentation: :meth:`sample` draws its parameters for a batch, :meth:`apply` applies
+    given parameters (pure). ``stream`` names its random stream (default: the op's name); two
+    ops of one chain with the same name get ``name#1``, ``name#2``, ... so their draws differ.
+    Deterministic ops (log-mel, normalize, centre crop) return ``{}`` from :meth:`sample`."""
+
+    name = "augment"
+
+    def __init__(self, stream: str | None = None):
+        self.stream = stream or self.name
+
+    def sample(self, data, *, seed: int, epoch: int = 0, ids=None) -> dict:
+        return {}
+
+    def apply(self, data, params: dict):
+        raise NotImplementedError
+
+    def __call__(self, data, *, seed: int = 0, epoch: int = 0, ids=None,
+                 return_params: bool = False):  # fmt: skip
+        params = self.sample(data, seed=seed, epoch=epoch, ids=ids)
+        out = self.apply(data, params)
+        return (out, params) if return_params else out
+
+    def __repr__(self):
+        keys = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in keys.items())})"
+
+
+class Chain(Augment):
+    """Ops run in order: each draws its parameters from the data as it reaches it, then applies
+    them. ``chain(data, seed=, epoch=, ids=, return_params=True)`` also returns the list of
+    parameter dicts; ``chain.apply(data, params_list)`` replays them exactly.
+
+    ``Chain.from_config([{"op": "speed_perturb", "factors": [0.9, 1.0, 1.1]}, ...])`` builds
+    one from plain dicts (``"op"``: a registered op name, the rest: its keyword arguments);
+    ``Chain.ops_available()`` lists the names."""
+
+    name = "chain"
+
+    def __init__(self, ops, stream: str | None = None):
+        super().__init__(stream)
+        self.ops = list(ops)
+        seen: dict[str, int] = {}
+        for op in self.ops:
+            if not isinstance(op, Augment):
+                raise TypeError(f"Chain takes Augment ops, got {type(op).__name__}")
+            seen[op.stream] = seen.get(op.stream, 0) + 1
+        count: dict[str, int] = {}
+        for op in self.ops:
+            if seen[op.stream] > 1:
+                count[op.stream] = count.get(op.stream, 0) + 1
+                op.stream = f"{op.stream}#{count[op.stream]}"
+
+    @staticmethod
+    def ops_available():
+        _load_registry()
+        return sorted(REGISTRY)
+
+    @classmethod
+    def from_config(cls, config):
+        _load_registry()
+        ops = []
+        for i, entry in enumerate(config):
+            if not isinstance(entry, dict) or "op" not in entry:
+                raise ValueError(f"config[{i}] must be a dict with an 'op' key, got {entry!r}")
+            kw = dict(entry)
+            name = kw.pop("op")
+            if name not in REGISTRY:
+                raise ValueError(f"config[{i}]: unknown op {name!r}; known: {sorted(REGISTRY)}")
+            ops.append(REGISTRY[name](**kw))
+        return cls(ops)
+
+    def __call__(self, data, *, seed: int = 0, epoch: int = 0, ids=None,
+                 return_params: bool = False):  # fmt: skip
+        all_params = []
+        for op in self.ops:
+            data, p = op(data, seed=seed, epoch=epoch, ids=ids, return_params=True)
+            all_params.append(p)
+        return (data, all_params) if return_params else data
+
+    def sample(self, data, *, seed, epoch=0, ids=None):
+        raise TypeError("a Chain samples while it runs: call it with return_params=True")
+
+    def apply(self, data, params):
+        if len(params) != len(self.ops):
+            raise ValueError(f"params: {len(params)} dicts for {len(self.ops)} ops")
+        for op, p in zip(self.ops, params):
+            data = op.apply(data, p)
+        return data
+
+    def __repr__(self):
+        return "Chain([" + ", ".join(repr(o) for o in self.ops) + "])"
+
+
+def _load_registry():
+    from . import audio_augment, image_augment  # noqa: F401  (they register their ops)
+
+
+def xp_of(*arrays):
+    return array_module(*arrays)

@@ -1,0 +1,779 @@
+"""Image and video-clip augmentations (numpy on the CPU, cupy on a GPU; one implementation).
+
+Inputs: clips ``[B, T, H, W, C]`` (``layout="BTHWC"``, the default for 5-D) or ``[B, T, C, H, W]``
+(``"BTCHW"``), images ``[B, H, W, C]`` (``"BHWC"``, the default for 4-D) or ``[B, C, H, W]``
+(``"BCHW"``); uint8 or float. Every frame of a clip gets its clip's parameters; outputs keep the
+input's layout. Each op is a sampler (``sample_*_params(seed, epoch, ids, ..., xp=)``, drawing
+only through :mod:`avpipe.ops.random`, keyed by ``(seed, stream, epoch, sample id)``) plus a
+pure ``apply_*(x, params)``; the :class:`Augment` classes compose into a :class:`Chain`
+(``Chain.from_config([{"op": "random_resized_crop", "size": 224}, {"op": "flip"},
+{"op": "color_jitter", "brightness": 0.4}, {"op": "normalize"}])``).
+
+* :func:`sample_resized_crop_params` / :func:`apply_resized_crop`: torchvision's
+  ``RandomResizedCrop`` (scale / ratio draws, 10 attempts, then its centre-crop fallback); the
+  resize is :mod:`avpipe.ops.image`'s (the same per-axis taps as :func:`avpipe.ops.image.resize`
+  of the crop: PIL's antialiased filters, or torch's ``interpolate``), applied to the whole
+  batch at once as per-item dense weight matrices (batched GEMMs; no per-item loop on the
+  device). The box ``(top, left, height, width)`` is also the argument of
+  :func:`avpipe.ops.image.crop`, so a recipe can instead feed ``crop(x, ...)`` of each clip to
+  the fused :func:`avpipe.ops.image.resize_crop_normalize` (:func:`fused_resized_crop_normalize`).
+* :func:`center_crop`, :func:`n_crop` (3 along the long side, 5, 10 as torchvision).
+* :func:`sample_flip_params` / :func:`apply_flip`; :func:`sample_grayscale_params` /
+  :func:`apply_grayscale`; :func:`sample_color_jitter_params` / :func:`apply_color_jitter`
+  (torchvision ``ColorJitter``: factors uniform on ``[max(0, 1 - b), 1 + b]``, hue on
+  ``[-h, h]``, the four in a random order per clip, or a fixed order).
+* :func:`sample_temporal_jitter_params` / :func:`apply_temporal_jitter` on frame indices.
+* :func:`sample_mixup_params` / :func:`apply_mixup`, :func:`sample_cutmix_params` /
+  :func:`apply_cutmix` (torchvision v2's MixUp / CutMix, one lambda per item, paired with the
+  previous item of the batch).
+* :func:`nv12_crop_box` / :func:`crop_nv12`: a crop taken on NV12 before colour conversion.
+
+Value range: the colour ops treat values as ``0..bound`` (``bound`` 255 for uint8 input, 1.0
+for float input, or given); uint8 input is computed in float32 and rounded once at the end
+(torchvision rounds after each op on uint8 tensors; the float results match torchvision's).
+
+Tolerances (GPU vs CPU): the parameters are identical (integer and uniform draws are exact on
+both; the crop box and the mixup lambdas, which go through log/exp/sqrt, are computed on the
+host); crop/flip/grayscale/N-crop/NV12 crop are exact; resize and colour jitter agree within
+1e-3 of the value range on float output (1 level on uint8 where a value sits on a rounding
+boundary).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ..device import array_module
+from . import _image_resize as _rs
+from . import random as R
+from ._augment_base import (
+    Augment,
+    Chain,
+    applied,
+    as_ids,
+    below,
+    gamma,
+    host,
+    on,
+    register,
+    uniform_range,
+    unit,
+)
+
+__all__ = [
+    "Chain",
+    "sample_resized_crop_params",
+    "apply_resized_crop",
+    "random_resized_crop",
+    "fused_resized_crop_normalize",
+    "center_crop_clips",
+    "n_crop",
+    "sample_flip_params",
+    "apply_flip",
+    "sample_grayscale_params",
+    "apply_grayscale",
+    "sample_color_jitter_params",
+    "apply_color_jitter",
+    "sample_temporal_jitter_params",
+    "apply_temporal_jitter",
+    "sample_mixup_params",
+    "apply_mixup",
+    "sample_cutmix_params",
+    "apply_cutmix",
+    "nv12_crop_box",
+    "crop_nv12",
+    "RandomResizedCrop",
+    "CenterCrop",
+    "RandomFlip",
+    "RandomGrayscale",
+    "ColorJitter",
+    "Normalize",
+    "video_train_chain",
+]
+
+GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
+_ORDER = ("brightness", "contrast", "saturation", "hue")
+
+
+# --- layouts -------------------------------------------------------------------------------------
+
+_LAYOUTS = ("BTHWC", "BTCHW", "BHWC", "BCHW", "HWC", "CHW")
+
+
+def _canon(x, layout):
+    """(xp, x as a [B, T, H, W, C] view, layout). ``layout`` None: by ndim (5: BTHWC, 4: BHWC,
+    3: HWC)."""
+    xp = array_module(x)
+    if layout is None:
+        layout = {5: "BTHWC", 4: "BHWC", 3: "HWC"}.get(x.ndim)
+        if layout is None:
+            raise ValueError(f"x must be [B, T, H, W, C], [B, H, W, C] or [H, W, C], got {x.shape}")
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be one of {list(_LAYOUTS)}, got {layout!r}")
+    if x.ndim != len(layout):
+        raise ValueError(f"layout {layout!r} needs a {len(layout)}-D array, got shape {x.shape}")
+    if layout == "BTCHW":
+        x = xp.moveaxis(x, 2, -1)
+    elif layout == "BCHW":
+        x = xp.moveaxis(x, 1, -1)[:, None]
+    elif layout == "BHWC":
+        x = x[:, None]
+    elif layout == "HWC":
+        x = x[None, None]
+    elif layout == "CHW":
+        x = xp.moveaxis(x, 0, -1)[None, None]
+    return xp, x, layout
+
+
+def _back(xp, y, layout):
+    """[B, T, H, W, C] -> ``layout`` (a view)."""
+    if layout == "BTCHW":
+        return xp.moveaxis(y, -1, 2)
+    if layout == "BCHW":
+        return xp.moveaxis(y[:, 0], -1, 1)
+    if layout == "BHWC":
+        return y[:, 0]
+    if layout == "HWC":
+        return y[0, 0]
+    if layout == "CHW":
+        return xp.moveaxis(y[0, 0], -1, 0)
+    return y
+
+
+def _size(size):
+    if isinstance(size, (int, np.integer)):
+        return int(size), int(size)
+    h, w = size
+    return int(h), int(w)
+
+
+def _finish(xp, y, in_dtype, dtype):
+    """float32 result -> uint8 (rounded half up, clipped) for uint8 input, else float32; or
+    ``dtype`` if given."""
+    dt = np.dtype(dtype) if dtype is not None else (np.dtype(np.uint8) if in_dtype == np.uint8 else np.dtype(np.float32))
+    if dt == np.uint8:
+        return xp.clip(xp.floor(y + 0.5), 0, 255).astype(xp.uint8)
+    return y.astype(dt)
+
+
+# --- random resized crop -------------------------------------------------------------------------
+
+
+def sample_resized_crop_params(seed, epoch, ids, height, width, *, scale=(0.08, 1.0),
+                               ratio=(3.0 / 4.0, 4.0 / 3.0), stream="random_resized_crop",
+                               xp=np):  # fmt: skip
+    """torchvision ``RandomResizedCrop.get_params`` for each item of an ``height x width`` batch:
+    up to 10 attempts of ``area * U(scale)`` and ``exp(U(log ratio))``, ``w = round(sqrt(area *
+    ratio))``, ``h = round(sqrt(area / ratio))``; the first that fits gives the box, with ``top``
+    uniform on ``0..H - h`` and ``left`` on ``0..W - w``; none fits: the centre crop of the
+    ratio clamped into ``ratio``. ``height``/``width`` may be per-item arrays.
+
+    Returns ``{"top", "left", "height", "width": int64 [B]}`` on ``xp``. The draws are
+    :mod:`avpipe.ops.random` words; the log/exp/sqrt of the box are computed on the host, so
+    every device gets the same boxes."""
+    ids_h = host(as_ids(ids, len(ids), xp))
+    B = ids_h.shape[0]
+    H = np.broadcast_to(np.asarray(host(height), np.int64), (B,))
+    W = np.broadcast_to(np.asarray(host(width), np.int64), (B,))
+    s0, s1 = uniform_range(scale, "scale")
+    r0, r1 = uniform_range(ratio, "ratio")
+    w = R.words(seed, stream, epoch, ids_h, 40)  # 10 attempts x (scale, ratio, top, left)
+    area = (H * W).astype(np.float64)[:, None]
+    target = area * (s0 + (s1 - s0) * unit(w[:, 0:10], np))
+    lr0, lr1 = math.log(r0), math.log(r1)
+    aspect = np.exp(lr0 + (lr1 - lr0) * unit(w[:, 10:20], np))
+    cw = np.rint(np.sqrt(target * aspect)).astype(np.int64)  # Python's round: half to even
+    ch = np.rint(np.sqrt(target / aspect)).astype(np.int64)
+    ok = (cw > 0) & (cw <= W[:, None]) & (ch > 0) & (ch <= H[:, None])
+    first = np.argmax(ok, axis=1)
+    rows = np.arange(B)
+    any_ok = ok.any(axis=1)
+    h_try, w_try = ch[rows, first], cw[rows, first]
+    top_try = below(w[rows, 20 + first], H - h_try + 1, np)
+    left_try = below(w[rows, 30 + first], W - w_try + 1, np)
+    # fallback: torchvision's centre crop
+    in_ratio = W / H
+    fw = np.where(in_ratio < r0, W, np.where(in_ratio > r1, np.rint(H * r1).astype(np.int64), W))
+    fh = np.where(in_ratio < r0, np.rint(W / r0).astype(np.int64), H)
+    out = {
+        "top": np.where(any_ok, top_try, (H - fh) // 2),
+        "left": np.where(any_ok, left_try, (W - fw) // 2),
+        "height": np.where(any_ok, h_try, fh),
+        "width": np.where(any_ok, w_try, fw),
+    }
+    return {k: on(xp, v, np.int64) for k, v in out.items()}
+
+
+@functools.lru_cache(maxsize=4096)
+def _axis_matrix(in_size, out_size, interpolation, antialias):
+    idx, w = _rs.axis_weights(in_size, out_size, interpolation, antialias)
+    return _rs._dense(idx, w, in_size)  # [out, in], duplicate taps summed
+
+
+def _crop_matrices(top, size, full, out, interpolation, antialias):
+    """[B, out, full] float32: each item's resize of ``full[top:top + size]`` to ``out``."""
+    m = np.zeros((top.shape[0], out, full), np.float32)
+    for b in range(top.shape[0]):  # host: small weight tables, no device work
+        t, s = int(top[b]), int(size[b])
+        m[b, :, t : t + s] = _axis_matrix(s, out, interpolation, antialias)
+    return m
+
+
+def apply_resized_crop(x, params, size, *, interpolation="bilinear", antialias=True, layout=None,
+                       dtype=None):  # fmt: skip
+    """Crop each clip to its box (``params``: top, left, height, width [B]) and resize it to
+    ``size`` (int or (h, w)): equal to :func:`avpipe.ops.image.resize` of
+    :func:`avpipe.ops.image.crop` on float input (the same taps: ``antialias=True`` PIL's
+    filters, ``False`` torch's ``interpolate``), within float32 rounding. All items at once:
+    out = Ry[b] @ frame @ Rx[b]^T with per-item dense weight matrices (the crop is their
+    nonzero columns): two batched GEMMs over the items, no per-item device work. uint8 in -> uint8 out (rounded once), else float32;
+    ``dtype`` overrides."""
+    if interpolation not in ("bilinear", "bicubic"):
+        raise ValueError(f"interpolation must be 'bilinear' or 'bicubic', got {interpolation!r}")
+    xp, x5, layout = _canon(x, layout)
+    B, T, H, W, C = x5.shape
+    oh, ow = _size(size)
+    top, left = host(params["top"]), host(params["left"])
+    hh, ww = host(params["height"]), host(params["width"])
+    if np.any(top < 0) or np.any(left < 0) or np.any(top + hh > H) or np.any(left + ww > W) \
+            or np.any(hh <= 0) or np.any(ww <= 0):  # fmt: skip
+        raise ValueError(f"crop boxes must lie inside the {H}x{W} frames")
+    ry = xp.asarray(_crop_matrices(top, hh, H, oh, interpolation, bool(antialias)))
+    rxt = xp.asarray(np.ascontiguousarray(
+        _crop_matrices(left, ww, W, ow, interpolation, bool(antialias)).transpose(0, 2, 1)))
+    # two plain batched GEMMs (batch = the items), the contracted axis moved next to the GEMM
+    # dimension; the cheaper order first (counting multiply-adds per frame and channel)
+    if oh * H * W + oh * W * ow <= H * W * ow + oh * H * ow:  # rows, then columns
+        t = xp.ascontiguousarray(xp.transpose(x5, (0, 2, 1, 4, 3)), dtype=xp.float32)  # B H T C W
+        t = xp.matmul(ry, t.reshape(B, H, T * C * W)).reshape(B, oh * T * C, W)
+        y = xp.matmul(t, rxt).reshape(B, oh, T, C, ow)
+        y = xp.transpose(y, (0, 2, 1, 4, 3))  # B T oh ow C
+    else:  # columns, then rows
+        t = xp.ascontiguousarray(xp.transpose(x5, (0, 1, 2, 4, 3)), dtype=xp.float32)  # B T H C W
+        t = xp.matmul(t.reshape(B, T * H * C, W), rxt).reshape(B, T, H, C * ow)
+        t = xp.ascontiguousarray(xp.transpose(t, (0, 2, 1, 3))).reshape(B, H, T * C * ow)
+        y = xp.matmul(ry, t).reshape(B, oh, T, C, ow)
+        y = xp.transpose(y, (0, 2, 1, 4, 3))
+    return _back(xp, xp.ascontiguousarray(_finish(xp, y, x5.dtype, dtype)), layout)
+
+
+def random_resized_crop(x, size, *, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), seed=0,
+                        epoch=0, ids=None, interpolation="bilinear", antialias=True, layout=None,
+                        dtype=None, return_params=False):  # fmt: skip
+    """:func:`sample_resized_crop_params` then :func:`apply_resized_crop`."""
+    xp, x5, lay = _canon(x, layout)
+    params = sample_resized_crop_params(seed, epoch, as_ids(ids, x5.shape[0], xp), x5.shape[2],
+                                        x5.shape[3], scale=scale, ratio=ratio, xp=xp)  # fmt: skip
+    y = apply_resized_crop(x, params, size, interpolation=interpolation, antialias=antialias,
+                           layout=layout, dtype=dtype)  # fmt: skip
+    return (y, params) if return_params else y
+
+
+def fused_resized_crop_normalize(x, params, size, *, in_layout=None, **kwargs):
+    """The recipe's folded path: for each clip, :func:`avpipe.ops.image.crop` to its box (a
+    view) fed to :func:`avpipe.ops.image.resize_crop_normalize` (``size=size, short_side=None,
+    crop_size=None``; its fused resize + normalize kernels on cupy). One call per clip, each
+    batched over the clip's frames; ``in_layout``: the input's (channels-last layouts read
+    without a copy); ``kwargs`` go to ``resize_crop_normalize`` (mean, std,
+    scale, dtype, layout of its output, interpolation, antialias). Returns ``[B, T, ...]``
+    (``[B, ...]`` for images) stacked."""
+    from .image import crop, resize_crop_normalize
+
+    xp, x5, _ = _canon(x, in_layout)
+    top, left = host(params["top"]), host(params["left"])
+    hh, ww = host(params["height"]), host(params["width"])
+    outs = [
+        resize_crop_normalize(crop(x5[b], int(top[b]), int(left[b]), int(hh[b]), int(ww[b])),
+                              size=_size(size), short_side=None, crop_size=None, **kwargs)
+        for b in range(x5.shape[0])
+    ]  # fmt: skip
+    y = xp.stack(outs)
+    return y[:, 0] if x.ndim == 4 else y
+
+
+# --- centre crop and N-crop ----------------------------------------------------------------------
+
+
+def _center_offsets(h, w, ch, cw):
+    return int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))  # torchvision's rounding
+
+
+def center_crop_clips(x, size, *, layout=None):
+    """The central ``size`` window of every frame (torchvision's rounding of the offsets); a
+    view."""
+    xp, x5, layout = _canon(x, layout)
+    ch, cw = _size(size)
+    H, W = x5.shape[2:4]
+    if ch > H or cw > W:
+        raise ValueError(f"crop {size!r} is larger than the {H}x{W} frames")
+    t, le = _center_offsets(H, W, ch, cw)
+    return _back(xp, x5[:, :, t : t + ch, le : le + cw], layout)
+
+
+def n_crop(x, size, n=3, *, layout=None):
+    """N crops of every clip, stacked as a new axis after the batch: ``[B, N, ...]``.
+
+    * ``n=3``: square-ish crops along the long side at its start, centre and end (the short side
+      centred; SlowFast's ``uniform_crop`` offsets: centre ``ceil((L - s) / 2)``);
+    * ``n=5``: torchvision ``five_crop``: top-left, top-right, bottom-left, bottom-right, centre;
+    * ``n=10``: ``ten_crop``: the five crops, then the five of the horizontally flipped frames.
+    """
+    xp, x5, layout = _canon(x, layout)
+    ch, cw = _size(size)
+    H, W = x5.shape[2:4]
+    if ch > H or cw > W:
+        raise ValueError(f"crop {size!r} is larger than the {H}x{W} frames")
+    if n == 3:
+        yo, xo = math.ceil((H - ch) / 2), math.ceil((W - cw) / 2)
+        if H > W:
+            boxes = [(0, xo), (yo, xo), (H - ch, xo)]
+        else:
+            boxes = [(yo, 0), (yo, xo), (yo, W - cw)]
+        crops = [x5[:, :, t : t + ch, le : le + cw] for t, le in boxes]
+    elif n in (5, 10):
+        ct, cl = _center_offsets(H, W, ch, cw)
+        boxes = [(0, 0), (0, W - cw), (H - ch, 0), (H - ch, W - cw), (ct, cl)]
+        crops = [x5[:, :, t : t + ch, le : le + cw] for t, le in boxes]
+        if n == 10:
+            xf = x5[:, :, :, ::-1]
+            crops += [xf[:, :, t : t + ch, le : le + cw] for t, le in boxes]
+    else:
+        raise ValueError(f"n must be 3, 5 or 10, got {n!r}")
+    out = xp.stack([_back(xp, c, layout) for c in crops], axis=1)
+    return out
+
+
+# --- flip, grayscale -----------------------------------------------------------------------------
+
+
+def sample_flip_params(seed, epoch, ids, *, p=0.5, stream="flip", xp=np):
+    """``{"flip": bool [B]}``, True with probability ``p``."""
+    ids = as_ids(ids, len(ids), xp)
+    return {"flip": R.bernoulli(seed, stream, epoch, ids, 1, p=p, xp=xp)[:, 0]}
+
+
+def apply_flip(x, params, *, layout=None):
+    """Mirror left-right the clips whose ``params["flip"]`` is True (all their frames)."""
+    xp, x5, layout = _canon(x, layout)
+    f = on(xp, params["flip"], bool).reshape(-1, 1, 1, 1, 1)
+    return _back(xp, xp.where(f, x5[:, :, :, ::-1], x5), layout)
+
+
+def sample_grayscale_params(seed, epoch, ids, *, p=0.1, stream="grayscale", xp=np):
+    """``{"gray": bool [B]}``, True with probability ``p`` (torchvision RandomGrayscale)."""
+    ids = as_ids(ids, len(ids), xp)
+    return {"gray": R.bernoulli(seed, stream, epoch, ids, 1, p=p, xp=xp)[:, 0]}
+
+
+def _gray(xp, x):
+    """``0.2989 R + 0.587 G + 0.114 B`` keeping a channel axis of 1 (float32)."""
+    return (x[..., 0:1] * GRAY[0] + x[..., 1:2] * GRAY[1] + x[..., 2:3] * GRAY[2]).astype(xp.float32)
+
+
+def apply_grayscale(x, params, *, layout=None):
+    """Replace the RGB channels of the chosen clips by their luma (torchvision's weights; 3
+    channels kept); uint8 in -> uint8 out (rounded)."""
+    xp, x5, layout = _canon(x, layout)
+    g = xp.broadcast_to(_gray(xp, x5.astype(xp.float32)), x5.shape)
+    g = _finish(xp, g, x5.dtype, None) if x5.dtype == np.uint8 else g.astype(x5.dtype)
+    m = on(xp, params["gray"], bool).reshape(-1, 1, 1, 1, 1)
+    return _back(xp, xp.where(m, g, x5), layout)
+
+
+# --- colour jitter -------------------------------------------------------------------------------
+
+
+def sample_color_jitter_params(seed, epoch, ids, *, brightness=0.0, contrast=0.0, saturation=0.0,
+                               hue=0.0, random_order=True, p=1.0, stream="color_jitter",
+                               xp=np):  # fmt: skip
+    """torchvision ``ColorJitter.get_params`` per clip: brightness, contrast and saturation
+    factors uniform on ``[max(0, 1 - v), 1 + v]`` (or a given ``(low, high)``), hue on
+    ``[-h, h]`` (``h <= 0.5``); ``order [B, 4]``: a random permutation of (0 brightness,
+    1 contrast, 2 saturation, 3 hue) per clip, or ``0, 1, 2, 3`` with ``random_order=False``.
+    A clip not applied (probability ``1 - p``) gets the identity factors."""
+    ids = as_ids(ids, len(ids), xp)
+
+    def rng(v, name, centre):
+        if isinstance(v, (int, float)):
+            if v < 0:
+                raise ValueError(f"{name} must be >= 0, got {v!r}")
+            return (max(0.0, centre - v), centre + v) if name != "hue" else (-v, v)
+        return uniform_range(v, name)
+
+    bounds = [rng(brightness, "brightness", 1.0), rng(contrast, "contrast", 1.0),
+              rng(saturation, "saturation", 1.0), rng(hue, "hue", 0.0)]  # fmt: skip
+    if not (-0.5 <= bounds[3][0] <= bounds[3][1] <= 0.5):
+        raise ValueError(f"hue must be in [0, 0.5] or a range inside [-0.5, 0.5], got {hue!r}")
+    u = R.uniform(seed, stream, epoch, ids, 8, xp=xp)
+    out = {}
+    for k, (name, (lo, hi)) in enumerate(zip(_ORDER, bounds)):
+        out[name] = lo + (hi - lo) * u[:, k]
+    if random_order:
+        kw = {"kind": "stable"} if xp is np else {}  # cupy's argsort is always stable
+        out["order"] = xp.argsort(u[:, 4:8], axis=1, **kw).astype(xp.int64)
+    else:
+        out["order"] = xp.broadcast_to(xp.arange(4, dtype=xp.int64), (ids.shape[0], 4)).copy()
+    if p < 1.0:
+        a = applied(seed, stream, epoch, ids, p, xp)
+        for name, ident in zip(_ORDER, (1.0, 1.0, 1.0, 0.0)):
+            out[name] = xp.where(a, out[name], ident)
+    return out
+
+
+def _rgb_to_hsv(xp, r, g, b):
+    """torchvision's ``_rgb2hsv`` (values in [0, 1])."""
+    maxc = xp.maximum(xp.maximum(r, g), b)
+    minc = xp.minimum(xp.minimum(r, g), b)
+    eqc = maxc == minc
+    cr = maxc - minc
+    one = xp.ones_like(maxc)
+    s = cr / xp.where(eqc, one, maxc)
+    crd = xp.where(eqc, one, cr)
+    rc, gc, bc = (maxc - r) / crd, (maxc - g) / crd, (maxc - b) / crd
+    hr = (maxc == r) * (bc - gc)
+    hg = ((maxc == g) & (maxc != r)) * (2.0 + rc - bc)
+    hb = ((maxc != g) & (maxc != r)) * (4.0 + gc - rc)
+    h = xp.fmod((hr + hg + hb) / 6.0 + 1.0, 1.0)
+    return h, s, maxc
+
+
+def _hsv_to_rgb(xp, h, s, v):
+    """torchvision's ``_hsv2rgb``."""
+    i = xp.floor(h * 6.0)
+    f = h * 6.0 - i
+    i = i.astype(xp.int32) % 6
+    p = xp.clip(v * (1.0 - s), 0.0, 1.0)
+    q = xp.clip(v * (1.0 - s * f), 0.0, 1.0)
+    t = xp.clip(v * (1.0 - s * (1.0 - f)), 0.0, 1.0)
+    table = ((v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q))
+    out = []
+    for c in range(3):
+        y = table[5][c]
+        for k in range(4, -1, -1):
+            y = xp.where(i == k, table[k][c], y)
+        out.append(y)
+    return xp.stack(out, axis=-1)
+
+
+def _adjust_hue(xp, x, factor, bound):
+    """``x`` [N, ..., 3] float32 in 0..bound; ``factor`` [N] hue shifts (turns)."""
+    y = x / bound
+    h, s, v = _rgb_to_hsv(xp, y[..., 0], y[..., 1], y[..., 2])
+    f = factor.reshape((-1,) + (1,) * (h.ndim - 1)).astype(h.dtype)
+    h = xp.mod(h + f, 1.0)
+    return _hsv_to_rgb(xp, h, s, v) * bound
+
+
+def apply_color_jitter(x, params, *, bound=None, layout=None):
+    """Brightness, contrast, saturation and hue (torchvision's formulas, each clipped to
+    ``0..bound``) in each clip's ``order``:
+
+    * brightness ``f``: ``x * f``; contrast: ``f x + (1 - f) mean(gray(frame))`` (the mean
+      luma of each frame, as torchvision on a ``[T, C, H, W]`` tensor); saturation:
+      ``f x + (1 - f) gray(x)``; hue: shift H of HSV by ``f`` turns.
+
+    Vectorized per step of the order: one blend for the items doing brightness, contrast or
+    saturation there (identity factors for the others) and the hue items as one sub-batch.
+    ``bound``: 255 for uint8 input, else 1.0. uint8 in -> uint8 out (rounded once)."""
+    xp, x5, layout = _canon(x, layout)
+    if x5.shape[-1] != 3:
+        raise ValueError(f"colour jitter needs 3 channels, got {x5.shape[-1]}")
+    bound = float(bound if bound is not None else (255.0 if x5.dtype == np.uint8 else 1.0))
+    y = x5.astype(xp.float32)
+    order = host(params["order"]).astype(np.int64)
+    B = y.shape[0]
+    fac = [on(xp, params[n], xp.float64).astype(xp.float32) for n in _ORDER]
+    hue_h = host(params["hue"]).astype(np.float64)
+    shp = (B, 1, 1, 1, 1)
+    for step in range(4):
+        o = order[:, step]
+        if np.any(o < 3):
+            od = xp.asarray(o).reshape(shp)
+            f = xp.where(od == 0, fac[0].reshape(shp),
+                         xp.where(od == 1, fac[1].reshape(shp),
+                                  xp.where(od == 2, fac[2].reshape(shp), 1.0)))  # fmt: skip
+            tgt = xp.zeros(shp, xp.float32)
+            if np.any((o == 1) | (o == 2)):
+                g = _gray(xp, y)
+                m = g.mean(axis=(2, 3, 4), keepdims=True)
+                tgt = xp.where(od == 2, g, xp.where(od == 1, m, 0.0))
+            y = xp.clip(f * y + (1.0 - f) * tgt, 0.0, bound).astype(xp.float32)
+        idx = np.nonzero((o == 3) & (hue_h != 0.0))[0]
+        if idx.size:
+            di = xp.asarray(idx)
+            y[di] = _adjust_hue(xp, y[di], fac[3][di], bound).astype(xp.float32)
+    return _back(xp, _finish(xp, y, x5.dtype, None if x5.dtype == np.uint8 else x5.dtype), layout)
+
+
+# --- temporal jitter -----------------------------------------------------------------------------
+
+
+def sample_temporal_jitter_params(seed, epoch, ids, n_indices, *, max_shift=0, max_jitter=1,
+                                  stream="temporal_jitter", xp=np):  # fmt: skip
+    """``{"shift": int64 [B], "jitter": int64 [B, n_indices]}``: a clip-wide shift uniform on
+    ``[-max_shift, max_shift]`` and a per-index jitter uniform on ``[-max_jitter,
+    max_jitter]``."""
+    ids = as_ids(ids, len(ids), xp)
+    w = R.words(seed, stream, epoch, ids, 1 + int(n_indices), xp=xp)
+    ms, mj = int(max_shift), int(max_jitter)
+    return {"shift": below(w[:, 0], 2 * ms + 1, xp) - ms,
+            "jitter": below(w[:, 1:], 2 * mj + 1, xp) - mj}  # fmt: skip
+
+
+def apply_temporal_jitter(indices, n_frames, params):
+    """``sort(clip(indices + shift + jitter, 0, n_frames - 1))`` per clip: jittered frame
+    indices ``[B, n]`` (``n_frames``: an int or per clip), still in order."""
+    xp = array_module(indices)
+    idx = xp.asarray(indices, dtype=xp.int64)
+    nf = xp.asarray(on(xp, n_frames, xp.int64)).reshape(-1, 1)
+    j = idx + on(xp, params["shift"], xp.int64)[:, None] + on(xp, params["jitter"], xp.int64)
+    return xp.sort(xp.clip(j, 0, nf - 1), axis=1)
+
+
+# --- mixup / cutmix ------------------------------------------------------------------------------
+
+
+def sample_mixup_params(seed, epoch, ids, *, alpha=0.2, p=1.0, stream="mixup", xp=np):
+    """``{"lam": float64 [B]}``: Beta(alpha, alpha) per item (two Gamma draws, host-side);
+    1 (no mixing) with probability ``1 - p``."""
+    ids_h = host(as_ids(ids, len(ids), xp))
+    g1 = gamma(seed, stream + ".a", epoch, ids_h, alpha)
+    g2 = gamma(seed, stream + ".b", epoch, ids_h, alpha)
+    lam = g1 / (g1 + g2)
+    if p < 1.0:
+        lam = np.where(applied(seed, stream, epoch, ids_h, p, np), lam, 1.0)
+    return {"lam": on(xp, lam, np.float64)}
+
+
+def _labels(xp, labels, num_classes, B):
+    y = xp.asarray(labels)
+    if y.ndim == 1:
+        if num_classes is None:
+            raise ValueError("integer labels need num_classes")
+        y = (y[:, None] == xp.arange(int(num_classes))[None, :]).astype(xp.float32)
+    if y.shape[0] != B:
+        raise ValueError(f"labels must have {B} rows, got {y.shape[0]}")
+    return y.astype(xp.float32)
+
+
+def apply_mixup(x, labels, params, *, num_classes=None, layout=None):
+    """MixUp: item ``b`` becomes ``lam x[b] + (1 - lam) x[b - 1]`` (paired with the previous
+    item, as torchvision v2's batch roll by 1), labels likewise (one-hot ``[B, K]`` or integer
+    with ``num_classes``). Returns ``(x float32, labels float32 [B, K])``."""
+    xp, x5, layout = _canon(x, layout)
+    B = x5.shape[0]
+    lam = on(xp, params["lam"], xp.float64).astype(xp.float32)
+    xf = x5.astype(xp.float32)
+    y = lam.reshape(-1, 1, 1, 1, 1) * xf + (1 - lam).reshape(-1, 1, 1, 1, 1) * xp.roll(xf, 1, axis=0)
+    t = _labels(xp, labels, num_classes, B)
+    t = lam[:, None] * t + (1 - lam)[:, None] * xp.roll(t, 1, axis=0)
+    return _back(xp, y, layout), t
+
+
+def sample_cutmix_params(seed, epoch, ids, height, width, *, alpha=1.0, p=1.0, stream="cutmix",
+                         xp=np):  # fmt: skip
+    """torchvision v2 ``CutMix`` per item: ``lam ~ Beta(alpha, alpha)``, centre ``(r_y, r_x)``
+    uniform over the frame, half sides ``int(0.5 sqrt(1 - lam) * H)`` / ``* W``, the box clipped
+    to the frame; ``lam`` adjusted to ``1 - box area / (H W)``. Returns ``{"y1", "x1", "y2",
+    "x2": int64 [B], "lam": float64 [B]}`` (an empty box with probability ``1 - p``)."""
+    ids_h = host(as_ids(ids, len(ids), xp))
+    H, W = int(height), int(width)
+    g1 = gamma(seed, stream + ".a", epoch, ids_h, alpha)
+    g2 = gamma(seed, stream + ".b", epoch, ids_h, alpha)
+    lam = g1 / (g1 + g2)
+    w = R.words(seed, stream, epoch, ids_h, 2)
+    ry, rx = below(w[:, 0], H, np), below(w[:, 1], W, np)
+    r = 0.5 * np.sqrt(1.0 - lam)
+    hh, hw = (r * H).astype(np.int64), (r * W).astype(np.int64)
+    y1, y2 = np.maximum(ry - hh, 0), np.minimum(ry + hh, H)
+    x1, x2 = np.maximum(rx - hw, 0), np.minimum(rx + hw, W)
+    if p < 1.0:
+        a = applied(seed, stream, epoch, ids_h, p, np)
+        y2, x2 = np.where(a, y2, y1), np.where(a, x2, x1)
+    lam = 1.0 - (y2 - y1) * (x2 - x1) / float(H * W)
+    return {k: on(xp, v) for k, v in dict(y1=y1, x1=x1, y2=y2, x2=x2, lam=lam).items()}
+
+
+def apply_cutmix(x, labels, params, *, num_classes=None, layout=None):
+    """CutMix: the box of item ``b`` (every frame) is taken from item ``b - 1``; labels mixed
+    with the adjusted ``lam``. Returns ``(x, labels float32 [B, K])``; x keeps its dtype."""
+    xp, x5, layout = _canon(x, layout)
+    B, T, H, W, C = x5.shape
+    y1, x1, y2, x2 = (on(xp, params[k], xp.int64).reshape(-1, 1, 1) for k in ("y1", "x1", "y2", "x2"))
+    r = xp.arange(H).reshape(1, -1, 1)
+    c = xp.arange(W).reshape(1, 1, -1)
+    m = ((r >= y1) & (r < y2) & (c >= x1) & (c < x2))[:, None, :, :, None]
+    y = xp.where(m, xp.roll(x5, 1, axis=0), x5)
+    lam = on(xp, params["lam"], xp.float64).astype(xp.float32)
+    t = _labels(xp, labels, num_classes, B)
+    t = lam[:, None] * t + (1 - lam)[:, None] * xp.roll(t, 1, axis=0)
+    return _back(xp, y, layout), t
+
+
+# --- NV12 crop -----------------------------------------------------------------------------------
+
+
+def nv12_crop_box(top, left, height, width, frame_height, frame_width):
+    """The even-aligned NV12 box that holds the RGB crop ``(top, left, height, width)``.
+
+    NV12 shares one chroma sample among each 2x2 block of luma, aligned to even rows and
+    columns, so a crop can be taken on the NV12 planes before colour conversion (fewer pixels
+    converted) when it starts on even coordinates; this widens the box to even ``top``/``left``
+    (and an even end, cut at the frame edge). Returns ``((top2, left2, height2, width2), (dy,
+    dx))``: convert ``crop_nv12(y, uv, box2)`` with :func:`avpipe.ops.image.nv12_to_rgb`, then
+    take rows ``dy:dy + height`` and columns ``dx:dx + width``: the result equals the crop of
+    the whole frame's conversion exactly."""
+    top, left, height, width = int(top), int(left), int(height), int(width)
+    if top < 0 or left < 0 or height <= 0 or width <= 0 or top + height > frame_height \
+            or left + width > frame_width:  # fmt: skip
+        raise ValueError(f"crop {(top, left, height, width)} is outside the "
+                         f"{frame_height}x{frame_width} frame")  # fmt: skip
+    t2, l2 = top & ~1, left & ~1
+    b2 = min(frame_height, (top + height + 1) & ~1)
+    r2 = min(frame_width, (left + width + 1) & ~1)
+    return (t2, l2, b2 - t2, r2 - l2), (top - t2, left - l2)
+
+
+def crop_nv12(y, uv, box):
+    """Views of the luma ``[..., H, W]`` and chroma ``[..., ceil(H/2), ceil(W/2), 2]`` planes for
+    an even-aligned ``box = (top, left, height, width)`` (:func:`nv12_crop_box`)."""
+    t, le, h, w = box
+    if t % 2 or le % 2:
+        raise ValueError(f"an NV12 box must start on even coordinates, got {box!r}")
+    yc = y[..., t : t + h, le : le + w]
+    uvc = uv[..., t // 2 : (t + h + 1) // 2, le // 2 : (le + w + 1) // 2, :]
+    return yc, uvc
+
+
+# --- ops for chains ------------------------------------------------------------------------------
+
+
+def _ids_for(x5, ids, xp):
+    return as_ids(ids, x5.shape[0], xp)
+
+
+@register
+class RandomResizedCrop(Augment):
+    name = "random_resized_crop"
+
+    def __init__(self, size=224, *, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0),
+                 interpolation="bilinear", antialias=True, layout=None, dtype=None, stream=None):  # fmt: skip
+        super().__init__(stream)
+        self.size, self.scale, self.ratio = size, scale, ratio
+        self.interpolation, self.antialias, self.layout, self.dtype = interpolation, antialias, layout, dtype
+
+    def sample(self, x, *, seed, epoch=0, ids=None):
+        xp, x5, _ = _canon(x, self.layout)
+        return sample_resized_crop_params(seed, epoch, _ids_for(x5, ids, xp), x5.shape[2],
+                                          x5.shape[3], scale=self.scale, ratio=self.ratio,
+                                          stream=self.stream, xp=xp)  # fmt: skip
+
+    def apply(self, x, params):
+        return apply_resized_crop(x, params, self.size, interpolation=self.interpolation,
+                                  antialias=self.antialias, layout=self.layout, dtype=self.dtype)  # fmt: skip
+
+
+@register
+class CenterCrop(Augment):
+    name = "center_crop"
+
+    def __init__(self, size=224, *, layout=None, stream=None):
+        super().__init__(stream)
+        self.size, self.layout = size, layout
+
+    def apply(self, x, params):
+        return center_crop_clips(x, self.size, layout=self.layout)
+
+
+@register
+class RandomFlip(Augment):
+    name = "flip"
+
+    def __init__(self, p=0.5, *, layout=None, stream=None):
+        super().__init__(stream)
+        self.p, self.layout = p, layout
+
+    def sample(self, x, *, seed, epoch=0, ids=None):
+        xp, x5, _ = _canon(x, self.layout)
+        return sample_flip_params(seed, epoch, _ids_for(x5, ids, xp), p=self.p,
+                                  stream=self.stream, xp=xp)  # fmt: skip
+
+    def apply(self, x, params):
+        return apply_flip(x, params, layout=self.layout)
+
+
+@register
+class RandomGrayscale(Augment):
+    name = "grayscale"
+
+    def __init__(self, p=0.1, *, layout=None, stream=None):
+        super().__init__(stream)
+        self.p, self.layout = p, layout
+
+    def sample(self, x, *, seed, epoch=0, ids=None):
+        xp, x5, _ = _canon(x, self.layout)
+        return sample_grayscale_params(seed, epoch, _ids_for(x5, ids, xp), p=self.p,
+                                       stream=self.stream, xp=xp)  # fmt: skip
+
+    def apply(self, x, params):
+        return apply_grayscale(x, params, layout=self.layout)
+
+
+@register
+class ColorJitter(Augment):
+    name = "color_jitter"
+
+    def __init__(self, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0, *,
+                 random_order=True, p=1.0, bound=None, layout=None, stream=None):  # fmt: skip
+        super().__init__(stream)
+        self.brightness, self.contrast, self.saturation, self.hue = brightness, contrast, saturation, hue
+        self.random_order, self.p, self.bound, self.layout = random_order, p, bound, layout
+
+    def sample(self, x, *, seed, epoch=0, ids=None):
+        xp, x5, _ = _canon(x, self.layout)
+        return sample_color_jitter_params(
+            seed, epoch, _ids_for(x5, ids, xp), brightness=self.brightness,
+            contrast=self.contrast, saturation=self.saturation, hue=self.hue,
+            random_order=self.random_order, p=self.p, stream=self.stream, xp=xp)  # fmt: skip
+
+    def apply(self, x, params):
+        return apply_color_jitter(x, params, bound=self.bound, layout=self.layout)
+
+
+@register
+class Normalize(Augment):
+    """:func:`avpipe.ops.image.normalize` per channel, then the output layout (``"NCHW"``:
+    channels before H, W: ``[B, T, C, H, W]`` for clips)."""
+
+    name = "normalize"
+
+    def __init__(self, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), *,
+                 scale=1.0 / 255.0, dtype="float32", out_layout="NCHW", layout=None, stream=None):  # fmt: skip
+        super().__init__(stream)
+        self.mean, self.std, self.scale, self.dtype = mean, std, scale, dtype
+        self.out_layout, self.layout = out_layout, layout
+
+    def apply(self, x, params):
+        from .image import normalize
+
+        xp, x5, layout = _canon(x, self.layout)
+        y = normalize(x5, self.mean, self.std, scale=self.scale, dtype=self.dtype, layout="NHWC")
+        if self.out_layout in ("NCHW", "CHW"):
+            y = xp.ascontiguousarray(xp.moveaxis(y, -1, 2))
+            return y[:, 0] if layout in ("BHWC", "BCHW") else y
+        return _back(xp, y, "BTHWC" if layout in ("BTHWC", "BTCHW") else "BHWC")
+
+
+def video_train_chain(size=224, *, scale=(0.08, 1.0), brightness=0.4, contrast=0.4,
+                      saturation=0.4, hue=0.1, flip_p=0.5, dtype="float32", layout=None):  # fmt: skip
+    """The usual training stack: random resized crop -> flip -> colour jitter -> normalize
+    (ImageNet statistics, ``[B, T, C, H, W]`` / ``[B, C, H, W]`` out)."""
+    return Chain([
+        RandomResizedCrop(size, scale=scale, layout=layout),
+        RandomFlip(flip_p, layout=layout),
+        ColorJitter(brightness, contrast, saturation, hue, layout=layout),
+        Normalize(dtype=dtype, layout=layout),
+    ])  # fmt: skip

@@ -1,0 +1,270 @@
+"""Train-time augmentation stacks on the GPU: avpipe vs DALI, per item, data already in memory.
+
+    python3 benchmarks/bench_augment.py [--out DIR] [--only a,b] [--budget 10]
+    python3 benchmarks/bench_augment.py --cpu      # avpipe on numpy (and DALI's CPU ops)
+
+Workloads (the same data for both; generated, no files):
+
+* audio: 64 utterances of 2-16 s at 16 kHz (white noise with a tone), padded; speed perturbation
+  (factor from {0.9, 1.0, 1.1}) -> log-mel (80 mel, 512/400/160, per-feature normalization) ->
+  SpecAugment (2 freq masks of width <= 27, 10 time masks of width <= 5 % of the item).
+
+  - ``avpipe_audio``: ``Chain([SpeedPerturb, LogMel("nemo"), SpecAugment])`` on cupy arrays.
+  - ``dali_audio``: external source (per-item arrays) -> ``fn.audio_resample(scale=1/f)``
+    with ``f`` from ``fn.random.choice`` -> preemphasis -> ``fn.spectrogram`` ->
+    ``fn.mel_filter_bank`` -> ``fn.to_decibels`` -> ``fn.normalize`` -> ``fn.erase`` (time masks,
+    axis "t") -> ``fn.erase`` (frequency masks, axis "f") -> pad.
+
+* video: 8 clips of 16 x 360 x 640 x 3 uint8; random resized crop to 224 (scale 0.08-1, ratio
+  3/4-4/3) -> horizontal flip (p 0.5) -> colour jitter (brightness, contrast, saturation 0.4,
+  hue 0.1) -> normalize (ImageNet mean/std) to float32 ``[T, C, H, W]``.
+
+  - ``avpipe_video``: ``video_train_chain(224)`` on cupy clips (crop+resize as batched GEMMs,
+    jitter in a random order per clip).
+  - ``dali_video``: external source of sequences (``FHWC``) -> ``fn.random_resized_crop`` ->
+    ``fn.flip(horizontal=coin)`` -> ``fn.color_twist`` (brightness, contrast, saturation, hue
+    in degrees; fixed order) -> ``fn.crop_mirror_normalize`` (``FCHW``, float).
+
+Throughput: items (utterances, clips) per second over ``--budget`` seconds after a warm-up; the
+input is on the device before timing for both (DALI's external source is fed device arrays).
+``--cpu`` runs avpipe's stacks on numpy and DALI's with its CPU operators, to check the script
+here (no GPU numbers). Prints a table and writes DIR/bench_augment.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import numpy as np  # noqa: E402
+
+SR = 16000
+CONTENDERS = ["avpipe_audio", "dali_audio", "avpipe_video", "dali_video"]
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def audio_batch(n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(2 * SR, 16 * SR + 1, n)
+    x = np.zeros((n, int(lens.max())), np.float32)
+    for i, m in enumerate(lens):
+        t = np.arange(m) / SR
+        x[i, :m] = 0.05 * rng.standard_normal(m) + 0.3 * np.sin(2 * np.pi * (200 + 10 * i) * t)
+    return x, lens
+
+
+def video_batch(n=8, t=16, h=360, w=640, seed=0):
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, (n, 1, h, w, 3), dtype=np.uint8)
+    noise = rng.integers(0, 8, (n, t, h, w, 3), dtype=np.uint8)
+    return base + noise  # frames alike, as in a clip
+
+
+def run_timed(step, budget, items, sync, warmup=1, min_iters=3):
+    for _ in range(warmup):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    iters = 0
+    while iters < min_iters or time.perf_counter() - t0 < budget:
+        step()
+        iters += 1
+    sync()
+    secs = time.perf_counter() - t0
+    return items * iters / secs, {"iters": iters, "seconds": round(secs, 3)}
+
+
+def _xp(cpu):
+    if cpu:
+        return np, (lambda: None)
+    import cupy
+
+    return cupy, cupy.cuda.runtime.deviceSynchronize
+
+
+# --- avpipe ------------------------------------------------------------------------------------
+
+
+def bench_avpipe_audio(args):
+    from avpipe.ops.audio_augment import Chain, LogMel, SpecAugment, SpeedPerturb
+
+    xp, sync = _xp(args.cpu)
+    x, lens = audio_batch(args.audio_batch)
+    xd, ld = xp.asarray(x), lens  # lengths on the host (the loader's)
+    chain = Chain([SpeedPerturb((0.9, 1.0, 1.1), sample_rate=SR, quality=args.quality),
+                   LogMel("nemo"), SpecAugment(2, 27, 10, 0.05)])  # fmt: skip
+    ids = np.arange(x.shape[0])
+    state = {"epoch": 0}
+
+    def step():
+        state["epoch"] += 1
+        out, _ = chain((xd, ld), seed=0, epoch=state["epoch"], ids=ids)
+        return out
+
+    v, info = run_timed(step, args.budget, x.shape[0], sync)
+    return v, {**info, "shape": list(step().shape), "quality": args.quality}
+
+
+def bench_avpipe_video(args):
+    from avpipe.ops.image_augment import video_train_chain
+
+    xp, sync = _xp(args.cpu)
+    x = xp.asarray(video_batch(args.video_batch, args.frames))
+    chain = video_train_chain(224, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)
+    state = {"epoch": 0}
+
+    def step():
+        state["epoch"] += 1
+        return chain(x, seed=0, epoch=state["epoch"])
+
+    v, info = run_timed(step, args.budget, x.shape[0], sync)
+    return v, {**info, "shape": list(step().shape)}
+
+
+# --- DALI --------------------------------------------------------------------------------------
+
+
+def _dali_feed(arrays, cpu):
+    if cpu:
+        return [np.ascontiguousarray(a) for a in arrays]
+    import cupy
+
+    return [cupy.asarray(a) for a in arrays]
+
+
+def bench_dali_audio(args):
+    from nvidia.dali import fn, pipeline_def, types
+
+    x, lens = audio_batch(args.audio_batch)
+    items = _dali_feed([x[i, : lens[i]] for i in range(len(lens))], args.cpu)
+    B = len(items)
+    dev = "cpu" if args.cpu else "gpu"
+
+    @pipeline_def(batch_size=B, num_threads=args.threads, device_id=None if args.cpu else 0, seed=1)
+    def pipe_fn():
+        a = fn.external_source(source=lambda: items, device=dev, dtype=types.FLOAT, layout="t",
+                               batch=True)  # fmt: skip
+        f = fn.random.choice([0.9, 1.0, 1.1])
+        a = fn.audio_resample(a, scale=1.0 / f, quality=50)
+        a = fn.preemphasis_filter(a, preemph_coeff=0.97)
+        s = fn.spectrogram(a, nfft=512, window_length=400, window_step=160, power=2)
+        s = fn.mel_filter_bank(s, sample_rate=SR, nfilter=80)
+        s = fn.to_decibels(s, multiplier=math.log(10), reference=1.0, cutoff_db=math.log(2.0**-24))
+        s = fn.normalize(s, axes=[1])
+        # SpecAugment-style: 10 time masks (<= 5 % of the item), 2 frequency masks (<= 27 bins)
+        t_anchor = fn.random.uniform(range=[0.0, 0.95], shape=(10,))
+        t_shape = fn.random.uniform(range=[0.0, 0.05], shape=(10,))
+        s = fn.erase(s, anchor=t_anchor, shape=t_shape, axis_names="t", normalized=True)
+        f_anchor = fn.random.uniform(range=[0.0, 53.0], shape=(2,))
+        f_shape = fn.random.uniform(range=[0.0, 27.0], shape=(2,))
+        s = fn.erase(s, anchor=f_anchor, shape=f_shape, axis_names="f")
+        return fn.pad(s, axes=(1,))
+
+    return _run_dali(pipe_fn, B, args)
+
+
+def bench_dali_video(args):
+    from nvidia.dali import fn, pipeline_def, types
+
+    clips = video_batch(args.video_batch, args.frames)
+    items = _dali_feed(list(clips), args.cpu)
+    B = len(items)
+    dev = "cpu" if args.cpu else "gpu"
+    mean = [0.485 * 255, 0.456 * 255, 0.406 * 255]
+    std = [0.229 * 255, 0.224 * 255, 0.225 * 255]
+
+    @pipeline_def(batch_size=B, num_threads=args.threads, device_id=None if args.cpu else 0, seed=1)
+    def pipe_fn():
+        v = fn.external_source(source=lambda: items, device=dev, dtype=types.UINT8, layout="FHWC",
+                               batch=True)  # fmt: skip
+        v = fn.random_resized_crop(v, size=(224, 224), random_area=[0.08, 1.0],
+                                   random_aspect_ratio=[3 / 4, 4 / 3])  # fmt: skip
+        v = fn.flip(v, horizontal=fn.random.coin_flip(probability=0.5))
+        v = fn.color_twist(v, brightness=fn.random.uniform(range=[0.6, 1.4]),
+                           contrast=fn.random.uniform(range=[0.6, 1.4]),
+                           saturation=fn.random.uniform(range=[0.6, 1.4]),
+                           hue=fn.random.uniform(range=[-36.0, 36.0]))  # fmt: skip
+        return fn.crop_mirror_normalize(v, dtype=types.FLOAT, output_layout="FCHW", mean=mean,
+                                        std=std)  # fmt: skip
+
+    return _run_dali(pipe_fn, B, args)
+
+
+def _run_dali(pipe_fn, B, args):
+    import nvidia.dali as dali
+
+    pipe = pipe_fn()
+    pipe.build()
+    shape = []
+
+    def step():
+        (out,) = pipe.run()
+        shape[:] = [out]
+
+    def sync():
+        if shape:
+            t = shape[0] if args.cpu else shape[0].as_cpu()
+            shape[:] = [list(np.asarray(t.at(0)).shape)]
+
+    v, info = run_timed(step, args.budget, B, sync)
+    return v, {**info, "dali": dali.__version__, "shape": shape[0] if shape else None}
+
+
+# --- driver ------------------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--budget", type=float, default=10.0, help="seconds per contender (after warm-up)")
+    ap.add_argument("--cpu", action="store_true", help="avpipe on numpy, DALI's CPU operators")
+    ap.add_argument("--audio-batch", type=int, default=64)
+    ap.add_argument("--video-batch", type=int, default=8)
+    ap.add_argument("--frames", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--quality", default="high", choices=["high", "fast"], help="avpipe resampling")
+    args = ap.parse_args()
+    names = [n for n in CONTENDERS if not args.only or n in args.only.split(",")]
+    results = {}
+    for name in names:
+        log(f"--- {name}{' (cpu)' if args.cpu else ''}")
+        try:
+            v, info = globals()[f"bench_{name}"](args)
+            results[name] = {"items_per_s": round(v, 2), **info}
+        except Exception as e:  # a missing library or an unsupported op: report, go on
+            traceback.print_exc()
+            results[name] = {"items_per_s": None, "error": f"{type(e).__name__}: {e}"[:300]}
+        log(f"{name}: {results[name]}")
+    for kind in ("audio", "video"):
+        a = results.get(f"avpipe_{kind}", {}).get("items_per_s")
+        d = results.get(f"dali_{kind}", {}).get("items_per_s")
+        if a and d:
+            results[f"ratio_avpipe_over_dali_{kind}"] = round(a / d, 3)
+    out = {"device": "cpu" if args.cpu else "gpu", "results": results, "args": vars(args)}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_augment.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    log("\ncontender        items/s")
+    for name, r in results.items():
+        if isinstance(r, dict):
+            log(f"{name:16s} {r['items_per_s']}")
+    for k, v in results.items():
+        if k.startswith("ratio"):
+            log(f"{k}: {v:.2f}x" + (" (--cpu: a check that the script runs, not the GPU figure)"
+                                    if args.cpu else ""))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
