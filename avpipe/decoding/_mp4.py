@@ -1,0 +1,937 @@
+"""A direct reader of MP4 / MOV sample tables, for a first open without a demux pass.
+
+:func:`read_video_track` parses the ``moov`` box of a file (never the media data except the first
+bytes of each sample, for the NAL headers) and returns, for the file's one H.264 / HEVC video
+track, what FFmpeg's MOV demuxer would hand out packet by packet: each packet's dts, pts, key
+flag, byte offset and size, in decode order, with the packets FFmpeg marks as discarded (before
+an edit list's start) left out, plus the stream properties FFmpeg reports after opening the file
+(dimensions, pixel format, colour tags, rotation, sample aspect ratio).
+
+The rules follow libavformat/mov.c (``mov_build_index``, ``mov_fix_index``, ``mov_read_packet``)
+and the H.264 / HEVC decoders' export of SPS fields. Anything outside the cases reproduced
+exactly raises :class:`Unsupported` and the caller falls back to a demux scan: fragmented files,
+several video tracks, edit lists other than one plain entry, negative composition offsets,
+partial sync samples, sample groups, several sample descriptions, tables that disagree, samples
+past the end of the file, parameter sets it cannot parse. Every count read from the file is
+checked against the bytes that hold it, so a damaged file costs no more than its size.
+
+Pure: the standard library and numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+__all__ = ["Unsupported", "Mp4Video", "looks_like_mp4", "read_video_track"]
+
+CONTAINER_NAME = "mov,mp4,m4a,3gp,3g2,mj2"
+_MP4_EXT = (".mp4", ".mov", ".m4v")
+_CODECS = {b"avc1": "h264", b"avc3": "h264", b"hvc1": "hevc", b"hev1": "hevc"}
+_CONTAINERS = {b"moov", b"trak", b"mdia", b"minf", b"stbl", b"edts", b"dinf"}
+_MAX_MOOV = 1 << 30
+
+
+class Unsupported(Exception):
+    """The file is not one this reader reproduces exactly: use the demux scan."""
+
+
+@dataclass
+class Mp4Video:
+    stream_index: int
+    codec: str
+    extradata: bytes
+    width: int
+    height: int
+    timescale: int
+    # per retained packet, decode order
+    dts: np.ndarray
+    pts: np.ndarray
+    key: np.ndarray
+    pos: np.ndarray
+    size: np.ndarray
+    duration: np.ndarray  # the packet's duration as the demuxer reports it (0: none)
+    pix_fmt: str
+    color_space: str
+    color_range: str
+    rotation: int
+    sample_aspect_ratio: Fraction | None
+    disposable: np.ndarray | None = None
+    nal_size: int = 0
+    container: str = CONTAINER_NAME
+
+
+def looks_like_mp4(path: str) -> bool:
+    """Whether the file's first box is ``ftyp`` (or the name ends in .mp4 / .mov / .m4v)."""
+    if path.lower().endswith(_MP4_EXT):
+        return True
+    try:
+        with open(path, "rb", buffering=0) as f:
+            head = f.read(8)
+    except OSError:
+        return False
+    return len(head) == 8 and head[4:8] == b"ftyp"
+
+
+# --------------------------------------------------------------------------------------------
+# boxes
+# --------------------------------------------------------------------------------------------
+
+
+def _boxes(buf: bytes, start: int, end: int):
+    """(type, payload start, payload end) of each box in buf[start:end], bounds-checked."""
+    pos = start
+    while pos + 8 <= end:
+        size, typ = struct.unpack_from(">I4s", buf, pos)
+        hdr = 8
+        if size == 1:
+            if pos + 16 > end:
+                raise Unsupported("truncated box header")
+            size = struct.unpack_from(">Q", buf, pos + 8)[0]
+            hdr = 16
+        elif size == 0:
+            size = end - pos
+        if size < hdr or pos + size > end:
+            raise Unsupported(f"box {typ!r} overruns its parent")
+        yield typ, pos + hdr, pos + size
+        pos += size
+    if pos != end and end - pos >= 8:
+        raise Unsupported("trailing bytes in a box")
+
+
+def _children(buf, start, end) -> dict:
+    out: dict = {}
+    for typ, a, b in _boxes(buf, start, end):
+        out.setdefault(typ, []).append((a, b))
+    return out
+
+
+def _one(kids: dict, typ: bytes, required: bool = True):
+    got = kids.get(typ)
+    if not got:
+        if required:
+            raise Unsupported(f"no {typ.decode('latin-1')} box")
+        return None
+    if len(got) > 1:
+        raise Unsupported(f"several {typ.decode('latin-1')} boxes")
+    return got[0]
+
+
+def _read_moov(fd: int, file_size: int) -> bytes:
+    pos = 0
+    first = True
+    while pos + 8 <= file_size:
+        head = os.pread(fd, 16, pos)
+        if len(head) < 8:
+            break
+        size, typ = struct.unpack_from(">I4s", head, 0)
+        hdr = 8
+        if size == 1:
+            if len(head) < 16:
+                raise Unsupported("truncated box header")
+            size = struct.unpack_from(">Q", head, 8)[0]
+            hdr = 16
+        elif size == 0:
+            size = file_size - pos
+        if first and typ not in (b"ftyp", b"moov", b"free", b"skip", b"wide", b"mdat"):
+            raise Unsupported("not an ISO BMFF file")
+        first = False
+        if size < hdr or pos + size > file_size:
+            raise Unsupported(f"top-level box {typ!r} overruns the file")
+        if typ in (b"moof", b"mfra", b"sidx"):
+            raise Unsupported("fragmented file")
+        if typ == b"moov":
+            if size > _MAX_MOOV:
+                raise Unsupported("moov too large")
+            data = os.pread(fd, size, pos)
+            if len(data) != size:
+                raise Unsupported("short read")
+            return data[hdr:]
+        pos += size
+    raise Unsupported("no moov box")
+
+
+def _full(buf, a, b, need0: int, need1: int):
+    """A full box's version and where its fields start; its size checked for that version."""
+    if b - a < 4:
+        raise Unsupported("box too short")
+    ver = buf[a]
+    if b - a < 4 + (need1 if ver == 1 else need0):
+        raise Unsupported("box too short")
+    return ver, a + 4
+
+
+def _table(buf, a, b, fmt: str, hdr: int, fields: int = 1):
+    """The entry count at a+hdr-4 and that many entries after it (count checked against the
+    box, so an absurd count never allocates)."""
+    if b - a < hdr:
+        raise Unsupported("table box too short")
+    (n,) = struct.unpack_from(">I", buf, a + hdr - 4)
+    width = np.dtype(fmt).itemsize * fields
+    if n * width > b - (a + hdr):
+        raise Unsupported("table count exceeds its box")
+    return np.frombuffer(buf, dtype=fmt, count=n * fields, offset=a + hdr)
+
+
+# --------------------------------------------------------------------------------------------
+# bit reader and parameter sets
+# --------------------------------------------------------------------------------------------
+
+
+def _unescape(nal: bytes) -> bytes:
+    return nal.replace(b"\x00\x00\x03", b"\x00\x00") if b"\x00\x00\x03" in nal else nal
+
+
+class _Bits:
+    __slots__ = ("v", "n", "p")
+
+    def __init__(self, data: bytes):
+        self.v = int.from_bytes(data, "big")
+        self.n = len(data) * 8
+        self.p = 0
+
+    def u(self, k: int) -> int:
+        if k == 0:
+            return 0
+        if self.p + k > self.n:
+            raise Unsupported("parameter set ends early")
+        self.p += k
+        return (self.v >> (self.n - self.p)) & ((1 << k) - 1)
+
+    def ue(self) -> int:
+        z = 0
+        while self.u(1) == 0:
+            z += 1
+            if z > 31:
+                raise Unsupported("bad exp-Golomb code")
+        return (1 << z) - 1 + self.u(z)
+
+    def se(self) -> int:
+        k = self.ue()
+        return (k + 1) // 2 if k & 1 else -(k // 2)
+
+
+_SAR = [(0, 1), (1, 1), (12, 11), (10, 11), (16, 11), (40, 33), (24, 11), (20, 11), (32, 11),
+        (80, 33), (18, 11), (15, 11), (64, 33), (160, 99), (4, 3), (3, 2), (2, 1)]
+
+
+def _vui_common(b: _Bits, sps: dict) -> None:
+    if b.u(1):  # aspect_ratio_info_present_flag
+        idc = b.u(8)
+        if idc == 255:
+            sps["sar"] = (b.u(16), b.u(16))
+        elif idc < len(_SAR):
+            sps["sar"] = _SAR[idc]
+        else:
+            raise Unsupported("reserved aspect_ratio_idc")
+    if b.u(1):  # overscan_info_present_flag
+        b.u(1)
+    if b.u(1):  # video_signal_type_present_flag
+        b.u(3)
+        sps["full_range"] = b.u(1)
+        if b.u(1):  # colour_description_present_flag
+            b.u(8)
+            b.u(8)
+            sps["matrix"] = b.u(8)
+
+
+def _h264_sps(nal: bytes) -> dict:
+    b = _Bits(_unescape(nal[1:]))
+    profile = b.u(8)
+    b.u(16)
+    b.ue()
+    sps = {"chroma": 1, "depth": 8, "sar": (0, 1)}
+    if profile in (100, 110, 122, 244, 44, 83, 86, 118, 128, 138, 139, 134, 135):
+        sps["chroma"] = b.ue()
+        if sps["chroma"] == 3:
+            b.u(1)
+        sps["depth"] = b.ue() + 8
+        b.ue()
+        b.u(1)
+        if b.u(1):  # seq_scaling_matrix_present_flag
+            for i in range(8 if sps["chroma"] != 3 else 12):
+                if b.u(1):
+                    last = nxt = 8
+                    for _ in range(16 if i < 6 else 64):
+                        if nxt:
+                            nxt = (last + b.se()) % 256
+                        last = nxt or last
+    if sps["chroma"] > 3:
+        raise Unsupported("bad chroma_format_idc")
+    b.ue()  # log2_max_frame_num_minus4
+    poc_type = b.ue()
+    if poc_type == 0:
+        b.ue()
+    elif poc_type == 1:
+        b.u(1)
+        b.se()
+        b.se()
+        for _ in range(min(b.ue(), 255)):
+            b.se()
+    b.ue()
+    b.u(1)
+    w_mbs = b.ue() + 1
+    h_units = b.ue() + 1
+    frame_mbs_only = b.u(1)
+    if not frame_mbs_only:
+        b.u(1)
+    b.u(1)
+    crop = [0, 0, 0, 0]
+    if b.u(1):
+        crop = [b.ue(), b.ue(), b.ue(), b.ue()]
+    c = sps["chroma"]
+    cx = 1 if c in (0, 3) else 2
+    cy = (1 if c in (0, 2, 3) else 2) * (2 - frame_mbs_only)
+    sps["width"] = w_mbs * 16 - cx * (crop[0] + crop[1])
+    sps["height"] = (2 - frame_mbs_only) * h_units * 16 - cy * (crop[2] + crop[3])
+    if b.u(1):  # vui_parameters_present_flag
+        _vui_common(b, sps)
+    return sps
+
+
+def _hevc_ptl(b: _Bits, max_sub: int) -> None:
+    b.u(32)
+    b.u(32)
+    b.u(32)  # general profile/tier/level: 96 bits
+    prof = []
+    for _ in range(max_sub):
+        prof.append((b.u(1), b.u(1)))
+    if max_sub > 0:
+        for _ in range(max_sub, 8):
+            b.u(2)
+    for p, lv in prof:
+        if p:
+            b.u(32)
+            b.u(32)
+            b.u(24)
+        if lv:
+            b.u(8)
+
+
+def _hevc_sps(nal: bytes) -> dict:
+    b = _Bits(_unescape(nal[2:]))
+    b.u(4)
+    max_sub = b.u(3)
+    b.u(1)
+    _hevc_ptl(b, max_sub)
+    b.ue()
+    sps = {"sar": (0, 1)}
+    c = b.ue()
+    if c > 3:
+        raise Unsupported("bad chroma_format_idc")
+    sps["chroma"] = c
+    if c == 3:
+        b.u(1)
+    w, h = b.ue(), b.ue()
+    if b.u(1):
+        sw = 2 if c in (1, 2) else 1
+        sh = 2 if c == 1 else 1
+        left, right, top, bottom = b.ue(), b.ue(), b.ue(), b.ue()
+        w -= sw * (left + right)
+        h -= sh * (top + bottom)
+    sps["width"], sps["height"] = w, h
+    sps["depth"] = b.ue() + 8
+    b.ue()
+    log2_poc = b.ue() + 4
+    start = 0 if b.u(1) else max_sub
+    for _ in range(start, max_sub + 1):
+        b.ue()
+        b.ue()
+        b.ue()
+    for _ in range(6):
+        b.ue()
+    if b.u(1) and b.u(1):  # scaling_list_enabled, sps_scaling_list_data_present
+        for size_id in range(4):
+            for _ in range(0, 6, 3 if size_id == 3 else 1):
+                if not b.u(1):
+                    b.ue()
+                else:
+                    n = min(64, 1 << (4 + (size_id << 1)))
+                    if size_id > 1:
+                        b.se()
+                    for _ in range(n):
+                        b.se()
+    b.u(1)
+    b.u(1)
+    if b.u(1):  # pcm_enabled_flag
+        b.u(8)
+        b.ue()
+        b.ue()
+        b.u(1)
+    n_sets = b.ue()
+    if n_sets > 64:
+        raise Unsupported("too many short-term RPS")
+    num_delta = []
+    for i in range(n_sets):
+        if i and b.u(1):  # inter_ref_pic_set_prediction_flag
+            b.u(1)
+            b.ue()
+            k = 0
+            for _ in range(num_delta[i - 1] + 1):
+                used = b.u(1)
+                if used or b.u(1):
+                    k += 1
+            num_delta.append(k)
+        else:
+            neg, pos = b.ue(), b.ue()
+            if neg > 16 or pos > 16:
+                raise Unsupported("bad RPS")
+            for _ in range(neg + pos):
+                b.ue()
+                b.u(1)
+            num_delta.append(neg + pos)
+    if b.u(1):  # long_term_ref_pics_present_flag
+        for _ in range(min(b.ue(), 33)):
+            b.u(log2_poc)
+            b.u(1)
+    b.u(1)
+    b.u(1)
+    if b.u(1):  # vui_parameters_present_flag
+        _vui_common(b, sps)
+    return sps
+
+
+def _avcc_sps(ext: bytes) -> bytes:
+    if len(ext) < 8 or ext[0] != 1 or not ext[5] & 0x1F:
+        raise Unsupported("avcC without an SPS")
+    n = int.from_bytes(ext[6:8], "big")
+    if 8 + n > len(ext) or n < 4:
+        raise Unsupported("bad avcC")
+    return ext[8 : 8 + n]
+
+
+def _hvcc_sps(ext: bytes) -> bytes:
+    if len(ext) < 23 or ext[0] != 1:
+        raise Unsupported("bad hvcC")
+    pos = 23
+    for _ in range(ext[22]):
+        if pos + 3 > len(ext):
+            raise Unsupported("bad hvcC")
+        typ = ext[pos] & 0x3F
+        cnt = int.from_bytes(ext[pos + 1 : pos + 3], "big")
+        pos += 3
+        for _ in range(cnt):
+            if pos + 2 > len(ext):
+                raise Unsupported("bad hvcC")
+            n = int.from_bytes(ext[pos : pos + 2], "big")
+            if pos + 2 + n > len(ext):
+                raise Unsupported("bad hvcC")
+            if typ == 33 and n > 3:
+                return ext[pos + 2 : pos + 2 + n]
+            pos += 2 + n
+    raise Unsupported("hvcC without an SPS")
+
+
+_SPACE_NAMES = {0: "rgb", 1: "bt709", 2: "unspecified", 4: "fcc", 5: "bt470bg", 6: "smpte170m",
+                7: "smpte240m", 8: "ycgco", 9: "bt2020nc", 10: "bt2020c"}
+
+
+def _space_name(m: int) -> str:
+    if m > 14:  # values FFmpeg may name differently across versions
+        raise Unsupported("matrix coefficients beyond the known table")
+    return _SPACE_NAMES.get(m, str(m))
+
+
+def _pixel_props(codec: str, sps: dict, colr: dict | None):
+    """(pix_fmt, color_space name, color_range name) as FFmpeg's decoder reports them."""
+    c, d = sps["chroma"], sps["depth"]
+    if codec == "hevc":  # the decoder sets all three from the SPS, whatever the container says
+        full = sps.get("full_range", 0)
+        matrix = sps.get("matrix", 2)
+        if d not in (8, 10, 12):
+            raise Unsupported("bit depth")
+        base = ("gray", "yuv420p", "yuv422p", "yuv444p")[c]
+        fmt = base if d == 8 else f"{base}{d}le"
+        if fmt == "yuv420p" and full:  # the one format FFmpeg's HEVC SPS reader turns into yuvj
+            fmt = "yuvj420p"
+        return fmt, _space_name(matrix), "pc" if full else "tv"
+    full = None
+    matrix = 2
+    if colr is not None:
+        matrix = colr["matrix"]
+        if "full" in colr:
+            full = colr["full"]
+    if "full_range" in sps:
+        full = sps["full_range"]
+    if "matrix" in sps:
+        matrix = sps["matrix"]
+    if c == 0 or (c == 3 and matrix == 0):
+        raise Unsupported("monochrome or RGB H.264")
+    base = ("", "yuv420p", "yuv422p", "yuv444p")[c]
+    if d == 8:
+        fmt = base.replace("yuv", "yuvj") if full else base
+    elif d in (9, 10, 12, 14):
+        fmt = f"{base}{d}le"
+    else:
+        raise Unsupported("bit depth")
+    rng = "unspecified" if full is None else ("pc" if full else "tv")
+    return fmt, _space_name(matrix), rng
+
+
+# --------------------------------------------------------------------------------------------
+# the track
+# --------------------------------------------------------------------------------------------
+
+def _matrix(buf, at) -> list:
+    return list(struct.unpack_from(">9i", buf, at))
+
+
+def _rotation(tkhd_m: list, mvhd_m: list) -> int:
+    """FFmpeg's display matrix (tkhd times mvhd) to PyAV's frame rotation, rounded, mod 360."""
+    dm = [[tkhd_m[i * 3 + j] for j in range(3)] for i in range(3)]
+    mm = [[mvhd_m[i * 3 + j] for j in range(3)] for i in range(3)]
+    sh = (16, 16, 30)
+    res = [[0] * 3 for _ in range(3)]
+    for i in range(3):
+        for j in range(3):
+            acc = 0
+            for e in range(3):
+                acc += (dm[i][e] * mm[e][j]) >> sh[e]
+            res[i][j] = acc
+    ident = [[1 << 16, 0, 0], [0, 1 << 16, 0], [0, 0, 1 << 30]]
+    flat = [res[i][j] for i in range(3) for j in range(3)]
+    if any(not -(1 << 31) <= v < (1 << 31) for v in flat):
+        raise Unsupported("display matrix overflow")
+    if res == ident:
+        return 0
+    m = [v / 65536.0 for v in flat]
+    s0 = math.hypot(m[0], m[3])
+    s1 = math.hypot(m[1], m[4])
+    if s0 == 0.0 or s1 == 0.0:
+        return 0
+    rot = -math.degrees(math.atan2(m[1] / s1, m[0] / s0))
+    return int(round(rot)) % 360
+
+
+def _sample_entry(buf, a, b):
+    """The stsd's one sample entry: (codec, width, height, extradata, colr, pasp)."""
+    if b - a < 8:
+        raise Unsupported("short stsd")
+    (count,) = struct.unpack_from(">I", buf, a + 4)
+    entries = list(_boxes(buf, a + 8, b))
+    if count != 1 or len(entries) != 1:
+        raise Unsupported("not exactly one sample description")
+    typ, ea, eb = entries[0]
+    codec = _CODECS.get(typ)
+    if codec is None:
+        raise Unsupported(f"sample entry {typ!r}")
+    if eb - ea < 78:
+        raise Unsupported("short visual sample entry")
+    width, height = struct.unpack_from(">HH", buf, ea + 24)
+    kids = _children(buf, ea + 78, eb)
+    cfg = _one(kids, b"avcC" if codec == "h264" else b"hvcC")
+    extradata = bytes(buf[cfg[0] : cfg[1]])
+    colr = None
+    for ca, cb in kids.get(b"colr", []):
+        kind = buf[ca : ca + 4]
+        if kind in (b"nclx", b"nclc"):
+            if colr is not None:
+                raise Unsupported("several colr boxes")
+            if cb - ca < (11 if kind == b"nclx" else 10):
+                raise Unsupported("short colr")
+            colr = {"matrix": struct.unpack_from(">H", buf, ca + 8)[0]}
+            if kind == b"nclx":
+                colr["full"] = buf[ca + 10] >> 7
+    pasp = None
+    p = _one(kids, b"pasp", required=False)
+    if p is not None:
+        if p[1] - p[0] < 8:
+            raise Unsupported("short pasp")
+        h, v = struct.unpack_from(">II", buf, p[0])
+        if h and v:
+            if h > 0x7FFFFFFF or v > 0x7FFFFFFF:
+                raise Unsupported("pasp")
+            pasp = Fraction(h, v)
+    return codec, width, height, extradata, colr, pasp
+
+
+def read_video_track(path: str, stream_index=None, *, want_disposable: bool = True) -> Mp4Video:
+    """The one H.264 / HEVC video track of an MP4 / MOV file; raises :class:`Unsupported`."""
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        file_size = os.fstat(fd).st_size
+        moov = _read_moov(fd, file_size)
+        info = _parse_moov(moov, stream_index, file_size)
+        if want_disposable and info.pos.size:
+            info.disposable = _disposable(fd, file_size, info)
+    return info
+
+
+def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
+    if b"covr" in buf or b"mvex" in buf:  # cover art streams, fragments: leave to FFmpeg
+        raise Unsupported("cover art or fragments")
+    top = _children(buf, 0, len(buf))
+    mvhd = _one(top, b"mvhd")
+    ver, p = _full(buf, *mvhd, 68, 80)
+    if ver == 1:
+        movie_scale = struct.unpack_from(">I", buf, p + 16)[0]
+        mvhd_m = _matrix(buf, p + 16 + 4 + 8 + 4 + 2 + 10)
+    else:
+        movie_scale = struct.unpack_from(">I", buf, p + 8)[0]
+        mvhd_m = _matrix(buf, p + 8 + 4 + 4 + 4 + 2 + 10)
+    traks = []
+    for typ, a, b in _boxes(buf, 0, len(buf)):
+        if typ == b"trak":
+            traks.append((a, b))
+    videos = []
+    for i, (a, b) in enumerate(traks):
+        kids = _children(buf, a, b)
+        mdia = _one(kids, b"mdia")
+        mk = _children(buf, *mdia)
+        hdlr = _one(mk, b"hdlr")
+        if hdlr[1] - hdlr[0] >= 12 and buf[hdlr[0] + 8 : hdlr[0] + 12] == b"vide":
+            videos.append((i, kids, mk))
+    if len(videos) != 1:
+        raise Unsupported("not exactly one video track")
+    index, kids, mk = videos[0]
+    if stream_index is not None and int(stream_index) != index:
+        raise Unsupported("another stream asked for")
+    tkhd = _one(kids, b"tkhd")
+    ver, p = _full(buf, *tkhd, 72, 84)
+    tkhd_m = _matrix(buf, p + (32 if ver == 1 else 20) + 16)
+    rotation = _rotation(tkhd_m, mvhd_m)
+
+    mdhd = _one(mk, b"mdhd")
+    ver, p = _full(buf, *mdhd, 16, 28)
+    if ver == 1:
+        timescale, mdhd_dur = struct.unpack_from(">IQ", buf, p + 16)
+    else:
+        timescale, mdhd_dur = struct.unpack_from(">II", buf, p + 8)
+    if timescale <= 0 or timescale > 0x7FFFFFFF:
+        raise Unsupported("timescale")
+    minf = _children(buf, *_one(mk, b"minf"))
+    st = _children(buf, *_one(minf, b"stbl"))
+    for bad in (b"stps", b"sbgp", b"sgpd", b"stsh", b"padb", b"cslg", b"saiz", b"senc"):
+        if bad in st:
+            raise Unsupported(f"{bad!r} box")
+    codec, w, h, extradata, colr, pasp = _sample_entry(buf, *_one(st, b"stsd"))
+
+    # ---- sample sizes
+    if b"stsz" in st:
+        a, b = _one(st, b"stsz")
+        if b - a < 12:
+            raise Unsupported("short stsz")
+        const, n = struct.unpack_from(">II", buf, a + 4)
+        if const:
+            if n > file_size:
+                raise Unsupported("stsz count")
+            sizes = np.full(n, const, np.int64)
+        else:
+            sizes = _table(buf, a, b, ">u4", 12).astype(np.int64)
+    else:
+        a, b = _one(st, b"stz2")
+        if b - a < 12:
+            raise Unsupported("short stz2")
+        field, n = buf[a + 7], struct.unpack_from(">I", buf, a + 8)[0]
+        if field not in (4, 8, 16) or (n * field + 7) // 8 > b - a - 12:
+            raise Unsupported("stz2")
+        if field == 16:
+            sizes = np.frombuffer(buf, ">u2", n, a + 12).astype(np.int64)
+        elif field == 8:
+            sizes = np.frombuffer(buf, "u1", n, a + 12).astype(np.int64)
+        else:
+            raw = np.frombuffer(buf, "u1", (n + 1) // 2, a + 12)
+            sizes = np.stack([raw >> 4, raw & 15], 1).reshape(-1)[:n].astype(np.int64)
+    n = int(sizes.size)
+    if n == 0:
+        raise Unsupported("no samples")
+    if (sizes > 0x3FFFFFFF).any():
+        raise Unsupported("huge sample")
+
+    # ---- decode times
+    stts = _table(buf, *_one(st, b"stts"), ">u4", 8, 2).reshape(-1, 2)
+    if stts.size == 0:
+        raise Unsupported("empty stts")
+    counts = stts[:, 0].astype(np.int64)
+    deltas = stts[:, 1].astype(np.int64)
+    if counts.sum() != n or (deltas > 0x7FFFFFFF).any():
+        raise Unsupported("stts")
+    sample_deltas = np.repeat(deltas, counts)
+    if (sample_deltas[:-1] <= 0).any():
+        raise Unsupported("samples sharing a decode time")
+    dts_old = np.zeros(n, np.int64)
+    np.cumsum(sample_deltas[:-1], out=dts_old[1:])
+    stts_total = int(sample_deltas.sum())
+
+    # ---- composition offsets
+    ctts = None
+    if b"ctts" in st:
+        tab = _table(buf, *_one(st, b"ctts"), ">i4", 8, 2).reshape(-1, 2)
+        tab = tab[tab[:, 0] > 0]
+        if tab.shape[0]:
+            if (tab[:, 1] < 0).any():
+                raise Unsupported("negative composition offsets")
+            c_counts = tab[:, 0].astype(np.int64)
+            if c_counts.sum() != n:
+                raise Unsupported("ctts count")
+            ctts = np.repeat(tab[:, 1].astype(np.int64), c_counts)
+    offs = ctts if ctts is not None else np.zeros(n, np.int64)
+
+    # ---- sync samples
+    if b"stss" in st:
+        ss = _table(buf, *_one(st, b"stss"), ">u4", 8).astype(np.int64)
+        key = np.zeros(n, bool)
+        if ss.size == 0:
+            key[0] = True
+        else:
+            if ss.size > 1 and (np.diff(ss) <= 0).any():
+                raise Unsupported("stss order")
+            idx = ss - (1 if ss[0] > 0 else 0)
+            key[idx[idx < n]] = True
+    else:
+        key = np.ones(n, bool)
+
+    # ---- byte positions
+    if b"stco" in st:
+        chunks = _table(buf, *_one(st, b"stco"), ">u4", 8).astype(np.int64)
+    else:
+        chunks = _table(buf, *_one(st, b"co64"), ">u8", 8)
+        if (chunks > (1 << 62)).any():
+            raise Unsupported("co64")
+        chunks = chunks.astype(np.int64)
+    stsc = _table(buf, *_one(st, b"stsc"), ">u4", 8, 3).reshape(-1, 3).astype(np.int64)
+    nch = int(chunks.size)
+    if not stsc.shape[0] or not nch or stsc[0, 0] != 1 or (stsc[:, 2] != 1).any():
+        raise Unsupported("stsc")
+    firsts = stsc[:, 0]
+    if (np.diff(firsts) <= 0).any() or firsts[-1] > nch or (stsc[:, 1] <= 0).any():
+        raise Unsupported("stsc")
+    per_chunk = np.repeat(stsc[:, 1], np.diff(np.append(firsts, nch + 1)))
+    if int(per_chunk.sum()) != n:
+        raise Unsupported("stsc sample count")
+    chunk_of = np.repeat(np.arange(nch), per_chunk)
+    csum = np.zeros(n + 1, np.int64)
+    np.cumsum(sizes, out=csum[1:])
+    chunk_start = np.zeros(nch, np.int64)
+    np.cumsum(per_chunk[:-1], out=chunk_start[1:])
+    pos_all = chunks[chunk_of] + csum[:-1] - csum[chunk_start[chunk_of]]
+    if (pos_all < 0).any() or int((pos_all + sizes).max()) > file_size:
+        raise Unsupported("samples past the end of the file")
+
+    # ---- edit list (mov_fix_index for one plain entry)
+    st_duration = min(int(mdhd_dur), stts_total) if stts_total else int(mdhd_dur)
+    keep = np.arange(n)
+    discard = np.zeros(n, bool)
+    dts = dts_old
+    elst = None
+    if b"edts" in kids:
+        ek = _children(buf, *_one(kids, b"edts"))
+        e = _one(ek, b"elst", required=False)
+        if e is not None:
+            a, b = e
+            ver = buf[a] if b > a else 0
+            ent = _table(buf, a, b, ">u8,>i8,>i4" if ver == 1 else ">u4,>i4,>i4", 8)
+            elst = [(int(x[0]), int(x[1]), int(x[2])) for x in ent[:3]]
+            if len(ent) > 2 or (len(ent) == 2 and elst[0][1] != -1):
+                raise Unsupported("several edits")
+            elst = elst or None
+    empty = 0
+    if elst is not None:
+        if movie_scale <= 0:
+            raise Unsupported("movie timescale")
+        if len(elst) == 2:  # an empty edit first: the media starts that much later
+            empty = (elst[0][0] * timescale + movie_scale // 2) // movie_scale
+        seg_dur, media_time, rate = elst[-1]
+        if media_time < 0 or rate != 0x10000:
+            raise Unsupported("edit list kind")
+        dur = (seg_dur * timescale + movie_scale // 2) // movie_scale  # av_rescale rounds
+        if dur <= 0:
+            raise Unsupported("empty edit")
+        k0 = _prev_key_index(dts_old, offs, key, media_time, ctts is not None)
+        cts = dts_old + offs
+        inside = (cts >= media_time) & (cts < media_time + dur)
+        inside[:k0] = False
+        first_in = int(np.argmax(inside)) if inside.any() else -1
+        if first_in < 0:
+            raise Unsupported("no sample inside the edit")
+        fd = np.empty(n, np.int64)
+        fd[:-1] = np.diff(dts_old)
+        fd[-1] = dur
+        end = n
+        stop = np.nonzero((cts + fd >= media_time + dur) & key)[0]
+        stop = stop[stop >= k0]
+        if stop.size:
+            end = int(stop[1] if ctts is not None and stop.size > 1 else stop[0]) + 1
+            if ctts is not None and stop.size == 1:
+                end = n
+        keep = np.arange(k0, end)
+        dts = dts_old[keep] - dts_old[first_in] + empty
+        discard = ~inside[keep]
+        offs_k = offs[keep]
+        mcp = int((dts + offs_k)[~discard].min()) - empty
+        if mcp > 0:
+            dts = dts - mcp
+        st_duration = min(st_duration, empty + dur)
+    pts = dts + offs[keep]
+    # packet durations (mov_read_packet; without ctts the next index entry's dts)
+    if ctts is None:
+        nxt = np.empty(keep.size, np.int64)
+        nxt[:-1] = dts[1:]
+        nxt[-1] = st_duration
+        durs = np.where(nxt >= dts, nxt - dts, 0)
+        if (durs == 0).any():  # the demuxer's generic code fills these in from the frame rate
+            durs[durs == 0] = _rfps_duration(dts_old, timescale, sample_deltas)
+    else:
+        durs = np.full(keep.size, _rfps_duration(dts_old, timescale, sample_deltas), np.int64)
+    retained = ~discard
+    sel = keep[retained]
+
+    if codec == "h264":
+        sps = _h264_sps(_avcc_sps(extradata))
+        nal_size = (extradata[4] & 3) + 1
+    else:
+        sps = _hevc_sps(_hvcc_sps(extradata))
+        nal_size = (extradata[21] & 3) + 1 if len(extradata) >= 22 else 0
+    if (sps["width"], sps["height"]) != (w, h) or w <= 0 or h <= 0:
+        raise Unsupported("sample entry and SPS sizes differ")
+    pix_fmt, space, rng = _pixel_props(codec, sps, colr)
+    if pasp is not None:
+        sar = pasp
+    else:
+        num, den = sps["sar"]
+        sar = Fraction(num, den) if num and den else None
+    return Mp4Video(
+        stream_index=index,
+        codec=codec,
+        extradata=extradata,
+        width=w,
+        height=h,
+        timescale=int(timescale),
+        dts=dts[retained],
+        pts=pts[retained],
+        key=key[sel],
+        pos=pos_all[sel],
+        size=sizes[sel],
+        duration=durs[retained],
+        pix_fmt=pix_fmt,
+        color_space=space,
+        color_range=rng,
+        rotation=rotation,
+        sample_aspect_ratio=sar,
+        nal_size=nal_size,
+    )
+
+
+def _prev_key_index(dts, offs, key, ts: int, has_ctts: bool) -> int:
+    """find_prev_closest_index: the keyframe to start copying samples from (0 if none)."""
+    for any_frame in (False, True):
+        # av_index_search_timestamp(BACKWARD): the last entry with dts <= ts
+        m = int(np.searchsorted(dts, ts, side="right")) - 1
+        if not any_frame:
+            while m >= 0 and not key[m]:
+                m -= 1
+        if m >= 0:
+            i = m
+            while i > 0 and dts[i] == dts[i - 1]:
+                if any_frame or key[i - 1]:
+                    m = i - 1
+                i -= 1
+        if has_ctts and m >= 0:
+            while m >= 0 and not (dts[m] + offs[m] <= ts and key[m]):
+                m -= 1
+        if m >= 0:
+            return m
+    return 0
+
+
+def _rfps_duration(dts_old, timescale: int, sample_deltas) -> int:
+    """The duration FFmpeg gives packets of a track with composition offsets (which it derives
+    from the stream's r_frame_rate): the gcd of the first decode-time steps, when the track
+    steps evenly by it."""
+    d = np.diff(dts_old[:99])
+    if d.size < 16 or (d <= 0).any():
+        raise Unsupported("too few samples to follow FFmpeg's frame rate guess")
+    g = int(np.gcd.reduce(d[4:]))
+    if g <= max(1, timescale // 500) or (sample_deltas[:-1] != g).any():
+        raise Unsupported("variable frame rate with composition offsets")
+    return g
+
+
+# --------------------------------------------------------------------------------------------
+# disposable pictures: the first bytes of each sample
+# --------------------------------------------------------------------------------------------
+
+
+def _disposable(fd: int, file_size: int, v: Mp4Video) -> np.ndarray:
+    """Per packet: no other picture references it (see avpipe.decoding._nal for the rules)."""
+    ls = v.nal_size
+    hb = 1 if v.codec == "h264" else 2
+    pos, size = v.pos, v.size
+    n = pos.size
+    if ls not in (1, 2, 4) or file_size == 0:
+        return np.zeros(n, bool)
+    mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    try:
+        arr = np.frombuffer(mm, np.uint8)
+        ok = size > ls
+        # first NAL unit: its length prefix and header bytes, gathered at once
+        take = pos[:, None] + np.arange(ls + hb)[None, :]
+        take = np.minimum(take, file_size - 1)
+        raw = arr[take].astype(np.int64)
+        del arr
+        length = np.zeros(n, np.int64)
+        for k in range(ls):
+            length = (length << 8) | raw[:, k]
+        h0 = raw[:, ls]
+        h1 = raw[:, ls + 1] if hb == 2 else np.zeros(n, np.int64)
+        first_ok = ok & (length > 0) & (ls + hb <= size)
+        single = first_ok & (2 * ls + length >= size)
+        headers: list = [None] * n
+        tids = np.zeros(n, np.int64)
+        if v.codec == "h264":
+            t = h0 & 0x1F
+            slice_ = single & ((t == 1) | (t == 5))
+            refs = ((h0 >> 5) & 3) != 0
+        else:
+            t = (h0 >> 1) & 0x3F
+            slice_ = single & (t < 32)
+            refs = ~((t < 16) & (t % 2 == 0))
+            tids = (h1 & 7) - 1
+        has = slice_
+        # samples whose NAL units go on past the first one: walk them one by one
+        multi = np.nonzero(first_ok & ~single)[0]
+        for i in multi.tolist():
+            headers[i] = _walk(mm, int(pos[i]), int(size[i]), ls, hb, v.codec)
+        max_tid = 0
+        if has.any():
+            max_tid = int(tids[has].max())
+        for h in headers:
+            if h:
+                max_tid = max(max_tid, max(t for _, t in h))
+        out = has & ~refs & (tids == max_tid)
+        for i in multi.tolist():
+            h = headers[i]
+            out[i] = bool(h) and all((not r) and t == max_tid for r, t in h)
+        return out
+    finally:
+        try:
+            mm.close()
+        except BufferError:
+            pass
+
+
+def _walk(mm, start: int, n: int, ls: int, hb: int, codec: str) -> list:
+    """(is_reference, temporal_id) of each slice NAL unit of one sample (as _nal.slice_nal_headers)."""
+    out = []
+    pos = 0
+    while pos + ls < n:
+        size = int.from_bytes(mm[start + pos : start + pos + ls], "big")
+        at = pos + ls
+        if size <= 0 or at + hb > n:
+            break
+        h = mm[start + at : start + at + hb]
+        if codec == "h264":
+            if h[0] & 0x1F in (1, 5):
+                out.append(((h[0] >> 5) & 3 != 0, 0))
+        else:
+            t = (h[0] >> 1) & 0x3F
+            if t < 32:
+                out.append((not (t < 16 and t % 2 == 0), (h[1] & 7) - 1))
+        pos = at + size
+    return out
