@@ -65,6 +65,7 @@ class Mp4Video:
     disposable: np.ndarray | None = None
     nal_size: int = 0
     container: str = CONTAINER_NAME
+    intra_key: bool = False
 
 
 def looks_like_mp4(path: str) -> bool:
@@ -274,7 +275,7 @@ def _h264_sps(nal: bytes) -> dict:
         b.se()
         for _ in range(min(b.ue(), 255)):
             b.se()
-    b.ue()
+    sps["ref_frames"] = b.ue()
     b.u(1)
     w_mbs = b.ue() + 1
     h_units = b.ue() + 1
@@ -397,13 +398,42 @@ def _hevc_sps(nal: bytes) -> dict:
     return sps
 
 
-def _avcc_sps(ext: bytes) -> bytes:
-    if len(ext) < 8 or ext[0] != 1 or not ext[5] & 0x1F:
-        raise Unsupported("avcC without an SPS")
-    n = int.from_bytes(ext[6:8], "big")
-    if 8 + n > len(ext) or n < 4:
-        raise Unsupported("bad avcC")
-    return ext[8 : 8 + n]
+def _avcc_sets(ext: bytes):
+    """The one SPS of an avcC record and its PPSs."""
+    if len(ext) < 7 or ext[0] != 1 or ext[5] & 0x1F != 1:
+        raise Unsupported("avcC without exactly one SPS")
+
+    def entries(pos, count):
+        got = []
+        for _ in range(count):
+            if pos + 2 > len(ext):
+                raise Unsupported("bad avcC")
+            n = int.from_bytes(ext[pos : pos + 2], "big")
+            if n < 2 or pos + 2 + n > len(ext):
+                raise Unsupported("bad avcC")
+            got.append(ext[pos + 2 : pos + 2 + n])
+            pos += 2 + n
+        return got, pos
+
+    sps, pos = entries(6, 1)
+    if pos >= len(ext):
+        raise Unsupported("avcC without a PPS")
+    pps, _ = entries(pos + 1, ext[pos])
+    if not pps:
+        raise Unsupported("avcC without a PPS")
+    return sps[0], pps
+
+
+def _h264_pps_refs(nal: bytes) -> int:
+    """num_ref_idx_l0_default_active of a PPS (what FFmpeg's parser calls ref_count[0])."""
+    b = _Bits(_unescape(nal[1:]))
+    b.ue()
+    b.ue()
+    b.u(1)
+    b.u(1)
+    if b.ue() != 0:
+        raise Unsupported("slice groups")
+    return b.ue() + 1
 
 
 def _hvcc_sps(ext: bytes) -> bytes:
@@ -482,31 +512,33 @@ def _matrix(buf, at) -> list:
     return list(struct.unpack_from(">9i", buf, at))
 
 
-def _rotation(tkhd_m: list, mvhd_m: list) -> int:
-    """FFmpeg's display matrix (tkhd times mvhd) to PyAV's frame rotation, rounded, mod 360."""
-    dm = [[tkhd_m[i * 3 + j] for j in range(3)] for i in range(3)]
-    mm = [[mvhd_m[i * 3 + j] for j in range(3)] for i in range(3)]
+def _display_matrix(tkhd_m: list, mvhd_m: list) -> list | None:
+    """FFmpeg's display matrix (tkhd times mvhd, in its fixed-point steps), None if identity."""
     sh = (16, 16, 30)
-    res = [[0] * 3 for _ in range(3)]
+    res = []
     for i in range(3):
         for j in range(3):
             acc = 0
             for e in range(3):
-                acc += (dm[i][e] * mm[e][j]) >> sh[e]
-            res[i][j] = acc
-    ident = [[1 << 16, 0, 0], [0, 1 << 16, 0], [0, 0, 1 << 30]]
-    flat = [res[i][j] for i in range(3) for j in range(3)]
-    if any(not -(1 << 31) <= v < (1 << 31) for v in flat):
+                acc += (tkhd_m[i * 3 + e] * mvhd_m[e * 3 + j]) >> sh[e]
+            res.append(acc)
+    if any(not -(1 << 31) <= v < (1 << 31) for v in res):
         raise Unsupported("display matrix overflow")
-    if res == ident:
-        return 0
+    if res == [1 << 16, 0, 0, 0, 1 << 16, 0, 0, 0, 1 << 30]:
+        return None
+    return res
+
+
+def _rotation(flat: list) -> int:
+    # av_display_rotation_get, in its operation order; PyAV casts the double to a C int
+    # (truncation, NaN -> INT_MIN)
     m = [v / 65536.0 for v in flat]
     s0 = math.hypot(m[0], m[3])
     s1 = math.hypot(m[1], m[4])
     if s0 == 0.0 or s1 == 0.0:
-        return 0
-    rot = -math.degrees(math.atan2(m[1] / s1, m[0] / s0))
-    return int(round(rot)) % 360
+        return -(1 << 31) % 360
+    rot = -(math.atan2(m[1] / s1, m[0] / s0) * 180 / math.pi)
+    return int(rot) % 360
 
 
 def _sample_entry(buf, a, b):
@@ -551,15 +583,16 @@ def _sample_entry(buf, a, b):
     return codec, width, height, extradata, colr, pasp
 
 
-def read_video_track(path: str, stream_index=None, *, want_disposable: bool = True) -> Mp4Video:
+def read_video_track(path: str, stream_index=None) -> Mp4Video:
     """The one H.264 / HEVC video track of an MP4 / MOV file; raises :class:`Unsupported`."""
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
         file_size = os.fstat(fd).st_size
         moov = _read_moov(fd, file_size)
         info = _parse_moov(moov, stream_index, file_size)
-        if want_disposable and info.pos.size:
-            info.disposable = _disposable(fd, file_size, info)
+        info.disposable, parser_key = _nal_scan(fd, file_size, info)
+        if parser_key is not None:
+            info.key = parser_key
     return info
 
 
@@ -595,7 +628,15 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
     tkhd = _one(kids, b"tkhd")
     ver, p = _full(buf, *tkhd, 72, 84)
     tkhd_m = _matrix(buf, p + (32 if ver == 1 else 20) + 16)
-    rotation = _rotation(tkhd_m, mvhd_m)
+    display = _display_matrix(tkhd_m, mvhd_m)
+    rotation = _rotation(display) if display is not None else 0
+    tk_w, tk_h = struct.unpack_from(">II", buf, p + (32 if ver == 1 else 20) + 52)
+    if display is not None and tk_w and tk_h:
+        # mov_read_tkhd gives the stream a pixel aspect ratio from a matrix that scales x and y
+        # differently (av_d2q of the ratio): leave that to FFmpeg
+        d0, d1 = math.hypot(display[0], display[3]), math.hypot(display[1], display[4])
+        if d0 > 1 and d1 > 1 and d0 < (1 << 24) and d1 < (1 << 24) and abs(d0 / d1 - 1.0) > 0.01:
+            raise Unsupported("scaling display matrix")
 
     mdhd = _one(mk, b"mdhd")
     ver, p = _full(buf, *mdhd, 16, 28)
@@ -782,9 +823,17 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
     retained = ~discard
     sel = keep[retained]
 
+    intra_key = False
     if codec == "h264":
-        sps = _h264_sps(_avcc_sps(extradata))
+        sps_nal, pps_nals = _avcc_sets(extradata)
+        sps = _h264_sps(sps_nal)
         nal_size = (extradata[4] & 3) + 1
+        # FFmpeg's H.264 parser (which sets the demuxed packets' key flags in MP4, whatever
+        # stss says) also takes any I picture of a one-reference stream for a key frame
+        refs = {_h264_pps_refs(x) <= 1 for x in pps_nals}
+        if len(refs) != 1:
+            raise Unsupported("PPSs differ in reference counts")
+        intra_key = sps["ref_frames"] <= 1 and refs.pop()
     else:
         sps = _hevc_sps(_hvcc_sps(extradata))
         nal_size = (extradata[21] & 3) + 1 if len(extradata) >= 22 else 0
@@ -815,6 +864,7 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
         rotation=rotation,
         sample_aspect_ratio=sar,
         nal_size=nal_size,
+        intra_key=intra_key,
     )
 
 
@@ -858,57 +908,60 @@ def _rfps_duration(dts_old, timescale: int, sample_deltas) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _disposable(fd: int, file_size: int, v: Mp4Video) -> np.ndarray:
-    """Per packet: no other picture references it (see avpipe.decoding._nal for the rules)."""
+def _nal_scan(fd: int, file_size: int, v: Mp4Video):
+    """Per packet, from the NAL unit headers at the start of each sample: whether no other
+    picture references it (the rules of avpipe.decoding._nal), and for H.264 the key flag
+    FFmpeg's parser gives it (IDR slice, recovery point SEI, or an I slice of a one-reference
+    stream); samples whose NAL units do not exactly fill them are refused."""
     ls = v.nal_size
     hb = 1 if v.codec == "h264" else 2
     pos, size = v.pos, v.size
     n = pos.size
-    if ls not in (1, 2, 4) or file_size == 0:
-        return np.zeros(n, bool)
+    if ls not in (1, 2, 4):
+        raise Unsupported("NAL length size")
     mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     try:
         arr = np.frombuffer(mm, np.uint8)
-        ok = size > ls
-        # first NAL unit: its length prefix and header bytes, gathered at once
-        take = pos[:, None] + np.arange(ls + hb)[None, :]
-        take = np.minimum(take, file_size - 1)
+        # first NAL unit: its length prefix, header and the next 5 bytes, gathered at once
+        width = ls + hb + 5
+        take = np.minimum(pos[:, None] + np.arange(width)[None, :], file_size - 1)
         raw = arr[take].astype(np.int64)
         del arr
         length = np.zeros(n, np.int64)
         for k in range(ls):
             length = (length << 8) | raw[:, k]
         h0 = raw[:, ls]
-        h1 = raw[:, ls + 1] if hb == 2 else np.zeros(n, np.int64)
-        first_ok = ok & (length > 0) & (ls + hb <= size)
-        single = first_ok & (2 * ls + length >= size)
-        headers: list = [None] * n
-        tids = np.zeros(n, np.int64)
+        single = (length > 0) & (ls + length == size) & (size >= ls + hb)
         if v.codec == "h264":
             t = h0 & 0x1F
-            slice_ = single & ((t == 1) | (t == 5))
+            is_slice = single & ((t == 1) | (t == 5))
             refs = ((h0 >> 5) & 3) != 0
+            tids = np.zeros(n, np.int64)
         else:
             t = (h0 >> 1) & 0x3F
-            slice_ = single & (t < 32)
+            is_slice = single & (t < 32)
             refs = ~((t < 16) & (t % 2 == 0))
-            tids = (h1 & 7) - 1
-        has = slice_
-        # samples whose NAL units go on past the first one: walk them one by one
-        multi = np.nonzero(first_ok & ~single)[0]
-        for i in multi.tolist():
-            headers[i] = _walk(mm, int(pos[i]), int(size[i]), ls, hb, v.codec)
-        max_tid = 0
-        if has.any():
-            max_tid = int(tids[has].max())
-        for h in headers:
-            if h:
-                max_tid = max(max_tid, max(t for _, t in h))
-        out = has & ~refs & (tids == max_tid)
-        for i in multi.tolist():
-            h = headers[i]
-            out[i] = bool(h) and all((not r) and t == max_tid for r, t in h)
-        return out
+            tids = (raw[:, ls + 1] & 7) - 1
+        key = None
+        if v.codec == "h264":
+            key = single & (t == 5)
+            if v.intra_key:
+                words = np.zeros(n, np.int64)
+                for k in range(5):
+                    words = (words << 8) | raw[:, ls + 1 + k]
+                key |= is_slice & _is_i_slice(words, size - ls - 1)
+        multi = np.nonzero(~single)[0].tolist()
+        walked = {i: _walk(mm, int(pos[i]), int(size[i]), ls, v) for i in multi}
+        max_tid = int(tids[is_slice].max()) if is_slice.any() else 0
+        for h, _ in walked.values():
+            for _, tid in h:
+                max_tid = max(max_tid, tid)
+        out = is_slice & ~refs & (tids == max_tid)
+        for i, (h, k) in walked.items():
+            out[i] = bool(h) and all((not r) and tid == max_tid for r, tid in h)
+            if key is not None:
+                key[i] = k
+        return out, key
     finally:
         try:
             mm.close()
@@ -916,22 +969,90 @@ def _disposable(fd: int, file_size: int, v: Mp4Video) -> np.ndarray:
             pass
 
 
-def _walk(mm, start: int, n: int, ls: int, hb: int, codec: str) -> list:
-    """(is_reference, temporal_id) of each slice NAL unit of one sample (as _nal.slice_nal_headers)."""
+def _is_i_slice(words, avail):
+    """From the 40 bits after an H.264 slice NAL header: first_mb_in_slice, slice_type (two
+    exp-Golomb codes); whether slice_type is I. Where the codes do not fit, an I is assumed
+    unknown and the caller's walk decides (here: refused)."""
+    w = words.astype(np.float64)
+    ok = words > 0
+    lz1 = np.where(ok, 39 - np.floor(np.log2(np.where(ok, w, 1.0))), 99).astype(np.int64)
+    used = 2 * lz1 + 1
+    rem_bits = 40 - used
+    ok &= rem_bits > 0
+    rem = np.where(ok, words & ((np.int64(1) << np.clip(rem_bits, 0, 40)) - 1), 0)
+    ok &= rem > 0
+    lz2 = np.where(ok, (rem_bits - 1) - np.floor(np.log2(np.where(rem > 0, rem, 1).astype(np.float64))), 99)
+    lz2 = lz2.astype(np.int64)
+    ok &= (2 * lz2 + 1 <= rem_bits) & (avail >= 5)
+    if not ok.all():
+        raise Unsupported("slice header beyond the bytes read")
+    st = (rem >> np.clip(rem_bits - (2 * lz2 + 1), 0, 40)) - 1
+    return (st % 5) == 2
+
+
+def _sei_has_recovery_point(data: bytes) -> bool:
+    b = _unescape(data)
+    p, n = 0, len(b)
+    while p < n and not (p == n - 1 and b[p] == 0x80):
+        typ = 0
+        while p < n and b[p] == 0xFF:
+            typ += 255
+            p += 1
+        if p >= n:
+            raise Unsupported("SEI")
+        typ += b[p]
+        p += 1
+        size = 0
+        while p < n and b[p] == 0xFF:
+            size += 255
+            p += 1
+        if p >= n:
+            raise Unsupported("SEI")
+        size += b[p]
+        p += 1
+        if p + size > n:
+            raise Unsupported("SEI")
+        if typ == 6:
+            return True
+        p += size
+    return False
+
+
+def _walk(mm, start: int, n: int, ls: int, v: Mp4Video):
+    """One sample's NAL units: [(is_reference, temporal_id)] of its slices (as
+    _nal.slice_nal_headers) and, for H.264, the parser's key flag."""
     out = []
     pos = 0
-    while pos + ls < n:
+    key = False
+    first_slice = True
+    recovery = False
+    while pos < n:
+        if pos + ls > n:
+            raise Unsupported("NAL units do not fill the sample")
         size = int.from_bytes(mm[start + pos : start + pos + ls], "big")
         at = pos + ls
-        if size <= 0 or at + hb > n:
-            break
-        h = mm[start + at : start + at + hb]
-        if codec == "h264":
-            if h[0] & 0x1F in (1, 5):
+        if size <= 0 or at + size > n:
+            raise Unsupported("NAL units do not fill the sample")
+        h = mm[start + at : start + at + min(size, 8)]
+        if v.codec == "h264":
+            t = h[0] & 0x1F
+            if t in (1, 5):
                 out.append(((h[0] >> 5) & 3 != 0, 0))
+                if first_slice:
+                    first_slice = False
+                    key = t == 5 or recovery
+                    if not key and v.intra_key:
+                        if size < 6:
+                            raise Unsupported("short slice")
+                        word = int.from_bytes(h[1:6], "big")
+                        key = bool(_is_i_slice(np.array([word]), np.array([size - 1]))[0])
+            elif t == 6 and first_slice:
+                recovery = recovery or _sei_has_recovery_point(mm[start + at + 1 : start + at + size])
         else:
+            if size < 2:
+                raise Unsupported("short NAL unit")
             t = (h[0] >> 1) & 0x3F
             if t < 32:
                 out.append((not (t < 16 and t % 2 == 0), (h[1] & 7) - 1))
         pos = at + size
-    return out
+    return out, key
