@@ -90,6 +90,9 @@ CASES = {
     "h264_empty_edit": (dict(n=60, pts=list(range(5, 65)), tb=fractions.Fraction(1, 25), opts=_x264("bframes=2")), True),
     "h264_empty_edit_nob": (dict(n=60, pts=list(range(7, 67)), tb=fractions.Fraction(1, 25), opts=_x264("bframes=0")), True),
     "h264_mov": (dict(fmt="mov", opts=_x264("bframes=2")), True),
+    "h264_ref1_scenecut": (dict(n=80, opts=_x264("bframes=2:ref=1:keyint=60:min-keyint=2:scenecut=90")), True),
+    "h264_intra_refresh": (dict(n=60, opts=_x264("bframes=0:intra-refresh=1:keyint=20")), True),
+    "h264_vfr_b_pyramid": (dict(pts=VFR, tb=fractions.Fraction(1, 90000) * 90, opts=_x264("bframes=3:b-pyramid=normal")), True),
     "h264_audio_first": (dict(audio=True, opts=_x264("bframes=2")), True),
     "h264_faststart": (dict(opts=_x264("bframes=2"), muxer_opts={"movflags": "+faststart"}), True),
     "hevc_b": (dict(codec="libx265", opts=_x265("keyint=10:min-keyint=10:bframes=2")), True),
@@ -103,7 +106,7 @@ CASES = {
     "hevc_odd_size": (dict(codec="libx265", w=130, h=94, opts=_x265("bframes=2")), True),
     "hevc_repeat_headers": (dict(codec="libx265", opts=_x265("bframes=2:repeat-headers=1")), True),
     # left to the demux scan
-    "h264_vfr_b": (dict(pts=VFR, tb=fractions.Fraction(1, 1000), opts=_x264("bframes=2")), False),
+    "h264_vfr_b": (dict(pts=VFR, tb=fractions.Fraction(1, 1000), opts=_x264("bframes=2")), True),
     "h264_negative_cts": (dict(opts=_x264("bframes=2"), muxer_opts={"movflags": "+negative_cts_offsets"}), False),
     "h264_fragmented": (dict(opts=_x264("bframes=2"), muxer_opts={"movflags": "+frag_keyframe+empty_moov"}), False),
 }

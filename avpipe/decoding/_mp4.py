@@ -512,6 +512,41 @@ def _matrix(buf, at) -> list:
     return list(struct.unpack_from(">9i", buf, at))
 
 
+def _reduce(num: int, den: int, mx: int = 0x7FFFFFFF):
+    """libavutil's av_reduce (the best approximation with terms <= mx)."""
+    a0n, a0d, a1n, a1d = 0, 1, 1, 0
+    g = math.gcd(num, den)
+    if g:
+        num, den = num // g, den // g
+    if num <= mx and den <= mx:
+        a1n, a1d, den = num, den, 0
+    while den:
+        x = num // den
+        nxt = num - den * x
+        a2n, a2d = x * a1n + a0n, x * a1d + a0d
+        if a2n > mx or a2d > mx:
+            if a1n:
+                x = (mx - a0n) // a1n
+            if a1d:
+                x = min(x, (mx - a0d) // a1d)
+            if den * (2 * x * a1d + a0d) > num * a1d:
+                a1n, a1d = x * a1n + a0n, x * a1d + a0d
+            break
+        a0n, a0d, a1n, a1d = a1n, a1d, a2n, a2d
+        num, den = den, nxt
+    return a1n, a1d
+
+
+def _d2q(d: float) -> Fraction | None:
+    """libavutil's av_d2q(d, INT_MAX) for a positive finite d, as PyAV reports it."""
+    if not d > 0 or d > 0x7FFFFFFF + 3 or math.isinf(d):
+        raise Unsupported("aspect ratio")
+    exp = max(math.frexp(d)[1] - 1, 0)
+    den = 1 << (62 - exp)
+    n, q = _reduce(int(math.floor(d * float(den) + 0.5)), den)
+    return Fraction(n, q) if n and q else None
+
+
 def _display_matrix(tkhd_m: list, mvhd_m: list) -> list | None:
     """FFmpeg's display matrix (tkhd times mvhd, in its fixed-point steps), None if identity."""
     sh = (16, 16, 30)
@@ -628,6 +663,7 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
     tkhd = _one(kids, b"tkhd")
     ver, p = _full(buf, *tkhd, 72, 84)
     tkhd_m = _matrix(buf, p + (32 if ver == 1 else 20) + 16)
+    matrix_sar = None
     display = _display_matrix(tkhd_m, mvhd_m)
     rotation = _rotation(display) if display is not None else 0
     tk_w, tk_h = struct.unpack_from(">II", buf, p + (32 if ver == 1 else 20) + 52)
@@ -636,7 +672,7 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
         # differently (av_d2q of the ratio): leave that to FFmpeg
         d0, d1 = math.hypot(display[0], display[3]), math.hypot(display[1], display[4])
         if d0 > 1 and d1 > 1 and d0 < (1 << 24) and d1 < (1 << 24) and abs(d0 / d1 - 1.0) > 0.01:
-            raise Unsupported("scaling display matrix")
+            matrix_sar = _d2q(d0 / d1)
 
     mdhd = _one(mk, b"mdhd")
     ver, p = _full(buf, *mdhd, 16, 28)
@@ -698,7 +734,6 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
         raise Unsupported("samples sharing a decode time")
     dts_old = np.zeros(n, np.int64)
     np.cumsum(sample_deltas[:-1], out=dts_old[1:])
-    stts_total = int(sample_deltas.sum())
 
     # ---- composition offsets
     ctts = None
@@ -756,7 +791,6 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
         raise Unsupported("samples past the end of the file")
 
     # ---- edit list (mov_fix_index for one plain entry)
-    st_duration = min(int(mdhd_dur), stts_total) if stts_total else int(mdhd_dur)
     keep = np.arange(n)
     discard = np.zeros(n, bool)
     dts = dts_old
@@ -808,18 +842,11 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
         mcp = int((dts + offs_k)[~discard].min()) - empty
         if mcp > 0:
             dts = dts - mcp
-        st_duration = min(st_duration, empty + dur)
     pts = dts + offs[keep]
-    # packet durations (mov_read_packet; without ctts the next index entry's dts)
-    if ctts is None:
-        nxt = np.empty(keep.size, np.int64)
-        nxt[:-1] = dts[1:]
-        nxt[-1] = st_duration
-        durs = np.where(nxt >= dts, nxt - dts, 0)
-        if (durs == 0).any():  # the demuxer's generic code fills these in from the frame rate
-            durs[durs == 0] = _rfps_duration(dts_old, timescale, sample_deltas)
-    else:
-        durs = np.full(keep.size, _rfps_duration(dts_old, timescale, sample_deltas), np.int64)
+    # packet durations: FFmpeg's MOV demuxer gives each packet its stts delta
+    durs = sample_deltas[keep]
+    if (durs <= 0).any():
+        raise Unsupported("zero sample duration")
     retained = ~discard
     sel = keep[retained]
 
@@ -840,8 +867,14 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
     if (sps["width"], sps["height"]) != (w, h) or w <= 0 or h <= 0:
         raise Unsupported("sample entry and SPS sizes differ")
     pix_fmt, space, rng = _pixel_props(codec, sps, colr)
+    tk_w, tk_h = tk_w >> 16, tk_h >> 16
     if pasp is not None:
         sar = pasp
+    elif matrix_sar is not None:
+        sar = matrix_sar
+    elif tk_w and tk_h and (tk_w, tk_h) != (w, h):
+        # mov_read_trak: a track size other than the coded one is an aspect ratio
+        sar = _d2q((float(h) * tk_w) / (float(w) * tk_h))
     else:
         num, den = sps["sar"]
         sar = Fraction(num, den) if num and den else None
@@ -888,19 +921,6 @@ def _prev_key_index(dts, offs, key, ts: int, has_ctts: bool) -> int:
         if m >= 0:
             return m
     return 0
-
-
-def _rfps_duration(dts_old, timescale: int, sample_deltas) -> int:
-    """The duration FFmpeg gives packets of a track with composition offsets (which it derives
-    from the stream's r_frame_rate): the gcd of the first decode-time steps, when the track
-    steps evenly by it."""
-    d = np.diff(dts_old[:99])
-    if d.size < 16 or (d <= 0).any():
-        raise Unsupported("too few samples to follow FFmpeg's frame rate guess")
-    g = int(np.gcd.reduce(d[4:]))
-    if g <= max(1, timescale // 500) or (sample_deltas[:-1] != g).any():
-        raise Unsupported("variable frame rate with composition offsets")
-    return g
 
 
 # --------------------------------------------------------------------------------------------
