@@ -348,11 +348,11 @@ def _scan_mp4(source, name: str, stream_index=None) -> StreamScan | None:
         v = _mp4.read_video_track(source.path, stream_index)
         # a short file: the demux scan may end before the decoder's delay lets its first frame
         # out (then it reports no colour tags), and that delay depends on the thread count
-        if v.pts.size < _MP4_MIN_PACKETS or np.unique(v.pts).size != v.pts.size:
-            return None
+        pts = np.sort(v.pts)
+        if pts.size < _MP4_MIN_PACKETS or not (pts[1:] > pts[:-1]).all():
+            return None  # (duplicate timestamps: the demux scan reports them)
     except (_mp4.Unsupported, OSError, ValueError, IndexError, OverflowError, MemoryError):
         return None
-    pts = np.sort(v.pts)
     pts_to_index = {int(p): i for i, p in enumerate(pts.tolist())}
     kidx = sorted({pts_to_index[int(p)] for p in v.pts[v.key].tolist()})
     if not kidx or kidx[0] != 0:
