@@ -353,8 +353,8 @@ def _scan_mp4(source, name: str, stream_index=None) -> StreamScan | None:
             return None  # (duplicate timestamps: the demux scan reports them)
     except (_mp4.Unsupported, OSError, ValueError, IndexError, OverflowError, MemoryError):
         return None
-    pts_to_index = {int(p): i for i, p in enumerate(pts.tolist())}
-    kidx = sorted({pts_to_index[int(p)] for p in v.pts[v.key].tolist()})
+    pts_to_index = dict(zip(pts.tolist(), range(pts.size)))
+    kidx = np.unique(np.searchsorted(pts, v.pts[v.key])).tolist()
     if not kidx or kidx[0] != 0:
         kidx = [0] + kidx
     last = int(np.argmax(v.pts))
