@@ -15,6 +15,30 @@ partial sync samples, sample groups, several sample descriptions, tables that di
 past the end of the file, parameter sets it cannot parse. Every count read from the file is
 checked against the bytes that hold it, so a damaged file costs no more than its size.
 
+Where each field comes from (all in decode order unless said):
+
+* dts / pts: ``stts`` deltas summed, plus ``ctts`` offsets; with an edit list (one entry, or an
+  empty entry then one), ``mov_fix_index``: samples from the keyframe at or before the edit's
+  media time are kept, those whose composition time falls outside the edit are discarded (and
+  left out here, as the demux scan skips them), and times are shifted so the first kept sample
+  in the edit has dts = the empty edit's length (then pts moved so the earliest is >= 0).
+* packet durations: the ``stts`` delta of each sample (what this FFmpeg's MOV demuxer reports).
+* key flags: H.264 packets get them from FFmpeg's H.264 parser (IDR slice, a recovery point SEI,
+  or any I slice when the SPS allows one reference frame and the PPS one L0 reference), so they
+  are read from the samples' NAL units; HEVC packets from ``stss`` (all samples when absent).
+* byte offsets and sizes: ``stsc`` x ``stco`` / ``co64`` and ``stsz`` / ``stz2``.
+* disposable: each sample's NAL headers (the first NAL unit of every sample is gathered from an
+  mmap of the file in one numpy indexing step; samples with several NAL units are walked).
+  Measured: about a third of the reader's time (0.12 of 0.38 ms on a 250-frame 640x360 clip),
+  so it is computed at open rather than lazily.
+* width / height: the sample entry (checked against the SPS with its cropping); pixel format,
+  colour space and range: the SPS (chroma format, bit depth, VUI) and, for H.264 only, a ``colr``
+  box where the SPS says nothing (HEVC's decoder overrides the container); the pixel format as
+  FFmpeg names it (``yuvj420p`` for full-range 8-bit 4:2:0).
+* rotation: the display matrix (``tkhd`` x ``mvhd``) through av_display_rotation_get, truncated
+  to an int like PyAV; sample aspect ratio: ``pasp``, else a scaling display matrix, else a
+  ``tkhd`` size other than the coded one, else the SPS VUI.
+
 Pure: the standard library and numpy only.
 """
 
