@@ -21,6 +21,7 @@ from video_media import reference_frames, synth_frame
 from avpipe._source import open_source
 from avpipe.decoding import _mp4
 from avpipe.decoding import _video_scan as vs
+from avpipe.errors import UnsupportedFormatError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLES = sorted(
@@ -369,3 +370,54 @@ def test_absurd_counts_do_not_allocate(made, tmp_path):
         _mp4.read_video_track(str(dst))
     src = open_source(str(dst))
     assert vs._scan_mp4(src, src.name) is None
+
+
+def _stbl(moov):
+    trak = _video_trak(moov)
+    mdia = next(b for t, b in trak if t == b"mdia")
+    minf = next(b for t, b in mdia if t == b"minf")
+    return trak, next(b for t, b in minf if t == b"stbl")
+
+
+def _two_edits(moov):
+    trak, _ = _stbl(moov)
+    edts = next(b for t, b in trak if t == b"edts")
+    for box in edts:
+        if box[0] == b"elst":
+            entry = box[1][8:20]
+            box[1] = box[1][:4] + struct.pack(">I", 2) + entry + entry
+
+
+def _stts_short(moov):
+    _, stbl = _stbl(moov)
+    for box in stbl:
+        if box[0] == b"stts":
+            n, cnt, delta = struct.unpack_from(">III", box[1], 4)
+            box[1] = box[1][:4] + struct.pack(">III", 1, cnt - 1, delta)
+
+
+def _no_stsz(moov):
+    _, stbl = _stbl(moov)
+    stbl[:] = [b for b in stbl if b[0] != b"stsz"]
+
+
+@pytest.mark.parametrize("breakage", [_two_edits, _stts_short, _no_stsz], ids=lambda f: f.__name__)
+def test_tables_it_does_not_map_fall_back(made, tmp_path, breakage):
+    dst = rewrite_moov(made["h264_b"], tmp_path / "b.mp4", breakage)
+    src = open_source(str(dst))
+    assert vs._scan_mp4(src, src.name) is None
+    try:
+        want = vs._scan_stream(src, src.name)
+    except Exception as e:  # noqa: BLE001
+        with pytest.raises(type(e)):
+            vs.scan_stream(src, src.name)
+    else:
+        assert_same(want, vs.scan_stream(src, src.name))
+
+
+def test_other_codecs_in_mp4_fall_back(tmp_path):
+    p = encode(tmp_path / "m.mp4", codec="mpeg4", pix="yuv420p", opts={})
+    src = open_source(p)
+    assert vs._scan_mp4(src, src.name) is None
+    with pytest.raises(UnsupportedFormatError):
+        vs.scan_stream(src, src.name)
