@@ -342,6 +342,10 @@ def _scan_mp4(source, name: str, stream_index=None) -> StreamScan | None:
     the file is not one that reader reproduces exactly (the demux scan then runs)."""
     from . import _mp4
 
+    if stream_index is not None and (
+        isinstance(stream_index, bool) or not isinstance(stream_index, (int, np.integer))
+    ):
+        return None  # the demux scan says what is wrong with it
     try:
         if not _mp4.looks_like_mp4(source.path):
             return None
@@ -351,8 +355,8 @@ def _scan_mp4(source, name: str, stream_index=None) -> StreamScan | None:
         pts = np.sort(v.pts)
         if pts.size < _MP4_MIN_PACKETS or not (pts[1:] > pts[:-1]).all():
             return None  # (duplicate timestamps: the demux scan reports them)
-    except (_mp4.Unsupported, OSError, ValueError, IndexError, OverflowError, MemoryError):
-        return None
+    except Exception:  # noqa: BLE001 — Unsupported, or damage the reader trips on: the demux
+        return None  # scan is the authority and reports it with avpipe's typed errors
     pts_to_index = dict(zip(pts.tolist(), range(pts.size)))
     kidx = np.unique(np.searchsorted(pts, v.pts[v.key])).tolist()
     if not kidx or kidx[0] != 0:
