@@ -216,18 +216,30 @@ def test_short_files(tmp_path, monkeypatch):
 _CONT = {b"moov", b"trak", b"mdia", b"minf", b"stbl", b"edts"}
 
 
+_PREFIX = {b"stsd": 8, b"avc1": 78, b"hvc1": 78, b"hev1": 78}  # bytes before child boxes
+
+
 def _parse(buf, a, b):
     out = []
     while a + 8 <= b:
         size, typ = struct.unpack_from(">I4s", buf, a)
-        out.append([typ, _parse(buf, a + 8, a + size) if typ in _CONT else bytes(buf[a + 8 : a + size])])
+        if typ in _CONT or typ in _PREFIX:
+            k = _PREFIX.get(typ, 0)
+            prefix = [bytes(buf[a + 8 : a + 8 + k])] if k else []
+            out.append([typ, prefix + _parse(buf, a + 8 + k, a + size)])
+        else:
+            out.append([typ, bytes(buf[a + 8 : a + size])])
         a += size
     return out
 
 
 def _ser(boxes):
     out = b""
-    for typ, body in boxes:
+    for box in boxes:
+        if isinstance(box, bytes):  # a container's fixed prefix
+            out += box
+            continue
+        typ, body = box
         data = _ser(body) if isinstance(body, list) else body
         out += struct.pack(">I4s", 8 + len(data), typ) + data
     return out
@@ -421,3 +433,48 @@ def test_other_codecs_in_mp4_fall_back(tmp_path):
     assert vs._scan_mp4(src, src.name) is None
     with pytest.raises(UnsupportedFormatError):
         vs.scan_stream(src, src.name)
+
+
+def _entry(moov):
+    _, stbl = _stbl(moov)
+    stsd = next(b for t, b in stbl if t == b"stsd")
+    return stsd[1][1]  # the one sample entry's [prefix, children...]
+
+
+def _colr(matrix, full=None):
+    body = b"nclx" if full is not None else b"nclc"
+    body += struct.pack(">HHH", 1, 1, matrix) + (bytes([full << 7]) if full is not None else b"")
+    return [b"colr", body]
+
+
+def _set_colr(box):
+    def fn(moov):
+        entry = _entry(moov)
+        entry[:] = [x for x in entry if isinstance(x, bytes) or x[0] != b"colr"] + ([box] if box else [])
+    return fn
+
+
+def _drop_pasp(moov):
+    entry = _entry(moov)
+    entry[:] = [x for x in entry if isinstance(x, bytes) or x[0] != b"pasp"]
+
+
+@pytest.mark.parametrize("name", ["h264_b", "h264_bt709", "h264_fullrange", "hevc_b", "hevc_full"])
+@pytest.mark.parametrize("colr", [None, (6, 1), (5, 0), (1, None), (13, 1)], ids=str)
+def test_colr_box_against_sps(made, tmp_path, name, colr):
+    """H.264 takes colour tags from a colr box where its SPS says nothing; HEVC never does."""
+    box = None if colr is None else _colr(*colr)
+    dst = rewrite_moov(made[name], tmp_path / "c.mp4", _set_colr(box))
+    slow, fast = _scans(dst)
+    assert fast is not None
+    assert_same(slow, fast)
+
+
+@pytest.mark.parametrize("name", ["h264_sar", "h264_b"])
+def test_sar_from_the_sps_without_pasp(made, tmp_path, name):
+    dst = rewrite_moov(made[name], tmp_path / "s.mp4", _drop_pasp)
+    slow, fast = _scans(dst)
+    assert fast is not None
+    assert_same(slow, fast)
+    if name == "h264_sar":
+        assert fast.sample_aspect_ratio == fractions.Fraction(4, 3)

@@ -58,7 +58,6 @@ __all__ = ["Unsupported", "Mp4Video", "looks_like_mp4", "read_video_track"]
 CONTAINER_NAME = "mov,mp4,m4a,3gp,3g2,mj2"
 _MP4_EXT = (".mp4", ".mov", ".m4v")
 _CODECS = {b"avc1": "h264", b"avc3": "h264", b"hvc1": "hevc", b"hev1": "hevc"}
-_CONTAINERS = {b"moov", b"trak", b"mdia", b"minf", b"stbl", b"edts", b"dinf"}
 _MAX_MOOV = 1 << 30
 
 
@@ -693,7 +692,7 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
     tk_w, tk_h = struct.unpack_from(">II", buf, p + (32 if ver == 1 else 20) + 52)
     if display is not None and tk_w and tk_h:
         # mov_read_tkhd gives the stream a pixel aspect ratio from a matrix that scales x and y
-        # differently (av_d2q of the ratio): leave that to FFmpeg
+        # differently (av_d2q of the ratio)
         d0, d1 = math.hypot(display[0], display[3]), math.hypot(display[1], display[4])
         if d0 > 1 and d1 > 1 and d0 < (1 << 24) and d1 < (1 << 24) and abs(d0 / d1 - 1.0) > 0.01:
             matrix_sar = _d2q(d0 / d1)
@@ -777,7 +776,9 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
     if b"stss" in st:
         ss = _table(buf, *_one(st, b"stss"), ">u4", 8).astype(np.int64)
         key = np.zeros(n, bool)
-        if ss.size == 0:
+        if ss.size == 0:  # FFmpeg then parses the stream for key frames
+            if codec != "h264":
+                raise Unsupported("empty stss")
             key[0] = True
         else:
             if ss.size > 1 and (np.diff(ss) <= 0).any():
@@ -1014,9 +1015,8 @@ def _nal_scan(fd: int, file_size: int, v: Mp4Video):
 
 
 def _is_i_slice(words, avail):
-    """From the 40 bits after an H.264 slice NAL header: first_mb_in_slice, slice_type (two
-    exp-Golomb codes); whether slice_type is I. Where the codes do not fit, an I is assumed
-    unknown and the caller's walk decides (here: refused)."""
+    """Whether slice_type is I, from the 40 bits after an H.264 slice NAL header (first_mb_in_slice
+    and slice_type, two exp-Golomb codes); refused where the codes do not fit in them."""
     w = words.astype(np.float64)
     ok = words > 0
     lz1 = np.where(ok, 39 - np.floor(np.log2(np.where(ok, w, 1.0))), 99).astype(np.int64)
