@@ -106,6 +106,9 @@ CASES = {
     "hevc_444_full": (dict(codec="libx265", pix="yuv444p", opts=_x265("bframes=2:range=full")), True),
     "hevc_odd_size": (dict(codec="libx265", w=130, h=94, opts=_x265("bframes=2")), True),
     "hevc_repeat_headers": (dict(codec="libx265", opts=_x265("bframes=2:repeat-headers=1")), True),
+    "h264_interlaced": (dict(w=64, h=64, opts=_x264("bframes=2:interlaced=1")), True),
+    "h264_hrd_aud": (dict(opts=_x264("bframes=2:nal-hrd=vbr:vbv-maxrate=500:vbv-bufsize=1000:aud=1")), True),
+    "hevc_slices_aud": (dict(codec="libx265", w=128, h=128, opts=_x265("bframes=2:slices=2:aud=1")), True),
     # left to the demux scan
     "h264_vfr_b": (dict(pts=VFR, tb=fractions.Fraction(1, 1000), opts=_x264("bframes=2")), True),
     "h264_negative_cts": (dict(opts=_x264("bframes=2"), muxer_opts={"movflags": "+negative_cts_offsets"}), False),
