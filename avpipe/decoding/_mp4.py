@@ -89,6 +89,7 @@ class Mp4Video:
     nal_size: int = 0
     container: str = CONTAINER_NAME
     intra_key: bool = False
+    param_sets: frozenset | None = None  # the sample entry's parameter set NAL units
 
 
 def looks_like_mp4(path: str) -> bool:
@@ -459,14 +460,14 @@ def _h264_pps_refs(nal: bytes) -> int:
     return b.ue() + 1
 
 
-def _hvcc_sps(ext: bytes) -> bytes:
+def _hvcc_nals(ext: bytes) -> list:
+    """Every NAL unit of an hvcC record's arrays."""
     if len(ext) < 23 or ext[0] != 1:
         raise Unsupported("bad hvcC")
-    pos = 23
+    pos, out = 23, []
     for _ in range(ext[22]):
         if pos + 3 > len(ext):
             raise Unsupported("bad hvcC")
-        typ = ext[pos] & 0x3F
         cnt = int.from_bytes(ext[pos + 1 : pos + 3], "big")
         pos += 3
         for _ in range(cnt):
@@ -475,10 +476,17 @@ def _hvcc_sps(ext: bytes) -> bytes:
             n = int.from_bytes(ext[pos : pos + 2], "big")
             if pos + 2 + n > len(ext):
                 raise Unsupported("bad hvcC")
-            if typ == 33 and n > 3:
-                return ext[pos + 2 : pos + 2 + n]
+            out.append(ext[pos + 2 : pos + 2 + n])
             pos += 2 + n
-    raise Unsupported("hvcC without an SPS")
+    return out
+
+
+def _hvcc_sps(ext: bytes) -> bytes:
+    """The first SPS of an hvcC record (the one FFmpeg's decoder activates first)."""
+    sps = [x for x in _hvcc_nals(ext) if len(x) > 3 and (x[0] >> 1) & 0x3F == 33]
+    if len(sps) != 1:
+        raise Unsupported("hvcC without exactly one SPS")
+    return sps[0]
 
 
 _SPACE_NAMES = {0: "rgb", 1: "bt709", 2: "unspecified", 4: "fcc", 5: "bt470bg", 6: "smpte170m",
@@ -878,6 +886,7 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
     intra_key = False
     if codec == "h264":
         sps_nal, pps_nals = _avcc_sets(extradata)
+        param_sets = frozenset([sps_nal, *pps_nals])
         sps = _h264_sps(sps_nal)
         nal_size = (extradata[4] & 3) + 1
         # FFmpeg's H.264 parser (which sets the demuxed packets' key flags in MP4, whatever
@@ -888,6 +897,7 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
         intra_key = sps["ref_frames"] <= 1 and refs.pop()
     else:
         sps = _hevc_sps(_hvcc_sps(extradata))
+        param_sets = frozenset(_hvcc_nals(extradata))
         nal_size = (extradata[21] & 3) + 1 if len(extradata) >= 22 else 0
     if (sps["width"], sps["height"]) != (w, h) or w <= 0 or h <= 0:
         raise Unsupported("sample entry and SPS sizes differ")
@@ -923,6 +933,7 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
         sample_aspect_ratio=sar,
         nal_size=nal_size,
         intra_key=intra_key,
+        param_sets=param_sets,
     )
 
 
@@ -997,12 +1008,18 @@ def _nal_scan(fd: int, file_size: int, v: Mp4Video):
                 key |= is_slice & _is_i_slice(words, size - ls - 1)
         multi = np.nonzero(~single)[0].tolist()
         walked = {i: _walk(mm, int(pos[i]), int(size[i]), ls, v) for i in multi}
+        # in-band parameter sets (repeated headers) must be the sample entry's own: a stream
+        # that changes them midway is left to the decoder-based scan
+        if v.param_sets is not None and any(
+            p not in v.param_sets for _, _, inband in walked.values() for p in inband
+        ):
+            raise Unsupported("in-band parameter sets differ from the sample entry's")
         max_tid = int(tids[is_slice].max()) if is_slice.any() else 0
-        for h, _ in walked.values():
+        for h, _, _ in walked.values():
             for _, tid in h:
                 max_tid = max(max_tid, tid)
         out = is_slice & ~refs & (tids == max_tid)
-        for i, (h, k) in walked.items():
+        for i, (h, k, _) in walked.items():
             out[i] = bool(h) and all((not r) and tid == max_tid for r, tid in h)
             if key is not None:
                 key[i] = k
@@ -1066,6 +1083,7 @@ def _walk(mm, start: int, n: int, ls: int, v: Mp4Video):
     """One sample's NAL units: [(is_reference, temporal_id)] of its slices (as
     _nal.slice_nal_headers) and, for H.264, the parser's key flag."""
     out = []
+    inband = []
     pos = 0
     key = False
     first_slice = True
@@ -1092,11 +1110,15 @@ def _walk(mm, start: int, n: int, ls: int, v: Mp4Video):
                         key = bool(_is_i_slice(np.array([word]), np.array([size - 1]))[0])
             elif t == 6 and first_slice:
                 recovery = recovery or _sei_has_recovery_point(mm[start + at + 1 : start + at + size])
+            elif t in (7, 8):
+                inband.append(mm[start + at : start + at + size])
         else:
             if size < 2:
                 raise Unsupported("short NAL unit")
             t = (h[0] >> 1) & 0x3F
             if t < 32:
                 out.append((not (t < 16 and t % 2 == 0), (h[1] & 7) - 1))
+            elif t in (32, 33, 34):
+                inband.append(mm[start + at : start + at + size])
         pos = at + size
-    return out, key
+    return out, key, inband
