@@ -57,6 +57,7 @@ __all__ = ["Unsupported", "Mp4Video", "looks_like_mp4", "read_video_track"]
 
 CONTAINER_NAME = "mov,mp4,m4a,3gp,3g2,mj2"
 _MP4_EXT = (".mp4", ".mov", ".m4v")
+_OTHER_EXT = (".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".flv", ".mpg", ".mpeg", ".ogv")
 _CODECS = {b"avc1": "h264", b"avc3": "h264", b"hvc1": "hevc", b"hev1": "hevc"}
 _MAX_MOOV = 1 << 30
 
@@ -93,9 +94,13 @@ class Mp4Video:
 
 
 def looks_like_mp4(path: str) -> bool:
-    """Whether the file's first box is ``ftyp`` (or the name ends in .mp4 / .mov / .m4v)."""
-    if path.lower().endswith(_MP4_EXT):
+    """Whether to try the reader: the name ends in .mp4 / .mov / .m4v, or (for names that are not
+    another container's) the file's first box is ``ftyp``."""
+    low = path.lower()
+    if low.endswith(_MP4_EXT):
         return True
+    if low.endswith(_OTHER_EXT):
+        return False
     try:
         with open(path, "rb", buffering=0) as f:
             head = f.read(8)

@@ -340,7 +340,7 @@ _MP4_MIN_PACKETS = 48
 def _scan_mp4(source, name: str, stream_index=None) -> StreamScan | None:
     """The scan read from an MP4 / MOV file's sample tables (no demux, no decode), or None where
     the file is not one that reader reproduces exactly (the demux scan then runs)."""
-    from . import _mp4
+    from avpipe.decoding import _mp4
 
     if stream_index is not None and (
         isinstance(stream_index, bool) or not isinstance(stream_index, (int, np.integer))

@@ -172,7 +172,7 @@ class VideoDecoder:
         self.source_name = self._src.name
         self._scan = None
         if index is not None:
-            from ._video_index import load_index
+            from avpipe.decoding._video_index import load_index
 
             index = load_index(index)
             if self._src.path is not None:
