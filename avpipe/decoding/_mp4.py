@@ -719,6 +719,15 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
     if timescale <= 0 or timescale > 0x7FFFFFFF:
         raise Unsupported("timescale")
     minf = _children(buf, *_one(mk, b"minf"))
+    dinf = _one(minf, b"dinf", required=False)
+    if dinf is not None:  # sample data in another file (a non-self-contained data reference)
+        dref = _one(_children(buf, *dinf), b"dref", required=False)
+        if dref is not None:
+            if dref[1] - dref[0] < 8:
+                raise Unsupported("short dref")
+            for _typ, da, db in _boxes(buf, dref[0] + 8, dref[1]):
+                if db - da < 4 or not buf[da + 3] & 1:
+                    raise Unsupported("external data reference")
     st = _children(buf, *_one(minf, b"stbl"))
     for bad in (b"stps", b"sbgp", b"sgpd", b"stsh", b"padb", b"cslg", b"saiz", b"senc"):
         if bad in st:
