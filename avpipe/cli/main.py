@@ -1,4 +1,4 @@
-"""``avpipe info`` and ``avpipe extract``."""
+"""``avpipe info``, ``avpipe extract`` and ``avpipe index``."""
 
 from __future__ import annotations
 
@@ -51,6 +51,38 @@ def extract(input_path: str, preset: str, out_dir: str, device: str | None) -> N
     except (ValueError, RuntimeError, OSError) as e:  # bad --out / --device / preset mismatch
         raise click.ClickException(str(e)) from e
     click.echo(summary.format())
+
+
+@cli.command()
+@click.argument("input_path", metavar="INPUT")
+@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False),
+              help="The index file to write (.npz).")
+@click.option("--workers", type=int, default=None, help="Scanning processes (default: CPU count).")
+def index(input_path: str, out_file: str, workers: int | None) -> None:
+    """Scan every video under INPUT (a folder, a glob pattern or a text file listing paths) into
+    one index file; `VideoDecoder(path, index=OUT)` then opens those files without scanning."""
+    import glob
+    import os
+
+    from avpipe.decoding import build_index
+    from avpipe.formats import VIDEO_EXTENSIONS
+
+    if os.path.isdir(input_path):
+        paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(input_path) for f in fs
+                       if f.lower().endswith(VIDEO_EXTENSIONS))
+    elif os.path.isfile(input_path) and not input_path.lower().endswith(VIDEO_EXTENSIONS):
+        base = os.path.dirname(os.path.abspath(input_path))
+        with open(input_path) as f:
+            paths = [os.path.join(base, line.strip()) for line in f if line.strip()]
+    else:
+        paths = sorted(glob.glob(input_path, recursive=True))
+    if not paths:
+        raise click.ClickException(f"no video files found for {input_path!r}")
+    summary = build_index(paths, out_file, workers=workers)
+    click.echo(f"indexed {summary['indexed']} files in {summary['seconds']:.1f} s "
+               f"({summary['indexed'] / max(summary['seconds'], 1e-9):.0f} files/s) -> {out_file}")
+    for path, why in summary["failed"]:
+        click.echo(f"  skipped {path}: {why}", err=True)
 
 
 def main(argv=None) -> int:

@@ -5,6 +5,7 @@
 * :mod:`avpipe.decoding.audio` — :func:`load_audio` (soundfile; PyAV for video containers), and
   the CUDA FLAC decoder of a window of files.
 * :mod:`avpipe.decoding.image` — :func:`decode_images` (DALI: nvJPEG / nvJPEG2000 / nvTIFF).
+* :func:`build_index` / :func:`load_index` — a persisted index of video scans (``VideoDecoder(index=)``).
 """
 
 from __future__ import annotations
@@ -12,11 +13,15 @@ from __future__ import annotations
 from .audio import Audio, audio_info, load_audio
 from .image import ImageBatch, decode_image_batch, decode_images
 from .video import FrameBatch, VideoDecoder, VideoMetadata
+from .video._index import VideoIndex, build_index, load_index
 
 __all__ = [
     "VideoDecoder",
     "VideoMetadata",
     "FrameBatch",
+    "VideoIndex",
+    "build_index",
+    "load_index",
     "load_audio",
     "Audio",
     "audio_info",

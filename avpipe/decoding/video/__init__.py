@@ -142,6 +142,9 @@ class VideoDecoder:
         memory_cap_bytes: a request whose output would exceed this raises
             :class:`~avpipe.errors.MemoryCapError` (None: no cap).
         threads: PyAV decoder threads (0: FFmpeg's choice).
+        index: a video index (:func:`avpipe.decoding.build_index`'s file, or a loaded
+            :class:`~avpipe.decoding.VideoIndex`): the file's scan is taken from it when the file's
+            size and mtime still match the entry (else the file is scanned as without one).
     """
 
     def __init__(
@@ -156,6 +159,7 @@ class VideoDecoder:
         allow_cpu_fallback: bool = True,
         memory_cap_bytes: int | None = DEFAULT_MEMORY_CAP,
         threads: int = 0,
+        index=None,
     ):
         if output not in ("rgb", "nv12"):
             raise ValueError(f"output must be 'rgb' or 'nv12', got {output!r}")
@@ -173,7 +177,15 @@ class VideoDecoder:
         self.device = resolve_device(device)
         self._src = open_source(source)
         self.source_name = self._src.name
-        self._scan = scan_stream(self._src, self.source_name, stream_index)
+        self._scan = None
+        if index is not None:
+            from ._index import load_index
+
+            index = load_index(index)
+            if self._src.path is not None:
+                self._scan = index.lookup(self._src.path, self.source_name, stream_index)
+        if self._scan is None:
+            self._scan = scan_stream(self._src, self.source_name, stream_index)
         self.metadata = VideoMetadata.from_scan(self._scan)
         self.output, self.layout, self.rotate = output, layout, bool(rotate)
         self.memory_cap_bytes = memory_cap_bytes

@@ -172,7 +172,9 @@ def scan_stream(source, name: str, stream_index=None) -> StreamScan:
             if hit is not None:
                 _CACHE.move_to_end(key)
                 return hit
-    result = _scan_stream(source, name, stream_index)
+    result = _scan_mp4(source, name, stream_index) if key is not None else None
+    if result is None:
+        result = _scan_stream(source, name, stream_index)
     if key is not None:
         with _CACHE_LOCK:
             _CACHE[key] = result
@@ -330,3 +332,62 @@ def _positions_hold(path: str, samples) -> bool:
     except OSError:
         return False
     return bool(samples)
+
+
+_MP4_MIN_PACKETS = 48
+
+
+def _scan_mp4(source, name: str, stream_index=None) -> StreamScan | None:
+    """The scan read from an MP4 / MOV file's sample tables (no demux, no decode), or None where
+    the file is not one that reader reproduces exactly (the demux scan then runs)."""
+    from . import _mp4
+
+    if stream_index is not None and (
+        isinstance(stream_index, bool) or not isinstance(stream_index, (int, np.integer))
+    ):
+        return None  # the demux scan says what is wrong with it
+    try:
+        if not _mp4.looks_like_mp4(source.path):
+            return None
+        v = _mp4.read_video_track(source.path, stream_index)
+        # a short file: the demux scan may end before the decoder's delay lets its first frame
+        # out (then it reports no colour tags), and that delay depends on the thread count
+        pts = np.sort(v.pts)
+        if pts.size < _MP4_MIN_PACKETS or not (pts[1:] > pts[:-1]).all():
+            return None  # (duplicate timestamps: the demux scan reports them)
+    except Exception:  # noqa: BLE001 — Unsupported, or damage the reader trips on: the demux
+        return None  # scan is the authority and reports it with avpipe's typed errors
+    pts_to_index = dict(zip(pts.tolist(), range(pts.size)))
+    kidx = np.unique(np.searchsorted(pts, v.pts[v.key])).tolist()
+    if not kidx or kidx[0] != 0:
+        kidx = [0] + kidx
+    last = int(np.argmax(v.pts))
+    nal_size = nal_length_size(v.codec, v.extradata)
+    param_sets = parameter_sets_annexb(v.codec, v.extradata) if nal_size > 0 else None
+    located = param_sets is not None
+    return StreamScan(
+        source_name=name,
+        stream_index=v.stream_index,
+        codec=v.codec,
+        pix_fmt=v.pix_fmt,
+        width=v.width,
+        height=v.height,
+        time_base=Fraction(1, v.timescale),
+        pts=pts,
+        keyframe_indices=np.array(kidx, dtype=np.int64),
+        end_pts=int(pts[-1]) + int(v.duration[last]),
+        bit_depth=_bit_depth(v.pix_fmt),
+        color_space=v.color_space,
+        color_range=v.color_range,
+        rotation=v.rotation,
+        sample_aspect_ratio=v.sample_aspect_ratio,
+        container=v.container,
+        pts_to_index=pts_to_index,
+        dts_sorted=np.sort(v.dts),
+        decode_pts=v.pts.astype(np.int64),
+        disposable=v.disposable,
+        packet_pos=v.pos.astype(np.int64) if located else None,
+        packet_size=v.size.astype(np.int64) if located else None,
+        nal_size=int(nal_size) if located else 0,
+        parameter_sets=param_sets,
+    )
