@@ -52,8 +52,10 @@ def worker(kind: str, list_file: str) -> None:
                 cc = st.codec_context
                 return (st.time_base, st.frames, st.average_rate, cc.width, cc.height, cc.pix_fmt)
     elif kind == "avpipe":
-        from avpipe.decoding.video import _mp4  # noqa: F401 — imported here, not on the first open
-        from avpipe.decoding.video import VideoDecoder
+        from avpipe.decoding.video import (
+            VideoDecoder,
+            _mp4,  # noqa: F401 — imported here, not on the first open
+        )
 
         def one(p):
             VideoDecoder(p, device="cpu").close()
