@@ -68,6 +68,7 @@ class Task:
     per group a list with one decoded value or exception per item, in order (read ahead as you
     like; the default decodes each group with :meth:`decode_items`, one group ahead).
     ``decode_items(pairs)``: decode single items (used for replacements).
+    ``epoch``: set by the feed to the epoch being decoded (for ``decode_one``'s draws).
     ``collate(values, pairs, epoch, step)``: decoded values -> a dict of batch fields (runs on
     the producer thread, inside the producer's CUDA stream on a GPU).
     ``array_fields``: the names of the fields that are arrays (moved to ``framework``).
@@ -80,6 +81,12 @@ class Task:
     def __init__(self):
         self._pool = None
         self.timings = None  # set by the feed: a callable (stage, seconds)
+        self._all_items = []  # set by the feed: every item of the feed
+        self.epoch = 0  # set by the feed: the epoch being decoded (one at a time)
+
+    def bind(self, items):
+        """The feed hands the task its whole item list (for loaders that plan ahead)."""
+        self._all_items = items
 
     def pool(self):
         if self._pool is None:
@@ -232,6 +239,7 @@ class Feed:
         self._times = {k: collections.deque(maxlen=2048) for k in _STAGES}
         self._lock = threading.Lock()
         task.timings = self._record
+        task.bind(self.items)
 
     # -- plan ------------------------------------------------------------------------------
     @property
@@ -506,6 +514,7 @@ def _batches(feed, pos, shared):
     task = feed.task
     dev = feed.device
     stream = _stream_of(dev)
+    task.epoch = epoch  # decode_one's random draws are keyed by it
 
     def live(s):
         """Step s's items not yet taken as replacements, in order. Replacements come from the
