@@ -237,6 +237,7 @@ class Feed:
         self._plans: dict = {}
         self._active = None
         self._times = {k: collections.deque(maxlen=2048) for k in _STAGES}
+        self._steps = collections.deque(maxlen=2048)  # (consumer work, wait) per batch
         self._lock = threading.Lock()
         task.timings = self._record
         task.bind(self.items)
@@ -411,19 +412,25 @@ class Feed:
     def _record(self, stage, seconds):
         self._times[stage].append(float(seconds))
 
+    def _record_step(self, work, wait):
+        self._times["step"].append(float(work + wait))
+        self._steps.append((float(work), float(wait)))
+
     def stats(self) -> dict:
-        """Per-stage seconds per batch (``read``, ``decode``, ``gpu``: producer side;
-        ``wait``: the consumer blocked in ``next``; ``step``: the consumer's whole step)
-        at p50 / p99 over the last 2048 batches, the fraction of the consumer's time spent
-        waiting, and a plain verdict."""
+        """Per-stage seconds per batch (``read``, ``decode``, ``gpu``: producer side, ``gpu``
+        timed by CUDA events on a GPU; ``wait``: the consumer blocked in ``next``; ``step``:
+        from one batch handed over to the next) at p50 / p99 over the last 2048 batches;
+        ``wait_fraction``: the consumer's time spent waiting for input (the first batch of an
+        epoch left out); ``input_bound``: ``wait_fraction > 0.1``; ``verdict``: in words."""
         out = {}
         for k, d in self._times.items():
             a = np.array(d, np.float64)
             out[k] = ({"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
                        "mean": float(a.mean()), "n": int(a.size)} if a.size else
                       {"p50": None, "p99": None, "mean": None, "n": 0})
-        w, s = np.array(self._times["wait"]), np.array(self._times["step"])
-        frac = float(w.sum() / s.sum()) if s.size and s.sum() > 0 else 0.0
+        st = np.array(self._steps, np.float64).reshape(-1, 2)
+        tot = float(st.sum()) if st.size else 0.0
+        frac = float(st[:, 1].sum() / tot) if tot > 0 else 0.0
         out["wait_fraction"] = frac
         out["input_bound"] = frac > 0.1
         out["verdict"] = (
@@ -644,13 +651,14 @@ class _EpochIterator:
             raise StopIteration
         feed = self._feed
         t_now = time.perf_counter()
-        if self._last is not None:
-            feed._record("step", t_now - self._last)
         self._consumer_event()
         msg = self._get()
         t_got = time.perf_counter()
-        feed._record("wait", t_got - t_now)
-        self._last = t_got
+        if msg[0] == "batch":
+            feed._record("wait", t_got - t_now)
+            if self._last is not None:  # the consumer's whole step: its work + this wait
+                feed._record_step(t_now - self._last, t_got - t_now)
+            self._last = t_got
         kind = msg[0]
         if kind == "error":
             self._finish()

@@ -150,9 +150,15 @@ class VideoTask(Task):
         return offs, y
 
     def decode_one(self, i, item):
+        import time
+
         epoch = self.epoch
         stream = self._stream()
-        with VideoDecoder(item.path, device=self.device) as dec:
+        t0 = time.perf_counter()
+        dec = VideoDecoder(item.path, device=self.device)
+        if self.timings is not None:  # open + packet scan: the "read" stage of stats()
+            self.timings("read", time.perf_counter() - t0)
+        with dec:
             n = len(dec)
             span = (self.T - 1) * self.stride + 1
             if self.train:
