@@ -32,14 +32,18 @@ Execution: a background thread decodes and collates up to ``prefetch`` batches a
 bounded queue; dropping (or ``close()``-ing) the iterator mid-epoch stops and joins it. On a GPU
 the producer works on its own CUDA stream and records an event after each batch; the consumer's
 current stream (cupy's, or torch's with ``framework="torch"``) waits on it, so batches arrive
-ordered on the consumer's stream without a host sync, and the producer's next GPU work waits
-for the consumer's work queued so far (freed memory is reused safely).
+ordered on the consumer's stream without a host sync. When the consumer asks for the next
+batch, the previous batch's arrays go back to the producer with an event recorded on the
+consumer's stream; the producer's stream waits on it before they are dropped, so their memory
+(from the producer stream's pool) is reused only after the consumer's work on them. A batch
+the consumer keeps past the next ``next()`` and uses later: synchronize before dropping it.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import contextlib
 import queue
 import threading
 import time
@@ -236,6 +240,7 @@ class Feed:
         self._in_epoch = False
         self._plans: dict = {}
         self._active = None
+        self._stream = None
         self._times = {k: collections.deque(maxlen=2048) for k in _STAGES}
         self._steps = collections.deque(maxlen=2048)  # (consumer work, wait) per batch
         self._lock = threading.Lock()
@@ -472,16 +477,47 @@ class Feed:
 class _Shared:
     def __init__(self):
         self.stop = threading.Event()
-        self.consumer_event = None  # the consumer stream's event the producer waits on
+        # batches handed over, each with an event recorded on the consumer's stream when the
+        # next batch was asked for: the producer's stream waits on it before dropping them
+        self.retire = collections.deque()
 
 
-def _stream_of(dev):
+def _stream_of(feed):
+    """The feed's producer stream (one per feed: its memory pool arena is reused)."""
+    dev = feed.device
     if not dev.is_cuda:
         return None
+    if feed._stream is None:
+        import cupy
+
+        with cupy.cuda.Device(dev.index):
+            feed._stream = cupy.cuda.Stream(non_blocking=True)
+    return feed._stream
+
+
+@contextlib.contextmanager
+def _on(dev, stream):
+    """The producer's device and stream for the block (nothing on the CPU)."""
+    if stream is None:
+        yield
+        return
     import cupy
 
-    with cupy.cuda.Device(dev.index):
-        return cupy.cuda.Stream(non_blocking=True)
+    with cupy.cuda.Device(dev.index), stream:
+        yield
+
+
+def _retire(shared, stream):
+    """Drop the batches the consumer is done with, after the producer stream waits on the
+    consumer's event: memory they free is reused only by work ordered after the consumer's."""
+    while shared.retire:
+        try:
+            held, ev = shared.retire.popleft()
+        except IndexError:
+            break
+        if stream is not None and ev is not None:
+            stream.wait_event(ev)
+        del held
 
 
 def _produce(feed, pos, q, shared):
@@ -520,7 +556,7 @@ def _batches(feed, pos, shared):
     items = feed.items
     task = feed.task
     dev = feed.device
-    stream = _stream_of(dev)
+    stream = _stream_of(feed)
     task.epoch = epoch  # decode_one's random draws are keyed by it
 
     def live(s):
@@ -538,7 +574,8 @@ def _batches(feed, pos, shared):
         for s in range(pos["step"], steps):
             if shared.stop.is_set():
                 return
-            group_vals = next(decoded)
+            with _on(dev, stream):  # GPU decoders' work goes on the producer stream
+                group_vals = next(decoded)
             # the group was pulled before later replacements were taken: keep its live prefix
             planned = live(s)
             good_ids, good_vals = [], []
@@ -561,7 +598,9 @@ def _batches(feed, pos, shared):
                     cand.append((int(flat[j]), items[int(flat[j])]))
                 if not cand:
                     break
-                for (i, _), v in zip(cand, task.decode_items(cand)):
+                with _on(dev, stream):
+                    vals = task.decode_items(cand)
+                for (i, _), v in zip(cand, vals):
                     if isinstance(v, BaseException):
                         _fail(feed, i, v)
                     else:
@@ -572,9 +611,7 @@ def _batches(feed, pos, shared):
                 import cupy
 
                 with cupy.cuda.Device(dev.index), stream:
-                    ev_c = shared.consumer_event
-                    if ev_c is not None:
-                        stream.wait_event(ev_c)  # memory the consumer freed is reused after it
+                    _retire(shared, stream)
                     g0 = cupy.cuda.Event()
                     g0.record(stream)
                     fields = task.collate(good_vals, pairs, epoch, s)
@@ -616,6 +653,7 @@ class _EpochIterator:
         self._done = False
         self._last = None
         self._pending_gpu = collections.deque()
+        self._held = None  # the last batch's device arrays (see _Shared.retire)
         self._sync = feed.prefetch <= 0
         if self._sync:
             self._gen = _batches(feed, pos, self._shared)
@@ -669,6 +707,7 @@ class _EpochIterator:
             raise StopIteration
         _, batch, after, event, gpu_timing = msg
         if event is not None:
+            self._held = [getattr(batch, k, None) for k in feed.task.array_fields]
             self._wait_on(event)
             self._pending_gpu.append(gpu_timing)
             self._drain_gpu_timing()
@@ -676,15 +715,17 @@ class _EpochIterator:
         return self._export(batch)
 
     def _consumer_event(self):
+        """Hand the previous batch's arrays back with an event on the consumer's stream."""
         dev = self._feed.device
-        if not dev.is_cuda:
+        if not dev.is_cuda or self._held is None:
             return
         import cupy
 
         with cupy.cuda.Device(dev.index):
             ev = cupy.cuda.Event(disable_timing=True)
             ev.record(_consumer_stream(self._feed.framework))
-        self._shared.consumer_event = ev
+        self._shared.retire.append((self._held, ev))
+        self._held = None
 
     def _wait_on(self, event):
         _consumer_stream(self._feed.framework).wait_event(event)
@@ -710,6 +751,15 @@ class _EpochIterator:
     def _finish(self):
         self._done = True
         self._finalizer()
+        if self._feed.device.is_cuda and (self._held is not None or self._shared.retire):
+            # the producer has stopped: drop the held batches once the consumer is done
+            try:
+                with self._feed.device.activate():
+                    _consumer_stream(self._feed.framework).synchronize()
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
+            self._held = None
+            self._shared.retire.clear()
 
     def close(self):
         """Stop the producer and join it (mid-epoch: the next ``iter`` starts the next epoch)."""

@@ -170,6 +170,7 @@ class RnntTask(Task):
                 yield [it.path for _, it in g]
 
         t_last = time.perf_counter()
+        # runs on the producer thread, inside the feed's device and producer stream
         for x, lens, _, errs in ld._gpu.run(paths_of()):
             g = pending.pop(0)
             out = []

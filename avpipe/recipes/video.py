@@ -150,6 +150,10 @@ class VideoTask(Task):
         return offs, y
 
     def decode_one(self, i, item):
+        with self.device.activate():
+            return self._decode_one(i, item)
+
+    def _decode_one(self, i, item):
         import time
 
         epoch = self.epoch
