@@ -236,7 +236,7 @@ class RnntTask(Task):
             self._loader = None
 
 
-def _speed(arrays, seed, epoch, ids, *, low, high, sample_rate, step):
+def _speed(arrays, seed, epoch, ids, *, low, high, sample_rate, step, quality):
     x, lens = arrays["signals"], np.asarray(arrays["lengths"], np.int64)
     if x.shape[0] == 0:
         return arrays
@@ -249,7 +249,7 @@ def _speed(arrays, seed, epoch, ids, *, low, high, sample_rate, step):
     for k in np.unique(q):
         rows = np.flatnonzero(q == k)
         orig = int(round(sr * k * step))  # played at factor f: resample sr*f -> sr
-        y = resample(x[rows], orig, sr) if orig != sr else x[rows]
+        y = resample(x[rows], orig, sr, quality=quality) if orig != sr else x[rows]
         for j, r in enumerate(rows):
             n = -(-int(lens[r]) * sr // orig)
             outs[r] = y[j, :n]
@@ -261,10 +261,11 @@ def _speed(arrays, seed, epoch, ids, *, low, high, sample_rate, step):
     return {"signals": out, "lengths": new_lens}
 
 
-def speed_perturb(low=0.85, high=1.15, *, sample_rate=16000, step=0.01):
+def speed_perturb(low=0.85, high=1.15, *, sample_rate=16000, step=0.01, quality="fast"):
     """A ``signal_augment`` hook: each item played at a speed factor ``f ~ U(low, high)``
     (quantized to ``step``), by resampling from ``sample_rate * f`` to ``sample_rate`` Hz
     (length / f samples, pitch shifted, as Kaldi / NeMo speed perturbation). The factor is a
-    counter-based draw of ``(seed, "speed", epoch, id)``: a resume reproduces it."""
+    counter-based draw of ``(seed, "speed", epoch, id)``: a resume reproduces it. Items of one
+    factor are resampled together (``quality``: the resampler's "fast" or "high")."""
     return functools.partial(_speed, low=float(low), high=float(high),
-                             sample_rate=int(sample_rate), step=float(step))
+                             sample_rate=int(sample_rate), step=float(step), quality=quality)
