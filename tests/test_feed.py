@@ -336,3 +336,28 @@ def test_rss_stays_flat_over_500_batches():
             if n >= 600:
                 break
     assert marks[1] - marks[0] < 20 * 2**20, marks
+
+
+def test_state_after_breaking_out_of_the_loop_is_mid_epoch():
+    ref = make(50, seed=11)
+    e0, e1 = epoch_ids(ref), epoch_ids(ref)
+    f = make(50, seed=11)
+    got = []
+    for b in f:
+        got.append(b.ids.tolist())
+        if len(got) == 4:
+            break
+    gc.collect()
+    st = f.state_dict()  # after the loop: where the consumer got to
+    assert st["epoch"] == 0 and st["step"] == 4 and st["consumed"] == 16
+    g = make(50, seed=11)
+    g.load_state_dict(st)
+    assert got + epoch_ids(g) == e0
+    assert epoch_ids(f) == e1  # this feed's next iter: the next epoch, whole
+
+
+def test_len_and_state_json_roundtrip_with_torch_workers_state():
+    f = make(50, batch_size=4, world_size=2, rank=1)
+    assert len(f) == 7
+    st = json.loads(json.dumps(f.state_dict()))
+    assert st["world_size"] == 2 and st["rank"] == 1 and st["epoch"] == 0

@@ -60,6 +60,10 @@ __all__ = ["Feed", "Task", "Batch", "FeedDataset", "map_with_deadline"]
 _STAGES = ("read", "decode", "gpu", "wait", "step")
 
 
+def _start(epoch):
+    return {"epoch": int(epoch), "step": 0, "borrowed": 0, "rebase": []}
+
+
 class Batch(SimpleNamespace):
     """One batch: recipe fields (arrays and lists) plus ``ids`` (item indices in the feed's
     item list), ``epoch`` and ``step``."""
@@ -237,7 +241,8 @@ class Feed:
         self.errors: list = list(initial_errors)
         self._spec = spec
         self._pos = {"epoch": 0, "step": 0, "borrowed": 0, "rebase": []}
-        self._in_epoch = False
+        self._pending = False  # a loaded state waits for the next iter
+        self._next_epoch = 0
         self._plans: dict = {}
         self._active = None
         self._stream = None
@@ -274,11 +279,12 @@ class Feed:
             return _order.plan_fixed(np.array(seq, np.int64), self.batch_size, new_w)
         return _order.make_divisible([b for b in rest if len(b)], new_w)
 
-    def _plan(self, epoch: int, rebase) -> list:
-        key = (epoch, repr(rebase))
+    def _plan(self, epoch: int, rebase, world_size=None) -> list:
+        W = self.world_size if world_size is None else int(world_size)
+        key = (epoch, repr(rebase), W)
         p = self._plans.get(key)
         if p is None:
-            ws = [r["world_size"] for r in rebase] + [self.world_size]
+            ws = [r["world_size"] for r in rebase] + [W]
             p = self._base_plan(epoch, ws[0])
             for j, r in enumerate(rebase):
                 p = self._recut(p, r["world_size"], r["step"], r["exclude"], ws[j + 1])
@@ -302,13 +308,14 @@ class Feed:
 
     @property
     def epoch(self) -> int:
-        """The epoch the next (or current) ``iter`` runs."""
+        """The epoch of the current position (``state_dict()``'s)."""
         return self._pos["epoch"]
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next ``iter`` at the beginning of ``epoch``."""
-        self._pos = {"epoch": int(epoch), "step": 0, "borrowed": 0, "rebase": []}
-        self._in_epoch = False
+        self._pos = _start(epoch)
+        self._next_epoch = int(epoch)
+        self._pending = False
 
     # -- resume ----------------------------------------------------------------------------
     def _fingerprint(self) -> dict:
@@ -334,22 +341,11 @@ class Feed:
         b = int(state["borrowed"])
         if b == 0:
             return []
-        plan = self._plan(state["epoch"], state["rebase"]) if state["world_size"] == \
-            self.world_size else self._plan_for(state)
         W, r = int(state["world_size"]), int(state["rank"])
+        plan = self._plan(state["epoch"], state["rebase"], W)
         lane = [plan[k] for k in range(r, len(plan), W)]
         flat = np.concatenate(lane) if lane else np.zeros(0, np.int64)
         return flat[len(flat) - b:].tolist()
-
-    def _plan_for(self, state) -> list:
-        saved = self.world_size
-        self.world_size = int(state["world_size"])
-        try:
-            self._plans.clear()
-            return self._plan(state["epoch"], state["rebase"])
-        finally:
-            self.world_size = saved
-            self._plans.clear()
 
     def load_state_dict(self, state) -> None:
         """Resume at ``state`` (one rank's state, or a list of every rank's states)."""
@@ -377,8 +373,7 @@ class Feed:
             rebase.append({"world_size": int(s0["world_size"]), "step": int(s0["step"]),
                            "exclude": exclude})
             self._pos = {"epoch": int(s0["epoch"]), "step": 0, "borrowed": 0, "rebase": rebase}
-        self._in_epoch = True
-        self._plans.clear()
+        self._pending = True
 
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self):
@@ -386,25 +381,25 @@ class Feed:
             it = self._active()
             if it is not None:
                 it.close()
-        if not self._in_epoch:
-            self._pos = {"epoch": self._pos["epoch"], "step": 0, "borrowed": 0, "rebase": []}
-        self._in_epoch = True
+        if not self._pending:
+            self._pos = _start(self._next_epoch)
+        self._pending = False
         it = _EpochIterator(self, dict(self._pos))
         self._active = weakref.ref(it)
         return it
 
     def _advance(self, pos, finished):
         if finished:
-            self._pos = {"epoch": pos["epoch"] + 1, "step": 0, "borrowed": 0, "rebase": []}
-            self._in_epoch = False
+            self._pos = _start(pos["epoch"] + 1)
+            self._next_epoch = pos["epoch"] + 1
         else:
             self._pos = pos
 
     def _abandon(self):
-        """An epoch's iterator went away mid-epoch: the next ``iter`` starts the next epoch
-        (a loaded state is kept until an iterator uses it)."""
-        self._pos = {"epoch": self._pos["epoch"] + 1, "step": 0, "borrowed": 0, "rebase": []}
-        self._in_epoch = False
+        """An epoch's iterator went away mid-epoch: ``state_dict()`` still says where the
+        consumer got to (resume a new feed from there), and the next ``iter`` of this feed
+        starts the next epoch."""
+        self._next_epoch = self._pos["epoch"] + 1
 
     def close(self):
         if self._active is not None:
@@ -459,14 +454,16 @@ class Feed:
     def __getstate__(self):
         if self._spec is None:
             raise TypeError("only feeds built by a recipe can be pickled")
-        return {"spec": self._spec, "pos": self._pos, "in_epoch": self._in_epoch}
+        return {"spec": self._spec, "pos": self._pos, "pending": self._pending,
+                "next_epoch": self._next_epoch}
 
     def __setstate__(self, st):
         fn, kw = st["spec"]
         other = fn(**kw)
         self.__dict__.update(other.__dict__)
         self.task.timings = self._record
-        self._pos, self._in_epoch = st["pos"], st["in_epoch"]
+        self._pos, self._pending = st["pos"], st["pending"]
+        self._next_epoch = st["next_epoch"]
 
 
 # ---------------------------------------------------------------------------------------------
