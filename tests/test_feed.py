@@ -361,3 +361,20 @@ def test_len_and_state_json_roundtrip_with_torch_workers_state():
     assert len(f) == 7
     st = json.loads(json.dumps(f.state_dict()))
     assert st["world_size"] == 2 and st["rank"] == 1 and st["epoch"] == 0
+
+
+def test_no_threads_left_once_the_feed_is_gone():
+    before = {t.ident for t in threading.enumerate()}
+    f = make(200, batch_size=2)
+    it = iter(f)
+    next(it)
+    next(it)
+    del it, f
+    gc.collect()
+    for _ in range(100):
+        extra = [t for t in threading.enumerate()
+                 if t.ident not in before and t.name.startswith("avpipe-feed")]
+        if not extra:
+            break
+        time.sleep(0.05)
+    assert not extra, extra

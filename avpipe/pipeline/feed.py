@@ -249,7 +249,7 @@ class Feed:
         self._times = {k: collections.deque(maxlen=2048) for k in _STAGES}
         self._steps = collections.deque(maxlen=2048)  # (consumer work, wait) per batch
         self._lock = threading.Lock()
-        task.timings = self._record
+        task.timings = _Recorder(self)  # weak: no feed <-> task cycle
         task.bind(self.items)
 
     # -- plan ------------------------------------------------------------------------------
@@ -461,9 +461,21 @@ class Feed:
         fn, kw = st["spec"]
         other = fn(**kw)
         self.__dict__.update(other.__dict__)
-        self.task.timings = self._record
+        self.task.timings = _Recorder(self)
         self._pos, self._pending = st["pos"], st["pending"]
         self._next_epoch = st["next_epoch"]
+
+
+class _Recorder:
+    """``task.timings``: records into the feed's stats without keeping the feed alive."""
+
+    def __init__(self, feed):
+        self._ref = weakref.ref(feed)
+
+    def __call__(self, stage, seconds):
+        feed = self._ref()
+        if feed is not None:
+            feed._record(stage, seconds)
 
 
 # ---------------------------------------------------------------------------------------------
