@@ -104,6 +104,7 @@ class RnntTask(Task):
         self.signal_augment = list(signal_augment)
         self.feature_augment = list(feature_augment)
         self._loader = None
+        self._loader_tried = False
 
     # -- decoding ----------------------------------------------------------------------------
     def decode_one(self, i, item):
@@ -134,8 +135,10 @@ class RnntTask(Task):
         return ok
 
     def decode_groups(self, groups):
-        if self._loader is None and self._gpu_ok(self._all_items):
-            self._loader = self._make_loader()
+        if not self._loader_tried:
+            self._loader_tried = True
+            if self._gpu_ok(self._all_items):
+                self._loader = self._make_loader()
         if self._loader is None:
             yield from super().decode_groups(groups)
             return
@@ -234,6 +237,7 @@ class RnntTask(Task):
         if self._loader is not None:
             self._loader.close()
             self._loader = None
+        self._loader_tried = False
 
 
 def _speed(arrays, seed, epoch, ids, *, low, high, sample_rate, step, quality):
