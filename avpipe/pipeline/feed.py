@@ -732,12 +732,14 @@ class _EpochIterator:
 
         with cupy.cuda.Device(dev.index):
             ev = cupy.cuda.Event(disable_timing=True)
-            ev.record(_consumer_stream(self._feed.framework))
+            ev.record(_consumer_stream(self._feed.framework, dev))
         self._shared.retire.append((self._held, ev))
         self._held = None
 
     def _wait_on(self, event):
-        _consumer_stream(self._feed.framework).wait_event(event)
+        dev = self._feed.device
+        with dev.activate():
+            _consumer_stream(self._feed.framework, dev).wait_event(event)
 
     def _drain_gpu_timing(self):
         while self._pending_gpu and self._pending_gpu[0][1].done:
@@ -760,11 +762,13 @@ class _EpochIterator:
     def _finish(self):
         self._done = True
         self._finalizer()
+        if self._gen is not None:
+            self._gen.close()
         if self._feed.device.is_cuda and (self._held is not None or self._shared.retire):
             # the producer has stopped: drop the held batches once the consumer is done
             try:
                 with self._feed.device.activate():
-                    _consumer_stream(self._feed.framework).synchronize()
+                    _consumer_stream(self._feed.framework, self._feed.device).synchronize()
             except Exception:  # noqa: BLE001 - interpreter shutdown
                 pass
             self._held = None
@@ -785,13 +789,16 @@ class _EpochIterator:
             pass
 
 
-def _consumer_stream(framework):
+def _consumer_stream(framework, dev):
+    """The consumer's current stream on ``dev``: torch's with ``framework="torch"``, else
+    cupy's (call inside ``dev.activate()``)."""
     import cupy
 
     if framework == "torch":
         import torch
 
-        return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        ptr = torch.cuda.current_stream(dev.index).cuda_stream
+        return cupy.cuda.ExternalStream(ptr, dev.index)
     return cupy.cuda.get_current_stream()
 
 
