@@ -283,3 +283,19 @@ def test_stats_say_whether_input_bound():
 def test_avpipe_recipes_namespace():
     assert avpipe.recipes.rnnt_feed is rnnt_feed
     assert avpipe.pipeline.Feed is avpipe.pipeline.feed.Feed
+
+
+def test_image_skip_bad_and_missing(image_folder):
+    (image_folder / "a" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 64)
+    (image_folder / "b" / "empty.png").write_bytes(b"")
+    f = image_classification(image_folder, batch_size=3, crop_size=32, resize_size=40,
+                             device="cpu", seed=4)
+    got = [b.paths for b in f]
+    assert len(got) == len(f) == 3
+    assert [len(g) for g in got][:2] == [3, 3] and sum(len(g) for g in got) == 6
+    assert sorted(os.path.basename(p) for p, _ in f.errors) == ["broken.jpg", "empty.png"]
+    pairs = [(str(image_folder / "a" / "gone.jpg"), "a")] + \
+        [(p, "b") for p in sorted(str(x) for x in (image_folder / "b").iterdir())]
+    g = image_classification(pairs, batch_size=2, crop_size=32, device="cpu", train=False)
+    assert sum(len(b.paths) for b in g) == len(pairs) - 2  # gone.jpg and empty.png
+    assert any("gone.jpg" in p for p, _ in g.errors)

@@ -7,8 +7,9 @@
         batch.images  # [B, 3, 224, 224] float16, ImageNet-normalized
         batch.labels  # [B] int64, indices into feed.classes
 
-Decoding: one :func:`avpipe.decoding.image.decode_image_batch` call per batch (DALI: nvJPEG
-/ nvImageCodec on a GPU, the CPU decoders otherwise), in the producer thread. ``train=True``:
+Decoding: :func:`avpipe.decoding.image.decode_image_stream` over the epoch's batches (DALI:
+nvJPEG / nvImageCodec on a GPU, the CPU decoders otherwise; it reads and decodes ahead while
+the producer collates), replacements with :func:`avpipe.decoding.image.decode_image_batch`. ``train=True``:
 per image one random resized crop (area ``scale``, aspect ``ratio``; counter-based draws of
 ``(seed, "crop", epoch, id)``) resized to ``crop_size`` and a horizontal flip (p = 0.5);
 ``train=False``: short side resized to ``resize_size``, centre crop ``crop_size``. Both through
@@ -95,14 +96,55 @@ class ImageTask(Task):
         return out
 
     def decode_groups(self, groups):
+        """The epoch's groups through one :func:`decode_image_stream` (DALI reads and decodes
+        the next batches while the producer collates this one). The groups are taken all at
+        once: items later used as replacements are decoded here too and dropped by the feed
+        (a group's live items are always a prefix of it)."""
         import time
 
-        for g in groups:
-            t0 = time.perf_counter()
-            vals = self.decode_items(g)
-            if self.timings is not None:
-                self.timings("decode", time.perf_counter() - t0)
-            yield vals
+        from ..decoding.image import decode_image_stream
+
+        groups = [list(g) for g in groups]
+        if not groups:
+            return
+        results = [[None] * len(g) for g in groups]
+        where = []  # (group, row) of each streamed source
+        for gi, g in enumerate(groups):
+            for k, (_, it) in enumerate(g):
+                if os.path.exists(it.path):
+                    where.append((gi, k))
+                else:
+                    results[gi][k] = FileNotFoundError(f"no such file: {it.path}")
+        chunk = max(1, max(len(g) for g in groups))
+        stream = decode_image_stream([groups[gi][k][1].path for gi, k in where],
+                                     batch_size=chunk, device=self.device) if where else iter(())
+        xp = self.device.xp
+        got = 0  # streamed sources received so far
+        try:
+            for gi in range(len(groups)):
+                t0 = time.perf_counter()
+                # this group's last streamed source
+                need = sum(1 for w in where if w[0] <= gi)
+                while got < need:
+                    b = next(stream)
+                    bad = dict(b.errors)
+                    for j in range(len(b.images)):
+                        wg, wk = where[got + j]
+                        if j in bad:
+                            results[wg][wk] = bad[j]
+                        elif b.images[j] is None:
+                            results[wg][wk] = RuntimeError("not decoded")
+                        else:  # copy: the stream's arrays are DALI's buffers
+                            results[wg][wk] = xp.array(b.images[j], copy=True)
+                    got += len(b.images)
+                if self.timings is not None:
+                    self.timings("decode", time.perf_counter() - t0)
+                yield results[gi]
+                results[gi] = None
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
 
     def _one(self, im, i, epoch):
         if self.train:
