@@ -299,3 +299,19 @@ def test_image_skip_bad_and_missing(image_folder):
     g = image_classification(pairs, batch_size=2, crop_size=32, device="cpu", train=False)
     assert sum(len(b.paths) for b in g) == len(pairs) - 2  # gone.jpg and empty.png
     assert any("gone.jpg" in p for p, _ in g.errors)
+
+
+def test_torch_workers_state_resumes_in_a_plain_feed():
+    torch = pytest.importorskip("torch")
+    ds = rnnt_feed(MANIFEST, batch_size=1, seed=8, device="cpu").torch_dataset()
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    it = iter(dl)
+    seen = [next(it).paths[0] for _ in range(2)]  # one full round of the 2 workers
+    del it
+    st = json.loads(json.dumps(ds.state_dict(batches_consumed=2, num_workers=2)))
+    f = rnnt_feed(MANIFEST, batch_size=1, seed=8, device="cpu")
+    f.load_state_dict(st)
+    rest = [b.paths[0] for b in f]
+    assert len(rest) == 4 and not set(rest) & set(seen)
+    assert sorted(seen + rest) == sorted(os.path.join(ROOT, "speech", d["audio_filepath"])
+                                         for d in _lines(MANIFEST))
