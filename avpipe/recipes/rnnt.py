@@ -244,25 +244,26 @@ def _speed(arrays, seed, epoch, ids, *, low, high, sample_rate, step, quality):
     x, lens = arrays["signals"], np.asarray(arrays["lengths"], np.int64)
     if x.shape[0] == 0:
         return arrays
-    xp = __import__("avpipe.device", fromlist=["array_module"]).array_module(x)
+    from ..device import array_module
+
+    xp = array_module(x)
     u = _rnd.uniform(seed, "speed", epoch, ids, 1, low=low, high=high)[:, 0]
     # factors quantized to ``step`` so each is a small polyphase ratio (sr * f / sr)
     q = np.round(u / step).astype(np.int64)
     sr = int(sample_rate)
-    outs, new_lens = [None] * len(ids), lens.copy()
-    for k in np.unique(q):
-        rows = np.flatnonzero(q == k)
-        orig = int(round(sr * k * step))  # played at factor f: resample sr*f -> sr
-        y = resample(x[rows], orig, sr, quality=quality) if orig != sr else x[rows]
-        for j, r in enumerate(rows):
-            n = -(-int(lens[r]) * sr // orig)
-            outs[r] = y[j, :n]
-            new_lens[r] = n
+    orig = np.round(sr * q * step).astype(np.int64)  # played at factor f: resample sr*f -> sr
+    new_lens = -(-lens * sr // orig)
     m = int(new_lens.max())
     out = xp.zeros((len(ids), m), xp.float32)
-    for r, y in enumerate(outs):
-        out[r, : y.shape[0]] = y
-    return {"signals": out, "lengths": new_lens}
+    for o in np.unique(orig):  # one resample (and one scatter) per factor
+        rows = np.flatnonzero(orig == o)
+        n = int(lens[rows].max())
+        y = x[rows, :n] if int(o) == sr else resample(x[rows, :n], int(o), sr, quality=quality)
+        k = min(m, int(y.shape[1]))
+        out[xp.asarray(rows), :k] = y[:, :k]
+    # zero past each new length (the filter's tail reaches past a zero-padded item's end)
+    keep = xp.arange(m)[None, :] < xp.asarray(new_lens)[:, None]
+    return {"signals": out * keep, "lengths": new_lens}
 
 
 def speed_perturb(low=0.85, high=1.15, *, sample_rate=16000, step=0.01, quality="fast"):
