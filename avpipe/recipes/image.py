@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from ..decoding.image import decode_image_batch
+from ..decoding.image import decode_image_batch, decode_image_stream  # (moves: arch branch)
 from ..device import array_module, resolve_device
 from ..ops import random as _rnd
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
@@ -101,8 +101,6 @@ class ImageTask(Task):
         once: items later used as replacements are decoded here too and dropped by the feed
         (a group's live items are always a prefix of it)."""
         import time
-
-        from ..decoding.image import decode_image_stream
 
         groups = [list(g) for g in groups]
         if not groups:

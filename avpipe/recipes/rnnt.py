@@ -30,6 +30,7 @@ import functools
 import numpy as np
 
 from ..decoding.audio import load_audio
+from ..device import array_module, resolve_device
 from ..errors import DecodeError
 from ..ops import random as _rnd
 from ..ops.audio import log_mel, resample
@@ -74,8 +75,6 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
                 keep.append(it)
         items = keep
     durations = [it.duration or 0.0 for it in items]
-    from ..device import resolve_device
-
     dev = resolve_device(device)
     task = RnntTask(preset=preset, training=training, sample_rate=sample_rate, seed=seed,
                     device=dev, deadline=deadline, threads=threads, decoder=decoder,
@@ -162,7 +161,7 @@ class RnntTask(Task):
     def _gpu_groups(self, groups):
         import time
 
-        cupy = __import__("cupy")
+        import cupy
         ld = self._loader
         src_sr = int(ld.sample_rate or self.sample_rate)
         pending = []
@@ -244,8 +243,6 @@ def _speed(arrays, seed, epoch, ids, *, low, high, sample_rate, step, quality):
     x, lens = arrays["signals"], np.asarray(arrays["lengths"], np.int64)
     if x.shape[0] == 0:
         return arrays
-    from ..device import array_module
-
     xp = array_module(x)
     u = _rnd.uniform(seed, "speed", epoch, ids, 1, low=low, high=high)[:, 0]
     # factors quantized to ``step`` so each is a small polyphase ratio (sr * f / sr)

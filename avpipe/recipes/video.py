@@ -32,7 +32,7 @@ import threading
 import numpy as np
 
 from ..decoding.video import VideoDecoder
-from ..device import resolve_device
+from ..device import array_module, resolve_device
 from ..ops import random as _rnd
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
 from ..pipeline.feed import Feed, Task
@@ -141,8 +141,7 @@ class VideoTask(Task):
                                       mean=self.mean, std=self.std, dtype=self.dtype,
                                       layout="NCHW")
             if bool(_rnd.bernoulli(self.seed, "flip", epoch, [i], p=0.5)[0, 0]):
-                xp = __import__("avpipe.device", fromlist=["x"]).array_module(y)
-                y = xp.ascontiguousarray(y[..., ::-1])
+                y = array_module(y).ascontiguousarray(y[..., ::-1])
             return y[None]
         y = resize_crop_normalize(frames, short_side=self.S, crop_size=None, mean=self.mean,
                                   std=self.std, dtype=self.dtype, layout="NCHW")
@@ -188,7 +187,7 @@ class VideoTask(Task):
         return self._views(frames, inv.reshape(idx.shape), i, epoch)
 
     def _views(self, frames, inv, i, epoch):
-        xp = __import__("avpipe.device", fromlist=["x"]).array_module(frames)
+        xp = array_module(frames)
         if self.train:
             return self._transform(frames[xp.asarray(inv[0])], i, epoch)
         views = []
