@@ -162,6 +162,7 @@ class RnntTask(Task):
         import time
 
         import cupy
+
         ld = self._loader
         src_sr = int(ld.sample_rate or self.sample_rate)
         pending = []
