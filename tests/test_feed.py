@@ -378,3 +378,51 @@ def test_no_threads_left_once_the_feed_is_gone():
             break
         time.sleep(0.05)
     assert not extra, extra
+
+
+@pytest.mark.parametrize("mode", ["fixed", "duration"])
+def test_random_configs_resume_exact_and_cover(mode):
+    """Random sizes, batch sizes, world sizes and bad items: each rank's resume is exact, a
+    resume with another world size loses and repeats nothing, max_duration holds (refills
+    included)."""
+    import random
+
+    rnd = random.Random(7 if mode == "fixed" else 8)
+    for trial in range(15):
+        n, W0, W1 = rnd.randint(5, 70), rnd.randint(1, 4), rnd.randint(1, 4)
+        bad = set(rnd.sample(range(n), rnd.randint(0, n // 4)))
+        durs = np.random.default_rng(trial).uniform(0.5, 6, n)
+        md = rnd.uniform(6, 30)
+        B = rnd.randint(2, 6)
+
+        def mk(W, r, _n=n, _bad=bad, _durs=durs, _md=md, _B=B, _t=trial):
+            kw = dict(batch_size=_B) if mode == "fixed" else dict(max_duration=_md,
+                                                                durations=_durs)
+            return Feed(items(_n), Synth(bad=_bad), device="cpu", world_size=W, rank=r,
+                        seed=_t, **kw)
+
+        full = [epoch_ids(mk(W0, r)) for r in range(W0)]
+        k = rnd.randint(0, len(full[0]))
+        seen, states = [], []
+        for r in range(W0):
+            f = mk(W0, r)
+            got, it = _take(f, k)
+            assert got == full[r][:k]
+            seen += flat(got)
+            states.append(json.loads(json.dumps(f.state_dict())))
+            it.close()
+            g = mk(W0, r)
+            g.load_state_dict(states[-1])
+            assert epoch_ids(g) == full[r][k:]
+            if mode == "duration":
+                assert all(len(b) * durs[b].max() <= md + 1e-9 for b in full[r] if b)
+        new = [mk(W1, r) for r in range(W1)]
+        for f in new:
+            f.load_state_dict(states)
+        rest = [epoch_ids(f) for f in new]
+        assert len({len(x) for x in rest}) == 1
+        allids = seen + [i for x in rest for i in flat(x)]
+        assert set(allids) == set(range(n)) - bad
+        left = n - len(seen) - len(bad & set(range(n)) - set(seen))
+        if n >= max(W0, W1) and left >= W1:  # else the documented wrap-padding
+            assert len(allids) == len(set(allids)), (trial, n, B, W0, W1, k, left)

@@ -14,8 +14,11 @@ Errors (``on_error="skip"``): an item that fails (decode error, missing file, pa
 size, replaced by the *last not yet used item of the same rank's epoch* (the rank's own items
 are its batches in order; replacements are taken from the end, one by one): ranks stay
 disjoint, no good item is lost, batches stay full and only the rank's last batch(es) of the
-epoch come out shorter. With ``max_duration`` a failed item is not replaced (the batch keeps
-its duration budget; it is one item shorter). ``on_error="raise"`` raises the item's error.
+epoch come out shorter. With ``max_duration`` the same rule applies while the replacement fits
+the batch's budget (``count * longest <= max_duration``); the first one that does not fit ends
+the refill (the batch is then shorter). ``on_error="raise"`` raises the item's error. Exact
+resume assumes an item that failed fails again (a missing or corrupt file does; a deadline
+missed under load may not).
 
 Resume: ``feed.state_dict()`` holds the position as ``(epoch, step)`` in one global order -
 ``consumed = step * world_size * batch_size`` items of the epoch's permutation (fixed batch
@@ -561,7 +564,8 @@ def _batches(feed, pos, shared):
     flat = np.concatenate(lane) if lane else np.zeros(0, np.int64)
     starts = np.cumsum([0] + [len(b) for b in lane])
     state = {"borrowed": pos["borrowed"]}
-    refill = feed.mode == "fixed" and feed.on_error == "skip"
+    refill = feed.on_error == "skip"
+    durs = feed.durations if feed.mode == "duration" else None
     items = feed.items
     task = feed.task
     dev = feed.device
@@ -603,6 +607,10 @@ def _batches(feed, pos, shared):
                     j = len(flat) - state["borrowed"] - 1
                     if j <= last_of_batch:
                         break
+                    if durs is not None:  # max_duration: only a replacement that fits
+                        now = good_ids + [c for c, _ in cand] + [int(flat[j])]
+                        if len(now) * float(durs[now].max()) > feed.max_duration:
+                            break
                     state["borrowed"] += 1
                     cand.append((int(flat[j]), items[int(flat[j])]))
                 if not cand:
