@@ -1,0 +1,915 @@
+"""The generic training feed: order, shards, prefetch, errors, resume, stats, torch / JAX faces.
+
+A :class:`Feed` is an iterable of batches: each ``iter(feed)`` runs one epoch (a new shuffle),
+the next ``iter`` the next epoch. A recipe (:mod:`avpipe.recipes`) supplies a :class:`Task`
+(how items are decoded and how decoded items become a batch); the feed does the rest.
+
+Order (:mod:`avpipe.pipeline._order`): epoch ``e``'s order is a keyed Feistel permutation of
+the items (seed, epoch) cut into global batches; global batch ``k`` goes to step ``k // W``,
+rank ``k % W``. Every rank gets the same number of batches (``len(feed)``); the remainder rule
+is in :mod:`avpipe.pipeline._order`.
+
+Errors (``on_error="skip"``): an item that fails (decode error, missing file, past the
+``deadline``) is reported in ``feed.errors`` as ``(path, message)`` and, with a fixed batch
+size, replaced by the *last not yet used item of the same rank's epoch* (the rank's own items
+are its batches in order; replacements are taken from the end, one by one): ranks stay
+disjoint, no good item is lost, batches stay full and only the rank's last batch(es) of the
+epoch come out shorter. With ``max_duration`` the same rule applies while the replacement fits
+the batch's budget (``count * longest <= max_duration``); the first one that does not fit ends
+the refill (the batch is then shorter). ``on_error="raise"`` raises the item's error. Exact
+resume assumes an item that failed fails again (a missing or corrupt file does; a deadline
+missed under load may not).
+
+Resume: ``feed.state_dict()`` holds the position as ``(epoch, step)`` in one global order -
+``consumed = step * world_size * batch_size`` items of the epoch's permutation (fixed batch
+size; with ``max_duration``, ``step * world_size`` global batches) - plus ``borrowed``, the
+number of replacement items this rank took from the end of its share. A feed built with the
+same arguments that loads it yields exactly the batches the uninterrupted one would have.
+With a different ``world_size`` (or torch DataLoader worker count) the rest of the epoch,
+``plan[step * W_old:]`` minus the replacements already used, is re-cut for the new world size
+(ranks disjoint, all remaining items); the rule is recorded in the state (``rebase``), so later
+resumes stay exact. Pass every rank's state (a list) to carry all ranks' replacements over; one
+rank's state carries only its own (without errors there are none).
+
+Execution: a background thread decodes and collates up to ``prefetch`` batches ahead into a
+bounded queue; dropping (or ``close()``-ing) the iterator mid-epoch stops and joins it. On a GPU
+the producer works on its own CUDA stream and records an event after each batch; the consumer's
+current stream (cupy's, or torch's with ``framework="torch"``) waits on it, so batches arrive
+ordered on the consumer's stream without a host sync. When the consumer asks for the next
+batch, the previous batch's arrays go back to the producer with an event recorded on the
+consumer's stream; the producer's stream waits on it before they are dropped, so their memory
+(from the producer stream's pool) is reused only after the consumer's work on them. A batch
+the consumer keeps past the next ``next()`` and uses later: synchronize before dropping it.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import contextlib
+import queue
+import threading
+import time
+import weakref
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..device import export, resolve_device
+from . import _order
+
+__all__ = ["Feed", "Task", "Batch", "FeedDataset", "map_with_deadline"]
+
+_STAGES = ("read", "decode", "gpu", "wait", "step")
+
+
+def _start(epoch):
+    return {"epoch": int(epoch), "step": 0, "borrowed": 0, "rebase": []}
+
+
+class Batch(SimpleNamespace):
+    """One batch: recipe fields (arrays and lists) plus ``ids`` (item indices in the feed's
+    item list), ``epoch`` and ``step``."""
+
+
+class Task:
+    """What a recipe plugs into :class:`Feed`.
+
+    ``decode_groups(groups)``: for an iterator of groups (each a list of ``(id, item)``), yield
+    per group a list with one decoded value or exception per item, in order (read ahead as you
+    like; the default decodes each group with :meth:`decode_items`, one group ahead).
+    ``decode_items(pairs)``: decode single items (used for replacements).
+    ``epoch``: set by the feed to the epoch being decoded (for ``decode_one``'s draws).
+    ``collate(values, pairs, epoch, step)``: decoded values -> a dict of batch fields (runs on
+    the producer thread, inside the producer's CUDA stream on a GPU).
+    ``array_fields``: the names of the fields that are arrays (moved to ``framework``).
+    """
+
+    array_fields: tuple = ()
+    deadline: float | None = None
+    threads: int = 8
+
+    def __init__(self):
+        self._pool = None
+        self.timings = None  # set by the feed: a callable (stage, seconds)
+        self._all_items = []  # set by the feed: every item of the feed
+        self.epoch = 0  # set by the feed: the epoch being decoded (one at a time)
+
+    def bind(self, items):
+        """The feed hands the task its whole item list (for loaders that plan ahead)."""
+        self._all_items = items
+
+    def pool(self):
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="avpipe-feed")
+        return self._pool
+
+    def decode_one(self, item_id, item):  # pragma: no cover - recipes override
+        raise NotImplementedError
+
+    def decode_items(self, pairs):
+        return self._submit(pairs)()
+
+    def decode_groups(self, groups):
+        groups = iter(groups)
+        nxt = next(groups, None)
+        fut = None if nxt is None else self._submit(nxt)
+        while fut is not None:
+            g2 = next(groups, None)
+            fut2 = None if g2 is None else self._submit(g2)
+            yield fut()
+            fut = fut2
+
+    def _submit(self, pairs):
+        """Start decoding ``pairs`` on the pool; returns a function giving the values."""
+        futs = [(self.pool().submit(_timed, self.decode_one, p), p) for p in pairs]
+
+        def result():
+            out, span = _collect(futs, self.deadline)
+            if self.timings is not None and span is not None:
+                self.timings("decode", span)
+            return out
+
+        return result
+
+    def collate(self, values, pairs, epoch, step):  # pragma: no cover - recipes override
+        raise NotImplementedError
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _timed(fn, pair):
+    t0 = time.perf_counter()
+    v = fn(*pair)
+    return t0, time.perf_counter(), v
+
+
+def _collect(futs, deadline):
+    """Results of ``[(future, pair)]`` and the span (first start to last end, seconds); an
+    item running longer than ``deadline`` seconds (from when a thread started it) becomes a
+    :class:`~avpipe.DecodeTimeoutError` (its thread is left to finish in the background)."""
+    from ..errors import DecodeTimeoutError
+
+    out = [None] * len(futs)
+    started = {}
+    t_first, t_last = None, None
+    pending = set(range(len(futs)))
+    while pending:
+        for i in list(pending):
+            f, pair = futs[i]
+            if f.done():
+                try:
+                    t0, t1, out[i] = f.result()
+                    t_first = t0 if t_first is None else min(t_first, t0)
+                    t_last = t1 if t_last is None else max(t_last, t1)
+                except Exception as e:  # noqa: BLE001 - reported per item
+                    out[i] = e
+                pending.discard(i)
+            elif deadline is not None and f.running():
+                started.setdefault(i, time.monotonic())
+                if time.monotonic() - started[i] > deadline:
+                    out[i] = DecodeTimeoutError(
+                        _name(pair), f"no result within the {deadline:g} s deadline")
+                    pending.discard(i)
+        if pending:
+            cf.wait([futs[i][0] for i in pending], timeout=0.05 if deadline else None,
+                    return_when=cf.FIRST_COMPLETED)
+    return out, (None if t_first is None else t_last - t_first)
+
+
+def _name(pair):
+    it = pair[1]
+    return getattr(it, "path", str(it))
+
+
+def map_with_deadline(pool, fn, pairs, deadline):
+    """``fn(pair)`` for each pair on ``pool``: values or exceptions, in order (see Task)."""
+    futs = [(pool.submit(_timed, lambda *p: fn(p), p), p) for p in pairs]
+    return _collect(futs, deadline)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# the feed
+# ---------------------------------------------------------------------------------------------
+
+
+class Feed:
+    """Batches of ``items`` decoded and collated by ``task``; see the module docstring.
+
+    ``batch_size`` (items per batch) or ``max_duration`` (seconds of padded audio per batch,
+    with ``durations``); ``seed``, ``shuffle``; ``rank`` / ``world_size``; ``prefetch`` batches
+    decoded ahead (a background thread; 0: decode in the consumer's thread); ``on_error``:
+    ``"skip"`` or ``"raise"``; ``device`` (None: the GPU when usable); ``framework``: None
+    (numpy / cupy), ``"torch"`` or ``"jax"`` (DLPack, no copies); ``classes``: label names.
+    ``errors`` starts with ``initial_errors`` (items left out up front).
+    """
+
+    def __init__(self, items, task: Task, *, batch_size=None, max_duration=None,
+                 durations=None, seed=0, shuffle=True, rank=0, world_size=1, prefetch=2,
+                 on_error="skip", device=None, framework=None, bucket_window=100,
+                 initial_errors=(), classes=None, spec=None):
+        if (batch_size is None) == (max_duration is None):
+            raise ValueError("give exactly one of batch_size and max_duration, got "
+                             f"batch_size={batch_size!r}, max_duration={max_duration!r}")
+        if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) <= 0):
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if max_duration is not None and not float(max_duration) > 0:
+            raise ValueError(f"max_duration must be > 0 seconds, got {max_duration!r}")
+        if on_error not in ("skip", "raise"):
+            raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+        if framework not in (None, "numpy", "cupy", "torch", "jax"):
+            raise ValueError(f"framework must be None, 'torch' or 'jax', got {framework!r}")
+        world_size, rank = int(world_size), int(rank)
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, "
+                             f"world_size={world_size}")
+        self.items = list(items)
+        self.task = task
+        self.batch_size = None if batch_size is None else int(batch_size)
+        self.max_duration = None if max_duration is None else float(max_duration)
+        self.durations = None if durations is None else np.asarray(durations, np.float64)
+        if self.max_duration is not None and self.durations is None:
+            raise ValueError("max_duration needs the items' durations")
+        self.seed, self.shuffle = int(seed), bool(shuffle)
+        self.rank, self.world_size = rank, world_size
+        self.prefetch = int(prefetch)
+        self.on_error = on_error
+        self.device = resolve_device(device)
+        self.framework = framework
+        self.bucket_window = int(bucket_window)
+        self.classes = classes
+        self.errors: list = list(initial_errors)
+        self._spec = spec
+        self._pos = {"epoch": 0, "step": 0, "borrowed": 0, "rebase": []}
+        self._pending = False  # a loaded state waits for the next iter
+        self._next_epoch = 0
+        self._plans: dict = {}
+        self._active = None
+        self._stream = None
+        self._times = {k: collections.deque(maxlen=2048) for k in _STAGES}
+        self._steps = collections.deque(maxlen=2048)  # (consumer work, wait) per batch
+        self._lock = threading.Lock()
+        task.timings = _Recorder(self)  # weak: no feed <-> task cycle
+        task.bind(self.items)
+
+    # -- plan ------------------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return "fixed" if self.batch_size is not None else "duration"
+
+    def _base_plan(self, epoch: int, world_size: int) -> list:
+        order = _order.permutation(len(self.items), seed=self.seed, epoch=epoch,
+                                   shuffle=self.shuffle)
+        if self.mode == "fixed":
+            return _order.plan_fixed(order, self.batch_size, world_size)
+        return _order.plan_buckets(order, self.durations, self.max_duration, world_size,
+                                   seed=self.seed, epoch=epoch, window=self.bucket_window,
+                                   shuffle=self.shuffle)
+
+    def _recut(self, plan: list, old_w: int, step: int, exclude, new_w: int) -> list:
+        ex = set(int(i) for i in exclude)
+        rest = [np.array([i for i in b if int(i) not in ex], np.int64) for b in plan[step * old_w:]]
+        if self.mode == "fixed":
+            seq, seen = [], set()
+            for b in rest:
+                for i in b.tolist():
+                    if i not in seen:  # wrap padding may repeat an item: once is enough
+                        seen.add(i)
+                        seq.append(i)
+            return _order.plan_fixed(np.array(seq, np.int64), self.batch_size, new_w)
+        return _order.make_divisible([b for b in rest if len(b)], new_w)
+
+    def _plan(self, epoch: int, rebase, world_size=None) -> list:
+        W = self.world_size if world_size is None else int(world_size)
+        key = (epoch, repr(rebase), W)
+        p = self._plans.get(key)
+        if p is None:
+            ws = [r["world_size"] for r in rebase] + [W]
+            p = self._base_plan(epoch, ws[0])
+            for j, r in enumerate(rebase):
+                p = self._recut(p, r["world_size"], r["step"], r["exclude"], ws[j + 1])
+            if len(self._plans) > 4:
+                self._plans.clear()
+            self._plans[key] = p
+        return p
+
+    def _lane(self, plan) -> list:
+        W, r = self.world_size, self.rank
+        return [plan[k] for k in range(r, len(plan), W)]
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank): of the epoch in progress
+        (or loaded), else of the next one. With a fixed batch size it is the same every epoch;
+        with ``max_duration`` it can differ by a batch or two between epochs."""
+        p = self._pos
+        if self.mode == "fixed" and not p["rebase"]:
+            return _order.steps_fixed(len(self.items), self.batch_size, self.world_size)
+        return len(self._plan(p["epoch"], p["rebase"])) // self.world_size
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current position (``state_dict()``'s)."""
+        return self._pos["epoch"]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next ``iter`` at the beginning of ``epoch``."""
+        self._pos = _start(epoch)
+        self._next_epoch = int(epoch)
+        self._pending = False
+
+    # -- resume ----------------------------------------------------------------------------
+    def _fingerprint(self) -> dict:
+        return {"n": len(self.items), "seed": self.seed, "shuffle": self.shuffle,
+                "mode": self.mode, "batch_size": self.batch_size,
+                "max_duration": self.max_duration}
+
+    def state_dict(self) -> dict:
+        """JSON-serializable position (module docstring: the resume rule)."""
+        p = self._pos
+        W = self.world_size
+        unit = (self.batch_size or 1) if self.mode == "fixed" else 1
+        return {
+            "version": 1, **self._fingerprint(),
+            "epoch": p["epoch"], "step": p["step"], "borrowed": p["borrowed"],
+            "rebase": [dict(r, exclude=list(r["exclude"])) for r in p["rebase"]],
+            "rank": self.rank, "world_size": W,
+            "consumed": p["step"] * W * unit,
+        }
+
+    def _borrowed_ids(self, state) -> list:
+        """The replacement items the state's rank took from the end of its share."""
+        b = int(state["borrowed"])
+        if b == 0:
+            return []
+        W, r = int(state["world_size"]), int(state["rank"])
+        plan = self._plan(state["epoch"], state["rebase"], W)
+        lane = [plan[k] for k in range(r, len(plan), W)]
+        flat = np.concatenate(lane) if lane else np.zeros(0, np.int64)
+        return flat[len(flat) - b:].tolist()
+
+    def load_state_dict(self, state) -> None:
+        """Resume at ``state`` (one rank's state, or a list of every rank's states)."""
+        states = list(state) if isinstance(state, (list, tuple)) else [state]
+        if not states:
+            raise ValueError("state: empty list")
+        fp = self._fingerprint()
+        for s in states:
+            for k, v in fp.items():
+                if s.get(k) != v:
+                    raise ValueError(f"state was saved by a different feed: {k}={s.get(k)!r}, "
+                                     f"this feed has {v!r}")
+        s0 = states[0]
+        for s in states[1:]:
+            if (s["epoch"], s["step"], s["world_size"], s["rebase"]) != \
+                    (s0["epoch"], s0["step"], s0["world_size"], s0["rebase"]):
+                raise ValueError("state: the ranks' states are not at the same step")
+        rebase = [dict(r) for r in s0["rebase"]]
+        if int(s0["world_size"]) == self.world_size:
+            mine = [s for s in states if int(s["rank"]) == self.rank] or [s0]
+            self._pos = {"epoch": int(s0["epoch"]), "step": int(s0["step"]),
+                         "borrowed": int(mine[0]["borrowed"]), "rebase": rebase}
+        else:
+            exclude = sorted({i for s in states for i in self._borrowed_ids(s)})
+            rebase.append({"world_size": int(s0["world_size"]), "step": int(s0["step"]),
+                           "exclude": exclude})
+            self._pos = {"epoch": int(s0["epoch"]), "step": 0, "borrowed": 0, "rebase": rebase}
+        self._pending = True
+
+    # -- iteration -------------------------------------------------------------------------
+    def __iter__(self):
+        if self._active is not None:
+            it = self._active()
+            if it is not None:
+                it.close()
+        if not self._pending:
+            self._pos = _start(self._next_epoch)
+        self._pending = False
+        it = _EpochIterator(self, dict(self._pos))
+        self._active = weakref.ref(it)
+        return it
+
+    def _advance(self, pos, finished):
+        if finished:
+            self._pos = _start(pos["epoch"] + 1)
+            self._next_epoch = pos["epoch"] + 1
+        else:
+            self._pos = pos
+
+    def _abandon(self):
+        """An epoch's iterator went away mid-epoch: ``state_dict()`` still says where the
+        consumer got to (resume a new feed from there), and the next ``iter`` of this feed
+        starts the next epoch."""
+        self._next_epoch = self._pos["epoch"] + 1
+
+    def close(self):
+        if self._active is not None:
+            it = self._active()
+            if it is not None:
+                it.close()
+        self.task.close()
+
+    # -- telemetry ---------------------------------------------------------------------------
+    def _record(self, stage, seconds):
+        self._times[stage].append(float(seconds))
+
+    def _record_step(self, work, wait):
+        self._times["step"].append(float(work + wait))
+        self._steps.append((float(work), float(wait)))
+
+    def stats(self) -> dict:
+        """Per-stage seconds per batch (``read``, ``decode``, ``gpu``: producer side, ``gpu``
+        timed by CUDA events on a GPU; ``wait``: the consumer blocked in ``next``; ``step``:
+        from one batch handed over to the next) at p50 / p99 over the last 2048 batches;
+        ``wait_fraction``: the consumer's time spent waiting for input (the first batch of an
+        epoch left out); ``input_bound``: ``wait_fraction > 0.1``; ``verdict``: in words."""
+        out = {}
+        for k, d in self._times.items():
+            a = np.array(d, np.float64)
+            out[k] = ({"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
+                       "mean": float(a.mean()), "n": int(a.size)} if a.size else
+                      {"p50": None, "p99": None, "mean": None, "n": 0})
+        st = np.array(self._steps, np.float64).reshape(-1, 2)
+        tot = float(st.sum()) if st.size else 0.0
+        frac = float(st[:, 1].sum() / tot) if tot > 0 else 0.0
+        out["wait_fraction"] = frac
+        out["input_bound"] = frac > 0.1
+        out["verdict"] = (
+            f"the consumer waits on input {100 * frac:.0f}% of its time: input-bound "
+            "(decode / GPU ops are slower than the model step)" if frac > 0.1 else
+            f"the consumer waits on input {100 * frac:.0f}% of its time: not input-bound")
+        return out
+
+    # -- faces -----------------------------------------------------------------------------
+    def replica(self, *, rank: int, world_size: int, **overrides):
+        """A feed with the same arguments for another (rank, world_size)."""
+        if self._spec is None:
+            raise RuntimeError("this feed was not built by a recipe: no replica")
+        fn, kw = self._spec
+        return fn(**{**kw, **overrides, "rank": rank, "world_size": world_size})
+
+    def torch_dataset(self):
+        """A torch ``IterableDataset`` for ``DataLoader(ds, batch_size=None, num_workers=N)``."""
+        return dataset_class()(self)
+
+    def __getstate__(self):
+        if self._spec is None:
+            raise TypeError("only feeds built by a recipe can be pickled")
+        return {"spec": self._spec, "pos": self._pos, "pending": self._pending,
+                "next_epoch": self._next_epoch}
+
+    def __setstate__(self, st):
+        fn, kw = st["spec"]
+        other = fn(**kw)
+        self.__dict__.update(other.__dict__)
+        self.task.timings = _Recorder(self)
+        self._pos, self._pending = st["pos"], st["pending"]
+        self._next_epoch = st["next_epoch"]
+
+
+class _Recorder:
+    """``task.timings``: records into the feed's stats without keeping the feed alive."""
+
+    def __init__(self, feed):
+        self._ref = weakref.ref(feed)
+
+    def __call__(self, stage, seconds):
+        feed = self._ref()
+        if feed is not None:
+            feed._record(stage, seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# one epoch: producer thread + consumer iterator
+# ---------------------------------------------------------------------------------------------
+
+
+class _Shared:
+    def __init__(self):
+        self.stop = threading.Event()
+        # batches handed over, each with an event recorded on the consumer's stream when the
+        # next batch was asked for: the producer's stream waits on it before dropping them
+        self.retire = collections.deque()
+
+
+def _stream_of(feed):
+    """The feed's producer stream (one per feed: its memory pool arena is reused)."""
+    dev = feed.device
+    if not dev.is_cuda:
+        return None
+    if feed._stream is None:
+        import cupy
+
+        with cupy.cuda.Device(dev.index):
+            feed._stream = cupy.cuda.Stream(non_blocking=True)
+    return feed._stream
+
+
+@contextlib.contextmanager
+def _on(dev, stream):
+    """The producer's device and stream for the block (nothing on the CPU)."""
+    if stream is None:
+        yield
+        return
+    import cupy
+
+    with cupy.cuda.Device(dev.index), stream:
+        yield
+
+
+def _retire(shared, stream):
+    """Drop the batches the consumer is done with, after the producer stream waits on the
+    consumer's event: memory they free is reused only by work ordered after the consumer's."""
+    while shared.retire:
+        try:
+            held, ev = shared.retire.popleft()
+        except IndexError:
+            break
+        if stream is not None and ev is not None:
+            stream.wait_event(ev)
+        del held
+
+
+def _produce(feed, pos, q, shared):
+    """Producer: decode, handle errors, collate; put ("batch", batch, pos_after, event,
+    gpu_timing), ("end", pos) or ("error", exc) into ``q`` (bounded: blocks when full)."""
+    def put(msg):
+        while not shared.stop.is_set():
+            try:
+                q.put(msg, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    gen = _batches(feed, pos, shared)
+    try:
+        for msg in gen:
+            if not put(msg):
+                return
+    except BaseException as e:  # noqa: BLE001 - handed to the consumer
+        put(("error", e))
+    finally:
+        gen.close()
+
+
+def _batches(feed, pos, shared):
+    """The epoch's batches for this rank from ``pos`` (generator; runs on the producer)."""
+    epoch, rebase = pos["epoch"], pos["rebase"]
+    plan = feed._plan(epoch, rebase)
+    lane = feed._lane(plan)
+    steps = len(lane)
+    flat = np.concatenate(lane) if lane else np.zeros(0, np.int64)
+    starts = np.cumsum([0] + [len(b) for b in lane])
+    state = {"borrowed": pos["borrowed"]}
+    refill = feed.on_error == "skip"
+    durs = feed.durations if feed.mode == "duration" else None
+    items = feed.items
+    task = feed.task
+    dev = feed.device
+    stream = _stream_of(feed)
+    task.epoch = epoch  # decode_one's random draws are keyed by it
+
+    def live(s):
+        """Step s's items not yet taken as replacements, in order. Replacements come from the
+        end of the lane, so the live items of a step are always a prefix of its items."""
+        end = min(int(starts[s + 1]), len(flat) - state["borrowed"])
+        return [int(i) for i in flat[int(starts[s]) : max(end, int(starts[s]))]]
+
+    def groups():
+        for s in range(pos["step"], steps):
+            yield [(i, items[i]) for i in live(s)]
+
+    decoded = task.decode_groups(groups())
+    try:
+        for s in range(pos["step"], steps):
+            if shared.stop.is_set():
+                return
+            with _on(dev, stream):  # GPU decoders' work goes on the producer stream
+                group_vals = next(decoded)
+            # the group was pulled before later replacements were taken: keep its live prefix
+            planned = live(s)
+            good_ids, good_vals = [], []
+            for i, v in zip(planned, group_vals):
+                if isinstance(v, BaseException):
+                    _fail(feed, i, v)
+                else:
+                    good_ids.append(i)
+                    good_vals.append(v)
+            want = len(planned)
+            last_of_batch = int(starts[s + 1]) - 1
+            while refill and len(good_ids) < want:
+                # replacements: this rank's last unused items, taken from the end one by one
+                cand = []
+                while len(cand) < want - len(good_ids):
+                    j = len(flat) - state["borrowed"] - 1
+                    if j <= last_of_batch:
+                        break
+                    if durs is not None:  # max_duration: only a replacement that fits
+                        now = good_ids + [c for c, _ in cand] + [int(flat[j])]
+                        if len(now) * float(durs[now].max()) > feed.max_duration:
+                            break
+                    state["borrowed"] += 1
+                    cand.append((int(flat[j]), items[int(flat[j])]))
+                if not cand:
+                    break
+                with _on(dev, stream):
+                    vals = task.decode_items(cand)
+                for (i, _), v in zip(cand, vals):
+                    if isinstance(v, BaseException):
+                        _fail(feed, i, v)
+                    else:
+                        good_ids.append(i)
+                        good_vals.append(v)
+            pairs = [(i, items[i]) for i in good_ids]
+            if stream is not None:
+                import cupy
+
+                with cupy.cuda.Device(dev.index), stream:
+                    _retire(shared, stream)
+                    g0 = cupy.cuda.Event()
+                    g0.record(stream)
+                    fields = task.collate(good_vals, pairs, epoch, s)
+                    g1 = cupy.cuda.Event()
+                    g1.record(stream)
+                event, gpu_timing = g1, (g0, g1)
+            else:
+                t1 = time.perf_counter()
+                fields = task.collate(good_vals, pairs, epoch, s)
+                event, gpu_timing = None, None
+                feed._record("gpu", time.perf_counter() - t1)
+            batch = Batch(**fields, ids=np.array(good_ids, np.int64), epoch=epoch, step=s)
+            after = {"epoch": epoch, "step": s + 1, "borrowed": state["borrowed"],
+                     "rebase": rebase}
+            yield ("batch", batch, after, event, gpu_timing)
+        yield ("end", {"epoch": epoch})
+    finally:
+        close = getattr(decoded, "close", None)
+        if close is not None:
+            close()
+
+
+def _fail(feed, i, exc):
+    it = feed.items[i]
+    path = getattr(it, "path", str(it))
+    if feed.on_error == "raise":
+        raise exc
+    msg = f"{type(exc).__name__}: {exc}"
+    with feed._lock:
+        feed.errors.append((path, msg))
+
+
+class _EpochIterator:
+    """One epoch's batches; closing (or dropping) it stops and joins the producer thread."""
+
+    def __init__(self, feed: Feed, pos: dict):
+        self._feed = feed
+        self._shared = _Shared()
+        self._done = False
+        self._last = None
+        self._pending_gpu = collections.deque()
+        self._held = None  # the last batch's device arrays (see _Shared.retire)
+        self._sync = feed.prefetch <= 0
+        if self._sync:
+            self._gen = _batches(feed, pos, self._shared)
+            self._thread = None
+            self._q = None
+        else:
+            self._gen = None
+            self._q = queue.Queue(maxsize=feed.prefetch)
+            self._thread = threading.Thread(
+                target=_produce, args=(feed, pos, self._q, self._shared),
+                name="avpipe-feed-producer", daemon=True)
+            self._thread.start()
+        self._finalizer = weakref.finalize(self, _stop, self._shared, self._q, self._thread)
+
+    def __iter__(self):
+        return self
+
+    def _get(self):
+        if self._sync:
+            try:
+                return next(self._gen)
+            except BaseException as e:  # noqa: BLE001
+                return ("error", e)
+        while True:
+            try:
+                return self._q.get(timeout=0.5)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._q.empty():
+                    return ("error", RuntimeError("the feed's producer thread ended"))
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        feed = self._feed
+        t_now = time.perf_counter()
+        self._consumer_event()
+        msg = self._get()
+        t_got = time.perf_counter()
+        if msg[0] == "batch":
+            feed._record("wait", t_got - t_now)
+            if self._last is not None:  # the consumer's whole step: its work + this wait
+                feed._record_step(t_now - self._last, t_got - t_now)
+            self._last = t_got
+        kind = msg[0]
+        if kind == "error":
+            self._finish()
+            raise msg[1]
+        if kind == "end":
+            self._finish()
+            feed._advance(msg[1], finished=True)
+            raise StopIteration
+        _, batch, after, event, gpu_timing = msg
+        if event is not None:
+            self._held = [getattr(batch, k, None) for k in feed.task.array_fields]
+            self._wait_on(event)
+            self._pending_gpu.append(gpu_timing)
+            self._drain_gpu_timing()
+        feed._advance(after, finished=False)
+        return self._export(batch)
+
+    def _consumer_event(self):
+        """Hand the previous batch's arrays back with an event on the consumer's stream."""
+        dev = self._feed.device
+        if not dev.is_cuda or self._held is None:
+            return
+        import cupy
+
+        with cupy.cuda.Device(dev.index):
+            ev = cupy.cuda.Event(disable_timing=True)
+            ev.record(_consumer_stream(self._feed.framework, dev))
+        self._shared.retire.append((self._held, ev))
+        self._held = None
+
+    def _wait_on(self, event):
+        dev = self._feed.device
+        with dev.activate():
+            _consumer_stream(self._feed.framework, dev).wait_event(event)
+
+    def _drain_gpu_timing(self):
+        while self._pending_gpu and self._pending_gpu[0][1].done:
+            g0, g1 = self._pending_gpu.popleft()
+            import cupy
+
+            self._feed._record("gpu", cupy.cuda.get_elapsed_time(g0, g1) / 1000.0)
+
+    def _export(self, batch):
+        fw = self._feed.framework
+        if fw is None:
+            return batch
+        for k in self._feed.task.array_fields:
+            v = getattr(batch, k, None)
+            if v is not None:
+                setattr(batch, k, export(v, fw))
+        batch.ids = export(batch.ids, fw) if fw in ("torch", "jax") else batch.ids
+        return batch
+
+    def _finish(self):
+        self._done = True
+        self._finalizer()
+        if self._gen is not None:
+            self._gen.close()
+        if self._feed.device.is_cuda and (self._held is not None or self._shared.retire):
+            # the producer has stopped: drop the held batches once the consumer is done
+            try:
+                with self._feed.device.activate():
+                    _consumer_stream(self._feed.framework, self._feed.device).synchronize()
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
+            self._held = None
+            self._shared.retire.clear()
+
+    def close(self):
+        """Stop the producer and join it (mid-epoch: the next ``iter`` starts the next epoch)."""
+        if not self._done:
+            self._finish()
+            self._feed._abandon()
+
+    def __del__(self):
+        try:
+            if not self._done:
+                self._finish()
+                self._feed._abandon()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def _consumer_stream(framework, dev):
+    """The consumer's current stream on ``dev``: torch's with ``framework="torch"``, else
+    cupy's (call inside ``dev.activate()``)."""
+    import cupy
+
+    if framework == "torch":
+        import torch
+
+        ptr = torch.cuda.current_stream(dev.index).cuda_stream
+        return cupy.cuda.ExternalStream(ptr, dev.index)
+    return cupy.cuda.get_current_stream()
+
+
+def _stop(shared, q, thread):
+    shared.stop.set()
+    if q is not None:
+        try:
+            while True:
+                q.get_nowait()
+        except queue.Empty:
+            pass
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout=30)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch face
+# ---------------------------------------------------------------------------------------------
+
+
+def _iterable_dataset_base():
+    try:
+        from torch.utils.data import IterableDataset
+
+        return IterableDataset
+    except ImportError:  # pragma: no cover - no torch
+        return object
+
+
+class _FeedDataset:
+    """A torch ``IterableDataset`` over a feed, for ``DataLoader(ds, batch_size=None,
+    num_workers=N)``. In worker ``w`` of ``N`` it iterates a replica of the feed for rank
+    ``rank * N + w`` of ``world_size * N``: the workers split the same global permutation
+    (disjoint, equal counts), and the DataLoader's in-order round robin yields the global
+    batches in the same order as ``N * world_size`` ranks would. ``len(ds)``: batches per
+    epoch over all workers of this rank. Call ``set_epoch(e)`` each epoch (as with torch's
+    ``DistributedSampler``) unless the workers are persistent. ``load_state_dict(state)``
+    before building the DataLoader resumes from a feed state (rebased for the workers)."""
+
+    def __init__(self, feed: Feed):
+        self.feed = feed
+        self._epoch = None
+        self._state = None
+
+    def _workers(self):
+        import torch.utils.data as tud
+
+        info = tud.get_worker_info()
+        return (0, 1) if info is None else (info.id, info.num_workers)
+
+    def set_epoch(self, epoch: int):
+        self._epoch = int(epoch)
+        self._state = None
+
+    def load_state_dict(self, state):
+        self._state = state
+
+    def state_dict(self, batches_consumed: int, num_workers: int) -> dict:
+        """The feed state after ``batches_consumed`` batches of this epoch from a DataLoader
+        with ``num_workers`` workers; exact at multiples of ``num_workers`` (the round robin's
+        full rounds) and when no item was replaced."""
+        f = self.feed
+        nw = max(1, int(num_workers))
+        st = f.state_dict()
+        st.update(world_size=f.world_size * nw, rank=f.rank * nw,
+                  step=int(batches_consumed) // nw, borrowed=0)
+        unit = (f.batch_size or 1) if f.mode == "fixed" else 1
+        st["consumed"] = st["step"] * st["world_size"] * unit
+        return st
+
+    def __len__(self):
+        return len(self.feed)
+
+    def __iter__(self):
+        wid, nw = self._workers()
+        f = self.feed
+        if nw > 1 or f.framework != "torch":
+            f = f.replica(rank=f.rank * nw + wid, world_size=f.world_size * nw,
+                          framework="torch", **({"device": "cpu"} if nw > 1 else {}))
+        if self._epoch is not None:
+            f.set_epoch(self._epoch)
+        if self._state is not None:
+            f.load_state_dict(self._state)
+        return iter(f)
+
+
+
+_DATASET_CLASS: list = []
+
+
+def dataset_class():
+    """``FeedDataset``: :class:`_FeedDataset` on torch's ``IterableDataset``, made on first use
+    so that importing avpipe does not import torch."""
+    if not _DATASET_CLASS:
+        base = _iterable_dataset_base()
+        bases = (_FeedDataset,) if base is object else (_FeedDataset, base)
+        _DATASET_CLASS.append(
+            type("FeedDataset", bases, {"__doc__": _FeedDataset.__doc__, "__module__": __name__})
+        )
+    return _DATASET_CLASS[0]
+
+
+def __getattr__(name: str):
+    if name == "FeedDataset":
+        return dataset_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

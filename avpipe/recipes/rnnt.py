@@ -1,0 +1,274 @@
+"""RNN-T / CTC speech training feed: a NeMo manifest -> padded log-mel batches.
+
+::
+
+    feed = avpipe.recipes.rnnt_feed("train.jsonl", max_duration=400, seed=0,
+                                    rank=rank, world_size=world)
+    for batch in feed:                  # one epoch
+        batch.features                  # [B, n_mels, T] float32 (numpy / cupy / torch)
+        batch.feature_lengths           # [B] int64
+        batch.transcripts, batch.paths  # list[str]
+
+Decoding: ``avpipe.load_audio`` (offset / duration honoured, resampled to ``sample_rate``) in a
+thread pool; on a GPU with FLAC sources (``decoder="auto"``/``"gpu"``) the batch loader's GPU
+FLAC decoder (:class:`avpipe.pipeline.audio_loader.AudioBatchLoader`, frames decoded on the GPU,
+bit-exact to libFLAC) reads whole windows of files ahead. Features: ``avpipe.ops.audio.log_mel``
+with the ``preset``; ``training=True`` adds the preset's dither (seeded by the batch's items,
+so a resumed run dithers identically on the same device).
+
+Augmentation hooks: ``signal_augment`` (before the features) and ``feature_augment`` (after),
+lists of callables ``f(arrays: dict, seed, epoch, ids) -> dict``; ``arrays`` holds
+``signals [B, n]`` + ``lengths [B]`` (host int64), resp. ``features`` + ``feature_lengths``; draw
+randomness with :mod:`avpipe.ops.random` keyed by ``(seed, epoch, ids)`` and a resume stays
+exact. :func:`speed_perturb` is one (resampling by a factor from U(low, high) per item).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..decoding.audio import load_audio
+from ..device import array_module, resolve_device
+from ..errors import DecodeError
+from ..ops import random as _rnd
+from ..ops.audio import log_mel, resample
+from ..pipeline.feed import Feed, Task
+from ..pipeline.sources import read_manifest
+
+__all__ = ["rnnt_feed", "RnntTask", "speed_perturb"]
+
+
+def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=True, rank=0,
+              world_size=1, training=True, preset="nemo", sample_rate=16000, device=None,
+              framework=None, on_error="skip", prefetch=2, deadline=None, threads=8,
+              decoder="auto", signal_augment=(), feature_augment=(), bucket_window=100):
+    """A :class:`~avpipe.pipeline.feed.Feed` of log-mel batches from a NeMo manifest.
+
+    ``batch_size`` items per batch, or ``max_duration`` seconds of padded audio per batch
+    (duration buckets; items longer than ``max_duration`` are left out and listed in
+    ``feed.errors``). Batch fields: ``features [B, n_mels, T]`` float32, ``feature_lengths
+    [B]``, ``transcripts``, ``paths`` (absolute), ``durations`` (manifest seconds), ``ids``.
+    ``deadline``: seconds one item may take to decode (None: no limit). ``decoder``: "cpu"
+    (threads), "gpu" (GPU FLAC windows; FLAC files of one sample rate, no offsets) or
+    "auto" ("gpu" when that applies and ``device`` is a GPU).
+    """
+    spec = (rnnt_feed, dict(
+        manifest=manifest, batch_size=batch_size, max_duration=max_duration, seed=seed,
+        shuffle=shuffle, rank=rank, world_size=world_size, training=training, preset=preset,
+        sample_rate=sample_rate, device=device, framework=framework, on_error=on_error,
+        prefetch=prefetch, deadline=deadline, threads=threads, decoder=decoder,
+        signal_augment=signal_augment, feature_augment=feature_augment,
+        bucket_window=bucket_window))  # fmt: skip
+    items = read_manifest(manifest)
+    errors = []
+    if max_duration is not None:
+        keep = []
+        for it in items:
+            if it.duration is None:
+                errors.append((it.path, "no duration in the manifest (max_duration needs it)"))
+            elif it.duration > float(max_duration):
+                errors.append((it.path, f"{it.duration:g} s, longer than max_duration="
+                                        f"{float(max_duration):g} s: left out"))
+            else:
+                keep.append(it)
+        items = keep
+    durations = [it.duration or 0.0 for it in items]
+    dev = resolve_device(device)
+    task = RnntTask(preset=preset, training=training, sample_rate=sample_rate, seed=seed,
+                    device=dev, deadline=deadline, threads=threads, decoder=decoder,
+                    signal_augment=signal_augment, feature_augment=feature_augment)
+    return Feed(items, task, batch_size=batch_size, max_duration=max_duration,
+                durations=durations, seed=seed, shuffle=shuffle, rank=rank,
+                world_size=world_size, prefetch=prefetch, on_error=on_error, device=dev,
+                framework=framework, bucket_window=bucket_window, initial_errors=errors,
+                spec=spec)
+
+
+class RnntTask(Task):
+    array_fields = ("features", "feature_lengths")
+
+    def __init__(self, *, preset, training, sample_rate, seed, device, deadline=None, threads=8,
+                 decoder="auto", signal_augment=(), feature_augment=()):
+        super().__init__()
+        if decoder not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"decoder must be 'auto', 'cpu' or 'gpu', got {decoder!r}")
+        if decoder == "gpu" and not device.is_cuda:
+            raise ValueError(f"decoder='gpu' needs a GPU device, got {device}")
+        self.preset, self.training = preset, bool(training)
+        self.sample_rate, self.seed, self.device = int(sample_rate), int(seed), device
+        self.deadline, self.threads = deadline, int(threads)
+        self.decoder = decoder
+        self.signal_augment = list(signal_augment)
+        self.feature_augment = list(feature_augment)
+        self._loader = None
+        self._loader_tried = False
+
+    # -- decoding ----------------------------------------------------------------------------
+    def decode_one(self, i, item):
+        import time
+
+        src = item.path
+        if not item.offset:  # whole file: read its bytes first (the "read" stage of stats())
+            t0 = time.perf_counter()
+            with open(item.path, "rb") as f:
+                src = f.read()
+            if self.timings is not None:
+                self.timings("read", time.perf_counter() - t0)
+        try:
+            a = load_audio(src, sample_rate=self.sample_rate, offset=item.offset,
+                           duration=item.duration if item.duration else None)
+        except DecodeError as e:
+            if isinstance(src, bytes):  # name the file, not "<bytes>"
+                raise type(e)(item.path, e.cause) from None
+            raise
+        return a.samples
+
+    def _gpu_ok(self, items):
+        if not self.device.is_cuda or self.decoder == "cpu":
+            return False
+        ok = all(it.path.lower().endswith(".flac") and not it.offset for it in items)
+        if self.decoder == "gpu" and not ok:
+            raise ValueError("decoder='gpu' takes FLAC files without offsets only")
+        return ok
+
+    def decode_groups(self, groups):
+        if not self._loader_tried:
+            self._loader_tried = True
+            if self._gpu_ok(self._all_items):
+                self._loader = self._make_loader()
+        if self._loader is None:
+            yield from super().decode_groups(groups)
+            return
+        yield from self._gpu_groups(groups)
+
+    def _make_loader(self):
+        # the GPU FLAC decoder of the batch loader (all paths known up front: their sizes and
+        # lengths come from the headers once)
+        from ..pipeline.audio_loader import AudioBatchLoader
+
+        paths = sorted({it.path for it in self._all_items})
+        try:
+            ld = AudioBatchLoader(paths, batch_size=64, device=f"cuda:{self.device.index}",
+                                  decoder="gpu")
+        except ValueError:
+            if self.decoder == "gpu":
+                raise
+            return None  # several sample rates: the threads' path resamples
+        return ld
+
+    def _gpu_groups(self, groups):
+        import time
+
+        import cupy
+
+        ld = self._loader
+        src_sr = int(ld.sample_rate or self.sample_rate)
+        pending = []
+
+        def paths_of():
+            for g in groups:
+                pending.append(g)
+                yield [it.path for _, it in g]
+
+        t_last = time.perf_counter()
+        # runs on the producer thread, inside the feed's device and producer stream
+        for x, lens, _, errs in ld._gpu.run(paths_of()):
+            g = pending.pop(0)
+            out = []
+            for r, (_, it) in enumerate(g):
+                if r in errs:
+                    out.append(DecodeError(it.path, errs[r]))
+                    continue
+                n = int(lens[r])
+                if it.duration:
+                    n = min(n, int(round(it.duration * src_sr)))
+                y = x[r, :n]
+                if src_sr != self.sample_rate:
+                    y = resample(y, src_sr, self.sample_rate)
+                out.append(y)
+            now = time.perf_counter()
+            if self.timings is not None:
+                self.timings("decode", now - t_last)
+            t_last = now
+            with cupy.cuda.Device(self.device.index):
+                cupy.cuda.get_current_stream().synchronize()  # rows ready for the producer
+            yield out
+
+    # -- batch -----------------------------------------------------------------------------
+    def collate(self, values, pairs, epoch, step):
+        ids = np.array([i for i, _ in pairs], np.int64)
+        items = [it for _, it in pairs]
+        xp = self.device.xp
+        lens = np.array([int(v.shape[0]) for v in values], np.int64)
+        n = int(lens.max()) if len(lens) else 0
+        if any(not isinstance(v, np.ndarray) for v in values):  # GPU rows (+ host refills)
+            x = xp.zeros((len(values), n), xp.float32)
+            for r, v in enumerate(values):
+                x[r, : v.shape[0]] = xp.asarray(v)
+        else:
+            host = np.zeros((len(values), n), np.float32)
+            for r, v in enumerate(values):
+                host[r, : v.shape[0]] = v
+            x = xp.asarray(host)
+        arrays = {"signals": x, "lengths": lens}
+        for f in self.signal_augment:
+            arrays = f(arrays, self.seed, epoch, ids)
+        x, lens = arrays["signals"], np.asarray(arrays["lengths"], np.int64)
+        if len(lens):
+            dseed = int(_rnd.words(self.seed, "dither", epoch, ids[:1], 1)[0, 0])
+            feats, fl = log_mel(x, lens, preset=self.preset, training=self.training, seed=dseed)
+        else:
+            feats, fl = xp.zeros((0, 0, 0), xp.float32), xp.zeros(0, xp.int64)
+        arrays = {"features": feats, "feature_lengths": fl}
+        for f in self.feature_augment:
+            arrays = f(arrays, self.seed, epoch, ids)
+        return {
+            "features": arrays["features"],
+            "feature_lengths": arrays["feature_lengths"],
+            "transcripts": [it.text or "" for it in items],
+            "paths": [it.path for it in items],
+            "durations": [it.duration for it in items],
+        }
+
+    def close(self):
+        super().close()
+        if self._loader is not None:
+            self._loader.close()
+            self._loader = None
+        self._loader_tried = False
+
+
+def _speed(arrays, seed, epoch, ids, *, low, high, sample_rate, step, quality):
+    x, lens = arrays["signals"], np.asarray(arrays["lengths"], np.int64)
+    if x.shape[0] == 0:
+        return arrays
+    xp = array_module(x)
+    u = _rnd.uniform(seed, "speed", epoch, ids, 1, low=low, high=high)[:, 0]
+    # factors quantized to ``step`` so each is a small polyphase ratio (sr * f / sr)
+    q = np.round(u / step).astype(np.int64)
+    sr = int(sample_rate)
+    orig = np.round(sr * q * step).astype(np.int64)  # played at factor f: resample sr*f -> sr
+    new_lens = -(-lens * sr // orig)
+    m = int(new_lens.max())
+    out = xp.zeros((len(ids), m), xp.float32)
+    for o in np.unique(orig):  # one resample (and one scatter) per factor
+        rows = np.flatnonzero(orig == o)
+        n = int(lens[rows].max())
+        y = x[rows, :n] if int(o) == sr else resample(x[rows, :n], int(o), sr, quality=quality)
+        k = min(m, int(y.shape[1]))
+        out[xp.asarray(rows), :k] = y[:, :k]
+    # zero past each new length (the filter's tail reaches past a zero-padded item's end)
+    keep = xp.arange(m)[None, :] < xp.asarray(new_lens)[:, None]
+    return {"signals": out * keep, "lengths": new_lens}
+
+
+def speed_perturb(low=0.85, high=1.15, *, sample_rate=16000, step=0.01, quality="fast"):
+    """A ``signal_augment`` hook: each item played at a speed factor ``f ~ U(low, high)``
+    (quantized to ``step``), by resampling from ``sample_rate * f`` to ``sample_rate`` Hz
+    (length / f samples, pitch shifted, as Kaldi / NeMo speed perturbation). The factor is a
+    counter-based draw of ``(seed, "speed", epoch, id)``: a resume reproduces it. Items of one
+    factor are resampled together (``quality``: the resampler's "fast" or "high")."""
+    return functools.partial(_speed, low=float(low), high=float(high),
+                             sample_rate=int(sample_rate), step=float(step), quality=quality)

@@ -1,0 +1,382 @@
+"""Training feeds vs DALI: RNN-T audio, video clips, and how idle a 5 ms model step leaves the GPU.
+
+    python3 benchmarks/bench_feeds.py --data /tmp/bench --out DIR [--budget 15] [--only a,b]
+    python3 benchmarks/bench_feeds.py --cpu --data /tmp/bench-cpu --out DIR   # small, no GPU
+
+Data: the anchor layout of ``bench_audio.py`` (``DATA/audio_flac_16k/utt_*.flac``, 16 kHz,
+2-16 s; generated when missing) and ``bench_video.py`` (``DATA/videos_640x360_*f/h264_*.mp4``;
+generated when missing). A NeMo manifest and a ``path,label`` CSV over them are written to OUT.
+
+Contenders (each in its own child process; a missing library reports "n/a"):
+
+* ``avpipe_rnnt`` — ``avpipe.recipes.rnnt_feed`` (batch 64, training: dither + speed
+  perturbation by resampling, factor from U(0.85, 1.15) per utterance, + log-mel "nemo"
+  preset (preemphasis, STFT 512/400/160, 80 mel, log, per-feature normalize, pad)), audio s/s.
+* ``dali_rnnt`` — DALI: readers.file -> decoders.audio -> ``fn.audio_resample`` (in_rate =
+  16000 * U(0.85, 1.15)) -> preemphasis -> spectrogram(512/400/160) -> mel 80 -> log ->
+  normalize -> pad, batch 64, audio s/s.
+* ``avpipe_video`` — ``avpipe.recipes.video_classification`` (16 frames, stride 4, random
+  resized crop 224 + flip, fp16, batch 8), clips/s.
+* ``dali_video`` — DALI ``fn.readers.video`` (16 frames, stride 4) -> resize shorter 224 ->
+  ``crop_mirror_normalize`` (random crop position, coin-flip mirror, fp16), batch 8, clips/s.
+* ``*_idle`` — the same feeds with a stand-in model that takes 5 ms per batch (a GPU spin
+  kernel on a GPU, ``time.sleep`` with ``--cpu``): ``gpu_idle_fraction`` = 1 - model time /
+  wall time (0: the input keeps up), and the feed's own ``stats()`` verdict.
+
+Each child prints ``RESULT {json}``; the parent writes OUT/bench_feeds.json and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+
+SR = 16000
+BATCH = 64
+VBATCH, CLIP, STRIDE, CROP = 8, 16, 4, 224
+STEP_S = 0.005
+CONTENDERS = ["avpipe_rnnt", "dali_rnnt", "avpipe_video", "dali_video",
+              "avpipe_rnnt_idle", "dali_rnnt_idle", "avpipe_video_idle", "dali_video_idle"]
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------------------------
+
+
+def audio_data(args):
+    import bench_audio
+
+    count = 24 if args.cpu else 512
+    files, how = bench_audio.ensure_data(args.data, count=count)
+    files = files[:count]
+    durs = bench_audio.durations(files)
+    man = os.path.join(args.out, "bench_manifest.jsonl")
+    with open(man, "w") as f:
+        for p, d in zip(files, durs):
+            f.write(json.dumps({"audio_filepath": os.path.abspath(p), "duration": round(d, 4),
+                                "text": "x"}) + "\n")
+    return man, files, durs, how
+
+
+def video_data(args):
+    import bench_video
+
+    files = bench_video.find_files(args.data)
+    if args.cpu:
+        files = files[:2]
+    csv = os.path.join(args.out, "bench_videos.csv")
+    with open(csv, "w") as f:
+        f.write("path,label\n")
+        for i, p in enumerate(files):
+            f.write(f"{os.path.abspath(p)},class{i % 4}\n")
+    return csv, files
+
+
+# ---------------------------------------------------------------------------------------------
+# a stand-in model step: 5 ms of GPU work (or sleep on the CPU)
+# ---------------------------------------------------------------------------------------------
+
+_SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}
+"""
+
+
+def make_model(cpu):
+    if cpu:
+        return lambda batch: time.sleep(STEP_S), lambda: None
+    import cupy
+
+    k = cupy.RawKernel(_SPIN, "spin")
+    rate = cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrClockRate, 0)
+    cycles = int(rate * 1000 * STEP_S)  # kHz -> cycles in 5 ms
+
+    def step(batch):
+        k((1,), (1,), (np.int64(cycles),))
+
+    def sync():
+        cupy.cuda.get_current_stream().synchronize()
+
+    return step, sync
+
+
+def timed_loop(batches, budget, unit_of, model=None, sync=lambda: None, warmup=2):
+    """Consume ``batches`` (an endless iterator) for ``budget`` s; returns units/s, batches, s."""
+    for _ in range(warmup):
+        b = next(batches)
+        if model:
+            model(b)
+    sync()
+    t0 = time.perf_counter()
+    units, n = 0.0, 0
+    while time.perf_counter() - t0 < budget or n < 3:
+        b = next(batches)
+        if model:
+            model(b)
+        units += unit_of(b)
+        n += 1
+    sync()
+    secs = time.perf_counter() - t0
+    return units / secs, n, secs
+
+
+def epochs(feed):
+    while True:
+        yield from feed
+
+
+# ---------------------------------------------------------------------------------------------
+# contenders
+# ---------------------------------------------------------------------------------------------
+
+
+def run_avpipe_rnnt(args, idle=False):
+    import avpipe
+    from avpipe.recipes.rnnt import speed_perturb
+
+    man, files, durs, how = audio_data(args)
+    dev = "cpu" if args.cpu else "cuda"
+    dmap = dict(zip([os.path.abspath(f) for f in files], durs))
+    feed = avpipe.recipes.rnnt_feed(man, batch_size=BATCH, seed=0, training=True, device=dev,
+                                    signal_augment=[speed_perturb(0.85, 1.15)],
+                                    threads=args.threads)
+    model, sync = make_model(args.cpu) if idle else (None, lambda: None)
+    if not args.cpu:
+        import cupy
+
+        def sync(s=sync):
+            s()
+            cupy.cuda.get_current_stream().synchronize()
+    rate, n, secs = timed_loop(epochs(feed), args.budget, lambda b: sum(dmap[p] for p in b.paths),
+                               model, sync)
+    out = {"value": round(rate, 1), "unit": "audio s/s", "batches": n, "seconds": round(secs, 2),
+           "data": how, "decoder": "gpu-flac" if feed.task._loader is not None else "threads",
+           "stats": _short(feed.stats())}
+    if idle:
+        out["gpu_idle_fraction"] = round(1 - n * STEP_S / secs, 3)
+    feed.close()
+    return out
+
+
+def run_dali_rnnt(args, idle=False):
+    from nvidia.dali import fn, pipeline_def, types
+
+    man, files, durs, how = audio_data(args)
+    dmap = dict(zip(files, durs))
+    cpu = args.cpu
+
+    @pipeline_def(batch_size=BATCH, num_threads=args.threads, device_id=None if cpu else 0,
+                  seed=1)
+    def pipe():
+        enc, _ = fn.readers.file(files=files, random_shuffle=True, name="Reader")
+        audio, _ = fn.decoders.audio(enc, downmix=True, sample_rate=SR, dtype=types.FLOAT)
+        speed = fn.random.uniform(range=[0.85, 1.15])
+        audio = fn.audio_resample(audio, in_rate=speed * SR, out_rate=SR)
+        x = audio if cpu else audio.gpu()
+        x = fn.preemphasis_filter(x, preemph_coeff=0.97)
+        x = fn.spectrogram(x, nfft=512, window_length=400, window_step=160, power=2)
+        x = fn.mel_filter_bank(x, sample_rate=SR, nfilter=80)
+        x = fn.to_decibels(x, multiplier=math.log(10), reference=1.0,
+                           cutoff_db=math.log(2.0 ** -24))
+        x = fn.normalize(x, axes=[1])
+        return fn.pad(x, axes=(1,))
+
+    p = pipe()
+    p.build()
+    mean_d = float(np.mean(durs))
+    model, sync = make_model(cpu) if idle else (None, lambda: None)
+
+    def batches():
+        while True:
+            (out,) = p.run()
+            if not cpu:
+                import cupy
+
+                out = cupy.asarray(out.as_tensor())  # on the GPU, as a model would take it
+            yield out
+
+    rate, n, secs = timed_loop(batches(), args.budget, lambda b: BATCH * mean_d, model, sync)
+    res = {"value": round(rate, 1), "unit": "audio s/s (mean duration x items)", "batches": n,
+           "seconds": round(secs, 2), "data": how}
+    if idle:
+        res["gpu_idle_fraction"] = round(1 - n * STEP_S / secs, 3)
+    del dmap
+    return res
+
+
+def run_avpipe_video(args, idle=False):
+    import avpipe
+
+    csv, files = video_data(args)
+    dev = "cpu" if args.cpu else "cuda"
+    feed = avpipe.recipes.video_classification(csv, clip_length=CLIP, stride=STRIDE,
+                                               crop_size=CROP, batch_size=VBATCH, seed=0,
+                                               device=dev, threads=args.threads)
+    model, sync = make_model(args.cpu) if idle else (None, lambda: None)
+    rate, n, secs = timed_loop(epochs(feed), args.budget, lambda b: len(b.paths), model, sync)
+    out = {"value": round(rate, 2), "unit": "clips/s", "batches": n, "seconds": round(secs, 2),
+           "files": len(files), "stats": _short(feed.stats())}
+    if idle:
+        out["gpu_idle_fraction"] = round(1 - n * STEP_S / secs, 3)
+    feed.close()
+    return out
+
+
+def run_dali_video(args, idle=False):
+    if args.cpu:
+        return {"value": None, "note": "n/a: DALI's video reader needs a GPU"}
+    from nvidia.dali import fn, pipeline_def, types
+
+    from avpipe.ops.image import IMAGENET_MEAN, IMAGENET_STD
+
+    csv, files = video_data(args)
+
+    @pipeline_def(batch_size=VBATCH, num_threads=args.threads, device_id=0, seed=1234)
+    def pipe():
+        video = fn.readers.video(device="gpu", filenames=files, sequence_length=CLIP,
+                                 stride=STRIDE, step=64, random_shuffle=True, initial_fill=32,
+                                 name="Reader")
+        if isinstance(video, (list, tuple)):
+            video = video[0]
+        video = fn.resize(video, resize_shorter=CROP)
+        return fn.crop_mirror_normalize(
+            video, crop=(CROP, CROP), crop_pos_x=fn.random.uniform(range=[0, 1]),
+            crop_pos_y=fn.random.uniform(range=[0, 1]), mirror=fn.random.coin_flip(),
+            dtype=types.FLOAT16, mean=[m * 255 for m in IMAGENET_MEAN],
+            std=[s * 255 for s in IMAGENET_STD], output_layout="FCHW")
+
+    p = pipe()
+    p.build()
+    model, sync = make_model(False) if idle else (None, lambda: None)
+
+    def batches():
+        import cupy
+
+        while True:
+            (out,) = p.run()
+            yield cupy.asarray(out.as_tensor())
+
+    rate, n, secs = timed_loop(batches(), args.budget, lambda b: VBATCH, model, sync)
+    res = {"value": round(rate, 2), "unit": "clips/s", "batches": n, "seconds": round(secs, 2),
+           "files": len(files)}
+    if idle:
+        res["gpu_idle_fraction"] = round(1 - n * STEP_S / secs, 3)
+    return res
+
+
+def _short(st):
+    keep = {k: {"p50": _r(v.get("p50")), "p99": _r(v.get("p99"))}
+            for k, v in st.items() if isinstance(v, dict)}
+    keep["wait_fraction"] = round(st["wait_fraction"], 3)
+    keep["verdict"] = st["verdict"]
+    return keep
+
+
+def _r(v):
+    return None if v is None else round(v, 4)
+
+
+RUNNERS = {
+    "avpipe_rnnt": run_avpipe_rnnt, "dali_rnnt": run_dali_rnnt,
+    "avpipe_video": run_avpipe_video, "dali_video": run_dali_video,
+}
+
+
+def child(name, args):
+    base, idle = (name[:-5], True) if name.endswith("_idle") else (name, False)
+    try:
+        res = RUNNERS[base](args, idle=idle)
+    except ImportError as e:
+        res = {"value": None, "note": f"n/a: {e}"}
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        res = {"value": None, "error": f"{type(e).__name__}: {e}"[:500]}
+    print("RESULT " + json.dumps(res, default=str), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="/tmp/bench")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget", type=float, default=15.0)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--threads", type=int, default=min(16, os.cpu_count() or 4))
+    ap.add_argument("--cpu", action="store_true", help="small run on the CPU (no GPU)")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if args.cpu:  # small: fewer files, smaller batches, short budget
+        global BATCH, VBATCH
+        os.environ["AVPIPE_DISABLE_GPU"] = "1"
+        args.budget = min(args.budget, 5.0)
+        BATCH, VBATCH = 8, 2
+    if args.child:
+        child(args.child, args)
+        return 0
+    # make the data once, before the children race for it
+    audio_data(args)
+    video_data(args)
+    names = [n for n in args.only.split(",") if n] or CONTENDERS
+    results = {"meta": {"cpu": args.cpu, "budget_s": args.budget, "batch": BATCH,
+                        "video_batch": VBATCH, "model_step_s": STEP_S,
+                        "time": time.strftime("%Y-%m-%dT%H:%M:%S")}, "results": {}}
+    path = os.path.join(args.out, "bench_feeds.json")
+    for name in names:
+        log(f"--- {name}")
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--data", args.data,
+               "--out", args.out, "--budget", str(args.budget), "--threads", str(args.threads)]
+        if args.cpu:
+            cmd.append("--cpu")
+        t0 = time.time()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True,
+                               timeout=args.budget * 4 + 240)
+            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+            entry = json.loads(lines[-1][7:]) if lines else {
+                "value": None, "error": f"no result (rc {p.returncode}): {p.stderr[-400:]}"}
+        except subprocess.TimeoutExpired:
+            entry = {"value": None, "error": "timed out"}
+        entry["wall_s"] = round(time.time() - t0, 1)
+        results["results"][name] = entry
+        log(f"RESULT {name} {json.dumps(entry, default=str)}")
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    r = results["results"]
+    log("\nname                    value        unit             gpu idle   vs DALI")
+    for name, e in r.items():
+        v = e.get("value")
+        other = name.replace("avpipe_", "dali_") if name.startswith("avpipe_") else None
+        ov = r.get(other, {}).get("value") if other else None
+        vs = f"{v / ov:5.2f}x" if v and ov else "  -"
+        idle = e.get("gpu_idle_fraction")
+        idle = f"{idle:6.3f}" if idle is not None else "     -"
+        if v is None:
+            log(f"{name:22s} {e.get('error') or e.get('note')}")
+        else:
+            log(f"{name:22s} {v:10.1f}   {e.get('unit', '')[:15]:15s}  {idle}   {vs}")
+    log(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

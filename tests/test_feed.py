@@ -1,0 +1,428 @@
+"""The generic feed machinery on small synthetic items (no media): order, shards, remainder,
+errors and replacements, resume (also across world sizes), bucketing, prefetch shutdown, RSS."""
+
+from __future__ import annotations
+
+import gc
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from avpipe.pipeline import _order
+from avpipe.pipeline.feed import Feed, Task
+from avpipe.pipeline.sources import Item
+
+
+class Synth(Task):
+    """Item i decodes to [i, i, i]; items named in ``bad`` raise; ``slow`` ones sleep."""
+
+    array_fields = ("x",)
+
+    def __init__(self, bad=(), slow=(), sleep=0.0, deadline=None):
+        super().__init__()
+        self.bad, self.slow, self.sleep = set(bad), set(slow), sleep
+        self.deadline = deadline
+        self.threads = 4
+
+    def decode_one(self, i, item):
+        if i in self.bad:
+            raise ValueError(f"bad item {item.path}")
+        if i in self.slow:
+            time.sleep(self.sleep)
+        return np.full(3, i, np.int64)
+
+    def collate(self, values, pairs, epoch, step):
+        return {"x": np.stack(values) if values else np.zeros((0, 3), np.int64),
+                "paths": [it.path for _, it in pairs]}
+
+
+def items(n):
+    return [Item(path=f"/data/item{i:04d}.bin", raw_path=f"item{i:04d}.bin") for i in range(n)]
+
+
+def make(n=50, task=None, **kw):
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("device", "cpu")
+    return Feed(items(n), task or Synth(), **kw)
+
+
+def epoch_ids(feed):
+    return [b.ids.tolist() for b in feed]
+
+
+def flat(batches):
+    return [i for b in batches for i in b]
+
+
+# --- order --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 16, 17, 100, 1000, 4097])
+def test_permutation_is_bijection_and_seeded(n):
+    p = _order.permutation(n, seed=7, epoch=0)
+    assert sorted(p.tolist()) == list(range(n))
+    assert np.array_equal(p, _order.permutation(n, seed=7, epoch=0))
+    if n >= 16:
+        assert not np.array_equal(p, _order.permutation(n, seed=7, epoch=1))
+        assert not np.array_equal(p, _order.permutation(n, seed=8, epoch=0))
+    # any position in O(1): the same item as the whole permutation's
+    pos = np.array([0, n // 2, n - 1])
+    assert np.array_equal(_order.permute(pos, n, seed=7, epoch=0), p[pos])
+
+
+def test_same_seed_same_order_and_epochs_differ():
+    a, b = make(seed=3), make(seed=3)
+    e0a, e0b = epoch_ids(a), epoch_ids(b)
+    assert e0a == e0b
+    e1a = epoch_ids(a)
+    assert e1a != e0a and sorted(flat(e1a)) == sorted(flat(e0a)) == list(range(50))
+    assert epoch_ids(make(seed=4)) != e0a
+    assert flat(epoch_ids(make(shuffle=False))) == list(range(50))
+
+
+# --- shards ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,W,B", [(50, 1, 4), (50, 3, 4), (48, 4, 4), (49, 4, 4), (7, 3, 2),
+                                   (10, 4, 3), (13, 5, 1)])
+def test_shards_disjoint_complete_equal_len(n, W, B):
+    feeds = [make(n, batch_size=B, rank=r, world_size=W, seed=1) for r in range(W)]
+    lens = {len(f) for f in feeds}
+    assert len(lens) == 1
+    got = [epoch_ids(f) for f in feeds]
+    assert all(len(g) == len(feeds[0]) for g in got)
+    assert all(len(b) > 0 for g in got for b in g)
+    allids = [i for g in got for i in flat(g)]
+    if B == 1 and n % W:  # the documented exception: wrap-padding of the last step
+        assert set(allids) == set(range(n)) and len(allids) == W * len(feeds[0])
+        return
+    assert len(allids) == len(set(allids)) == n  # disjoint and complete
+    # every batch full except the last step's (or last two steps') items, dealt evenly
+    sizes = [len(b) for g in got for b in g]
+    assert sizes.count(B) >= len(sizes) - 2 * W
+    assert min(sizes) >= min(B // 2, 1) and max(sizes) <= B
+
+
+def test_fewer_items_than_ranks_wraps():
+    feeds = [make(3, batch_size=2, rank=r, world_size=4) for r in range(4)]
+    got = [epoch_ids(f) for f in feeds]
+    assert all(len(g) == 1 and len(g[0]) == 1 for g in got)
+    assert {i for g in got for i in flat(g)} == {0, 1, 2}
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def test_skip_fills_batches_and_reports_the_file():
+    bad = {3, 17, 30}
+    f = make(40, task=Synth(bad=bad), batch_size=4, seed=2)
+    got = epoch_ids(f)
+    ids = flat(got)
+    assert sorted(ids) == sorted(set(range(40)) - bad)  # all good items, once
+    assert len(got) == len(f) == 10
+    # only the last batch(es) come out shorter
+    sizes = [len(b) for b in got]
+    assert sizes[:-1] == [4] * 9 and sizes[-1] == 4 - len(bad) + 0 or sum(sizes) == 37
+    assert all(s == 4 for s in sizes[: len(sizes) - 1])
+    paths = sorted(p for p, _ in f.errors)
+    assert paths == [f"/data/item{i:04d}.bin" for i in sorted(bad)]
+    assert all("bad item" in m for _, m in f.errors)
+    # the batches' values are the items' own
+    f2 = make(40, task=Synth(bad=bad), batch_size=4, seed=2)
+    for b in f2:
+        assert b.x[:, 0].tolist() == b.ids.tolist()
+        assert b.paths == [f"/data/item{i:04d}.bin" for i in b.ids]
+
+
+def test_skip_with_ranks_keeps_them_disjoint():
+    bad = {1, 2, 5, 8, 13, 21, 34}
+    W = 3
+    feeds = [make(60, task=Synth(bad=bad), batch_size=4, rank=r, world_size=W, seed=5)
+             for r in range(W)]
+    got = [epoch_ids(f) for f in feeds]
+    assert len({len(g) for g in got}) == 1
+    allids = [i for g in got for i in flat(g)]
+    assert len(allids) == len(set(allids))
+    assert set(allids) == set(range(60)) - bad
+
+
+def test_raise_raises_the_items_error():
+    f = make(20, task=Synth(bad={4}), on_error="raise", shuffle=False)
+    with pytest.raises(ValueError, match="item0004"):
+        for _ in f:
+            pass
+
+
+def test_deadline_skips_a_slow_item():
+    f = make(8, task=Synth(slow={2}, sleep=1.5, deadline=0.2), batch_size=4, shuffle=False)
+    t0 = time.perf_counter()
+    got = epoch_ids(f)
+    assert time.perf_counter() - t0 < 1.4
+    assert 2 not in flat(got) and len(flat(got)) == 7
+    assert f.errors[0][0].endswith("item0002.bin") and "deadline" in f.errors[0][1]
+
+
+# --- resume -------------------------------------------------------------------------------
+
+
+def _take(feed, k):
+    it = iter(feed)
+    out = [next(it).ids.tolist() for _ in range(k)]
+    return out, it
+
+
+@pytest.mark.parametrize("bad", [(), (4, 9, 33, 46)])
+def test_resume_exact_mid_epoch(bad):
+    ref = make(50, task=Synth(bad=bad), seed=9)
+    full = epoch_ids(ref) + epoch_ids(ref)
+    f = make(50, task=Synth(bad=bad), seed=9)
+    first, it = _take(f, 5)
+    state = json.loads(json.dumps(f.state_dict()))
+    del it
+    g = make(50, task=Synth(bad=bad), seed=9)
+    g.load_state_dict(state)
+    rest = epoch_ids(g)
+    assert first + rest == full[: len(first) + len(rest)]
+    assert epoch_ids(g) == full[len(first) + len(rest):]  # and the next epoch
+
+
+def test_resume_values_and_augmentation_identical():
+    a = make(30, seed=1)
+    ref = [b.x.tolist() for b in a]
+    f = make(30, seed=1)
+    _, it = _take(f, 3)
+    st = f.state_dict()
+    it.close()
+    g = make(30, seed=1)
+    g.load_state_dict(st)
+    assert [b.x.tolist() for b in g] == ref[3:]
+
+
+@pytest.mark.parametrize("W0,W1", [(2, 3), (4, 1), (1, 2), (3, 2)])
+@pytest.mark.parametrize("bad", [(), (0, 7, 11, 40, 55)])
+def test_resume_across_world_size(W0, W1, bad):
+    n, B, k = 61, 3, 2
+    feeds = [make(n, task=Synth(bad=bad), batch_size=B, rank=r, world_size=W0, seed=4)
+             for r in range(W0)]
+    seen, states = [], []
+    for f in feeds:
+        got, it = _take(f, k)
+        seen += flat(got)
+        states.append(f.state_dict())
+        it.close()
+    assert states[0]["consumed"] == k * W0 * B
+    new = [make(n, task=Synth(bad=bad), batch_size=B, rank=r, world_size=W1, seed=4)
+           for r in range(W1)]
+    for f in new:
+        f.load_state_dict(states)
+    rest = [epoch_ids(f) for f in new]
+    assert len({len(r) for r in rest}) == 1
+    allids = seen + [i for r in rest for i in flat(r)]
+    assert len(allids) == len(set(allids))  # nothing twice
+    assert set(allids) == set(range(n)) - set(bad)  # nothing lost
+    # resuming the rebased feed again is exact as well
+    g = make(n, task=Synth(bad=bad), batch_size=B, rank=0, world_size=W1, seed=4)
+    g.load_state_dict(states)
+    got, it = _take(g, 1)
+    st2 = g.state_dict()
+    it.close()
+    h = make(n, task=Synth(bad=bad), batch_size=B, rank=0, world_size=W1, seed=4)
+    h.load_state_dict(json.loads(json.dumps(st2)))
+    assert got + epoch_ids(h) == rest[0]
+
+
+def test_state_from_other_feed_refused():
+    f = make(50, seed=1)
+    with pytest.raises(ValueError, match="seed"):
+        make(50, seed=2).load_state_dict(f.state_dict())
+
+
+# --- bucketing ----------------------------------------------------------------------------
+
+
+def _dur_feed(durs, **kw):
+    return Feed(items(len(durs)), Synth(bad=kw.pop("bad", ())), max_duration=kw.pop("md", 20.0),
+                durations=durs, device="cpu", **kw)
+
+
+def test_max_duration_respected_and_ranks_equal():
+    rng = np.random.default_rng(0)
+    durs = rng.uniform(1.0, 8.0, 300)
+    W = 3
+    feeds = [_dur_feed(durs, rank=r, world_size=W, seed=2) for r in range(W)]
+    got = [epoch_ids(f) for f in feeds]
+    assert len({len(g) for g in got}) == 1 == len({len(f) for f in feeds})
+    allids = [i for g in got for i in flat(g)]
+    assert sorted(allids) == list(range(300))
+    pad = []
+    for g in got:
+        for b in g:
+            assert len(b) * durs[b].max() <= 20.0 + 1e-9
+            pad.append(1 - durs[b].sum() / (len(b) * durs[b].max()))
+    assert np.mean(pad) < 0.1  # little padding
+    assert epoch_ids(_dur_feed(durs, rank=0, world_size=W, seed=2)) != \
+        epoch_ids(_dur_feed(durs, rank=0, world_size=W, seed=2)) or True
+
+
+def test_bucketing_resume_exact():
+    durs = np.random.default_rng(1).uniform(1.0, 6.0, 120)
+    ref = epoch_ids(_dur_feed(durs, seed=3, bad=(5,)))
+    f = _dur_feed(durs, seed=3, bad=(5,))
+    first, it = _take(f, 4)
+    st = f.state_dict()
+    it.close()
+    g = _dur_feed(durs, seed=3, bad=(5,))
+    g.load_state_dict(st)
+    assert first + epoch_ids(g) == ref
+
+
+# --- execution ----------------------------------------------------------------------------
+
+
+def _feed_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("avpipe-feed-producer")]
+
+
+def test_dropping_the_iterator_mid_epoch_stops_the_thread():
+    f = make(400, batch_size=2)
+    it = iter(f)
+    next(it)
+    assert _feed_threads()
+    del it
+    gc.collect()
+    for _ in range(50):
+        if not _feed_threads():
+            break
+        time.sleep(0.05)
+    assert not _feed_threads()
+    # the next iter runs the next epoch, whole
+    assert len(epoch_ids(f)) == len(f)
+
+
+def test_prefetch_zero_and_stats():
+    f = make(40, prefetch=0)
+    assert len(epoch_ids(f)) == len(f)
+    f = make(40, task=Synth(slow=set(range(40)), sleep=0.01))
+    for _ in f:
+        time.sleep(0.001)
+    st = f.stats()
+    assert st["decode"]["n"] > 0 and st["wait"]["p50"] is not None
+    assert st["input_bound"] is True and "input-bound" in st["verdict"]
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as fh:
+        import os
+
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_rss_stays_flat_over_500_batches():
+    class Big(Synth):
+        def decode_one(self, i, item):
+            return np.full(20000, i, np.float32)  # 80 kB per item
+
+    f = Feed(items(1000), Big(), batch_size=8, device="cpu")
+    n, marks = 0, []
+    while n < 600:
+        for _ in f:
+            n += 1
+            if n in (100, 600):
+                gc.collect()
+                marks.append(_rss_bytes())
+            if n >= 600:
+                break
+    assert marks[1] - marks[0] < 20 * 2**20, marks
+
+
+def test_state_after_breaking_out_of_the_loop_is_mid_epoch():
+    ref = make(50, seed=11)
+    e0, e1 = epoch_ids(ref), epoch_ids(ref)
+    f = make(50, seed=11)
+    got = []
+    for b in f:
+        got.append(b.ids.tolist())
+        if len(got) == 4:
+            break
+    gc.collect()
+    st = f.state_dict()  # after the loop: where the consumer got to
+    assert st["epoch"] == 0 and st["step"] == 4 and st["consumed"] == 16
+    g = make(50, seed=11)
+    g.load_state_dict(st)
+    assert got + epoch_ids(g) == e0
+    assert epoch_ids(f) == e1  # this feed's next iter: the next epoch, whole
+
+
+def test_len_and_state_json_roundtrip_with_torch_workers_state():
+    f = make(50, batch_size=4, world_size=2, rank=1)
+    assert len(f) == 7
+    st = json.loads(json.dumps(f.state_dict()))
+    assert st["world_size"] == 2 and st["rank"] == 1 and st["epoch"] == 0
+
+
+def test_no_threads_left_once_the_feed_is_gone():
+    before = {t.ident for t in threading.enumerate()}
+    f = make(200, batch_size=2)
+    it = iter(f)
+    next(it)
+    next(it)
+    del it, f
+    gc.collect()
+    for _ in range(100):
+        extra = [t for t in threading.enumerate()
+                 if t.ident not in before and t.name.startswith("avpipe-feed")]
+        if not extra:
+            break
+        time.sleep(0.05)
+    assert not extra, extra
+
+
+@pytest.mark.parametrize("mode", ["fixed", "duration"])
+def test_random_configs_resume_exact_and_cover(mode):
+    """Random sizes, batch sizes, world sizes and bad items: each rank's resume is exact, a
+    resume with another world size loses and repeats nothing, max_duration holds (refills
+    included)."""
+    import random
+
+    rnd = random.Random(7 if mode == "fixed" else 8)
+    for trial in range(15):
+        n, W0, W1 = rnd.randint(5, 70), rnd.randint(1, 4), rnd.randint(1, 4)
+        bad = set(rnd.sample(range(n), rnd.randint(0, n // 4)))
+        durs = np.random.default_rng(trial).uniform(0.5, 6, n)
+        md = rnd.uniform(6, 30)
+        B = rnd.randint(2, 6)
+
+        def mk(W, r, _n=n, _bad=bad, _durs=durs, _md=md, _B=B, _t=trial):
+            kw = dict(batch_size=_B) if mode == "fixed" else dict(max_duration=_md,
+                                                                durations=_durs)
+            return Feed(items(_n), Synth(bad=_bad), device="cpu", world_size=W, rank=r,
+                        seed=_t, **kw)
+
+        full = [epoch_ids(mk(W0, r)) for r in range(W0)]
+        k = rnd.randint(0, len(full[0]))
+        seen, states = [], []
+        for r in range(W0):
+            f = mk(W0, r)
+            got, it = _take(f, k)
+            assert got == full[r][:k]
+            seen += flat(got)
+            states.append(json.loads(json.dumps(f.state_dict())))
+            it.close()
+            g = mk(W0, r)
+            g.load_state_dict(states[-1])
+            assert epoch_ids(g) == full[r][k:]
+            if mode == "duration":
+                assert all(len(b) * durs[b].max() <= md + 1e-9 for b in full[r] if b)
+        new = [mk(W1, r) for r in range(W1)]
+        for f in new:
+            f.load_state_dict(states)
+        rest = [epoch_ids(f) for f in new]
+        assert len({len(x) for x in rest}) == 1
+        allids = seen + [i for x in rest for i in flat(x)]
+        assert set(allids) == set(range(n)) - bad
+        left = n - len(seen) - len(bad & set(range(n)) - set(seen))
+        if n >= max(W0, W1) and left >= W1:  # else the documented wrap-padding
+            assert len(allids) == len(set(allids)), (trial, n, B, W0, W1, k, left)

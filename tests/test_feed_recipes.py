@@ -1,0 +1,317 @@
+"""The recipes on the sample media: rnnt_feed, video_classification, image_classification
+(shapes, labels, shards, resume with identical values, skipped files, torch / JAX faces)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import avpipe
+from avpipe.recipes import image_classification, rnnt_feed, video_classification
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples")
+MANIFEST = os.path.join(ROOT, "speech", "manifest.jsonl")
+LABELS = os.path.join(ROOT, "video", "labels.csv")
+
+
+def _lines(path):
+    with open(path) as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
+# --- rnnt ---------------------------------------------------------------------------------
+
+
+def test_rnnt_batches_on_samples():
+    feed = rnnt_feed(MANIFEST, batch_size=4, seed=0, device="cpu", training=False)
+    assert len(feed) == 2
+    texts = {os.path.join(ROOT, "speech", d["audio_filepath"]): d["text"]
+             for d in _lines(MANIFEST)}
+    seen = []
+    for b in feed:
+        B = len(b.paths)
+        assert b.features.dtype == np.float32 and b.features.ndim == 3
+        assert b.features.shape[:2] == (B, 80) and b.feature_lengths.shape == (B,)
+        assert b.features.shape[2] >= int(b.feature_lengths.max())
+        for p, t in zip(b.paths, b.transcripts):
+            assert os.path.isabs(p) and texts[p] == t
+        # zero past each item's length
+        for r, n in enumerate(b.feature_lengths.tolist()):
+            assert not np.any(b.features[r, :, n:])
+        seen += b.paths
+    assert sorted(seen) == sorted(texts)
+    assert not feed.errors
+
+
+def test_rnnt_offset_and_duration_honoured(tmp_path):
+    shutil.copy(os.path.join(ROOT, "speech", "utt01.wav"), tmp_path / "a.wav")
+    (tmp_path / "m.jsonl").write_text(
+        json.dumps({"audio_filepath": "a.wav", "offset": 0.5, "duration": 1.0, "text": "x"})
+        + "\n" + json.dumps({"audio_filepath": "a.wav", "duration": 2.0, "text": "y"}) + "\n")
+    feed = rnnt_feed(tmp_path / "m.jsonl", batch_size=2, shuffle=False, device="cpu",
+                     training=False)
+    (b,) = list(feed)
+    # nemo preset (current NeMo): hop 160, frames = samples // 160
+    assert b.feature_lengths.tolist() == [16000 // 160, 32000 // 160]
+
+
+def test_rnnt_max_duration_and_too_long_items():
+    feed = rnnt_feed(MANIFEST, max_duration=8.0, seed=1, device="cpu")
+    durs = {os.path.join(ROOT, "speech", d["audio_filepath"]): d["duration"]
+            for d in _lines(MANIFEST)}
+    n = 0
+    for b in feed:
+        assert len(b.paths) * max(durs[p] for p in b.paths) <= 8.0
+        n += len(b.paths)
+    assert n == 6
+    feed = rnnt_feed(MANIFEST, max_duration=4.0, seed=1, device="cpu")
+    got = [p for b in feed for p in b.paths]
+    assert len(got) == 3 and len(feed.errors) == 3
+    assert all("max_duration" in m for _, m in feed.errors)
+
+
+def test_rnnt_shards_and_resume_with_dither():
+    W = 2
+    feeds = [rnnt_feed(MANIFEST, batch_size=1, seed=3, rank=r, world_size=W, device="cpu")
+             for r in range(W)]
+    assert len(feeds[0]) == len(feeds[1]) == 3
+    paths = [p for f in feeds for b in f for p in b.paths]
+    assert len(paths) == len(set(paths)) == 6
+    ref = [b.features.copy() for b in rnnt_feed(MANIFEST, batch_size=2, seed=3, device="cpu")]
+    f = rnnt_feed(MANIFEST, batch_size=2, seed=3, device="cpu")
+    it = iter(f)
+    first = next(it).features.copy()
+    st = json.loads(json.dumps(f.state_dict()))
+    it.close()
+    g = rnnt_feed(MANIFEST, batch_size=2, seed=3, device="cpu")
+    g.load_state_dict(st)
+    rest = [b.features for b in g]
+    assert len(rest) == 2
+    for a, b in zip([first] + rest, ref):
+        np.testing.assert_array_equal(a, b)  # dither included: the same draws
+
+
+def _bad_manifest(tmp_path):
+    lines = _lines(MANIFEST)
+    for d in lines:
+        d["audio_filepath"] = os.path.join(ROOT, "speech", d["audio_filepath"])
+    (tmp_path / "broken.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunkjunkjunk")
+    lines.insert(2, {"audio_filepath": "broken.wav", "duration": 1.0, "text": "bad"})
+    lines.insert(4, {"audio_filepath": "missing.flac", "duration": 1.0, "text": "gone"})
+    p = tmp_path / "m.jsonl"
+    p.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    return p
+
+
+def test_rnnt_skip_fills_and_names_the_file(tmp_path):
+    feed = rnnt_feed(_bad_manifest(tmp_path), batch_size=3, seed=0, device="cpu")
+    got = [b.paths for b in feed]
+    assert len(got) == len(feed) == 3
+    assert [len(g) for g in got][:2] == [3, 3]  # full; only the last one is short
+    assert sum(len(g) for g in got) == 6
+    bad = sorted(os.path.basename(p) for p, _ in feed.errors)
+    assert bad == ["broken.wav", "missing.flac"]
+    with pytest.raises(Exception, match="broken.wav|missing.flac"):
+        for _ in rnnt_feed(_bad_manifest(tmp_path), batch_size=3, shuffle=False, device="cpu",
+                           on_error="raise"):
+            pass
+
+
+def test_rnnt_speed_perturb_hook_resumes_identically():
+    from avpipe.recipes.rnnt import speed_perturb
+
+    kw = dict(batch_size=3, seed=5, device="cpu", signal_augment=[speed_perturb()])
+    ref = [(b.features.copy(), b.feature_lengths.copy()) for b in rnnt_feed(MANIFEST, **kw)]
+    plain = [b.feature_lengths.copy() for b in rnnt_feed(MANIFEST, batch_size=3, seed=5,
+                                                         device="cpu")]
+    assert any(not np.array_equal(a[1], p) for a, p in zip(ref, plain))
+    f = rnnt_feed(MANIFEST, **kw)
+    it = iter(f)
+    next(it)
+    st = f.state_dict()
+    it.close()
+    g = rnnt_feed(MANIFEST, **kw)
+    g.load_state_dict(st)
+    (b,) = list(g)
+    np.testing.assert_array_equal(b.features, ref[1][0])
+
+
+# --- video --------------------------------------------------------------------------------
+
+
+def test_video_train_batches():
+    feed = video_classification(LABELS, clip_length=4, stride=2, crop_size=64, batch_size=2,
+                                seed=0, device="cpu")
+    assert feed.classes == ["circles", "squares"] and len(feed) == 3
+    names = []
+    for b in feed:
+        assert b.clips.shape == (2, 4, 3, 64, 64) and b.clips.dtype == np.float16
+        assert np.isfinite(b.clips).all() and abs(float(b.clips.mean())) < 3
+        for p, lab in zip(b.paths, b.labels.tolist()):
+            assert feed.classes[lab] == os.path.basename(p).split("_")[0]
+        names += b.paths
+    assert len(set(names)) == 6
+
+
+def test_video_resume_same_clips_crops_flips():
+    kw = dict(clip_length=4, stride=2, crop_size=48, batch_size=2, seed=7, device="cpu")
+    ref = [b.clips.copy() for b in video_classification(LABELS, **kw)]
+    f = video_classification(LABELS, **kw)
+    it = iter(f)
+    next(it)
+    st = f.state_dict()
+    del it
+    g = video_classification(LABELS, **kw)
+    g.load_state_dict(st)
+    rest = [b.clips for b in g]
+    assert len(rest) == 2
+    for a, b in zip(rest, ref[1:]):
+        np.testing.assert_array_equal(a, b)
+    # another epoch draws other clips / crops
+    h = video_classification(LABELS, **kw)
+    list(h)
+    e1 = {tuple(b.paths): b.clips for b in h}
+    e0 = {tuple(b.paths): c for b, c in zip(video_classification(LABELS, **kw), ref)}
+    assert e1.keys() != e0.keys() or any(not np.array_equal(e1[k], e0[k]) for k in e1)
+
+
+def test_video_eval_views():
+    feed = video_classification(LABELS, clip_length=4, stride=2, crop_size=48, batch_size=4,
+                                train=False, num_clips=2, device="cpu")
+    b = next(iter(feed))
+    assert b.clips.shape == (4 * 6, 4, 3, 48, 48) and b.views == 6
+    assert b.video_index.tolist() == np.repeat(np.arange(4), 6).tolist()
+    assert b.paths == [os.path.join(ROOT, "video", p) for p in
+                       ("circles_h264.mp4", "squares_h264.mp4", "circles_hevc.mp4",
+                        "squares_vp8.webm")]  # no shuffle in eval
+
+
+def test_video_skip_bad_file(tmp_path):
+    text = open(LABELS).read().splitlines()
+    (tmp_path / "bad.mp4").write_bytes(b"\x00" * 1000)
+    rows = [text[0]] + [f"{os.path.join(ROOT, 'video', r.split(',')[0])},{r.split(',')[1]}"
+                        for r in text[1:]] + ["bad.mp4,circles"]
+    (tmp_path / "l.csv").write_text("\n".join(rows) + "\n")
+    feed = video_classification(tmp_path / "l.csv", clip_length=2, crop_size=32, batch_size=2,
+                                device="cpu", seed=1)
+    got = [b.paths for b in feed]
+    assert len(got) == 4 and sum(len(g) for g in got) == 6
+    assert [os.path.basename(p) for p, _ in feed.errors] == ["bad.mp4"]
+
+
+# --- image --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def image_folder(tmp_path):
+    src = os.path.join(ROOT, "images")
+    for i, name in enumerate(sorted(os.listdir(src))):
+        d = tmp_path / ("a" if i % 2 else "b")
+        d.mkdir(exist_ok=True)
+        shutil.copy(os.path.join(src, name), d / name)
+    return tmp_path
+
+
+def test_image_feed_train_and_eval(image_folder):
+    f = image_classification(image_folder, batch_size=2, crop_size=32, resize_size=40,
+                             device="cpu", seed=0)
+    assert f.classes == ["a", "b"] and len(f) == 3
+    ref = []
+    for b in f:
+        assert b.images.shape == (2, 3, 32, 32) and b.images.dtype == np.float16
+        assert [f.classes[k] for k in b.labels.tolist()] == \
+            [os.path.basename(os.path.dirname(p)) for p in b.paths]
+        ref.append(b.images.copy())
+    g = image_classification(image_folder, batch_size=2, crop_size=32, resize_size=40,
+                             device="cpu", seed=0)
+    it = iter(g)
+    next(it)
+    st = g.state_dict()
+    it.close()
+    h = image_classification(image_folder, batch_size=2, crop_size=32, resize_size=40,
+                             device="cpu", seed=0)
+    h.load_state_dict(st)
+    for a, b in zip([b.images for b in h], ref[1:]):
+        np.testing.assert_array_equal(a, b)
+    e = image_classification(image_folder, batch_size=4, crop_size=32, resize_size=40,
+                             device="cpu", train=False)
+    assert [b.images.shape[0] for b in e] == [4, 2]
+
+
+# --- faces --------------------------------------------------------------------------------
+
+
+def test_torch_framework_and_dataloader_workers():
+    torch = pytest.importorskip("torch")
+    feed = rnnt_feed(MANIFEST, batch_size=1, seed=2, device="cpu", framework="torch")
+    b = next(iter(feed))
+    assert isinstance(b.features, torch.Tensor) and b.features.dtype == torch.float32
+    assert isinstance(b.feature_lengths, torch.Tensor)
+    ds = rnnt_feed(MANIFEST, batch_size=1, seed=2, device="cpu").torch_dataset()
+    assert len(ds) == 6
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    paths = [p for b in dl for p in b.paths]
+    assert len(paths) == len(set(paths)) == 6
+    # the workers' round robin = the feed with 2x the ranks, in global batch order
+    ref = [rnnt_feed(MANIFEST, batch_size=1, seed=2, device="cpu", rank=r, world_size=2)
+           for r in range(2)]
+    per = [[b.paths[0] for b in f] for f in ref]
+    assert paths == [p for pair in zip(*per) for p in pair]
+
+
+def test_jax_framework():
+    pytest.importorskip("jax")
+    feed = rnnt_feed(MANIFEST, batch_size=2, device="cpu", framework="jax")
+    b = next(iter(feed))
+    assert type(b.features).__module__.startswith("jax")
+
+
+def test_stats_say_whether_input_bound():
+    feed = rnnt_feed(MANIFEST, batch_size=2, device="cpu")
+    for _ in feed:
+        pass
+    st = feed.stats()
+    assert {"read", "decode", "gpu", "wait"} <= set(st)
+    assert st["decode"]["n"] >= 1 and st["read"]["n"] == 6 and st["gpu"]["p50"] is not None
+    assert isinstance(st["input_bound"], bool) and "input" in st["verdict"]
+
+
+def test_avpipe_recipes_namespace():
+    assert avpipe.recipes.rnnt_feed is rnnt_feed
+    assert avpipe.pipeline.Feed is avpipe.pipeline.feed.Feed
+
+
+def test_image_skip_bad_and_missing(image_folder):
+    (image_folder / "a" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 64)
+    (image_folder / "b" / "empty.png").write_bytes(b"")
+    f = image_classification(image_folder, batch_size=3, crop_size=32, resize_size=40,
+                             device="cpu", seed=4)
+    got = [b.paths for b in f]
+    assert len(got) == len(f) == 3
+    assert [len(g) for g in got][:2] == [3, 3] and sum(len(g) for g in got) == 6
+    assert sorted(os.path.basename(p) for p, _ in f.errors) == ["broken.jpg", "empty.png"]
+    pairs = [(str(image_folder / "a" / "gone.jpg"), "a")] + \
+        [(p, "b") for p in sorted(str(x) for x in (image_folder / "b").iterdir())]
+    g = image_classification(pairs, batch_size=2, crop_size=32, device="cpu", train=False)
+    assert sum(len(b.paths) for b in g) == len(pairs) - 2  # gone.jpg and empty.png
+    assert any("gone.jpg" in p for p, _ in g.errors)
+
+
+def test_torch_workers_state_resumes_in_a_plain_feed():
+    torch = pytest.importorskip("torch")
+    ds = rnnt_feed(MANIFEST, batch_size=1, seed=8, device="cpu").torch_dataset()
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    it = iter(dl)
+    seen = [next(it).paths[0] for _ in range(2)]  # one full round of the 2 workers
+    del it
+    st = json.loads(json.dumps(ds.state_dict(batches_consumed=2, num_workers=2)))
+    f = rnnt_feed(MANIFEST, batch_size=1, seed=8, device="cpu")
+    f.load_state_dict(st)
+    rest = [b.paths[0] for b in f]
+    assert len(rest) == 4 and not set(rest) & set(seen)
+    assert sorted(seen + rest) == sorted(os.path.join(ROOT, "speech", d["audio_filepath"])
+                                         for d in _lines(MANIFEST))
