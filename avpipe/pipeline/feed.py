@@ -58,7 +58,7 @@ import numpy as np
 from ..device import export, resolve_device
 from . import _order
 
-__all__ = ["Feed", "Task", "Batch", "FeedDataset", "map_with_deadline"]
+__all__ = ["Feed", "Task", "Batch", "dataset_class", "map_with_deadline"]  # + FeedDataset (lazy)
 
 _STAGES = ("read", "decode", "gpu", "wait", "step")
 
