@@ -33,7 +33,9 @@ class Audio:
     (a mono file read with ``mono=False`` gives ``[1, n]``); numpy, or cupy with
     ``device="cuda"``. ``sample_rate``: of ``samples``. ``source_sample_rate`` and
     ``source_channels``: the file's own. ``offset_samples``: where the read began, in samples
-    at the file's rate.
+    at the file's rate. ``damaged``: None for a clean read, else why the file is damaged
+    though samples were decoded (e.g. it ends before its header says: the samples are what it
+    holds); ``load_audio(strict=True)`` raises :class:`~avpipe.CorruptDataError` instead.
     """
 
     samples: Any
@@ -42,6 +44,7 @@ class Audio:
     source_channels: int = 0
     offset_samples: int = 0
     source: str = field(default="", repr=False)
+    damaged: str | None = None
 
     @property
     def num_samples(self) -> int:
@@ -122,7 +125,59 @@ def _read_soundfile(src, offset, duration, dtype):
     finally:
         if not isinstance(stream, str):
             stream.close()
-    return data, sr, C, start
+    short = None
+    if count is not None and data.shape[0] < count:
+        short = (
+            f"the data ends early: {start + data.shape[0]} of the {total} samples its header "
+            "declares were decoded (truncated or corrupt)"
+        )
+    return data, sr, C, start, short
+
+
+def _header_damage(src) -> str | None:
+    """Truncation that the container's own fields show: a WAV whose data chunk runs past the end
+    of the file, an Ogg stream that ends without its end-of-stream page."""
+    import os
+
+    try:
+        with src.stream() as f:
+            head = f.read(1 << 16)
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - (1 << 16)))
+            tail = f.read()
+    except (OSError, ValueError):
+        return None
+    if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
+        at, big = 12, None
+        for _ in range(64):
+            if at + 8 > len(head):
+                return None
+            cid, n = head[at : at + 4], int.from_bytes(head[at + 4 : at + 8], "little")
+            if cid == b"ds64" and at + 24 <= len(head):
+                big = int.from_bytes(head[at + 16 : at + 24], "little")
+            if cid == b"data":
+                if n == 0xFFFFFFFF and big is not None:
+                    n = big
+                have = size - (at + 8)
+                if n > have:
+                    return (
+                        f"the WAV data chunk declares {n} bytes but the file holds {have} "
+                        "(truncated)"
+                    )
+                return None
+            at += 8 + n + (n & 1)
+        return None
+    if head[:4] == b"OggS":
+        last = tail.rfind(b"OggS")
+        if last < 0 or len(tail) < last + 27:
+            return "the Ogg stream ends inside a page (truncated)"
+        nseg = tail[last + 26]
+        body = last + 27 + nseg
+        if len(tail) < body or len(tail) < body + sum(tail[last + 27 : body]):
+            return "the Ogg stream ends inside a page (truncated)"
+        if not tail[last + 5] & 0x04:
+            return "the Ogg stream ends without its end-of-stream page (truncated)"
+    return None
 
 
 class _NotSoundfile(Exception):
@@ -143,6 +198,8 @@ def _read_pyav(src, offset, duration):
             if not container.streams.audio:
                 raise EmptyMediaError(src.name, "the container has no audio stream")
             st = container.streams.audio[0]
+            if st.codec_context is None:  # FFmpeg has no decoder for it (a damaged header)
+                raise UnsupportedFormatError(src.name, "no decoder for the audio stream's codec")
             sr = int(st.codec_context.sample_rate or st.rate or 0)
             if sr <= 0:
                 raise UnsupportedFormatError(src.name, "the audio stream has no sample rate")
@@ -159,6 +216,7 @@ def _read_pyav(src, offset, duration):
                     container.seek(0)
             resampler = av.AudioResampler(format="fltp")
             chunks, pos, C = [], None, 0
+            damaged = None
             try:
                 for frame in container.decode(st):
                     if pos is None:
@@ -183,6 +241,7 @@ def _read_pyav(src, offset, duration):
                     raise CorruptDataError(
                         src.name, f"FFmpeg failed to decode audio: {e}"
                     ) from None
+                damaged = f"decoding stopped at a damaged packet ({e}); the samples before it are kept"
             data = (
                 np.concatenate(chunks, axis=1).T if chunks else np.zeros((0, max(C, 1)), np.float32)
             )
@@ -192,7 +251,7 @@ def _read_pyav(src, offset, duration):
             stream_in.close()
     if start > 0 and data.shape[0] == 0:
         raise ValueError(f"offset={offset!r} s is past the end of {src.name}")
-    return np.ascontiguousarray(data, dtype=np.float32), sr, C, start
+    return np.ascontiguousarray(data, dtype=np.float32), sr, C, start, damaged
 
 
 def load_audio(
@@ -206,6 +265,7 @@ def load_audio(
     device="cpu",
     resample_quality="high",
     check_finite=True,
+    strict=False,
 ) -> Audio:
     """Decode audio to float32.
 
@@ -220,6 +280,8 @@ def load_audio(
     :class:`~avpipe.UnsupportedFormatError`, a decode failure or NaN / infinite samples
     :class:`~avpipe.CorruptDataError`, no samples :class:`~avpipe.EmptyMediaError` — all
     :class:`~avpipe.DecodeError` naming the file (``"<bytes>"`` for in-memory data).
+    A damaged file that still gives samples (cut short, a bad packet) is decoded as far as it
+    goes and says so in :attr:`Audio.damaged`; ``strict=True`` raises CorruptDataError instead.
     """
     _check_args(sample_rate, offset, duration, channel, resample_quality)
     dev = resolve_device(device)
@@ -232,11 +294,18 @@ def load_audio(
         if os.path.getsize(src.path) == 0:
             raise EmptyMediaError(src.name, "empty file (0 bytes)")
     try:
-        data, sr, C, start = _read_soundfile(src, offset, duration, "float32")
-    except _NotSoundfile:
-        data, sr, C, start = _read_pyav(src, offset, duration)
-    except (DecodeError, ValueError):
-        raise
+        try:
+            data, sr, C, start, damaged = _read_soundfile(src, offset, duration, "float32")
+        except _NotSoundfile:
+            data, sr, C, start, damaged = _read_pyav(src, offset, duration)
+    except DecodeError as e:
+        cut = _header_damage(src)  # a truncated file is corrupt, not of an unknown format
+        if cut is None or isinstance(e, CorruptDataError):
+            raise
+        raise CorruptDataError(src.name, f"{cut}; {e.cause}") from None
+    damaged = _header_damage(src) or damaged
+    if damaged and (strict or data.size == 0):
+        raise CorruptDataError(src.name, damaged)
     if data.size == 0 and (duration is None or duration > 0):
         raise EmptyMediaError(src.name, "no audio samples")
     if check_finite and data.size and not np.isfinite(data).all():
@@ -275,6 +344,7 @@ def load_audio(
         source_channels=C,
         offset_samples=start,
         source=src.name,
+        damaged=damaged,
     )
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from .._source import open_source
 from ..device import resolve_device
-from ..errors import MemoryCapError, UnsupportedFormatError
+from ..errors import CorruptDataError, MemoryCapError, UnsupportedFormatError
 from ._video_cpu import PyAVBackend, frame_to_array
 from ._video_scan import StreamScan, scan_stream
 
@@ -47,6 +47,8 @@ class VideoMetadata:
     shifted to 0); ``duration_seconds`` runs from the first frame's pts to the end of the last
     frame; ``average_fps = num_frames / duration_seconds``. ``rotation`` is the display
     rotation in degrees counterclockwise; ``sample_aspect_ratio`` is None when not set.
+    ``damaged``: None, or why the stream is damaged though frames were found (demuxing stopped
+    at bad data, fewer frames than the container declares): the frames are those read.
     """
 
     num_frames: int
@@ -68,6 +70,7 @@ class VideoMetadata:
     time_base: Fraction
     begin_seconds: float
     end_seconds: float
+    damaged: str | None = None
 
     @classmethod
     def from_scan(cls, s: StreamScan) -> VideoMetadata:
@@ -99,6 +102,7 @@ class VideoMetadata:
             time_base=s.time_base,
             begin_seconds=begin,
             end_seconds=end,
+            damaged=s.damaged,
         )
 
 
@@ -106,11 +110,14 @@ class VideoMetadata:
 class FrameBatch:
     """Decoded frames: ``data`` is [N, H, W, 3] uint8 RGB (or [N, 3, H, W] with
     ``layout="CHW"``, or [N, H*3/2, W] NV12 with ``output="nv12"``) on the decoder's device,
-    numpy on the CPU and cupy on a GPU; ``indices`` and ``pts_seconds`` are numpy, one per frame."""
+    numpy on the CPU and cupy on a GPU; ``indices`` and ``pts_seconds`` are numpy, one per frame.
+    ``damaged``: None, or why the video is damaged (the metadata's reason, or packets that
+    failed to decode while these frames were made)."""
 
     data: Any
     indices: np.ndarray
     pts_seconds: np.ndarray
+    damaged: str | None = None
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
@@ -135,6 +142,9 @@ class VideoDecoder:
         memory_cap_bytes: a request whose output would exceed this raises
             :class:`~avpipe.errors.MemoryCapError` (None: no cap).
         threads: PyAV decoder threads (0: FFmpeg's choice).
+        strict: raise :class:`~avpipe.errors.CorruptDataError` for a damaged video (see
+            ``VideoMetadata.damaged`` and ``FrameBatch.damaged``) instead of decoding what
+            is there.
     """
 
     def __init__(
@@ -149,6 +159,7 @@ class VideoDecoder:
         allow_cpu_fallback: bool = True,
         memory_cap_bytes: int | None = DEFAULT_MEMORY_CAP,
         threads: int = 0,
+        strict: bool = False,
     ):
         if output not in ("rgb", "nv12"):
             raise ValueError(f"output must be 'rgb' or 'nv12', got {output!r}")
@@ -168,6 +179,9 @@ class VideoDecoder:
         self.source_name = self._src.name
         self._scan = scan_stream(self._src, self.source_name, stream_index)
         self.metadata = VideoMetadata.from_scan(self._scan)
+        self.strict = bool(strict)
+        if self.strict and self.metadata.damaged:
+            raise CorruptDataError(self.source_name, self.metadata.damaged)
         self.output, self.layout, self.rotate = output, layout, bool(rotate)
         self.memory_cap_bytes = memory_cap_bytes
         self._cpu = PyAVBackend(self._src, self._scan, threads=threads)
@@ -368,7 +382,10 @@ class VideoDecoder:
             if data is None:
                 data = self._decode_cpu(targets, slots, idx.size)
         pts = self.metadata.pts_seconds[idx].copy()
-        return FrameBatch(data=data, indices=idx.copy(), pts_seconds=pts)
+        damaged = self.metadata.damaged or self._cpu.damaged
+        if damaged and self.strict:
+            raise CorruptDataError(self.source_name, damaged)
+        return FrameBatch(data=data, indices=idx.copy(), pts_seconds=pts, damaged=damaged)
 
     def _decode_host(self, targets) -> dict:
         """{index: numpy frame} in this decoder's output form (before rotation/layout)."""
