@@ -28,9 +28,13 @@ image is bad, so a failed batch is decoded again item by item to find the culpri
 from __future__ import annotations
 
 import base64
+import contextlib
 import math
 import os
 import re
+import sys
+import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,7 +90,59 @@ def truncation(data: bytes, fmt: str | None) -> str | None:
     end-of-image marker makes both devices treat truncation as the error it is."""
     if fmt == "jpeg" and not bytes(data[-64:]).rstrip(b"\x00").endswith(b"\xff\xd9"):
         return "truncated JPEG (no end-of-image marker)"
+    if fmt == "png" and bytes(data).rfind(b"IEND") < 0:
+        return "the PNG data ends early (no IEND chunk: truncated)"
+    if fmt == "jpeg2000":  # OpenJPEG has crashed on a codestream cut before its first tile
+        if bytes(data).find(b"\xff\x90") < 0:
+            return "the JPEG 2000 data ends early (no tile after the header: truncated)"
+        if not bytes(data[-64:]).rstrip(b"\x00").endswith(b"\xff\xd9"):
+            return "the JPEG 2000 data ends early (no end-of-codestream marker: truncated)"
     return None
+
+
+_FORMAT_NAMES = {"jpeg": "JPEG", "png": "PNG", "tiff": "TIFF", "jpeg2000": "JPEG 2000",
+                 "bmp": "BMP", "webp": "WebP", "pnm": "PNM"}  # fmt: skip
+_TRUNCATED = ("end of stream", "unexpected end", "too short", "truncat", "read error",
+              "premature", "not enough data", "incomplete", "end of file", "eof")  # fmt: skip
+
+_QUIET_LOCK = threading.Lock()
+_QUIET = {"depth": 0, "saved": -1, "file": None}
+
+
+@contextlib.contextmanager
+def native_stderr():
+    """Keep the native decoders' own lines (nvImageCodec's ``[ERROR] [png_parser] ...``, libtiff,
+    OpenCV) off the user's stderr: file descriptor 2 goes to a temporary file while DALI runs
+    (no DALI / nvImageCodec setting silences them). Yields a list that receives the captured
+    text when the outermost block ends; it goes into the error's message instead.
+    ``AVPIPE_NATIVE_STDERR=1`` leaves stderr alone."""
+    out: list = []
+    if os.environ.get("AVPIPE_NATIVE_STDERR") == "1":
+        yield out
+        return
+    with _QUIET_LOCK:
+        if _QUIET["depth"] == 0:
+            try:
+                sys.stderr.flush()
+            except Exception:  # noqa: BLE001
+                pass
+            f = tempfile.TemporaryFile()
+            _QUIET["saved"], _QUIET["file"] = os.dup(2), f
+            os.dup2(f.fileno(), 2)
+        _QUIET["depth"] += 1
+    try:
+        yield out
+    finally:
+        with _QUIET_LOCK:
+            _QUIET["depth"] -= 1
+            if _QUIET["depth"] == 0:
+                os.dup2(_QUIET["saved"], 2)
+                os.close(_QUIET["saved"])
+                f = _QUIET["file"]
+                f.seek(0)
+                text = f.read(1 << 16).decode("utf-8", "replace")
+                f.close()
+                out.append(re.sub(r"\x1b\[[0-9;]*m", "", text).strip())
 
 
 @dataclass(frozen=True)
@@ -112,13 +168,24 @@ class ImageBatch:
 
 
 def _classify(name: str, data: bytes, exc: BaseException) -> DecodeError:
+    """A sentence about what is wrong with the file, with the native detail after it."""
     text = str(exc)
     m = re.search(r"encountered:\s*(.*)", text, re.S)
     why = (m.group(1) if m else text).strip().splitlines()
     why = why[0].strip() if why else type(exc).__name__
-    if sniff_format(data) is None:
+    fmt = sniff_format(data)
+    if fmt is None:
         return UnsupportedFormatError(name, f"not a supported image format ({why})")
-    return CorruptDataError(name, f"could not decode image: {why}")
+    native = [re.sub(r"^(\[[^\]]*\]\s*)+", "", ln.strip())
+              for ln in getattr(exc, "native_log", "").splitlines() if ln.strip()]  # fmt: skip
+    if why.startswith("Failed to decode sample") and native:
+        why = native[0]
+    detail = "; ".join(dict.fromkeys([*native[:2], why]))
+    what = _FORMAT_NAMES.get(fmt, fmt)
+    low = (text + " " + " ".join(native)).lower()
+    if any(k in low for k in _TRUNCATED):
+        return CorruptDataError(name, f"the {what} data ends early (truncated) [{detail}]")
+    return CorruptDataError(name, f"the {what} data is corrupt: the decoder refused it [{detail}]")
 
 
 def _check_on_error(on_error):
@@ -154,9 +221,17 @@ def _run(dev: Device, encoded: list, rois, fancy: bool = True):
     cap = _dali.capacity_for(len(encoded), MAX_BATCH)
     dec = _dali.get(idx, cap, use_roi, fancy)
     try:
-        out = dec.run(encoded, rois)
-    except BaseException:
-        _dali.discard(dec)
+        with native_stderr() as log:
+            try:
+                out = dec.run(encoded, rois)
+            except BaseException:
+                _dali.discard(dec)
+                raise
+    except Exception as e:
+        try:
+            e.native_log = log[0] if log else ""
+        except AttributeError:
+            pass
         raise
     if dev.is_cuda:
         return _dali.to_cupy_list(out, dev.index)
@@ -331,11 +406,12 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False,
     with dev.activate():
         paths = [s.path for c in chunks for s in c]
         try:
-            dec = _dali.StreamDecoder(
-                lambda i: _load_chunk(chunks[i]), len(chunks), idx, batch_size, exact_jpeg,
-                prefetch, files=paths if all(p is not None for p in paths) else None,
-                square=square, margin=margin,
-            )  # fmt: skip
+            with native_stderr():
+                dec = _dali.StreamDecoder(
+                    lambda i: _load_chunk(chunks[i]), len(chunks), idx, batch_size, exact_jpeg,
+                    prefetch, files=paths if all(p is not None for p in paths) else None,
+                    square=square, margin=margin,
+                )  # fmt: skip
         except Exception:  # noqa: BLE001 - no fast path: the per-batch path below
             dec = None
         cupy = None
@@ -355,7 +431,8 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False,
                         # batch's buffers must finish before DALI may reuse them
                         cupy.cuda.get_current_stream().synchronize()
                 try:
-                    outs = dec.run(stream)
+                    with native_stderr():
+                        outs = dec.run(stream)
                 except StopIteration:
                     break
                 except Exception:  # noqa: BLE001 - a bad image: redo from this batch on
