@@ -24,6 +24,8 @@ from ._audio_resample import QUALITIES, resample
 
 __all__ = ["load_audio", "Audio", "resample", "audio_info"]
 
+_RATES = (1000, 768000)  # source sample rates load_audio resamples from
+
 
 @dataclass(frozen=True)
 class Audio:
@@ -306,6 +308,12 @@ def load_audio(
     damaged = _header_damage(src) or damaged
     if damaged and (strict or data.size == 0):
         raise CorruptDataError(src.name, damaged)
+    if sample_rate is not None and sample_rate != sr and not _RATES[0] <= sr <= _RATES[1]:
+        # a damaged header's rate (1 Hz, 4 GHz) would make resampling a time and memory bomb
+        raise UnsupportedFormatError(
+            src.name, f"the file's sample rate {sr} Hz is outside the {_RATES[0]}..{_RATES[1]} Hz "
+            "that avpipe resamples from (a damaged header?)"
+        )
     if data.size == 0 and (duration is None or duration > 0):
         raise EmptyMediaError(src.name, "no audio samples")
     if check_finite and data.size and not np.isfinite(data).all():
