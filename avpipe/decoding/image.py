@@ -117,19 +117,24 @@ def native_stderr():
     text when the outermost block ends; it goes into the error's message instead.
     ``AVPIPE_NATIVE_STDERR=1`` leaves stderr alone."""
     out: list = []
-    if os.environ.get("AVPIPE_NATIVE_STDERR") == "1":
-        yield out
-        return
+    active = os.environ.get("AVPIPE_NATIVE_STDERR") != "1"
     with _QUIET_LOCK:
-        if _QUIET["depth"] == 0:
+        if active and _QUIET["depth"] == 0:
             try:
                 sys.stderr.flush()
             except Exception:  # noqa: BLE001
                 pass
-            f = tempfile.TemporaryFile()
-            _QUIET["saved"], _QUIET["file"] = os.dup(2), f
-            os.dup2(f.fileno(), 2)
-        _QUIET["depth"] += 1
+            try:
+                f = tempfile.TemporaryFile()
+                _QUIET["saved"], _QUIET["file"] = os.dup(2), f
+                os.dup2(f.fileno(), 2)
+            except OSError:  # no fd 2 (a daemon) or no temporary folder: leave stderr alone
+                active = False
+        if active:
+            _QUIET["depth"] += 1
+    if not active:
+        yield out
+        return
     try:
         yield out
     finally:

@@ -60,6 +60,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-extract", action="store_true")
     a = ap.parse_args(argv)
     cpu = a.cpu or not a.gpu
+    if a.gpu:
+        from avpipe.device import gpu_available
+
+        if not gpu_available():
+            print("--gpu: no usable CUDA GPU here (cupy + driver)", file=sys.stderr)
+            return 2
     if a.timeout is None:
         a.timeout = 180.0 if a.gpu else 60.0
     t0 = time.perf_counter()
