@@ -256,3 +256,24 @@ def test_loader_reports_absurd_headers_per_item(tmp_path):
         ((x, lengths, _, errors),) = list(loader.batches())
     assert loader.sample_rate == SR
     assert lengths[0] == 500 and lengths[3] == 500 and set(errors) == {1, 2}
+
+
+def test_jpeg2000_with_an_inconsistent_header_is_refused_before_decoding(tmp_path):
+    """OpenCV's OpenJPEG (DALI's CPU JPEG 2000 decoder) crashed the process on these after a
+    good decode: a flipped marker code, a wrong SIZ length, a COM length sending the walk astray."""
+    from avpipe.decoding.image import j2k_header_problem
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    data = open(os.path.join(here, "..", "samples", "images", "scene.jp2"), "rb").read()
+    assert j2k_header_problem(data) is None
+    siz = data.find(b"\xff\x51")
+    bad_len = bytearray(data)
+    bad_len[siz + 3] ^= 0x40
+    unknown = bytearray(data)
+    unknown[data.find(b"\xff\x52", siz) + 1] = 0x6C  # COD's marker code
+    for b, why in ((bad_len, "SIZ"), (unknown, "unknown marker 0xFF6C")):
+        avpipe.decode_images([data], device="cpu")
+        for _ in range(2):
+            with pytest.raises(CorruptDataError, match="JPEG 2000 header is corrupt") as ei:
+                avpipe.decode_images([bytes(b)], device="cpu")
+            assert why in str(ei.value)

@@ -97,6 +97,52 @@ def truncation(data: bytes, fmt: str | None) -> str | None:
             return "the JPEG 2000 data ends early (no tile after the header: truncated)"
         if not bytes(data[-64:]).rstrip(b"\x00").endswith(b"\xff\xd9"):
             return "the JPEG 2000 data ends early (no end-of-codestream marker: truncated)"
+        return j2k_header_problem(data)
+    return None
+
+
+# main-header markers of a JPEG 2000 codestream (Part 1 and Part 15): CAP SIZ COD COC TLM PRF
+# PLM CPF QCD QCC RGN POC PPM CRG COM
+_J2K_MAIN = {0x50, 0x51, 0x52, 0x53, 0x55, 0x56, 0x57, 0x59, 0x5C, 0x5D, 0x5E, 0x5F, 0x60,
+             0x63, 0x64}  # fmt: skip
+
+
+def j2k_header_problem(data) -> str | None:
+    """What is inconsistent in a JPEG 2000 codestream's main header (from SOC to the first tile),
+    or None. OpenCV's OpenJPEG decoder (DALI's CPU path) has crashed the process on such headers
+    (an unknown marker, a wrong segment length) after an earlier decode; checked up front,
+    cheaply (a walk over a few hundred bytes)."""
+    b = bytes(data[: 1 << 16])
+    i = b.find(b"\xff\x4f\xff\x51")  # SOC then SIZ (a raw codestream, or a JP2's jp2c box)
+    if i < 0:
+        return None  # no codestream header in the first 64 KiB: left to the decoder
+    at, levels = i + 2, None
+    while at + 4 <= len(b):
+        if b[at] != 0xFF:
+            return f"the JPEG 2000 header is corrupt (no marker at byte {at})"
+        m = b[at + 1]
+        if m == 0x90:  # the first tile: the main header ended cleanly
+            return None
+        if m not in _J2K_MAIN:
+            return f"the JPEG 2000 header is corrupt (unknown marker 0xFF{m:02X} at byte {at})"
+        n = int.from_bytes(b[at + 2 : at + 4], "big")
+        seg = b[at + 4 : at + 2 + n]
+        if n < 2 or at + 2 + n > len(b) and len(b) == len(data):
+            return f"the JPEG 2000 header is corrupt (a segment length {n} at byte {at})"
+        if m == 0x51 and len(seg) >= 36:
+            comps = int.from_bytes(seg[34:36], "big")
+            if not 1 <= comps <= 16384 or n != 38 + 3 * comps:
+                return f"the JPEG 2000 header is corrupt (SIZ: {comps} components, length {n})"
+        if m == 0x52 and len(seg) >= 10:
+            levels = seg[5]
+            if seg[1] > 4 or levels > 32 or seg[6] > 8 or seg[7] > 8 or seg[6] + seg[7] > 8:
+                return "the JPEG 2000 header is corrupt (COD parameters out of range)"
+        if m == 0x5C and len(seg) >= 1 and levels is not None:
+            style, k = seg[0] & 0x1F, 3 * levels + 1
+            want = {0: 3 + k, 1: 5, 2: 3 + 2 * k}.get(style)
+            if want != n:
+                return f"the JPEG 2000 header is corrupt (QCD: style {style}, length {n})"
+        at += 2 + n
     return None
 
 
@@ -417,12 +463,14 @@ def _cut_j2k(s) -> bool:
         return False
     try:
         with open(s.path, "rb") as f:
-            head = f.read(16)
+            head = f.read(4096)
             f.seek(max(0, os.fstat(f.fileno()).st_size - 64))
             tail = f.read()
     except OSError:
         return False
-    return sniff_format(head) == "jpeg2000" and not tail.rstrip(b"\x00").endswith(b"\xff\xd9")
+    if sniff_format(head) != "jpeg2000":
+        return False
+    return not tail.rstrip(b"\x00").endswith(b"\xff\xd9") or bool(j2k_header_problem(head))
 
 
 def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False, margin=0.0):
