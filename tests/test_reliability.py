@@ -277,3 +277,16 @@ def test_jpeg2000_with_an_inconsistent_header_is_refused_before_decoding(tmp_pat
             with pytest.raises(CorruptDataError, match="JPEG 2000 header is corrupt") as ei:
                 avpipe.decode_images([bytes(b)], device="cpu")
             assert why in str(ei.value)
+
+
+def test_float_wav_with_inconsistent_format_chunk_is_corrupt(tmp_path):
+    """libsndfile refuses it (its PEAK chunk no longer matches); FFmpeg, the fallback, crashed
+    the process reading 9 channels of 32-bit floats from 4-byte blocks."""
+    p = tmp_path / "f.wav"
+    sf.write(p, np.zeros(900, np.float32), SR, subtype="FLOAT")
+    b = bytearray(open(p, "rb").read())
+    struct.pack_into("<H", b, 22, 9)
+    q = tmp_path / "nine.wav"
+    q.write_bytes(bytes(b))
+    with pytest.raises(CorruptDataError, match="format chunk is inconsistent"):
+        avpipe.load_audio(q)

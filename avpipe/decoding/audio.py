@@ -136,6 +136,35 @@ def _read_soundfile(src, offset, duration, dtype):
     return data, sr, C, start, short
 
 
+def _wav_format_problem(src) -> str | None:
+    """What is inconsistent in a PCM / float WAV's format chunk (channels, sample size and block
+    size disagree, no channels), or None. PyAV crashed the process on such a file (9 channels of
+    32-bit floats in 4-byte blocks) that libsndfile had refused."""
+    try:
+        with src.stream() as f:
+            head = f.read(4096)
+    except (OSError, ValueError):
+        return None
+    if head[:4] not in (b"RIFF", b"RF64") or head[8:12] != b"WAVE":
+        return None
+    at = 12
+    while at + 8 <= len(head):
+        cid, n = head[at : at + 4], int.from_bytes(head[at + 4 : at + 8], "little")
+        if cid == b"fmt " and at + 24 <= len(head):
+            tag, ch = (int.from_bytes(head[at + k : at + k + 2], "little") for k in (8, 10))
+            align, bits = (int.from_bytes(head[at + k : at + k + 2], "little") for k in (20, 22))
+            if tag not in (1, 3, 0xFFFE):
+                return None
+            if ch == 0 or bits == 0 or align != ch * ((bits + 7) // 8):
+                return (
+                    f"the WAV format chunk is inconsistent ({ch} channels of {bits}-bit "
+                    f"samples in {align}-byte blocks)"
+                )
+            return None
+        at += 8 + n + (n & 1)
+    return None
+
+
 def _header_damage(src) -> str | None:
     """Truncation that the container's own fields show: a WAV whose data chunk runs past the end
     of the file, an Ogg stream that ends without its end-of-stream page."""
@@ -299,6 +328,9 @@ def load_audio(
         try:
             data, sr, C, start, damaged = _read_soundfile(src, offset, duration, "float32")
         except _NotSoundfile:
+            bad = _wav_format_problem(src)  # FFmpeg reads past its buffers on these
+            if bad is not None:
+                raise CorruptDataError(src.name, bad) from None
             data, sr, C, start, damaged = _read_pyav(src, offset, duration)
     except DecodeError as e:
         cut = _header_damage(src)  # a truncated file is corrupt, not of an unknown format
