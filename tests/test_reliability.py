@@ -290,3 +290,26 @@ def test_float_wav_with_inconsistent_format_chunk_is_corrupt(tmp_path):
     q.write_bytes(bytes(b))
     with pytest.raises(CorruptDataError, match="format chunk is inconsistent"):
         avpipe.load_audio(q)
+
+
+@pytest.mark.parametrize("codec", ["h264", "hevc", "vp8", "vp9", "mjpeg"])
+def test_clean_videos_are_not_flagged(tmp_path, codec):
+    """Shifted and variable-rate clean files are not 'damaged' (MKV durations count from 0,
+    AVI frame counts count time slots)."""
+    import fractions
+
+    from video_media import CODECS, make_video
+
+    ext = CODECS[codec][2]
+    tb = fractions.Fraction(1, 25)
+    files = [
+        make_video(tmp_path / f"plain.{ext}", codec=codec, num_frames=12),
+        make_video(tmp_path / f"vfr.{ext}", codec=codec, num_frames=6,
+                   pts=[0, 1, 3, 4, 8, 20], time_base=tb),
+        make_video(tmp_path / f"shift.{ext}", codec=codec, num_frames=6,
+                   pts=[50 + i for i in range(6)], time_base=tb),
+    ]  # fmt: skip
+    for f in files:
+        with avpipe.VideoDecoder(f, device="cpu", strict=True) as dec:
+            assert dec.metadata.damaged is None, (f, dec.metadata.damaged)
+            assert dec.get_frames([0, -1]).damaged is None

@@ -213,7 +213,7 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
         n_packets = 0  # every packet with data, also those the container marks discarded
         try:
             for pkt in container.demux(st):
-                n_packets += pkt.size > 0
+                n_packets += pkt.size > 0 or pkt.dts is not None  # not the final flush
                 if pkt.size == 0 or (getattr(pkt, "is_discard", False)):
                     continue
                 p = pkt.pts if pkt.pts is not None else pkt.dts
@@ -294,12 +294,14 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
                 rotation = int(round(first_frame.rotation or 0)) % 360
             except Exception:  # noqa: BLE001
                 rotation = 0
-        declared = int(st.frames or 0)
+        # MP4 counts samples (AVI's count is of time slots, with gaps for dropped frames)
+        declared = int(st.frames or 0) if "mp4" in str(container.format.name) else 0
         if damaged is None and declared > n_packets:
             damaged = f"the container declares {declared} frames but holds {n_packets} (truncated)"
         if damaged is None and len(container.streams) == 1 and container.duration:
-            said = container.duration / 1e6  # microseconds
-            got = float((int(pts[-1]) + int(step_last) - int(pts[0])) * tb)
+            said = container.duration / 1e6  # microseconds; from 0 or from the first pts
+            got = float((int(pts[-1]) + int(step_last)) * tb)
+            got = max(got, got - float(pts[0] * tb))
             if said > got + 2 * float(step_last * tb) + 0.1:
                 damaged = f"the container declares {said:.3f} s but holds {got:.3f} s (truncated)"
         sar = st.sample_aspect_ratio or (cc.sample_aspect_ratio if cc is not None else None)
