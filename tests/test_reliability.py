@@ -313,3 +313,17 @@ def test_clean_videos_are_not_flagged(tmp_path, codec):
         with avpipe.VideoDecoder(f, device="cpu", strict=True) as dec:
             assert dec.metadata.damaged is None, (f, dec.metadata.damaged)
             assert dec.get_frames([0, -1]).damaged is None
+
+
+def test_streamed_wav_with_unknown_data_size_is_not_flagged(tmp_path):
+    """WAV written to a pipe keeps a placeholder data size (0 or 0xFFFFFFFF): not damage."""
+    p = tmp_path / "a.wav"
+    sf.write(p, np.full(1000, 0.25, np.float32), SR, subtype="PCM_16")
+    b = bytearray(open(p, "rb").read())
+    at = b.find(b"data") + 4
+    for v in (0xFFFFFFFF,):
+        struct.pack_into("<I", b, at, v)
+        q = tmp_path / f"s{v}.wav"
+        q.write_bytes(bytes(b))
+        a = avpipe.load_audio(q)
+        assert a.num_samples == 1000 and a.damaged is None

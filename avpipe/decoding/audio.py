@@ -113,6 +113,7 @@ def _read_soundfile(src, offset, duration, dtype):
             raise _NotSoundfile(str(e)) from None
         with f:
             sr, C = int(f.samplerate), int(f.channels)
+            exact = f.format != "MPEG"  # an MP3's length is an estimate, the others' exact
             total = int(f.frames) if f.seekable() else None
             start, count = _span(sr, total, offset, duration, src.name)
             if start:
@@ -128,7 +129,7 @@ def _read_soundfile(src, offset, duration, dtype):
         if not isinstance(stream, str):
             stream.close()
     short = None
-    if count is not None and data.shape[0] < count:
+    if count is not None and data.shape[0] < count and exact:
         short = (
             f"the data ends early: {start + data.shape[0]} of the {total} samples its header "
             "declares were decoded (truncated or corrupt)"
@@ -190,7 +191,7 @@ def _header_damage(src) -> str | None:
                 if n == 0xFFFFFFFF and big is not None:
                     n = big
                 have = size - (at + 8)
-                if n > have:
+                if 0 < n < 0xFFFFFFFF and n > have:  # 0 / ~0: written to a pipe, size unknown
                     return (
                         f"the WAV data chunk declares {n} bytes but the file holds {have} "
                         "(truncated)"
