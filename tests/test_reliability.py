@@ -327,3 +327,15 @@ def test_streamed_wav_with_unknown_data_size_is_not_flagged(tmp_path):
         q.write_bytes(bytes(b))
         a = avpipe.load_audio(q)
         assert a.num_samples == 1000 and a.damaged is None
+
+
+def test_loader_lists_files_decoded_though_cut_short(tmp_path):
+    from avpipe.decoding._audio_batch import AudioBatchLoader
+
+    p = tmp_path / "a.wav"
+    sf.write(p, np.full(4000, 0.25, np.float32), SR, subtype="PCM_16")
+    cut = _cut(p, tmp_path / "cut.wav", 0.5)
+    with AudioBatchLoader([str(p), cut], batch_size=2, num_workers=1, device="cpu") as loader:
+        ((_, lengths, _, errors),) = list(loader.batches())
+    assert not errors and lengths[0] == 4000 and 0 < lengths[1] < 4000
+    assert set(loader.damaged) == {cut} and "truncated" in loader.damaged[cut]

@@ -65,6 +65,17 @@ def _frames_of(path):
         return -1, 0, 0
 
 
+def _cut_short(path):
+    """Why a file that decoded is damaged (a WAV whose data chunk runs past its end), or None."""
+    from .._source import open_source
+    from .audio import _header_damage
+
+    try:
+        return _header_damage(open_source(path))
+    except Exception:  # noqa: BLE001 - a report only
+        return None
+
+
 def _decode_into(task):
     """Worker: decode ``path`` into slot ``slot`` row ``row``; returns (frames, error or None)."""
     slot, row, path = task
@@ -94,7 +105,9 @@ def _decode_into(task):
                 out[:k] = data.astype(dt)
         if k == 0:
             return 0, "no audio samples"
-        return k, None
+        if k < n:
+            return k, None, f"decoded {k} of the {n} samples its header declares (truncated)"
+        return k, None, _cut_short(path)
     except Exception as e:  # reported per item; one bad file does not stop the batch
         return 0, f"{type(e).__name__}: {e}"
 
@@ -128,6 +141,8 @@ class AudioBatchLoader:
     loader never hangs. A file whose header is absurd (a length no file of its size holds, a
     sample rate outside 1 kHz..768 kHz) or whose rate differs from nearly all others (at most
     1% of the files, or one file among three or more) is reported in its batch's ``errors``.
+    Files that decode though damaged (cut short) are listed in ``damaged`` (``{path: why}``,
+    filled as batches are read; decoder "cpu").
 
     ``num_workers`` processes (default: the CPU count), ``prefetch`` batches decoded ahead.
     ``transport``: "int16" (exact for 16-bit PCM sources) or "float32".
@@ -172,6 +187,7 @@ class AudioBatchLoader:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
         self.strict = bool(strict)
+        self.damaged: dict = {}  # path -> why, for files that decoded though damaged
         on_gpu = device is not None and str(device).startswith("cuda")
         if decoder == "gpu" and not on_gpu:
             raise ValueError(f"decoder='gpu' needs device='cuda', got device={device!r}")
@@ -379,6 +395,9 @@ class AudioBatchLoader:
             results = self._results(chunks, handles, pending)
             lengths = np.array([r[0] for r in results], dtype=np.int64)
             errors = {i: r[1] for i, r in enumerate(results) if r[1] is not None}
+            for i, r in enumerate(results):
+                if len(r) > 2 and r[2]:
+                    self.damaged[group[i]] = r[2]
             b = len(group)
             max_len = int(lengths.max()) if b else 0
             if self.device is None or self.device == "none":

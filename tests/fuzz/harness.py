@@ -132,7 +132,10 @@ def _audio_batch(path, device, good):
             ok.extend(int(n) > 0 for n in lengths)
     finally:
         loader.close()
-    return _in_batch(errors, ok)
+    r = _in_batch(errors, ok)
+    if not r.get("skipped"):
+        r["damaged"] = getattr(loader, "damaged", {}).get(path)
+    return r
 
 
 class _GoodFailed(Exception):
