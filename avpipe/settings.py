@@ -21,6 +21,8 @@ variable                        default meaning
 ``AVPIPE_JPEG_HW_LOAD``         1.0     share of a JPEG batch for the hardware decoder, in [0, 1]
 ``AVPIPE_DALI_THREADS``         CPUs    DALI CPU threads per pipeline (>= 1; default min(CPUs, 16))
 ``AVPIPE_DALI_STREAM_OUTPUTS``  on      DALI outputs ordered on the caller's CUDA stream
+``AVPIPE_NATIVE_STDERR``        off     let native decoders (nvImageCodec, libtiff, OpenCV) write to
+                                        stderr (off: their lines go into the error's message)
 =============================== ======= ================================================================
 """
 
@@ -42,6 +44,7 @@ __all__ = [
     "jpeg_hw_load",
     "dali_threads",
     "dali_stream_outputs",
+    "native_stderr",
     "VARIABLES",
 ]
 
@@ -155,6 +158,11 @@ def dali_stream_outputs() -> bool:
     return env_bool("AVPIPE_DALI_STREAM_OUTPUTS", True)
 
 
+def native_stderr() -> bool:
+    """``AVPIPE_NATIVE_STDERR``: let native decoders write to stderr (default: captured)."""
+    return env_bool("AVPIPE_NATIVE_STDERR", False)
+
+
 # name -> the function that reads it (the README's table lists the same)
 VARIABLES = {
     "AVPIPE_DISABLE_GPU": disable_gpu,
@@ -166,4 +174,5 @@ VARIABLES = {
     "AVPIPE_JPEG_HW_LOAD": jpeg_hw_load,
     "AVPIPE_DALI_THREADS": dali_threads,
     "AVPIPE_DALI_STREAM_OUTPUTS": dali_stream_outputs,
+    "AVPIPE_NATIVE_STDERR": native_stderr,
 }

@@ -35,7 +35,32 @@ from ..device import resolve_device
 from ..errors import CorruptDataError, DecodeTimeoutError, EmptyMediaError
 from ._flac_windows import GpuFlacBatches
 
-_SHARED: dict = {}  # set in the parent before the pool forks; inherited by the workers
+# In a worker process only: its own loader's buffer and layout, set by the pool's initializer
+# (each loader's pool gets its loader's; nothing here is shared between loaders)
+_WORKER: dict = {}
+
+_RATES = (1000, 768000)  # sample rates outside this are damaged headers, not audio
+_SAMPLES_PER_BYTE = 512  # no file holds more samples per byte (FLAC's constant frames: ~400)
+
+
+def _init_worker(state):
+    _WORKER.clear()
+    _WORKER.update(state)
+
+
+def _plausible(path, info):
+    """``info`` (frames, rate, channels), or (-1, 0, 0) where the header is absurd: a length no
+    file of that size holds, a sample rate no audio has (a damaged file, reported when read)."""
+    frames, rate, _ = info
+    if frames < 0:
+        return info
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return -1, 0, 0
+    if frames > max(size, 1) * _SAMPLES_PER_BYTE or not _RATES[0] <= rate <= _RATES[1]:
+        return -1, 0, 0
+    return info
 
 
 @dataclass(frozen=True)
@@ -80,9 +105,20 @@ def _frames_of(path):
 
     try:
         i = sf.info(path)
-        return int(i.frames), int(i.samplerate), int(i.channels)
+        return _plausible(path, (int(i.frames), int(i.samplerate), int(i.channels)))
     except Exception:
         return -1, 0, 0
+
+
+def _cut_short(path):
+    """Why a file that decoded is damaged (a WAV whose data chunk runs past its end), or None."""
+    from .._source import open_source
+    from ..decoding.audio import _header_damage
+
+    try:
+        return _header_damage(open_source(path))
+    except Exception:  # noqa: BLE001 - a report only
+        return None
 
 
 def _decode_into(task):
@@ -90,13 +126,16 @@ def _decode_into(task):
     slot, row, path = task
     import soundfile as sf
 
-    g = _SHARED
+    g = _WORKER
     dt = g["dtype"]
     stride = g["max_samples"]
     base = (slot * g["batch"] + row) * stride * dt.itemsize
     out = np.frombuffer(g["mm"], dtype=dt, count=stride, offset=base)
     try:
         with sf.SoundFile(path) as f:
+            rate = g.get("sample_rate")
+            if rate and int(f.samplerate) != rate:
+                return 0, f"sample rate {int(f.samplerate)} Hz, not the loader's {rate} Hz: skipped"
             if int(f.frames) > stride:
                 return 0, f"{int(f.frames)} samples, more than max_samples={stride}: skipped"
             n = int(f.frames)
@@ -111,7 +150,9 @@ def _decode_into(task):
                 out[:k] = data.astype(dt)
         if k == 0:
             return 0, "no audio samples"
-        return k, None
+        if k < n:
+            return k, None, f"decoded {k} of the {n} samples its header declares (truncated)"
+        return k, None, _cut_short(path)
     except Exception as e:  # reported per item; one bad file does not stop the batch
         return 0, f"{type(e).__name__}: {e}"
 
@@ -142,7 +183,13 @@ class AudioBatchLoader:
     Sources must be mono or are downmixed; no resampling: files of different sample rates are
     refused up front (``ValueError``). A batch whose workers do not answer within ``timeout``
     seconds (a worker killed by a crashing decoder, say) is decoded again item by item, and the
-    items that still do not answer are reported in ``errors``: the loader never hangs.
+    items that still do not answer are reported in ``errors`` as
+    :class:`~avpipe.DecodeTimeoutError` (with ``strict=True`` the batch raises :class:`~avpipe.DecodeTimeoutError` instead): the
+    loader never hangs. A file whose header is absurd (a length no file of its size holds, a
+    sample rate outside 1 kHz..768 kHz) or whose rate differs from nearly all others (at most
+    1% of the files, or one file among three or more) is reported in its batch's ``errors``.
+    Files that decode though damaged (cut short) are listed in ``damaged`` (``{path: why}``,
+    filled as batches are read; decoder "cpu").
 
     ``num_workers`` processes (default: the CPU count), ``prefetch`` batches decoded ahead.
     ``transport``: "int16" (exact for 16-bit PCM sources) or "float32".
@@ -170,6 +217,7 @@ class AudioBatchLoader:
         timeout=120.0,
         decoder="auto",
         decode_only: bool = False,
+        strict=False,
     ):
         if transport not in ("int16", "float32"):
             raise ValueError(f"transport must be 'int16' or 'float32', got {transport!r}")
@@ -187,6 +235,8 @@ class AudioBatchLoader:
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
+        self.strict = bool(strict)
+        self.damaged: dict = {}  # path -> why, for files that decoded though damaged
         on_gpu = self.device.is_cuda
         if decoder == "gpu" and not on_gpu:
             raise ValueError(f"decoder='gpu' needs device='cuda', got device={device!r}")
@@ -218,31 +268,46 @@ class AudioBatchLoader:
             self.n_slots, self.batch, self.max_samples
         )
         self._host[:] = 0  # touch every page once, here, in the parent
-        _SHARED.update(
-            mm=self._mm, dtype=self.dtype, max_samples=self.max_samples, batch=self.batch
-        )
-        self._pool = ctx.Pool(self.num_workers)
+        self._state = dict(
+            mm=self._mm, dtype=self.dtype, max_samples=self.max_samples, batch=self.batch,
+            sample_rate=self.sample_rate,
+        )  # fmt: skip
+        self._pool = self._new_pool()
         self._registered = False
         self._events = [None] * self.n_slots
         # workers and the shared buffer go away with the loader, also without close()
         self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._mm)
 
+    def _new_pool(self):
+        """Worker processes forked with this loader's own buffer (the pool's initializer)."""
+        return mp.get_context("fork").Pool(
+            self.num_workers, initializer=_init_worker, initargs=(self._state,)
+        )
+
     def _take_infos(self, infos):
         """Per-file ``(frames, sample rate, channels)`` (frames -1: unreadable) -> ``frames`` and
-        ``sample_rate``; files of different rates are refused (this loader does not resample)."""
+        ``sample_rate``; files of different rates are refused (this loader does not resample),
+        except a few odd ones (damaged headers), which are reported when read."""
+        from collections import Counter
+
         self.frames = np.array([i[0] for i in infos])
-        rates = {i[1] for i in infos if i[0] >= 0}
+        rates = Counter(i[1] for i in infos if i[0] >= 0)
         if len(rates) > 1:
-            raise ValueError(
-                f"paths must share one sample rate (no resampling here), got {sorted(rates)}"
-            )
-        self.sample_rate = rates.pop() if rates else None
+            rate, n = rates.most_common(1)[0]
+            odd = sum(rates.values()) - n
+            if len(infos) < 3 or odd > max(1, len(infos) // 100):
+                raise ValueError(
+                    f"paths must share one sample rate (no resampling here), got {sorted(rates)}"
+                )
+            self.frames = np.array([i[0] if i[1] == rate else -1 for i in infos])
+            rates = Counter({rate: n})
+        self.sample_rate = next(iter(rates)) if rates else None
 
     def _init_gpu(self, max_samples):
         """The GPU decoder's set-up: no worker processes, no shared ring; file sizes and
         lengths come from the files' own headers (libsndfile for anything else)."""
         def info(p):
-            return header_info(p) or _frames_of(p)
+            return _plausible(p, header_info(p) or _frames_of(p))
 
         with ThreadPoolExecutor(8) as ex:
             self._take_infos(list(ex.map(info, self.paths)))
@@ -271,7 +336,7 @@ class AudioBatchLoader:
         """A worker is stuck: replace the pool and hand the other batches' work to the new one."""
         self._pool.terminate()
         self._pool.join()
-        self._pool = mp.get_context("fork").Pool(self.num_workers)
+        self._pool = self._new_pool()
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._mm)
         for entry in pending:
@@ -287,7 +352,12 @@ class AudioBatchLoader:
             except mp.TimeoutError:
                 stuck = True
                 why = f"no answer from the decoding worker within {self.timeout:g} s"
-                out.extend((0, why) for _ in chunk)
+                for _slot, _row, path in chunk:
+                    err = DecodeTimeoutError(path, why)
+                    if self.strict:
+                        self._restart_pool(pending)
+                        raise err from None
+                    out.append((0, why))  # reported as DecodeTimeoutError (_as_errors)
         if stuck:
             self._restart_pool(pending)
         return out
@@ -378,6 +448,9 @@ class AudioBatchLoader:
             results = self._results(chunks, handles, pending)
             lengths = np.array([r[0] for r in results], dtype=np.int64)
             errors = {i: r[1] for i, r in enumerate(results) if r[1] is not None}
+            for i, r in enumerate(results):
+                if len(r) > 2 and r[2]:
+                    self.damaged[group[i]] = r[2]
             b = len(group)
             max_len = int(lengths.max()) if b else 0
             if self.decode_only:

@@ -14,7 +14,16 @@ import numpy as np
 
 from .._source import open_source
 from .._validate import pos_int
-from ..decoding.image import ImageBatch, _dali, decode_image_batch, square_window
+from ..decoding.image import (
+    ImageBatch,
+    _dali,
+    decode_image_batch,
+    j2k_header_problem,
+    native_stderr,
+    sniff_format,
+    square_window,
+    truncation,
+)
 from ..device import Device, resolve_device
 from ._dali_stream import StreamDecoder
 
@@ -86,27 +95,55 @@ def _load_chunk(chunk):
     return out
 
 
+_J2K_EXT = (".jp2", ".j2k", ".j2c", ".jpc", ".jpx", ".jpf", ".jph")
+
+
+def _cut_j2k(s) -> bool:
+    """A JPEG 2000 source cut short (OpenJPEG has crashed the process on those): by content for
+    in-memory data, by the last bytes for files named as JPEG 2000 (a cheap read, no decode)."""
+    if s.data is not None:
+        return sniff_format(s.data) == "jpeg2000" and truncation(s.data, "jpeg2000") is not None
+    if s.path is None or not s.path.lower().endswith(_J2K_EXT):
+        return False
+    try:
+        with open(s.path, "rb") as f:
+            head = f.read(4096)
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 64))
+            tail = f.read()
+    except OSError:
+        return False
+    if sniff_format(head) != "jpeg2000":
+        return False
+    return not tail.rstrip(b"\x00").endswith(b"\xff\xd9") or bool(j2k_header_problem(head))
+
+
 def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False, margin=0.0):
     if not chunks:
         return
     idx = dev.index if dev.is_cuda else None
     done = 0
+    # the fast path stops before a batch holding a JPEG 2000 cut short (decoded, and reported,
+    # by the per-batch path below)
+    n_fast = next((k for k, c in enumerate(chunks) if any(_cut_j2k(s) for s in c)), len(chunks))
     # items DALI cannot even start on (empty / unknown) make the fast path fall back at once
     with dev.activate():
-        paths = [s.path for c in chunks for s in c]
+        paths = [s.path for c in chunks[:n_fast] for s in c]
         try:
-            dec = StreamDecoder(
-                lambda i: _load_chunk(chunks[i]), len(chunks), idx, batch_size, exact_jpeg,
-                prefetch, files=paths if all(p is not None for p in paths) else None,
-                square=square, margin=margin,
-            )  # fmt: skip
+            if not n_fast:
+                raise ValueError("no batch for the fast path")
+            with native_stderr():
+                dec = StreamDecoder(
+                    lambda i: _load_chunk(chunks[i]), n_fast, idx, batch_size, exact_jpeg,
+                    prefetch, files=paths if all(p is not None for p in paths) else None,
+                    square=square, margin=margin,
+                )  # fmt: skip
         except Exception:  # noqa: BLE001 - no fast path: the per-batch path below
             dec = None
         cupy = None
         if dev.is_cuda:
             import cupy
         try:
-            while dec is not None and done < len(chunks):
+            while dec is not None and done < n_fast:
                 stream = None
                 if cupy is not None:
                     if dec.stream_outputs:
@@ -119,7 +156,8 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False,
                         # batch's buffers must finish before DALI may reuse them
                         cupy.cuda.get_current_stream().synchronize()
                 try:
-                    outs = dec.run(stream)
+                    with native_stderr():
+                        outs = dec.run(stream)
                 except StopIteration:
                     break
                 except Exception:  # noqa: BLE001 - a bad image: redo from this batch on

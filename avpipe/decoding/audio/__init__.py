@@ -24,6 +24,8 @@ from ...ops._resample import QUALITIES, resample
 
 __all__ = ["load_audio", "Audio", "resample", "audio_info"]
 
+_RATES = (1000, 768000)  # source sample rates load_audio resamples from
+
 
 @dataclass(frozen=True)
 class Audio:
@@ -33,7 +35,9 @@ class Audio:
     (a mono file read with ``mono=False`` gives ``[1, n]``); numpy, or cupy with
     ``device="cuda"``. ``sample_rate``: of ``samples``. ``source_sample_rate`` and
     ``source_channels``: the file's own. ``offset_samples``: where the read began, in samples
-    at the file's rate.
+    at the file's rate. ``damaged``: None for a clean read, else why the file is damaged
+    though samples were decoded (e.g. it ends before its header says: the samples are what it
+    holds); ``load_audio(strict=True)`` raises :class:`~avpipe.CorruptDataError` instead.
     """
 
     samples: Any
@@ -42,6 +46,7 @@ class Audio:
     source_channels: int = 0
     offset_samples: int = 0
     source: str = field(default="", repr=False)
+    damaged: str | None = None
 
     @property
     def num_samples(self) -> int:
@@ -108,6 +113,7 @@ def _read_soundfile(src, offset, duration, dtype):
             raise _NotSoundfile(str(e)) from None
         with f:
             sr, C = int(f.samplerate), int(f.channels)
+            exact = f.format != "MPEG"  # an MP3's length is an estimate, the others' exact
             total = int(f.frames) if f.seekable() else None
             start, count = _span(sr, total, offset, duration, src.name)
             if start:
@@ -122,7 +128,88 @@ def _read_soundfile(src, offset, duration, dtype):
     finally:
         if not isinstance(stream, str):
             stream.close()
-    return data, sr, C, start
+    short = None
+    if count is not None and data.shape[0] < count and exact:
+        short = (
+            f"the data ends early: {start + data.shape[0]} of the {total} samples its header "
+            "declares were decoded (truncated or corrupt)"
+        )
+    return data, sr, C, start, short
+
+
+def _wav_format_problem(src) -> str | None:
+    """What is inconsistent in a PCM / float WAV's format chunk (channels, sample size and block
+    size disagree, no channels), or None. PyAV crashed the process on such a file (9 channels of
+    32-bit floats in 4-byte blocks) that libsndfile had refused."""
+    try:
+        with src.stream() as f:
+            head = f.read(4096)
+    except (OSError, ValueError):
+        return None
+    if head[:4] not in (b"RIFF", b"RF64") or head[8:12] != b"WAVE":
+        return None
+    at = 12
+    while at + 8 <= len(head):
+        cid, n = head[at : at + 4], int.from_bytes(head[at + 4 : at + 8], "little")
+        if cid == b"fmt " and at + 24 <= len(head):
+            tag, ch = (int.from_bytes(head[at + k : at + k + 2], "little") for k in (8, 10))
+            align, bits = (int.from_bytes(head[at + k : at + k + 2], "little") for k in (20, 22))
+            if tag not in (1, 3, 0xFFFE):
+                return None
+            if ch == 0 or bits == 0 or align != ch * ((bits + 7) // 8):
+                return (
+                    f"the WAV format chunk is inconsistent ({ch} channels of {bits}-bit "
+                    f"samples in {align}-byte blocks)"
+                )
+            return None
+        at += 8 + n + (n & 1)
+    return None
+
+
+def _header_damage(src) -> str | None:
+    """Truncation that the container's own fields show: a WAV whose data chunk runs past the end
+    of the file, an Ogg stream that ends without its end-of-stream page."""
+    import os
+
+    try:
+        with src.stream() as f:
+            head = f.read(1 << 16)
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - (1 << 16)))
+            tail = f.read()
+    except (OSError, ValueError):
+        return None
+    if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
+        at, big = 12, None
+        for _ in range(64):
+            if at + 8 > len(head):
+                return None
+            cid, n = head[at : at + 4], int.from_bytes(head[at + 4 : at + 8], "little")
+            if cid == b"ds64" and at + 24 <= len(head):
+                big = int.from_bytes(head[at + 16 : at + 24], "little")
+            if cid == b"data":
+                if n == 0xFFFFFFFF and big is not None:
+                    n = big
+                have = size - (at + 8)
+                if 0 < n < 0xFFFFFFFF and n > have:  # 0 / ~0: written to a pipe, size unknown
+                    return (
+                        f"the WAV data chunk declares {n} bytes but the file holds {have} "
+                        "(truncated)"
+                    )
+                return None
+            at += 8 + n + (n & 1)
+        return None
+    if head[:4] == b"OggS":
+        last = tail.rfind(b"OggS")
+        if last < 0 or len(tail) < last + 27:
+            return "the Ogg stream ends inside a page (truncated)"
+        nseg = tail[last + 26]
+        body = last + 27 + nseg
+        if len(tail) < body or len(tail) < body + sum(tail[last + 27 : body]):
+            return "the Ogg stream ends inside a page (truncated)"
+        if not tail[last + 5] & 0x04:
+            return "the Ogg stream ends without its end-of-stream page (truncated)"
+    return None
 
 
 class _NotSoundfile(Exception):
@@ -143,6 +230,8 @@ def _read_pyav(src, offset, duration):
             if not container.streams.audio:
                 raise EmptyMediaError(src.name, "the container has no audio stream")
             st = container.streams.audio[0]
+            if st.codec_context is None:  # FFmpeg has no decoder for it (a damaged header)
+                raise UnsupportedFormatError(src.name, "no decoder for the audio stream's codec")
             sr = int(st.codec_context.sample_rate or st.rate or 0)
             if sr <= 0:
                 raise UnsupportedFormatError(src.name, "the audio stream has no sample rate")
@@ -159,6 +248,7 @@ def _read_pyav(src, offset, duration):
                     container.seek(0)
             resampler = av.AudioResampler(format="fltp")
             chunks, pos, C = [], None, 0
+            damaged = None
             try:
                 for frame in container.decode(st):
                     if pos is None:
@@ -183,6 +273,7 @@ def _read_pyav(src, offset, duration):
                     raise CorruptDataError(
                         src.name, f"FFmpeg failed to decode audio: {e}"
                     ) from None
+                damaged = f"decoding stopped at a damaged packet ({e}); the samples before it are kept"
             data = (
                 np.concatenate(chunks, axis=1).T if chunks else np.zeros((0, max(C, 1)), np.float32)
             )
@@ -192,7 +283,7 @@ def _read_pyav(src, offset, duration):
             stream_in.close()
     if start > 0 and data.shape[0] == 0:
         raise ValueError(f"offset={offset!r} s is past the end of {src.name}")
-    return np.ascontiguousarray(data, dtype=np.float32), sr, C, start
+    return np.ascontiguousarray(data, dtype=np.float32), sr, C, start, damaged
 
 
 def load_audio(
@@ -206,6 +297,7 @@ def load_audio(
     device="cpu",
     resample_quality="high",
     check_finite=True,
+    strict=False,
 ) -> Audio:
     """Decode audio to float32.
 
@@ -220,6 +312,8 @@ def load_audio(
     :class:`~avpipe.UnsupportedFormatError`, a decode failure or NaN / infinite samples
     :class:`~avpipe.CorruptDataError`, no samples :class:`~avpipe.EmptyMediaError` — all
     :class:`~avpipe.DecodeError` naming the file (``"<bytes>"`` for in-memory data).
+    A damaged file that still gives samples (cut short, a bad packet) is decoded as far as it
+    goes and says so in :attr:`Audio.damaged`; ``strict=True`` raises CorruptDataError instead.
     """
     _check_args(sample_rate, offset, duration, channel, resample_quality)
     dev = resolve_device(device)
@@ -232,11 +326,27 @@ def load_audio(
         if os.path.getsize(src.path) == 0:
             raise EmptyMediaError(src.name, "empty file (0 bytes)")
     try:
-        data, sr, C, start = _read_soundfile(src, offset, duration, "float32")
-    except _NotSoundfile:
-        data, sr, C, start = _read_pyav(src, offset, duration)
-    except (DecodeError, ValueError):
-        raise
+        try:
+            data, sr, C, start, damaged = _read_soundfile(src, offset, duration, "float32")
+        except _NotSoundfile:
+            bad = _wav_format_problem(src)  # FFmpeg reads past its buffers on these
+            if bad is not None:
+                raise CorruptDataError(src.name, bad) from None
+            data, sr, C, start, damaged = _read_pyav(src, offset, duration)
+    except DecodeError as e:
+        cut = _header_damage(src)  # a truncated file is corrupt, not of an unknown format
+        if cut is None or isinstance(e, CorruptDataError):
+            raise
+        raise CorruptDataError(src.name, f"{cut}; {e.cause}") from None
+    damaged = _header_damage(src) or damaged
+    if damaged and (strict or data.size == 0):
+        raise CorruptDataError(src.name, damaged)
+    if sample_rate is not None and sample_rate != sr and not _RATES[0] <= sr <= _RATES[1]:
+        # a damaged header's rate (1 Hz, 4 GHz) would make resampling a time and memory bomb
+        raise UnsupportedFormatError(
+            src.name, f"the file's sample rate {sr} Hz is outside the {_RATES[0]}..{_RATES[1]} Hz "
+            "that avpipe resamples from (a damaged header?)"
+        )
     if data.size == 0 and (duration is None or duration > 0):
         raise EmptyMediaError(src.name, "no audio samples")
     if check_finite and data.size and not np.isfinite(data).all():
@@ -275,6 +385,7 @@ def load_audio(
         source_channels=C,
         offset_samples=start,
         source=src.name,
+        damaged=damaged,
     )
 
 

@@ -28,15 +28,20 @@ image is bad, so a failed batch is decoded again item by item to find the culpri
 from __future__ import annotations
 
 import base64
+import contextlib
 import math
 import os
 import re
+import sys
+import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ... import settings
 from ..._results import BatchResult
 from ..._source import open_source
 from ..._validate import check_on_error
@@ -88,7 +93,110 @@ def truncation(data: bytes, fmt: str | None) -> str | None:
     end-of-image marker makes both devices treat truncation as the error it is."""
     if fmt == "jpeg" and not bytes(data[-64:]).rstrip(b"\x00").endswith(b"\xff\xd9"):
         return "truncated JPEG (no end-of-image marker)"
+    if fmt == "png" and bytes(data).rfind(b"IEND") < 0:
+        return "the PNG data ends early (no IEND chunk: truncated)"
+    if fmt == "jpeg2000":  # OpenJPEG has crashed on a codestream cut before its first tile
+        if bytes(data).find(b"\xff\x90") < 0:
+            return "the JPEG 2000 data ends early (no tile after the header: truncated)"
+        if not bytes(data[-64:]).rstrip(b"\x00").endswith(b"\xff\xd9"):
+            return "the JPEG 2000 data ends early (no end-of-codestream marker: truncated)"
+        return j2k_header_problem(data)
     return None
+
+
+# main-header markers of a JPEG 2000 codestream (Part 1 and Part 15): CAP SIZ COD COC TLM PRF
+# PLM CPF QCD QCC RGN POC PPM CRG COM
+_J2K_MAIN = {0x50, 0x51, 0x52, 0x53, 0x55, 0x56, 0x57, 0x59, 0x5C, 0x5D, 0x5E, 0x5F, 0x60,
+             0x63, 0x64}  # fmt: skip
+
+
+def j2k_header_problem(data) -> str | None:
+    """What is inconsistent in a JPEG 2000 codestream's main header (from SOC to the first tile),
+    or None. OpenCV's OpenJPEG decoder (DALI's CPU path) has crashed the process on such headers
+    (an unknown marker, a wrong segment length) after an earlier decode; checked up front,
+    cheaply (a walk over a few hundred bytes)."""
+    b = bytes(data[: 1 << 16])
+    i = b.find(b"\xff\x4f\xff\x51")  # SOC then SIZ (a raw codestream, or a JP2's jp2c box)
+    if i < 0:
+        return None  # no codestream header in the first 64 KiB: left to the decoder
+    at, levels = i + 2, None
+    while at + 4 <= len(b):
+        if b[at] != 0xFF:
+            return f"the JPEG 2000 header is corrupt (no marker at byte {at})"
+        m = b[at + 1]
+        if m == 0x90:  # the first tile: the main header ended cleanly
+            return None
+        if m not in _J2K_MAIN:
+            return f"the JPEG 2000 header is corrupt (unknown marker 0xFF{m:02X} at byte {at})"
+        n = int.from_bytes(b[at + 2 : at + 4], "big")
+        seg = b[at + 4 : at + 2 + n]
+        if n < 2 or at + 2 + n > len(b) and len(b) == len(data):
+            return f"the JPEG 2000 header is corrupt (a segment length {n} at byte {at})"
+        if m == 0x51 and len(seg) >= 36:
+            comps = int.from_bytes(seg[34:36], "big")
+            if not 1 <= comps <= 16384 or n != 38 + 3 * comps:
+                return f"the JPEG 2000 header is corrupt (SIZ: {comps} components, length {n})"
+        if m == 0x52 and len(seg) >= 10:
+            levels = seg[5]
+            if seg[1] > 4 or levels > 32 or seg[6] > 8 or seg[7] > 8 or seg[6] + seg[7] > 8:
+                return "the JPEG 2000 header is corrupt (COD parameters out of range)"
+        if m == 0x5C and len(seg) >= 1 and levels is not None:
+            style, k = seg[0] & 0x1F, 3 * levels + 1
+            want = {0: 3 + k, 1: 5, 2: 3 + 2 * k}.get(style)
+            if want != n:
+                return f"the JPEG 2000 header is corrupt (QCD: style {style}, length {n})"
+        at += 2 + n
+    return None
+
+
+_FORMAT_NAMES = {"jpeg": "JPEG", "png": "PNG", "tiff": "TIFF", "jpeg2000": "JPEG 2000",
+                 "bmp": "BMP", "webp": "WebP", "pnm": "PNM"}  # fmt: skip
+_TRUNCATED = ("end of stream", "unexpected end", "too short", "truncat", "read error",
+              "premature", "not enough data", "incomplete", "end of file", "eof")  # fmt: skip
+
+_QUIET_LOCK = threading.Lock()
+_QUIET = {"depth": 0, "saved": -1, "file": None}
+
+
+@contextlib.contextmanager
+def native_stderr():
+    """Keep the native decoders' own lines (nvImageCodec's ``[ERROR] [png_parser] ...``, libtiff,
+    OpenCV) off the user's stderr: file descriptor 2 goes to a temporary file while DALI runs
+    (no DALI / nvImageCodec setting silences them). Yields a list that receives the captured
+    text when the outermost block ends; it goes into the error's message instead.
+    ``AVPIPE_NATIVE_STDERR=1`` leaves stderr alone."""
+    out: list = []
+    active = not settings.native_stderr()
+    with _QUIET_LOCK:
+        if active and _QUIET["depth"] == 0:
+            try:
+                sys.stderr.flush()
+            except Exception:  # noqa: BLE001
+                pass
+            try:
+                f = tempfile.TemporaryFile()
+                _QUIET["saved"], _QUIET["file"] = os.dup(2), f
+                os.dup2(f.fileno(), 2)
+            except OSError:  # no fd 2 (a daemon) or no temporary folder: leave stderr alone
+                active = False
+        if active:
+            _QUIET["depth"] += 1
+    if not active:
+        yield out
+        return
+    try:
+        yield out
+    finally:
+        with _QUIET_LOCK:
+            _QUIET["depth"] -= 1
+            if _QUIET["depth"] == 0:
+                os.dup2(_QUIET["saved"], 2)
+                os.close(_QUIET["saved"])
+                f = _QUIET["file"]
+                f.seek(0)
+                text = f.read(1 << 16).decode("utf-8", "replace")
+                f.close()
+                out.append(re.sub(r"\x1b\[[0-9;]*m", "", text).strip())
 
 
 @dataclass(frozen=True)
@@ -114,13 +222,24 @@ class ImageBatch(BatchResult):
 
 
 def _classify(name: str, data: bytes, exc: BaseException) -> DecodeError:
+    """A sentence about what is wrong with the file, with the native detail after it."""
     text = str(exc)
     m = re.search(r"encountered:\s*(.*)", text, re.S)
     why = (m.group(1) if m else text).strip().splitlines()
     why = why[0].strip() if why else type(exc).__name__
-    if sniff_format(data) is None:
+    fmt = sniff_format(data)
+    if fmt is None:
         return UnsupportedFormatError(name, f"not a supported image format ({why})")
-    return CorruptDataError(name, f"could not decode image: {why}")
+    native = [re.sub(r"^(\[[^\]]*\]\s*)+", "", ln.strip())
+              for ln in getattr(exc, "native_log", "").splitlines() if ln.strip()]  # fmt: skip
+    if why.startswith("Failed to decode sample") and native:
+        why = native[0]
+    detail = "; ".join(dict.fromkeys([*native[:2], why]))
+    what = _FORMAT_NAMES.get(fmt, fmt)
+    low = (text + " " + " ".join(native)).lower()
+    if any(k in low for k in _TRUNCATED):
+        return CorruptDataError(name, f"the {what} data ends early (truncated) [{detail}]")
+    return CorruptDataError(name, f"the {what} data is corrupt: the decoder refused it [{detail}]")
 
 
 def _check_rois(rois, n):
@@ -151,9 +270,17 @@ def _run(dev: Device, encoded: list, rois, fancy: bool = True):
     cap = _dali.capacity_for(len(encoded), MAX_BATCH)
     dec = _dali.get(idx, cap, use_roi, fancy)
     try:
-        out = dec.run(encoded, rois)
-    except BaseException:
-        _dali.discard(dec)
+        with native_stderr() as log:
+            try:
+                out = dec.run(encoded, rois)
+            except BaseException:
+                _dali.discard(dec)
+                raise
+    except Exception as e:
+        try:
+            e.native_log = log[0] if log else ""
+        except AttributeError:
+            pass
         raise
     if dev.is_cuda:
         return _dali.to_cupy_list(out, dev.index)
@@ -221,7 +348,10 @@ def decode_image_batch(
                     images[i] = a
                 if len(chunk) == len(srcs):
                     stacked = dense
-            except Exception:
+            except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError
+                if len(chunk) == 1:  # the culprit is known: no second decode of bad data
+                    errors.append((chunk[0], _classify(srcs[chunk[0]].name, datas[chunk[0]], e)))
+                    continue
                 # find the culprits one by one (each failure rebuilds a 1-image pipeline)
                 for j, i in enumerate(chunk):
                     try:

@@ -30,7 +30,7 @@ from ..._results import BatchResult
 from ..._source import open_source
 from ..._validate import pos_int
 from ...device import resolve_device
-from ...errors import MemoryCapError, UnsupportedFormatError
+from ...errors import CorruptDataError, MemoryCapError, UnsupportedFormatError
 from ._backend import BackendRefused, VideoBackend
 from ._nvdec import NvdecBackend
 from ._pyav import PyAVBackend
@@ -51,6 +51,8 @@ class VideoMetadata:
     shifted to 0); ``duration_seconds`` runs from the first frame's pts to the end of the last
     frame; ``average_fps = num_frames / duration_seconds``. ``rotation`` is the display
     rotation in degrees counterclockwise; ``sample_aspect_ratio`` is None when not set.
+    ``damaged``: None, or why the stream is damaged though frames were found (demuxing stopped
+    at bad data, fewer frames than the container declares): the frames are those read.
     """
 
     num_frames: int
@@ -72,6 +74,7 @@ class VideoMetadata:
     time_base: Fraction
     begin_seconds: float
     end_seconds: float
+    damaged: str | None = None
 
     @classmethod
     def from_scan(cls, s: StreamScan) -> VideoMetadata:
@@ -103,6 +106,7 @@ class VideoMetadata:
             time_base=s.time_base,
             begin_seconds=begin,
             end_seconds=end,
+            damaged=s.damaged,
         )
 
 
@@ -111,13 +115,16 @@ class FrameBatch(BatchResult):
     """Decoded frames: ``data`` is [N, H, W, 3] uint8 RGB (or [N, 3, H, W] with
     ``layout="CHW"``, or [N, H*3/2, W] NV12 with ``output="nv12"``) on the decoder's device,
     numpy on the CPU and cupy on a GPU; ``indices`` and ``pts_seconds`` are numpy, one per frame.
-    ``errors`` is always empty: a frame that cannot be decoded raises."""
+    ``damaged``: None, or why the video is damaged (the metadata's reason, or packets that
+    failed to decode while these frames were made). ``errors`` is always empty: a frame that
+    cannot be decoded raises."""
 
     data: Any
     indices: np.ndarray
     pts_seconds: np.ndarray
     errors: tuple = ()
     device: str = "cpu"
+    damaged: str | None = None
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
@@ -145,6 +152,9 @@ class VideoDecoder:
         index: a video index (:func:`avpipe.decoding.build_index`'s file, or a loaded
             :class:`~avpipe.decoding.VideoIndex`): the file's scan is taken from it when the file's
             size and mtime still match the entry (else the file is scanned as without one).
+        strict: raise :class:`~avpipe.errors.CorruptDataError` for a damaged video (see
+            ``VideoMetadata.damaged`` and ``FrameBatch.damaged``) instead of decoding what
+            is there.
     """
 
     def __init__(
@@ -160,6 +170,7 @@ class VideoDecoder:
         memory_cap_bytes: int | None = DEFAULT_MEMORY_CAP,
         threads: int = 0,
         index=None,
+        strict: bool = False,
     ):
         if output not in ("rgb", "nv12"):
             raise ValueError(f"output must be 'rgb' or 'nv12', got {output!r}")
@@ -187,6 +198,9 @@ class VideoDecoder:
         if self._scan is None:
             self._scan = scan_stream(self._src, self.source_name, stream_index)
         self.metadata = VideoMetadata.from_scan(self._scan)
+        self.strict = bool(strict)
+        if self.strict and self.metadata.damaged:
+            raise CorruptDataError(self.source_name, self.metadata.damaged)
         self.output, self.layout, self.rotate = output, layout, bool(rotate)
         self.memory_cap_bytes = memory_cap_bytes
         self._cpu: VideoBackend = PyAVBackend(self._src, self._scan, threads=threads)
@@ -383,7 +397,11 @@ class VideoDecoder:
             if data is None:
                 data = self._decode_cpu(targets, slots, idx.size)
         pts = self.metadata.pts_seconds[idx].copy()
-        return FrameBatch(data=data, indices=idx.copy(), pts_seconds=pts, device=str(self.device))
+        damaged = self.metadata.damaged or self._cpu.damaged
+        if damaged and self.strict:
+            raise CorruptDataError(self.source_name, damaged)
+        return FrameBatch(data=data, indices=idx.copy(), pts_seconds=pts, device=str(self.device),
+                          damaged=damaged)
 
     def _plain_rows(self):
         """(row shape the backends write, whether it is CHW, whether rotation follows)."""

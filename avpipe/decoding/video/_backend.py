@@ -24,6 +24,7 @@ class VideoBackend(Protocol):
     """Decode requests of one video stream into caller-owned output rows."""
 
     name: str
+    damaged: str | None  # why frames were skipped while decoding (damage), else None
 
     def decode(
         self, targets: Sequence[int], *, output: str, chw: bool, out: Any, slots: Sequence

@@ -180,6 +180,7 @@ class NvdecBackend:
     """The GPU backend (a :class:`._backend.VideoBackend`)."""
 
     name = "nvdec"
+    damaged = None  # NVDEC reports no per-packet damage; the CPU backend does
 
     def __init__(self, source, scan: StreamScan, device):
 

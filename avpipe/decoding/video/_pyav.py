@@ -36,6 +36,7 @@ class PyAVBackend:
         self._container = None
         self._stream = None
         self._lock = threading.Lock()
+        self.damaged: str | None = None  # set when a packet fails to decode and is skipped
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _open(self):
@@ -90,6 +91,7 @@ class PyAVBackend:
                 bad += 1
                 if bad > _MAX_BAD_PACKETS:
                     raise av_error(name, e, "too many undecodable packets") from None
+                self.damaged = f"a packet failed to decode and was skipped ({e})"
                 continue
             yield from frames
 

@@ -83,6 +83,7 @@ class StreamScan:
     packet_size: np.ndarray | None = field(default=None, repr=False)
     nal_size: int = 0
     parameter_sets: bytes | None = field(default=None, repr=False)
+    damaged: str | None = None  # why the stream is damaged though frames were read, else None
 
     @property
     def num_frames(self) -> int:
@@ -210,8 +211,11 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
         locate = source.path is not None and codec in ("h264", "hevc") and nal_size > 0
         first_frame = None
         decode_first = True
+        damaged = None
+        n_packets = 0  # every packet with data, also those the container marks discarded
         try:
             for pkt in container.demux(st):
+                n_packets += pkt.size > 0 or pkt.dts is not None  # not the final flush
                 if pkt.size == 0 or (getattr(pkt, "is_discard", False)):
                     continue
                 p = pkt.pts if pkt.pts is not None else pkt.dts
@@ -246,6 +250,7 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
             if not pts_list:
                 raise av_error(name, e, "cannot read packets") from None
             # a damaged tail: keep what was read (frames past it fail when asked for)
+            damaged = f"demuxing stopped at damaged data after {len(pts_list)} frames ({e})"
         if not pts_list:
             raise EmptyMediaError(name, f"video stream {st.index} holds no frames")
         pts = np.array(sorted(pts_list), dtype=np.int64)
@@ -291,6 +296,16 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
                 rotation = int(round(first_frame.rotation or 0)) % 360
             except Exception:  # noqa: BLE001
                 rotation = 0
+        # MP4 counts samples (AVI's count is of time slots, with gaps for dropped frames)
+        declared = int(st.frames or 0) if "mp4" in str(container.format.name) else 0
+        if damaged is None and declared > n_packets:
+            damaged = f"the container declares {declared} frames but holds {n_packets} (truncated)"
+        if damaged is None and len(container.streams) == 1 and container.duration:
+            said = container.duration / 1e6  # microseconds; from 0 or from the first pts
+            got = float((int(pts[-1]) + int(step_last)) * tb)
+            got = max(got, got - float(pts[0] * tb))
+            if said > got + 2 * float(step_last * tb) + 0.1:
+                damaged = f"the container declares {said:.3f} s but holds {got:.3f} s (truncated)"
         sar = st.sample_aspect_ratio or (cc.sample_aspect_ratio if cc is not None else None)
         width = int(cc.width or (first_frame.width if first_frame else 0))
         height = int(cc.height or (first_frame.height if first_frame else 0))
@@ -319,6 +334,7 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
             packet_size=packet_size,
             nal_size=int(nal_size) if packet_pos is not None else 0,
             parameter_sets=param_sets,
+            damaged=damaged,
         )
 
 

@@ -1,0 +1,342 @@
+"""Damaged inputs: damage is reported (``Audio.damaged``, ``VideoMetadata.damaged``,
+``FrameBatch.damaged``) or raised with ``strict=True``; image errors read as sentences and the
+native decoders' own lines stay off stderr; the batch loader keeps its state per loader and
+reports timeouts as :class:`~avpipe.DecodeTimeoutError`."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+import avpipe
+from avpipe.errors import CorruptDataError, DecodeTimeoutError
+
+SR = 16000
+
+
+def _cut(src, dst, fraction):
+    data = open(src, "rb").read()
+    open(dst, "wb").write(data[: int(len(data) * fraction)])
+    return str(dst)
+
+
+# --- audio ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("subtype", ["PCM_16", "FLOAT"])
+def test_truncated_wav_is_flagged_and_strict_raises(tmp_path, subtype):
+    x = np.sin(np.arange(SR) / 7).astype(np.float32) * 0.5
+    p = tmp_path / "a.wav"
+    sf.write(p, x, SR, subtype=subtype)
+    clean = avpipe.load_audio(p)
+    assert clean.damaged is None and clean.num_samples == SR
+    cut = _cut(p, tmp_path / "cut.wav", 0.6)
+    a = avpipe.load_audio(cut)
+    assert 0 < a.num_samples < SR
+    assert a.damaged and "truncated" in a.damaged and "data chunk" in a.damaged
+    np.testing.assert_allclose(a.samples, clean.samples[: a.num_samples], atol=1e-4)
+    with pytest.raises(CorruptDataError, match="truncated") as ei:
+        avpipe.load_audio(cut, strict=True)
+    assert ei.value.source == cut
+
+
+def test_truncated_ogg_and_flac_are_corrupt_not_unsupported(tmp_path):
+    x = (np.sin(np.arange(2 * SR) / 9) * 0.4).astype(np.float32)
+    for ext, kw in (("ogg", {"format": "OGG", "subtype": "VORBIS"}), ("flac", {})):
+        p = tmp_path / f"a.{ext}"
+        sf.write(p, x, SR, **kw)
+        assert avpipe.load_audio(p).damaged is None
+        for frac in (0.3, 0.7, 0.97):
+            cut = _cut(p, tmp_path / f"cut{frac}.{ext}", frac)
+            try:
+                a = avpipe.load_audio(cut)
+            except CorruptDataError:
+                continue
+            assert a.damaged, (ext, frac)  # decoded what is there: it says so
+
+
+def test_nan_float_wav_is_corrupt(tmp_path):
+    x = np.zeros(1000, np.float32)
+    x[500] = np.nan
+    p = tmp_path / "nan.wav"
+    sf.write(p, x, SR, subtype="FLOAT")
+    with pytest.raises(CorruptDataError, match="NaN"):
+        avpipe.load_audio(p)
+
+
+def test_wav_with_absurd_header_fields_is_typed(tmp_path):
+    p = tmp_path / "a.wav"
+    sf.write(p, np.zeros(800, np.float32), SR, subtype="PCM_16")
+    data = bytearray(open(p, "rb").read())
+    for at, fmt, v in ((24, "<I", 0), (22, "<H", 0), (22, "<H", 0xFFFF), (34, "<H", 0)):
+        b = bytearray(data)
+        struct.pack_into(fmt, b, at, v)
+        q = tmp_path / f"bad{at}_{v}.wav"
+        q.write_bytes(bytes(b))
+        try:
+            avpipe.load_audio(q)
+        except avpipe.DecodeError:
+            pass
+
+
+# --- video ---------------------------------------------------------------------------------------
+
+
+def _webm(path, n=30):
+    import av
+
+    with av.open(str(path), "w", format="webm") as out:
+        st = out.add_stream("libvpx-vp9", rate=25)
+        st.width, st.height, st.pix_fmt = 64, 48, "yuv420p"
+        st.options = {"deadline": "realtime", "cpu-used": "8", "g": "5"}
+        for i in range(n):
+            a = np.full((48, 64, 3), (i * 8) % 256, np.uint8)
+            for pkt in st.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
+                out.mux(pkt)
+        for pkt in st.encode(None):
+            out.mux(pkt)
+    return str(path)
+
+
+def test_truncated_webm_is_flagged_and_strict_raises(tmp_path):
+    p = _webm(tmp_path / "v.webm")
+    with avpipe.VideoDecoder(p, device="cpu") as dec:
+        assert dec.metadata.damaged is None and len(dec) == 30
+        assert dec.get_frames([0, 29]).damaged is None
+    cut = _cut(p, tmp_path / "cut.webm", 0.6)
+    with avpipe.VideoDecoder(cut, device="cpu") as dec:
+        assert 0 < len(dec) < 30
+        assert dec.metadata.damaged and "truncated" in dec.metadata.damaged
+        b = dec.get_frames([0])
+        assert b.damaged == dec.metadata.damaged
+    with pytest.raises(CorruptDataError, match="truncated"):
+        avpipe.VideoDecoder(cut, device="cpu", strict=True)
+
+
+# --- images --------------------------------------------------------------------------------------
+
+
+def _png(path):
+    from PIL import Image
+
+    a = np.random.default_rng(0).integers(0, 255, (40, 56, 3), dtype=np.uint8)
+    Image.fromarray(a).save(path, "PNG")
+    return open(path, "rb").read()
+
+
+def test_truncated_png_error_is_a_sentence_and_stderr_stays_clean(tmp_path, capfd):
+    data = _png(tmp_path / "a.png")
+    cut = tmp_path / "cut.png"
+    cut.write_bytes(data[: len(data) // 2])
+    bad_crc = tmp_path / "crc.png"
+    b = bytearray(data)
+    b[20] ^= 0x01  # the IHDR height: its CRC no longer matches
+    bad_crc.write_bytes(bytes(b))
+    capfd.readouterr()
+    with pytest.raises(CorruptDataError) as ei:
+        avpipe.decode_images([str(cut)], device="cpu")
+    assert "the PNG data ends early (" in str(ei.value) and str(cut) in str(ei.value)
+    with pytest.raises(CorruptDataError) as ei:
+        avpipe.decode_images([str(bad_crc)], device="cpu")
+    assert "the PNG data is corrupt" in str(ei.value) and str(bad_crc) in str(ei.value)
+    batch = avpipe.decoding.image.decode_image_batch([str(cut), str(tmp_path / "a.png")],
+                                                     device="cpu")  # fmt: skip
+    assert batch.images[1] is not None and batch.errors[0][0] == 0
+    out = capfd.readouterr()
+    assert out.err == "", out.err
+
+
+def test_native_failure_codes_become_sentences():
+    from avpipe.decoding.image import _classify
+
+    png = b"\x89PNG\r\n\x1a\n" + bytes(40)
+    e = RuntimeError("Error in thread 0: nvImageCodec failure: '#17'")
+    e.native_log = "[ERROR] [png_parser] Could not retrieve image info - Unexpected end of stream"
+    err = _classify("x.png", png, e)
+    assert isinstance(err, CorruptDataError)
+    assert str(err).startswith("x.png: the PNG data ends early (truncated)")
+    assert "Unexpected end of stream" in str(err) and "[ERROR]" not in str(err)
+    err = _classify("y.jp2", b"\xff\x4f\xff\x51" + bytes(20), RuntimeError("'#3'"))
+    assert "the JPEG 2000 data is corrupt" in str(err)
+
+
+def test_jpeg2000_cut_before_its_first_tile_is_refused_before_decoding(tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    data = open(os.path.join(here, "..", "samples", "images", "scene.jp2"), "rb").read()
+    head = data[: data.find(b"\xff\x90")]
+    for _ in range(3):  # OpenJPEG crashed the process on this after an earlier decode
+        with pytest.raises(CorruptDataError, match="JPEG 2000 data ends early"):
+            avpipe.decode_images([head], device="cpu")
+        avpipe.decode_images([data], device="cpu")
+    from avpipe.pipeline.image_stream import decode_image_stream
+
+    good = tmp_path / "good.jp2"
+    good.write_bytes(data)
+    cut = tmp_path / "cut.jp2"
+    cut.write_bytes(head)
+    got = list(decode_image_stream([str(good)] * 3 + [str(cut), str(good)], batch_size=2,
+                                   device="cpu"))  # fmt: skip
+    assert [len(b.images) for b in got] == [2, 2, 1]
+    assert [b.errors[0][0] for b in got if b.errors] == [1]
+    assert "JPEG 2000 data ends early" in str(got[1].errors[0][1])
+    assert got[1].images[0] is not None and got[2].images[0] is not None
+
+
+# --- the audio batch loader ------------------------------------------------------------------------
+
+
+def test_two_loaders_keep_their_own_buffers(tmp_path):
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
+
+    def files(tag, value, n, k):
+        out = []
+        for i in range(k):
+            p = tmp_path / f"{tag}{i}.wav"
+            sf.write(p, np.full(n + i, value, np.float32), SR, subtype="PCM_16")
+            out.append(str(p))
+        return out
+
+    a_files, b_files = files("a", 0.25, 300, 2), files("b", -0.5, 700, 3)
+    with AudioBatchLoader(a_files, batch_size=2, num_workers=1, device="cpu") as a, \
+            AudioBatchLoader(b_files, batch_size=3, num_workers=1, device="cpu") as b:  # noqa: E127
+        a._restart_pool([])  # new workers for the first loader after the second was built
+        ((xa, la, _, ea),) = list(a.batches())
+        ((xb, lb, _, eb),) = list(b.batches())
+    assert not ea and la.tolist() == [300, 301]
+    np.testing.assert_allclose(xa[0, :300], 0.25, atol=1e-4)
+    np.testing.assert_allclose(xa[1, :301], 0.25, atol=1e-4)
+    assert not eb and lb.tolist() == [700, 701, 702]
+    np.testing.assert_allclose(xb[2, :702], -0.5, atol=1e-4)
+
+
+def test_loader_timeout_is_a_decode_timeout_error(tmp_path):
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
+
+    good = tmp_path / "g.flac"
+    sf.write(good, np.full(800, 0.25, np.float32), SR, subtype="PCM_16")
+    stuck = tmp_path / "stuck.flac"
+    os.mkfifo(stuck)  # a read that never returns
+    paths = [str(good), str(stuck)]
+    with AudioBatchLoader(paths, batch_size=2, num_workers=1, device="cpu", max_samples=1000,
+                          timeout=1.0) as loader:  # fmt: skip
+        ((_, lengths, _, errors),) = list(loader.batches())
+    assert [i for i, _ in errors] == [1] and lengths[0] == 800
+    assert isinstance(errors[0][1], DecodeTimeoutError) and errors[0][1].source == str(stuck)
+    with AudioBatchLoader(paths, batch_size=2, num_workers=1, device="cpu", max_samples=1000,
+                          timeout=1.0, strict=True) as loader:  # fmt: skip
+        with pytest.raises(DecodeTimeoutError) as ei:
+            list(loader.batches())
+    assert ei.value.source == str(stuck)
+
+
+def test_loader_reports_absurd_headers_per_item(tmp_path):
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
+
+    good = []
+    for i in range(2):
+        p = tmp_path / f"g{i}.flac"
+        sf.write(p, np.full(500, 0.25, np.float32), SR, subtype="PCM_16")
+        good.append(str(p))
+    data = open(good[0], "rb").read()
+    huge = bytearray(data)  # STREAMINFO: 2^36 - 1 samples
+    bits = int.from_bytes(huge[18:26], "big") | ((1 << 36) - 1)
+    huge[18:26] = bits.to_bytes(8, "big")
+    slow = bytearray(data)  # sample rate 1 Hz
+    bits = (int.from_bytes(slow[18:26], "big") & ~(0xFFFFF << 44)) | (1 << 44)
+    slow[18:26] = bits.to_bytes(8, "big")
+    bad = []
+    for name, b in (("huge.flac", huge), ("rate1.flac", slow)):
+        (tmp_path / name).write_bytes(bytes(b))
+        bad.append(str(tmp_path / name))
+    paths = [good[0], bad[0], bad[1], good[1]]
+    with AudioBatchLoader(paths, batch_size=4, num_workers=1, device="cpu") as loader:
+        ((x, lengths, _, errors),) = list(loader.batches())
+    assert loader.sample_rate == SR
+    assert lengths[0] == 500 and lengths[3] == 500 and {i for i, _ in errors} == {1, 2}
+
+
+def test_jpeg2000_with_an_inconsistent_header_is_refused_before_decoding(tmp_path):
+    """OpenCV's OpenJPEG (DALI's CPU JPEG 2000 decoder) crashed the process on these after a
+    good decode: a flipped marker code, a wrong SIZ length, a COM length sending the walk astray."""
+    from avpipe.decoding.image import j2k_header_problem
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    data = open(os.path.join(here, "..", "samples", "images", "scene.jp2"), "rb").read()
+    assert j2k_header_problem(data) is None
+    siz = data.find(b"\xff\x51")
+    bad_len = bytearray(data)
+    bad_len[siz + 3] ^= 0x40
+    unknown = bytearray(data)
+    unknown[data.find(b"\xff\x52", siz) + 1] = 0x6C  # COD's marker code
+    for b, why in ((bad_len, "SIZ"), (unknown, "unknown marker 0xFF6C")):
+        avpipe.decode_images([data], device="cpu")
+        for _ in range(2):
+            with pytest.raises(CorruptDataError, match="JPEG 2000 header is corrupt") as ei:
+                avpipe.decode_images([bytes(b)], device="cpu")
+            assert why in str(ei.value)
+
+
+def test_float_wav_with_inconsistent_format_chunk_is_corrupt(tmp_path):
+    """libsndfile refuses it (its PEAK chunk no longer matches); FFmpeg, the fallback, crashed
+    the process reading 9 channels of 32-bit floats from 4-byte blocks."""
+    p = tmp_path / "f.wav"
+    sf.write(p, np.zeros(900, np.float32), SR, subtype="FLOAT")
+    b = bytearray(open(p, "rb").read())
+    struct.pack_into("<H", b, 22, 9)
+    q = tmp_path / "nine.wav"
+    q.write_bytes(bytes(b))
+    with pytest.raises(CorruptDataError, match="format chunk is inconsistent"):
+        avpipe.load_audio(q)
+
+
+@pytest.mark.parametrize("codec", ["h264", "hevc", "vp8", "vp9", "mjpeg"])
+def test_clean_videos_are_not_flagged(tmp_path, codec):
+    """Shifted and variable-rate clean files are not 'damaged' (MKV durations count from 0,
+    AVI frame counts count time slots)."""
+    import fractions
+
+    from video_media import CODECS, make_video
+
+    ext = CODECS[codec][2]
+    tb = fractions.Fraction(1, 25)
+    files = [
+        make_video(tmp_path / f"plain.{ext}", codec=codec, num_frames=12),
+        make_video(tmp_path / f"vfr.{ext}", codec=codec, num_frames=6,
+                   pts=[0, 1, 3, 4, 8, 20], time_base=tb),
+        make_video(tmp_path / f"shift.{ext}", codec=codec, num_frames=6,
+                   pts=[50 + i for i in range(6)], time_base=tb),
+    ]  # fmt: skip
+    for f in files:
+        with avpipe.VideoDecoder(f, device="cpu", strict=True) as dec:
+            assert dec.metadata.damaged is None, (f, dec.metadata.damaged)
+            assert dec.get_frames([0, -1]).damaged is None
+
+
+def test_streamed_wav_with_unknown_data_size_is_not_flagged(tmp_path):
+    """WAV written to a pipe keeps a placeholder data size (0 or 0xFFFFFFFF): not damage."""
+    p = tmp_path / "a.wav"
+    sf.write(p, np.full(1000, 0.25, np.float32), SR, subtype="PCM_16")
+    b = bytearray(open(p, "rb").read())
+    at = b.find(b"data") + 4
+    for v in (0xFFFFFFFF,):
+        struct.pack_into("<I", b, at, v)
+        q = tmp_path / f"s{v}.wav"
+        q.write_bytes(bytes(b))
+        a = avpipe.load_audio(q)
+        assert a.num_samples == 1000 and a.damaged is None
+
+
+def test_loader_lists_files_decoded_though_cut_short(tmp_path):
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
+
+    p = tmp_path / "a.wav"
+    sf.write(p, np.full(4000, 0.25, np.float32), SR, subtype="PCM_16")
+    cut = _cut(p, tmp_path / "cut.wav", 0.5)
+    with AudioBatchLoader([str(p), cut], batch_size=2, num_workers=1, device="cpu") as loader:
+        ((_, lengths, _, errors),) = list(loader.batches())
+    assert not errors and lengths[0] == 4000 and 0 < lengths[1] < 4000
+    assert set(loader.damaged) == {cut} and "truncated" in loader.damaged[cut]
