@@ -180,14 +180,108 @@ def test_video_resume_same_clips_crops_flips():
 
 
 def test_video_eval_views():
+    # the unit of an eval batch is a view: clips [B, T, 3, S, S], labels / video_index / view [B]
     feed = video_classification(LABELS, clip_length=4, stride=2, crop_size=48, batch_size=4,
                                 train=False, num_clips=2, device="cpu")
+    V = 6
+    assert len(feed.items) == 6 * V and len(feed) == 6 * V // 4
     b = next(iter(feed))
-    assert b.clips.shape == (4 * 6, 4, 3, 48, 48) and b.views == 6
-    assert b.video_index.tolist() == np.repeat(np.arange(4), 6).tolist()
-    assert b.paths == [os.path.join(ROOT, "video", p) for p in
-                       ("circles_h264.mp4", "squares_h264.mp4", "circles_hevc.mp4",
-                        "squares_vp8.webm")]  # no shuffle in eval
+    assert b.clips.shape == (4, 4, 3, 48, 48) and b.clips.dtype == np.float16
+    assert b.labels.shape == (4,) and b.labels.dtype == np.int64
+    assert b.video_index.tolist() == [0, 0, 0, 0] and b.view.tolist() == [0, 1, 2, 3]
+    assert b.paths == [os.path.join(ROOT, "video", "circles_h264.mp4")] * 4  # no shuffle
+    # the three crops of one clip differ, the views of one video share its label
+    assert not np.array_equal(b.clips[0], b.clips[1])
+    assert len(set(b.labels.tolist())) == 1
+
+
+def _logit(clips):  # a stand-in model: one score per view
+    return clips.astype(np.float64).mean(axis=(1, 2, 3, 4))
+
+
+def test_video_eval_views_once_across_ranks_and_average_by_video():
+    kw = dict(clip_length=2, stride=3, crop_size=32, train=False, num_clips=2, num_crops=3,
+              device="cpu")
+    V = 6
+    # reference: one batch per video (batch_size = V, in order)
+    ref = np.zeros(6)
+    for b in video_classification(LABELS, batch_size=V, **kw):
+        assert len(set(b.video_index.tolist())) == 1 and b.view.tolist() == list(range(V))
+        ref[int(b.video_index[0])] = _logit(b.clips).mean()
+    W = 2
+    seen, sums, counts = [], np.zeros(6), np.zeros(6)
+    for r in range(W):
+        f = video_classification(LABELS, batch_size=3, rank=r, world_size=W, shuffle=True,
+                                 seed=3, **kw)
+        assert len(f) == 6 * V // (3 * W)
+        for b in f:
+            assert b.clips.shape[1:] == (2, 3, 32, 32) and len(b.paths) == len(b.view)
+            seen += list(zip(b.video_index.tolist(), b.view.tolist()))
+            np.add.at(sums, b.video_index, _logit(b.clips))
+            np.add.at(counts, b.video_index, 1)
+    assert sorted(seen) == [(v, k) for v in range(6) for k in range(V)]  # each once
+    np.testing.assert_allclose(sums / counts, ref, rtol=1e-6)
+
+
+def test_video_eval_resume_by_view():
+    kw = dict(clip_length=2, stride=2, crop_size=32, batch_size=5, train=False, num_clips=2,
+              device="cpu")
+    ref = [(b.video_index.tolist(), b.view.tolist(), b.clips.copy())
+           for b in video_classification(LABELS, **kw)]
+    f = video_classification(LABELS, **kw)
+    it = iter(f)
+    next(it)
+    next(it)
+    st = json.loads(json.dumps(f.state_dict()))
+    it.close()
+    g = video_classification(LABELS, **kw)
+    g.load_state_dict(st)
+    rest = [(b.video_index.tolist(), b.view.tolist(), b.clips) for b in g]
+    assert len(rest) == len(ref) - 2
+    for (v, k, c), (v2, k2, c2) in zip(rest, ref[2:]):
+        assert v == v2 and k == k2
+        np.testing.assert_array_equal(c, c2)
+
+
+def test_video_train_extras_deterministic():
+    kw = dict(clip_length=4, stride=2, crop_size=32, batch_size=3, seed=2, device="cpu",
+              color_jitter=dict(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1),
+              grayscale_p=0.5, temporal_jitter=1)
+    a = [b.clips.copy() for b in video_classification(LABELS, **kw)]
+    b2 = [b.clips.copy() for b in video_classification(LABELS, **kw)]
+    plain = [b.clips.copy() for b in video_classification(
+        LABELS, **{k: v for k, v in kw.items()
+                   if k not in ("color_jitter", "grayscale_p", "temporal_jitter")})]
+    for x, y in zip(a, b2):
+        assert x.shape == (3, 4, 3, 32, 32) and np.isfinite(x).all()
+        np.testing.assert_array_equal(x, y)
+    assert any(not np.array_equal(x, y) for x, y in zip(a, plain))
+
+
+def test_video_train_crop_matches_the_ops():
+    # the recipe's crop + flip are image_augment's draws (keyed by seed, epoch, item id)
+    from avpipe.decoding.video import VideoDecoder
+    from avpipe.ops import image_augment as aug
+    from avpipe.ops import random as R
+    from avpipe.ops.image import resize_crop_normalize
+
+    kw = dict(clip_length=2, stride=1, crop_size=32, batch_size=6, seed=4, device="cpu",
+              shuffle=False)
+    feed = video_classification(LABELS, **kw)
+    (b,) = list(feed)
+    for i, it in enumerate(feed.items):
+        with VideoDecoder(it.path, device="cpu") as dec:
+            n = len(dec)
+            start = int(R.integers(4, "clip", 0, [i], high=max(1, n - 1))[0, 0])
+            fr = dec.get_frames(np.minimum(start + np.arange(2), n - 1)).data
+        p = aug.sample_resized_crop_params(4, 0, [i], fr.shape[1], fr.shape[2],
+                                           scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3))
+        t, le, h, w = (int(p[k][0]) for k in ("top", "left", "height", "width"))
+        y = resize_crop_normalize(fr[:, t : t + h, le : le + w], short_side=None,
+                                  size=(32, 32), crop_size=None, layout="NCHW")
+        if aug.sample_flip_params(4, 0, [i])["flip"][0]:
+            y = y[..., ::-1]
+        np.testing.assert_array_equal(b.clips[i], y)
 
 
 def test_video_skip_bad_file(tmp_path):
