@@ -89,6 +89,17 @@ def test_rnnt_gpu_torch_face_zero_copy():
         np.testing.assert_allclose(g.features.cpu().numpy(), c.features, atol=1e-3, rtol=0)
 
 
+def test_rnnt_gpu_augmentation_draws_equal_cpu():
+    # speed factors and SpecAugment masks are keyed by (seed, epoch, id): the same on both
+    kw = dict(batch_size=3, seed=8, training=True)
+    gpu = list(rnnt_feed(MANIFEST, device="cuda", **kw))
+    cpu = list(rnnt_feed(MANIFEST, device="cpu", **kw))
+    for g, c in zip(gpu, cpu):
+        assert g.paths == c.paths
+        np.testing.assert_array_equal(_np(g.feature_lengths), c.feature_lengths)
+        np.testing.assert_array_equal(_np(g.features) == 0, c.features == 0)
+
+
 def test_rnnt_gpu_resume_exact():
     kw = dict(batch_size=2, seed=6, training=True, device="cuda")
     ref = [_np(b.features) for b in rnnt_feed(MANIFEST, **kw)]

@@ -121,23 +121,83 @@ def test_rnnt_skip_fills_and_names_the_file(tmp_path):
             pass
 
 
-def test_rnnt_speed_perturb_hook_resumes_identically():
-    from avpipe.recipes.rnnt import speed_perturb
-
-    kw = dict(batch_size=3, seed=5, device="cpu", signal_augment=[speed_perturb()])
+def test_rnnt_augmentation_resumes_identically():
+    # training=True: speed perturbation + dither + SpecAugment by default
+    kw = dict(batch_size=2, seed=5, device="cpu")
     ref = [(b.features.copy(), b.feature_lengths.copy()) for b in rnnt_feed(MANIFEST, **kw)]
-    plain = [b.feature_lengths.copy() for b in rnnt_feed(MANIFEST, batch_size=3, seed=5,
-                                                         device="cpu")]
-    assert any(not np.array_equal(a[1], p) for a, p in zip(ref, plain))
     f = rnnt_feed(MANIFEST, **kw)
     it = iter(f)
     next(it)
-    st = f.state_dict()
+    st = json.loads(json.dumps(f.state_dict()))
     it.close()
     g = rnnt_feed(MANIFEST, **kw)
     g.load_state_dict(st)
-    (b,) = list(g)
-    np.testing.assert_array_equal(b.features, ref[1][0])
+    rest = [(b.features, b.feature_lengths) for b in g]
+    assert len(rest) == 2
+    for (a, la), (b, lb) in zip(rest, ref[1:]):
+        np.testing.assert_array_equal(la, lb)
+        np.testing.assert_array_equal(a, b)
+
+
+def _plain_features(path_order, preset="nemo"):
+    from avpipe.decoding.audio import load_audio
+    from avpipe.ops.audio import log_mel
+
+    sig = [load_audio(p, sample_rate=16000).samples for p in path_order]
+    n = max(len(s) for s in sig)
+    x = np.zeros((len(sig), n), np.float32)
+    for r, s in enumerate(sig):
+        x[r, : len(s)] = s
+    return log_mel(x, np.array([len(s) for s in sig]), preset=preset)
+
+
+def test_rnnt_training_false_is_unaugmented():
+    for b in rnnt_feed(MANIFEST, batch_size=3, seed=1, device="cpu", training=False):
+        feats, fl = _plain_features(b.paths)
+        np.testing.assert_array_equal(b.feature_lengths, fl)
+        np.testing.assert_array_equal(b.features, feats)
+
+
+def test_rnnt_training_augments_with_the_ops():
+    from avpipe.ops import audio_augment as aug
+
+    kw = dict(batch_size=3, seed=2, device="cpu", shuffle=False)
+    off = list(rnnt_feed(MANIFEST, speed_perturb=None, spec_augment=None, **kw))
+    on = list(rnnt_feed(MANIFEST, **kw))
+    ids = np.arange(6)
+    f = aug.sample_speed_params(2, 0, ids, factor_range=(0.85, 1.15), step=0.01)["factor"]
+    assert len(np.unique(f)) > 1 and np.all((f >= 0.85) & (f <= 1.15))
+    for k, (a, b) in enumerate(zip(off, on)):
+        # speed: lengths follow the drawn factors (n -> ceil(n / f) samples, frames n // 160)
+        sig = [int(round(d * 16000)) for d in a.durations]
+        exp = [-(-n * 16000 // int(round(16000 * ff))) // 160
+               for n, ff in zip(sig, f[3 * k : 3 * k + 3])]
+        assert np.abs(b.feature_lengths - np.array(exp)).max() <= 1
+        # SpecAugment: the masked cells are exactly 0 inside each item's length
+        for r, n in enumerate(b.feature_lengths.tolist()):
+            assert (b.features[r, :, :n] == 0).any()
+            assert not (a.features[r, :, : a.feature_lengths[r]] == 0).all(axis=1).any()
+    # the speed factor list form, and a generic hook still applied after it
+    seen = []
+
+    def hook(arrays, seed, epoch, ids):
+        seen.append(np.asarray(arrays["lengths"]).copy())
+        return arrays
+
+    list(rnnt_feed(MANIFEST, speed_perturb=[0.9, 1.1], signal_augment=[hook], **kw))
+    assert len(seen) == 2
+
+
+def test_rnnt_spec_augment_matches_the_op():
+    from avpipe.ops import audio_augment as aug
+
+    kw = dict(batch_size=6, seed=4, device="cpu", shuffle=False, speed_perturb=None)
+    (masked,) = list(rnnt_feed(MANIFEST, **kw))
+    (clean,) = list(rnnt_feed(MANIFEST, spec_augment=None, **kw))
+    ref = aug.spec_augment(clean.features, clean.feature_lengths, seed=4, epoch=0,
+                           ids=np.arange(6), freq_masks=2, freq_width=27, time_masks=10,
+                           time_width=0.05)
+    np.testing.assert_array_equal(masked.features, ref)
 
 
 # --- video --------------------------------------------------------------------------------
