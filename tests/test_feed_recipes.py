@@ -151,6 +151,27 @@ def _plain_features(path_order, preset="nemo"):
     return log_mel(x, np.array([len(s) for s in sig]), preset=preset)
 
 
+def test_rnnt_processes_loader_equals_threads():
+    kw = dict(batch_size=4, seed=3, device="cpu", training=False)
+    fp = rnnt_feed(MANIFEST, decoder="processes", **kw)
+    got = list(fp)
+    assert fp.task._loader is not None and fp.task._loader.decoder == "cpu"
+    fp.close()
+    ft = rnnt_feed(MANIFEST, decoder="threads", **kw)
+    want = list(ft)
+    assert ft.task._loader is None
+    assert len(got) == len(want) == 2
+    for a, b in zip(got, want):
+        assert a.paths == b.paths
+        np.testing.assert_array_equal(a.feature_lengths, b.feature_lengths)
+        np.testing.assert_allclose(a.features, b.features, atol=1e-4, rtol=0)
+    # auto on the CPU: the processes with a fixed batch size, threads with max_duration
+    assert rnnt_feed(MANIFEST, device="cpu", batch_size=2).task._loader_kind(fp.items) \
+        == "processes"
+    assert rnnt_feed(MANIFEST, device="cpu", max_duration=8.0).task._loader_kind(fp.items) \
+        is None
+
+
 def test_rnnt_training_false_is_unaugmented():
     for b in rnnt_feed(MANIFEST, batch_size=3, seed=1, device="cpu", training=False):
         feats, fl = _plain_features(b.paths)
@@ -425,7 +446,7 @@ def test_jax_framework():
 
 
 def test_stats_say_whether_input_bound():
-    feed = rnnt_feed(MANIFEST, batch_size=2, device="cpu")
+    feed = rnnt_feed(MANIFEST, batch_size=2, device="cpu", decoder="threads")
     for _ in feed:
         pass
     st = feed.stats()

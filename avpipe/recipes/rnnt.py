@@ -9,10 +9,14 @@
         batch.feature_lengths           # [B] int64
         batch.transcripts, batch.paths  # list[str]
 
-Decoding: ``avpipe.load_audio`` (offset / duration honoured, resampled to ``sample_rate``) in a
-thread pool; on a GPU with FLAC sources (``decoder="auto"``/``"gpu"``) the batch loader's GPU
-FLAC decoder (:class:`avpipe.pipeline.audio_loader.AudioBatchLoader`, frames decoded on the GPU,
-bit-exact to libFLAC) reads whole windows of files ahead. Features: ``avpipe.ops.audio.log_mel``
+Decoding: the feed's groups through
+:meth:`avpipe.pipeline.audio_loader.AudioBatchLoader.decode_groups` where it applies (files
+without offsets, of one sample rate; resampled to ``sample_rate`` after): on a GPU with FLAC
+sources its GPU FLAC decoder (frames decoded on the GPU, bit-exact to libFLAC, whole windows of
+files read ahead); on the CPU with a fixed ``batch_size`` its worker processes (libsndfile into
+a shared ring; about 1.2-1.8x the threads' rate on the sample files). Otherwise
+``avpipe.load_audio`` (offset / duration honoured, resampled to ``sample_rate``) in a thread
+pool, which also decodes the replacements of failed items. Features: ``avpipe.ops.audio.log_mel``
 with the ``preset``.
 
 ``training=True`` augments, in this order (``training=False``: none of it):
@@ -70,7 +74,10 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
     [B]``, ``transcripts``, ``paths`` (absolute), ``durations`` (manifest seconds), ``ids``.
     ``deadline``: seconds one item may take to decode (None: no limit). ``decoder``: "cpu"
     (threads), "gpu" (GPU FLAC windows; FLAC files of one sample rate, no offsets) or
-    "auto" ("gpu" when that applies and ``device`` is a GPU). ``speed_perturb``,
+    "auto" ("gpu" when that applies and ``device`` is a GPU; on the CPU "processes" when that
+    applies: a fixed ``batch_size``, no offsets, one sample rate), "processes" (the loader's
+    worker processes, CPU device, fixed ``batch_size``) or "threads" (``load_audio`` in
+    threads; "cpu" is the same). ``speed_perturb``,
     ``spec_augment``: the training augmentation (module docstring).
     """
     spec = (rnnt_feed, dict(
@@ -99,7 +106,8 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
     task = RnntTask(preset=preset, training=training, sample_rate=sample_rate, seed=seed,
                     device=dev, deadline=deadline, threads=threads, decoder=decoder,
                     signal_augment=signal_augment, feature_augment=feature_augment,
-                    speed_perturb=speed_perturb, spec_augment=spec_augment)
+                    speed_perturb=speed_perturb, spec_augment=spec_augment,
+                    batch_size=batch_size)
     return Feed(items, task, batch_size=batch_size, max_duration=max_duration,
                 durations=durations, seed=seed, shuffle=shuffle, rank=rank,
                 world_size=world_size, prefetch=prefetch, on_error=on_error, device=dev,
@@ -112,12 +120,17 @@ class RnntTask(Task):
 
     def __init__(self, *, preset, training, sample_rate, seed, device, deadline=None, threads=8,
                  decoder="auto", signal_augment=(), feature_augment=(),
-                 speed_perturb=None, spec_augment=None):
+                 speed_perturb=None, spec_augment=None, batch_size=None):
         super().__init__()
-        if decoder not in ("auto", "cpu", "gpu"):
-            raise ValueError(f"decoder must be 'auto', 'cpu' or 'gpu', got {decoder!r}")
+        if decoder not in ("auto", "cpu", "threads", "gpu", "processes"):
+            raise ValueError("decoder must be 'auto', 'gpu', 'processes' or 'threads' ('cpu'), "
+                             f"got {decoder!r}")
+        decoder = "threads" if decoder == "cpu" else decoder
         if decoder == "gpu" and not device.is_cuda:
             raise ValueError(f"decoder='gpu' needs a GPU device, got {device}")
+        if decoder == "processes" and (device.is_cuda or batch_size is None):
+            raise ValueError("decoder='processes' needs device='cpu' and a fixed batch_size")
+        self.batch_size = None if batch_size is None else int(batch_size)
         self.preset, self.training = preset, bool(training)
         self.sample_rate, self.seed, self.device = int(sample_rate), int(seed), device
         self.deadline, self.threads = deadline, int(threads)
@@ -151,61 +164,82 @@ class RnntTask(Task):
             raise
         return a.samples
 
-    def _gpu_ok(self, items):
-        if not self.device.is_cuda or self.decoder == "cpu":
-            return False
-        ok = all(it.path.lower().endswith(".flac") and not it.offset for it in items)
-        if self.decoder == "gpu" and not ok:
-            raise ValueError("decoder='gpu' takes FLAC files without offsets only")
-        return ok
+    def _loader_kind(self, items):
+        """"gpu", "processes" or None (threads) for these items."""
+        plain = all(not it.offset for it in items)
+        if self.device.is_cuda:
+            if self.decoder in ("threads",):
+                return None
+            ok = plain and all(it.path.lower().endswith(".flac") for it in items)
+            if self.decoder == "gpu" and not ok:
+                raise ValueError("decoder='gpu' takes FLAC files without offsets only")
+            return "gpu" if ok else None
+        if self.decoder not in ("auto", "processes"):
+            return None
+        import multiprocessing as mp
+
+        # not inside a daemonic process (a DataLoader worker): it may not start workers
+        ok = plain and self.batch_size is not None and not mp.current_process().daemon
+        if self.decoder == "processes" and not ok:
+            raise ValueError("decoder='processes' takes files without offsets only, outside "
+                             "daemonic processes")
+        return "processes" if ok else None
 
     def decode_groups(self, groups):
         if not self._loader_tried:
             self._loader_tried = True
-            if self._gpu_ok(self._all_items):
-                self._loader = self._make_loader()
+            kind = self._loader_kind(self._all_items)
+            if kind is not None:
+                self._loader = self._make_loader(kind)
         if self._loader is None:
             yield from super().decode_groups(groups)
             return
-        yield from self._gpu_groups(groups)
+        yield from self._loader_groups(groups)
 
-    def _make_loader(self):
-        # the GPU FLAC decoder of the batch loader (all paths known up front: their sizes and
-        # lengths come from the headers once)
+    def _make_loader(self, kind):
+        # the batch loader over every path of the feed (known up front: sizes and lengths come
+        # from the headers once)
         from ..pipeline.audio_loader import AudioBatchLoader
 
         paths = sorted({it.path for it in self._all_items})
         try:
-            ld = AudioBatchLoader(paths, batch_size=64, device=f"cuda:{self.device.index}",
-                                  decoder="gpu")
+            if kind == "gpu":
+                ld = AudioBatchLoader(paths, batch_size=64,
+                                      device=f"cuda:{self.device.index}", decoder="gpu")
+            else:
+                import os
+
+                ld = AudioBatchLoader(paths, batch_size=self.batch_size, device="cpu",
+                                      decoder="cpu", transport="float32",
+                                      num_workers=min(self.threads, os.cpu_count() or 1))
         except ValueError:
-            if self.decoder == "gpu":
+            if self.decoder in ("gpu", "processes"):
                 raise
             return None  # several sample rates: the threads' path resamples
+        self._row = {p: k for k, p in enumerate(paths)}
         return ld
 
-    def _gpu_groups(self, groups):
+    def _loader_groups(self, groups):
         import time
-
-        import cupy
 
         ld = self._loader
         src_sr = int(ld.sample_rate or self.sample_rate)
         pending = []
 
-        def paths_of():
+        def indices():
             for g in groups:
                 pending.append(g)
-                yield [it.path for _, it in g]
+                yield [self._row[it.path] for _, it in g]
 
         t_last = time.perf_counter()
         # runs on the producer thread, inside the feed's device and producer stream
-        for x, lens, _, errs in ld._gpu.run(paths_of()):
+        for batch in ld.decode_groups(indices()):
             g = pending.pop(0)
+            x, lens, errs = batch.signals, batch.lengths, dict(batch.errors)
             out = []
             for r, (_, it) in enumerate(g):
                 if r in errs:
-                    out.append(DecodeError(it.path, errs[r]))
+                    out.append(errs[r])
                     continue
                 n = int(lens[r])
                 if it.duration:
@@ -218,8 +252,11 @@ class RnntTask(Task):
             if self.timings is not None:
                 self.timings("decode", now - t_last)
             t_last = now
-            with cupy.cuda.Device(self.device.index):
-                cupy.cuda.get_current_stream().synchronize()  # rows ready for the producer
+            if self.device.is_cuda:
+                import cupy
+
+                with cupy.cuda.Device(self.device.index):
+                    cupy.cuda.get_current_stream().synchronize()  # rows ready for the producer
             yield out
 
     # -- batch -----------------------------------------------------------------------------
