@@ -490,3 +490,17 @@ def test_torch_workers_state_resumes_in_a_plain_feed():
     assert len(rest) == 4 and not set(rest) & set(seen)
     assert sorted(seen + rest) == sorted(os.path.join(ROOT, "speech", d["audio_filepath"])
                                          for d in _lines(MANIFEST))
+
+
+def test_video_eval_skips_a_bad_video_view_by_view(tmp_path):
+    text = open(LABELS).read().splitlines()
+    (tmp_path / "bad.mp4").write_bytes(b"\x00" * 1000)
+    rows = [text[0]] + [f"{os.path.join(ROOT, 'video', r.split(',')[0])},{r.split(',')[1]}"
+                        for r in text[1:3]] + ["bad.mp4,circles"]
+    (tmp_path / "l.csv").write_text("\n".join(rows) + "\n")
+    feed = video_classification(tmp_path / "l.csv", clip_length=2, crop_size=32, batch_size=4,
+                                device="cpu", train=False, num_clips=1, num_crops=3)
+    got = [(b.video_index.tolist(), b.view.tolist()) for b in feed]
+    pairs = [(v, k) for vi, ks in got for v, k in zip(vi, ks)]
+    assert sorted(pairs) == [(v, k) for v in range(2) for k in range(3)]
+    assert [os.path.basename(p) for p, _ in feed.errors] == ["bad.mp4"] * 3

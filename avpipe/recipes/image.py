@@ -30,6 +30,7 @@ from ..device import array_module, resolve_device
 from ..formats import IMAGE_EXTENSIONS
 from ..ops import image_augment as _aug
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
+from ..ops.image import crop as crop_view
 from ..pipeline.feed import Feed, Task
 from ..pipeline.image_stream import decode_image_stream
 from ..pipeline.sources import class_index, read_csv, read_folder, read_list
@@ -152,9 +153,11 @@ class ImageTask(Task):
             h, w = im.shape[:2]
             crop = _aug.sample_resized_crop_params(self.seed, epoch, [i], h, w, scale=self.scale,
                                                    ratio=self.ratio)
-            y = _aug.fused_resized_crop_normalize(im[None], crop, self.S, in_layout="BHWC",
-                                                  mean=self.mean, std=self.std,
-                                                  dtype=self.dtype, layout="CHW")[0]
+            box = crop_view(im, int(crop["top"][0]), int(crop["left"][0]),
+                            int(crop["height"][0]), int(crop["width"][0]))
+            y = resize_crop_normalize(box, size=(self.S, self.S), short_side=None,
+                                      crop_size=None, mean=self.mean, std=self.std,
+                                      dtype=self.dtype, layout="CHW")
             if bool(_aug.sample_flip_params(self.seed, epoch, [i])["flip"][0]):
                 y = y[..., ::-1]
             return y

@@ -33,7 +33,8 @@ and resume work on the expanded list as on any other (every (video, view) pair e
 epoch across the ranks). Per-video scores: average the logits of the rows sharing a
 ``video_index`` (e.g. ``np.add.at(sums, batch.video_index, logits)``).
 
-Decoding: :func:`avpipe.pipeline.clips.decode_clip` per item in a thread pool (the same clip
+Decoding: :func:`avpipe.pipeline.clips.decode_clip` per item in a thread pool (in eval, per
+video of a batch: its views there share one open file and each clip is decoded once) (the same clip
 decoding as :class:`avpipe.pipeline.clips.ClipFeed`: a :class:`avpipe.VideoDecoder`, NVDEC on a
 GPU, PyAV on the CPU, only the frames a clip needs; the transform on the thread's own CUDA
 stream); a video shorter than a clip repeats its last frame.
@@ -48,7 +49,7 @@ import numpy as np
 from ..device import array_module, resolve_device
 from ..ops import image_augment as _aug
 from ..ops import random as _rnd
-from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, normalize, resize_crop_normalize
+from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, crop, normalize, resize_crop_normalize
 from ..pipeline.clips import ThreadStreams, decode_clip
 from ..pipeline.feed import Feed, Task
 from ..pipeline.sources import class_index, read_csv
@@ -137,93 +138,140 @@ class VideoTask(Task):
         return 1 if self.train else self.num_clips * self.num_crops
 
     # -- frame indices -------------------------------------------------------------------------
-    def _indices(self, n, i, item, epoch):
-        """The clip's frame indices [T] for a video of ``n`` frames."""
+    def _train_indices(self, n, i, epoch):
+        """The training clip's frame indices [T] for a video of ``n`` frames."""
         span = (self.T - 1) * self.stride + 1
-        if self.train:
-            start = int(_rnd.integers(self.seed, "clip", epoch, [i],
-                                      high=max(1, n - span + 1))[0, 0])
-            idx = _clip_indices(n, self.T, self.stride, start)
-            if self.temporal_jitter > 0:
-                p = _aug.sample_temporal_jitter_params(self.seed, epoch, [i], self.T,
-                                                       max_jitter=self.temporal_jitter)
-                idx = _aug.apply_temporal_jitter(idx[None], n, p)[0]
-            return idx
-        clip = item.extra["view"] // self.num_crops
-        starts = np.round(np.linspace(0, max(0, n - span), self.num_clips)).astype(int)
-        return _clip_indices(n, self.T, self.stride, starts[clip])
+        start = int(_rnd.integers(self.seed, "clip", epoch, [i], high=max(1, n - span + 1))[0, 0])
+        idx = _clip_indices(n, self.T, self.stride, start)
+        if self.temporal_jitter > 0:
+            p = _aug.sample_temporal_jitter_params(self.seed, epoch, [i], self.T,
+                                                   max_jitter=self.temporal_jitter)
+            idx = _aug.apply_temporal_jitter(idx[None], n, p)[0]
+        return idx
+
+    def _eval_indices(self, n, clips):
+        """[len(clips), T] frame indices of eval clips ``clips`` (spread evenly)."""
+        span = (self.T - 1) * self.stride + 1
+        starts = np.round(np.linspace(0, max(0, n - span), self.num_clips)).astype(np.int64)
+        return _clip_indices(n, self.T, self.stride, starts[np.asarray(clips, np.int64)])
 
     # -- transforms ----------------------------------------------------------------------------
     def _train_transform(self, frames, i, epoch):
-        """[T, H, W, 3] uint8 -> [T, 3, S, S]: random resized crop folded into the fused resize
-        + normalize, (colour jitter, grayscale,) flip."""
+        """[T, H, W, 3] uint8 -> [T, 3, S, S]: the random resized crop (a view of the frames)
+        fed to the fused resize + normalize (``fused_resized_crop_normalize``'s parts, for one
+        clip), (colour jitter, grayscale,) flip."""
         xp = array_module(frames)
         T, H, W, _ = frames.shape
-        crop = _aug.sample_resized_crop_params(self.seed, epoch, [i], H, W, scale=self.scale,
-                                               ratio=self.ratio)
-        x = frames[None]
+        p = _aug.sample_resized_crop_params(self.seed, epoch, [i], H, W, scale=self.scale,
+                                            ratio=self.ratio)
+        x = crop(frames, int(p["top"][0]), int(p["left"][0]), int(p["height"][0]),
+                 int(p["width"][0]))
+        size = (self.S, self.S)
         if self.color_jitter is None and self.grayscale_p <= 0:
-            y = _aug.fused_resized_crop_normalize(x, crop, self.S, in_layout="BTHWC",
-                                                  mean=self.mean, std=self.std,
-                                                  dtype=self.dtype, layout="NCHW")
+            y = resize_crop_normalize(x, size=size, short_side=None, crop_size=None,
+                                      mean=self.mean, std=self.std, dtype=self.dtype,
+                                      layout="NCHW")
         else:  # the colour ops work on 0..255 values: normalize after them
-            y = _aug.fused_resized_crop_normalize(x, crop, self.S, in_layout="BTHWC", mean=0.0,
-                                                  std=1.0, scale=1.0, dtype="float32",
-                                                  layout="NHWC")
+            y = resize_crop_normalize(x, size=size, short_side=None, crop_size=None, mean=0.0,
+                                      std=1.0, scale=1.0, dtype="float32", layout="NHWC")[None]
             if self.color_jitter is not None:
-                p = _aug.sample_color_jitter_params(self.seed, epoch, [i], **self.color_jitter)
-                y = _aug.apply_color_jitter(y, p, bound=255.0, layout="BTHWC")
+                q = _aug.sample_color_jitter_params(self.seed, epoch, [i], **self.color_jitter)
+                y = _aug.apply_color_jitter(y, q, bound=255.0, layout="BTHWC")
             if self.grayscale_p > 0:
-                p = _aug.sample_grayscale_params(self.seed, epoch, [i], p=self.grayscale_p)
-                y = _aug.apply_grayscale(y, p, layout="BTHWC")
-            y = normalize(y, self.mean, self.std, scale=1.0 / 255.0, dtype=self.dtype,
+                q = _aug.sample_grayscale_params(self.seed, epoch, [i], p=self.grayscale_p)
+                y = _aug.apply_grayscale(y, q, layout="BTHWC")
+            y = normalize(y[0], self.mean, self.std, scale=1.0 / 255.0, dtype=self.dtype,
                           layout="NHWC")
-            y = xp.moveaxis(y, -1, 2)
-        flip = _aug.sample_flip_params(self.seed, epoch, [i])
-        if bool(flip["flip"][0]):
+            y = xp.moveaxis(y, -1, 1)
+        if bool(_aug.sample_flip_params(self.seed, epoch, [i])["flip"][0]):
             y = y[..., ::-1]
-        return xp.ascontiguousarray(y[0])
+        return xp.ascontiguousarray(y)
 
-    def _eval_transform(self, frames, view):
-        """[T, H, W, 3] uint8 -> the view's [T, 3, S, S]: short side to S, then its crop."""
-        xp = array_module(frames)
+    def _eval_views(self, frames):
+        """[T, H, W, 3] uint8 -> [num_crops, T, 3, S, S]: short side to S, then the crops."""
         y = resize_crop_normalize(frames, short_side=self.S, crop_size=None, mean=self.mean,
                                   std=self.std, dtype=self.dtype, layout="NCHW")
-        k = view % self.num_crops
         if self.num_crops == 1:
-            c = _aug.center_crop_clips(y[None], self.S, layout="BTCHW")
-        else:
-            c = _aug.n_crop(y[None], self.S, n=3, layout="BTCHW")[:, k]
-        return xp.ascontiguousarray(c[0])
+            return _aug.center_crop_clips(y[None], self.S, layout="BTCHW")
+        return _aug.n_crop(y[None], self.S, n=3, layout="BTCHW")[0]
 
     # -- decoding ------------------------------------------------------------------------------
+    def _on_open(self):
+        if self.timings is None:
+            return None
+
+        def on_open(sec):  # open + packet scan: the "read" stage of stats()
+            self.timings("read", sec)
+
+        return on_open
+
     def decode_one(self, i, item):
+        if not self.train:
+            return self.decode_views([(i, item)])[0]
         with self.device.activate():
-            return self._decode_one(i, item)
+            epoch = self.epoch
 
-    def _decode_one(self, i, item):
-        epoch = self.epoch
+            def select(dec):
+                uniq, inv = np.unique(self._train_indices(len(dec), i, epoch),
+                                      return_inverse=True)
+                return dec.get_frames(uniq).data, (None if len(uniq) == len(inv) else inv)
 
-        def select(dec):
-            n = len(dec)
-            uniq, inv = np.unique(self._indices(n, i, item, epoch), return_inverse=True)
-            frames = dec.get_frames(uniq).data
-            return frames, (None if len(uniq) == len(inv) else inv)
-
-        def transform(frames, inv):
-            if inv is not None:  # a short video: repeated frames
-                frames = frames[array_module(frames).asarray(inv)]
-            if self.train:
+            def transform(frames, inv):
+                if inv is not None:  # a short video: repeated frames
+                    frames = frames[array_module(frames).asarray(inv)]
                 return self._train_transform(frames, i, epoch)
-            return self._eval_transform(frames, item.extra["view"])
 
-        on_open = None
-        if self.timings is not None:  # open + packet scan: the "read" stage of stats()
-            def on_open(sec):
-                self.timings("read", sec)
-        out, _, _, _ = decode_clip(item.path, select, transform, device=self.device,
-                                   stream=self._streams.get(), on_open=on_open)
-        return out
+            out, _, _, _ = decode_clip(item.path, select, transform, device=self.device,
+                                       stream=self._streams.get(), on_open=self._on_open())
+            return out
+
+    def decode_views(self, pairs):
+        """Eval: views of one video (``pairs`` of ``(id, item)``, all the same video), its file
+        opened once and each clip decoded and resized once; one ``[T, 3, S, S]`` per pair."""
+        views = [int(it.extra["view"]) for _, it in pairs]
+        clips = sorted({v // self.num_crops for v in views})
+        with self.device.activate():
+            def select(dec):
+                idx = self._eval_indices(len(dec), clips)  # [C, T]
+                uniq, inv = np.unique(idx.reshape(-1), return_inverse=True)
+                return dec.get_frames(uniq).data, inv.reshape(idx.shape)
+
+            def transform(frames, inv):
+                xp = array_module(frames)
+                per_clip = {}
+                for c, row in zip(clips, inv):
+                    per_clip[c] = self._eval_views(frames[xp.asarray(row)])
+                return [xp.ascontiguousarray(per_clip[v // self.num_crops][v % self.num_crops])
+                        for v in views]
+
+            out, _, _, _ = decode_clip(pairs[0][1].path, select, transform, device=self.device,
+                                       stream=self._streams.get(), on_open=self._on_open())
+            return out
+
+    def _submit(self, pairs):
+        """Eval: one job per video of the group (its views decoded together)."""
+        if self.train:
+            return super()._submit(pairs)
+        from ..pipeline.feed import _collect, _timed
+
+        rows = {}
+        for k, (_, it) in enumerate(pairs):
+            rows.setdefault(it.extra["video"], []).append(k)
+        jobs = list(rows.values())
+        futs = [(self.pool().submit(_timed, self.decode_views, ([pairs[k] for k in ks],)),
+                 pairs[ks[0]]) for ks in jobs]
+
+        def result():
+            got, span = _collect(futs, self.deadline)
+            if self.timings is not None and span is not None:
+                self.timings("decode", span)
+            out = [None] * len(pairs)
+            for ks, g in zip(jobs, got):
+                for j, k in enumerate(ks):
+                    out[k] = g if isinstance(g, BaseException) else g[j]
+            return out
+
+        return result
 
     def collate(self, values, pairs, epoch, step):
         xp = self.device.xp
