@@ -165,11 +165,10 @@ def test_rnnt_processes_loader_equals_threads():
         assert a.paths == b.paths
         np.testing.assert_array_equal(a.feature_lengths, b.feature_lengths)
         np.testing.assert_allclose(a.features, b.features, atol=1e-4, rtol=0)
-    # auto on the CPU: the processes with a fixed batch size, threads with max_duration
-    assert rnnt_feed(MANIFEST, device="cpu", batch_size=2).task._loader_kind(fp.items) \
-        == "processes"
-    assert rnnt_feed(MANIFEST, device="cpu", max_duration=8.0).task._loader_kind(fp.items) \
-        is None
+    # auto on the CPU: the threads; processes need a fixed batch size
+    assert rnnt_feed(MANIFEST, device="cpu", batch_size=2).task._loader_kind(fp.items) is None
+    with pytest.raises(ValueError, match="fixed batch_size"):
+        rnnt_feed(MANIFEST, device="cpu", max_duration=8.0, decoder="processes")
 
 
 def test_rnnt_training_false_is_unaugmented():
@@ -446,7 +445,7 @@ def test_jax_framework():
 
 
 def test_stats_say_whether_input_bound():
-    feed = rnnt_feed(MANIFEST, batch_size=2, device="cpu", decoder="threads")
+    feed = rnnt_feed(MANIFEST, batch_size=2, device="cpu")
     for _ in feed:
         pass
     st = feed.stats()

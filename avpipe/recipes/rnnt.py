@@ -13,10 +13,12 @@ Decoding: the feed's groups through
 :meth:`avpipe.pipeline.audio_loader.AudioBatchLoader.decode_groups` where it applies (files
 without offsets, of one sample rate; resampled to ``sample_rate`` after): on a GPU with FLAC
 sources its GPU FLAC decoder (frames decoded on the GPU, bit-exact to libFLAC, whole windows of
-files read ahead); on the CPU with a fixed ``batch_size`` its worker processes (libsndfile into
-a shared ring; about 1.2-1.8x the threads' rate on the sample files). Otherwise
-``avpipe.load_audio`` (offset / duration honoured, resampled to ``sample_rate``) in a thread
-pool, which also decodes the replacements of failed items. Features: ``avpipe.ops.audio.log_mel``
+files read ahead); on the CPU with ``decoder="processes"`` its worker processes (libsndfile
+into a shared ring). Otherwise ``avpipe.load_audio`` (offset / duration honoured, resampled to
+``sample_rate``) in a thread pool, which also decodes the replacements of failed items. (On a
+2-core machine the worker processes decoded the sample files 1.2-1.8x faster than the threads,
+but a whole CPU feed, log-mel included, was no faster with them: "auto" keeps the threads on
+the CPU.) Features: ``avpipe.ops.audio.log_mel``
 with the ``preset``.
 
 ``training=True`` augments, in this order (``training=False``: none of it):
@@ -74,10 +76,9 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
     [B]``, ``transcripts``, ``paths`` (absolute), ``durations`` (manifest seconds), ``ids``.
     ``deadline``: seconds one item may take to decode (None: no limit). ``decoder``: "cpu"
     (threads), "gpu" (GPU FLAC windows; FLAC files of one sample rate, no offsets) or
-    "auto" ("gpu" when that applies and ``device`` is a GPU; on the CPU "processes" when that
-    applies: a fixed ``batch_size``, no offsets, one sample rate), "processes" (the loader's
-    worker processes, CPU device, fixed ``batch_size``) or "threads" (``load_audio`` in
-    threads; "cpu" is the same). ``speed_perturb``,
+    "auto" ("gpu" when that applies and ``device`` is a GPU, else "threads"), "processes"
+    (the loader's worker processes: CPU device, fixed ``batch_size``, files without offsets of
+    one sample rate) or "threads" (``load_audio`` in threads; "cpu" is the same). ``speed_perturb``,
     ``spec_augment``: the training augmentation (module docstring).
     """
     spec = (rnnt_feed, dict(
@@ -174,7 +175,7 @@ class RnntTask(Task):
             if self.decoder == "gpu" and not ok:
                 raise ValueError("decoder='gpu' takes FLAC files without offsets only")
             return "gpu" if ok else None
-        if self.decoder not in ("auto", "processes"):
+        if self.decoder != "processes":  # measured: not faster end to end on the CPU
             return None
         import multiprocessing as mp
 
