@@ -18,8 +18,7 @@ into a shared ring). Otherwise ``avpipe.load_audio`` (offset / duration honoured
 ``sample_rate``) in a thread pool, which also decodes the replacements of failed items. (On a
 2-core machine the worker processes decoded the sample files 1.2-1.8x faster than the threads,
 but a whole CPU feed, log-mel included, was no faster with them: "auto" keeps the threads on
-the CPU.) Features: ``avpipe.ops.audio.log_mel``
-with the ``preset``.
+the CPU.) Features: ``avpipe.ops.audio.log_mel`` with the ``preset``.
 
 ``training=True`` augments, in this order (``training=False``: none of it):
 
@@ -74,11 +73,11 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
     (duration buckets; items longer than ``max_duration`` are left out and listed in
     ``feed.errors``). Batch fields: ``features [B, n_mels, T]`` float32, ``feature_lengths
     [B]``, ``transcripts``, ``paths`` (absolute), ``durations`` (manifest seconds), ``ids``.
-    ``deadline``: seconds one item may take to decode (None: no limit). ``decoder``: "cpu"
-    (threads), "gpu" (GPU FLAC windows; FLAC files of one sample rate, no offsets) or
-    "auto" ("gpu" when that applies and ``device`` is a GPU, else "threads"), "processes"
-    (the loader's worker processes: CPU device, fixed ``batch_size``, files without offsets of
-    one sample rate) or "threads" (``load_audio`` in threads; "cpu" is the same). ``speed_perturb``,
+    ``deadline``: seconds one item may take to decode (None: no limit). ``decoder``: "gpu"
+    (GPU FLAC windows; FLAC files of one sample rate, no offsets), "processes" (the loader's
+    worker processes: CPU device, fixed ``batch_size``, files of one sample rate without
+    offsets), "threads" (``load_audio`` in threads; "cpu" is the same) or "auto" ("gpu" when
+    that applies and ``device`` is a GPU, else "threads"). ``speed_perturb``,
     ``spec_augment``: the training augmentation (module docstring).
     """
     spec = (rnnt_feed, dict(
