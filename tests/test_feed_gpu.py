@@ -132,6 +132,29 @@ def test_video_gpu_equals_cpu(train):
         _close_pixels(g.clips, c.clips)
 
 
+def test_video_gpu_train_extras_equal_cpu():
+    # colour jitter / grayscale / temporal jitter draws are keyed by (seed, epoch, id)
+    kw = dict(clip_length=4, stride=2, crop_size=64, batch_size=3, seed=5,
+              color_jitter=dict(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1),
+              grayscale_p=0.5, temporal_jitter=1)
+    gpu = list(video_classification(LABELS, device="cuda", **kw))
+    cpu = list(video_classification(LABELS, device="cpu", **kw))
+    for g, c in zip(gpu, cpu):
+        assert g.paths == c.paths and g.clips.shape == c.clips.shape
+        _close_pixels(g.clips, c.clips)
+
+
+def test_video_gpu_eval_views():
+    kw = dict(clip_length=4, stride=2, crop_size=48, batch_size=5, train=False, num_clips=2)
+    gpu = list(video_classification(LABELS, device="cuda", **kw))
+    cpu = list(video_classification(LABELS, device="cpu", **kw))
+    assert len(gpu) == len(cpu) == 36 // 5 + 1
+    for g, c in zip(gpu, cpu):
+        np.testing.assert_array_equal(_np(g.video_index), c.video_index)
+        np.testing.assert_array_equal(_np(g.view), c.view)
+        _close_pixels(g.clips, c.clips)
+
+
 @pytest.mark.parametrize("train", [True, False])
 def test_image_gpu_equals_cpu(train):
     files = sorted(os.path.join(ROOT, "images", f) for f in os.listdir(os.path.join(ROOT, "images")))
