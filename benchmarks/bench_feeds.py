@@ -151,13 +151,12 @@ def epochs(feed):
 
 def run_avpipe_rnnt(args, idle=False):
     import avpipe
-    from avpipe.recipes.rnnt import speed_perturb
 
     man, files, durs, how = audio_data(args)
     dev = "cpu" if args.cpu else "cuda"
     dmap = dict(zip([os.path.abspath(f) for f in files], durs))
     feed = avpipe.recipes.rnnt_feed(man, batch_size=BATCH, seed=0, training=True, device=dev,
-                                    signal_augment=[speed_perturb(0.85, 1.15)],
+                                    speed_perturb=(0.85, 1.15),
                                     threads=args.threads)
     model, sync = make_model(args.cpu) if idle else (None, lambda: None)
     if not args.cpu:

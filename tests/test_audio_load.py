@@ -254,3 +254,39 @@ def test_batch_loader_refuses_mixed_rates_and_reports_long_files(tmp_path):
     with AudioBatchLoader([a, long], batch_size=2, num_workers=1, device="cpu", max_samples=200) as L:
         (_, lengths, _, errors), = list(L.batches())
     assert lengths.tolist() == [100, 0] and "more than max_samples=200" in str(dict(errors)[1])
+
+
+def test_batch_loader_decode_groups_cpu(tmp_path):
+    from avpipe.pipeline.audio_loader import AudioBatch, AudioBatchLoader
+
+    rng = np.random.default_rng(5)
+    paths, want = [], []
+    for i, n in enumerate([3000, 800, 1234, 5000, 4321, 77]):
+        x = rng.uniform(-0.5, 0.5, n).astype(np.float32)
+        p = tmp_path / f"u{i}.flac"
+        sf.write(p, x, SR, subtype="PCM_16")
+        paths.append(str(p))
+        want.append(sf.read(p, dtype="float32")[0])
+    bad = tmp_path / "bad.flac"
+    bad.write_bytes(b"nope" * 100)
+    paths.append(str(bad))
+    groups = [[5, 0, 6], [3], [2, 2, 1, 4], [], [0]]
+    with AudioBatchLoader(paths, batch_size=4, num_workers=2, prefetch=2, device="cpu") as L:
+        got = list(L.decode_groups(iter(groups)))  # a lazy iterable is fine
+        assert len(got) == len(groups)
+        for g, b in zip(groups, got):
+            assert isinstance(b, AudioBatch) and b.paths == [paths[i] for i in g]
+            assert b.lengths.shape == (len(g),)
+            for r, i in enumerate(g):
+                if i == 6:
+                    assert b.lengths[r] == 0 and [k for k, _ in b.errors] == [r]
+                    continue
+                n = len(want[i])
+                assert b.lengths[r] == n
+                np.testing.assert_array_equal(b.signals[r, :n], want[i])
+                assert not np.any(b.signals[r, n:])
+        with pytest.raises(ValueError, match="at most batch_size"):
+            list(L.decode_groups([[0, 1, 2, 3, 4]]))
+        # batches() is decode_groups over the file order
+        a = [b.paths for b in L.batches()]
+        assert a == [paths[:4], paths[4:]]

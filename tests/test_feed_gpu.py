@@ -89,6 +89,17 @@ def test_rnnt_gpu_torch_face_zero_copy():
         np.testing.assert_allclose(g.features.cpu().numpy(), c.features, atol=1e-3, rtol=0)
 
 
+def test_rnnt_gpu_augmentation_draws_equal_cpu():
+    # speed factors and SpecAugment masks are keyed by (seed, epoch, id): the same on both
+    kw = dict(batch_size=3, seed=8, training=True)
+    gpu = list(rnnt_feed(MANIFEST, device="cuda", **kw))
+    cpu = list(rnnt_feed(MANIFEST, device="cpu", **kw))
+    for g, c in zip(gpu, cpu):
+        assert g.paths == c.paths
+        np.testing.assert_array_equal(_np(g.feature_lengths), c.feature_lengths)
+        np.testing.assert_array_equal(_np(g.features) == 0, c.features == 0)
+
+
 def test_rnnt_gpu_resume_exact():
     kw = dict(batch_size=2, seed=6, training=True, device="cuda")
     ref = [_np(b.features) for b in rnnt_feed(MANIFEST, **kw)]
@@ -118,6 +129,29 @@ def test_video_gpu_equals_cpu(train):
     for g, c in zip(gpu, cpu):
         assert g.paths == c.paths and g.clips.dtype == c.clips.dtype
         assert g.clips.shape == c.clips.shape
+        _close_pixels(g.clips, c.clips)
+
+
+def test_video_gpu_train_extras_equal_cpu():
+    # colour jitter / grayscale / temporal jitter draws are keyed by (seed, epoch, id)
+    kw = dict(clip_length=4, stride=2, crop_size=64, batch_size=3, seed=5,
+              color_jitter=dict(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1),
+              grayscale_p=0.5, temporal_jitter=1)
+    gpu = list(video_classification(LABELS, device="cuda", **kw))
+    cpu = list(video_classification(LABELS, device="cpu", **kw))
+    for g, c in zip(gpu, cpu):
+        assert g.paths == c.paths and g.clips.shape == c.clips.shape
+        _close_pixels(g.clips, c.clips)
+
+
+def test_video_gpu_eval_views():
+    kw = dict(clip_length=4, stride=2, crop_size=48, batch_size=5, train=False, num_clips=2)
+    gpu = list(video_classification(LABELS, device="cuda", **kw))
+    cpu = list(video_classification(LABELS, device="cpu", **kw))
+    assert len(gpu) == len(cpu) == 36 // 5 + 1
+    for g, c in zip(gpu, cpu):
+        np.testing.assert_array_equal(_np(g.video_index), c.video_index)
+        np.testing.assert_array_equal(_np(g.view), c.view)
         _close_pixels(g.clips, c.clips)
 
 

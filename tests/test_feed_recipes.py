@@ -121,23 +121,103 @@ def test_rnnt_skip_fills_and_names_the_file(tmp_path):
             pass
 
 
-def test_rnnt_speed_perturb_hook_resumes_identically():
-    from avpipe.recipes.rnnt import speed_perturb
-
-    kw = dict(batch_size=3, seed=5, device="cpu", signal_augment=[speed_perturb()])
+def test_rnnt_augmentation_resumes_identically():
+    # training=True: speed perturbation + dither + SpecAugment by default
+    kw = dict(batch_size=2, seed=5, device="cpu")
     ref = [(b.features.copy(), b.feature_lengths.copy()) for b in rnnt_feed(MANIFEST, **kw)]
-    plain = [b.feature_lengths.copy() for b in rnnt_feed(MANIFEST, batch_size=3, seed=5,
-                                                         device="cpu")]
-    assert any(not np.array_equal(a[1], p) for a, p in zip(ref, plain))
     f = rnnt_feed(MANIFEST, **kw)
     it = iter(f)
     next(it)
-    st = f.state_dict()
+    st = json.loads(json.dumps(f.state_dict()))
     it.close()
     g = rnnt_feed(MANIFEST, **kw)
     g.load_state_dict(st)
-    (b,) = list(g)
-    np.testing.assert_array_equal(b.features, ref[1][0])
+    rest = [(b.features, b.feature_lengths) for b in g]
+    assert len(rest) == 2
+    for (a, la), (b, lb) in zip(rest, ref[1:]):
+        np.testing.assert_array_equal(la, lb)
+        np.testing.assert_array_equal(a, b)
+
+
+def _plain_features(path_order, preset="nemo"):
+    from avpipe.decoding.audio import load_audio
+    from avpipe.ops.audio import log_mel
+
+    sig = [load_audio(p, sample_rate=16000).samples for p in path_order]
+    n = max(len(s) for s in sig)
+    x = np.zeros((len(sig), n), np.float32)
+    for r, s in enumerate(sig):
+        x[r, : len(s)] = s
+    return log_mel(x, np.array([len(s) for s in sig]), preset=preset)
+
+
+def test_rnnt_processes_loader_equals_threads():
+    kw = dict(batch_size=4, seed=3, device="cpu", training=False)
+    fp = rnnt_feed(MANIFEST, decoder="processes", **kw)
+    got = list(fp)
+    assert fp.task._loader is not None and fp.task._loader.decoder == "cpu"
+    fp.close()
+    ft = rnnt_feed(MANIFEST, decoder="threads", **kw)
+    want = list(ft)
+    assert ft.task._loader is None
+    assert len(got) == len(want) == 2
+    for a, b in zip(got, want):
+        assert a.paths == b.paths
+        np.testing.assert_array_equal(a.feature_lengths, b.feature_lengths)
+        np.testing.assert_allclose(a.features, b.features, atol=1e-4, rtol=0)
+    # auto on the CPU: the threads; processes need a fixed batch size
+    assert rnnt_feed(MANIFEST, device="cpu", batch_size=2).task._loader_kind(fp.items) is None
+    with pytest.raises(ValueError, match="fixed batch_size"):
+        rnnt_feed(MANIFEST, device="cpu", max_duration=8.0, decoder="processes")
+
+
+def test_rnnt_training_false_is_unaugmented():
+    for b in rnnt_feed(MANIFEST, batch_size=3, seed=1, device="cpu", training=False):
+        feats, fl = _plain_features(b.paths)
+        np.testing.assert_array_equal(b.feature_lengths, fl)
+        np.testing.assert_array_equal(b.features, feats)
+
+
+def test_rnnt_training_augments_with_the_ops():
+    from avpipe.ops import audio_augment as aug
+
+    kw = dict(batch_size=3, seed=2, device="cpu", shuffle=False)
+    off = list(rnnt_feed(MANIFEST, speed_perturb=None, spec_augment=None, **kw))
+    on = list(rnnt_feed(MANIFEST, **kw))
+    ids = np.arange(6)
+    f = aug.sample_speed_params(2, 0, ids, factor_range=(0.85, 1.15), step=0.01)["factor"]
+    assert len(np.unique(f)) > 1 and np.all((f >= 0.85) & (f <= 1.15))
+    for k, (a, b) in enumerate(zip(off, on)):
+        # speed: lengths follow the drawn factors (n -> ceil(n / f) samples, frames n // 160)
+        sig = [int(round(d * 16000)) for d in a.durations]
+        exp = [-(-n * 16000 // int(round(16000 * ff))) // 160
+               for n, ff in zip(sig, f[3 * k : 3 * k + 3])]
+        assert np.abs(b.feature_lengths - np.array(exp)).max() <= 1
+        # SpecAugment: the masked cells are exactly 0 inside each item's length
+        for r, n in enumerate(b.feature_lengths.tolist()):
+            assert (b.features[r, :, :n] == 0).any()
+            assert not (a.features[r, :, : a.feature_lengths[r]] == 0).all(axis=1).any()
+    # the speed factor list form, and a generic hook still applied after it
+    seen = []
+
+    def hook(arrays, seed, epoch, ids):
+        seen.append(np.asarray(arrays["lengths"]).copy())
+        return arrays
+
+    list(rnnt_feed(MANIFEST, speed_perturb=[0.9, 1.1], signal_augment=[hook], **kw))
+    assert len(seen) == 2
+
+
+def test_rnnt_spec_augment_matches_the_op():
+    from avpipe.ops import audio_augment as aug
+
+    kw = dict(batch_size=6, seed=4, device="cpu", shuffle=False, speed_perturb=None)
+    (masked,) = list(rnnt_feed(MANIFEST, **kw))
+    (clean,) = list(rnnt_feed(MANIFEST, spec_augment=None, **kw))
+    ref = aug.spec_augment(clean.features, clean.feature_lengths, seed=4, epoch=0,
+                           ids=np.arange(6), freq_masks=2, freq_width=27, time_masks=10,
+                           time_width=0.05)
+    np.testing.assert_array_equal(masked.features, ref)
 
 
 # --- video --------------------------------------------------------------------------------
@@ -180,14 +260,108 @@ def test_video_resume_same_clips_crops_flips():
 
 
 def test_video_eval_views():
+    # the unit of an eval batch is a view: clips [B, T, 3, S, S], labels / video_index / view [B]
     feed = video_classification(LABELS, clip_length=4, stride=2, crop_size=48, batch_size=4,
                                 train=False, num_clips=2, device="cpu")
+    V = 6
+    assert len(feed.items) == 6 * V and len(feed) == 6 * V // 4
     b = next(iter(feed))
-    assert b.clips.shape == (4 * 6, 4, 3, 48, 48) and b.views == 6
-    assert b.video_index.tolist() == np.repeat(np.arange(4), 6).tolist()
-    assert b.paths == [os.path.join(ROOT, "video", p) for p in
-                       ("circles_h264.mp4", "squares_h264.mp4", "circles_hevc.mp4",
-                        "squares_vp8.webm")]  # no shuffle in eval
+    assert b.clips.shape == (4, 4, 3, 48, 48) and b.clips.dtype == np.float16
+    assert b.labels.shape == (4,) and b.labels.dtype == np.int64
+    assert b.video_index.tolist() == [0, 0, 0, 0] and b.view.tolist() == [0, 1, 2, 3]
+    assert b.paths == [os.path.join(ROOT, "video", "circles_h264.mp4")] * 4  # no shuffle
+    # the three crops of one clip differ, the views of one video share its label
+    assert not np.array_equal(b.clips[0], b.clips[1])
+    assert len(set(b.labels.tolist())) == 1
+
+
+def _logit(clips):  # a stand-in model: one score per view
+    return clips.astype(np.float64).mean(axis=(1, 2, 3, 4))
+
+
+def test_video_eval_views_once_across_ranks_and_average_by_video():
+    kw = dict(clip_length=2, stride=3, crop_size=32, train=False, num_clips=2, num_crops=3,
+              device="cpu")
+    V = 6
+    # reference: one batch per video (batch_size = V, in order)
+    ref = np.zeros(6)
+    for b in video_classification(LABELS, batch_size=V, **kw):
+        assert len(set(b.video_index.tolist())) == 1 and b.view.tolist() == list(range(V))
+        ref[int(b.video_index[0])] = _logit(b.clips).mean()
+    W = 2
+    seen, sums, counts = [], np.zeros(6), np.zeros(6)
+    for r in range(W):
+        f = video_classification(LABELS, batch_size=3, rank=r, world_size=W, shuffle=True,
+                                 seed=3, **kw)
+        assert len(f) == 6 * V // (3 * W)
+        for b in f:
+            assert b.clips.shape[1:] == (2, 3, 32, 32) and len(b.paths) == len(b.view)
+            seen += list(zip(b.video_index.tolist(), b.view.tolist()))
+            np.add.at(sums, b.video_index, _logit(b.clips))
+            np.add.at(counts, b.video_index, 1)
+    assert sorted(seen) == [(v, k) for v in range(6) for k in range(V)]  # each once
+    np.testing.assert_allclose(sums / counts, ref, rtol=1e-6)
+
+
+def test_video_eval_resume_by_view():
+    kw = dict(clip_length=2, stride=2, crop_size=32, batch_size=5, train=False, num_clips=2,
+              device="cpu")
+    ref = [(b.video_index.tolist(), b.view.tolist(), b.clips.copy())
+           for b in video_classification(LABELS, **kw)]
+    f = video_classification(LABELS, **kw)
+    it = iter(f)
+    next(it)
+    next(it)
+    st = json.loads(json.dumps(f.state_dict()))
+    it.close()
+    g = video_classification(LABELS, **kw)
+    g.load_state_dict(st)
+    rest = [(b.video_index.tolist(), b.view.tolist(), b.clips) for b in g]
+    assert len(rest) == len(ref) - 2
+    for (v, k, c), (v2, k2, c2) in zip(rest, ref[2:]):
+        assert v == v2 and k == k2
+        np.testing.assert_array_equal(c, c2)
+
+
+def test_video_train_extras_deterministic():
+    kw = dict(clip_length=4, stride=2, crop_size=32, batch_size=3, seed=2, device="cpu",
+              color_jitter=dict(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1),
+              grayscale_p=0.5, temporal_jitter=1)
+    a = [b.clips.copy() for b in video_classification(LABELS, **kw)]
+    b2 = [b.clips.copy() for b in video_classification(LABELS, **kw)]
+    plain = [b.clips.copy() for b in video_classification(
+        LABELS, **{k: v for k, v in kw.items()
+                   if k not in ("color_jitter", "grayscale_p", "temporal_jitter")})]
+    for x, y in zip(a, b2):
+        assert x.shape == (3, 4, 3, 32, 32) and np.isfinite(x).all()
+        np.testing.assert_array_equal(x, y)
+    assert any(not np.array_equal(x, y) for x, y in zip(a, plain))
+
+
+def test_video_train_crop_matches_the_ops():
+    # the recipe's crop + flip are image_augment's draws (keyed by seed, epoch, item id)
+    from avpipe.decoding.video import VideoDecoder
+    from avpipe.ops import image_augment as aug
+    from avpipe.ops import random as R
+    from avpipe.ops.image import resize_crop_normalize
+
+    kw = dict(clip_length=2, stride=1, crop_size=32, batch_size=6, seed=4, device="cpu",
+              shuffle=False)
+    feed = video_classification(LABELS, **kw)
+    (b,) = list(feed)
+    for i, it in enumerate(feed.items):
+        with VideoDecoder(it.path, device="cpu") as dec:
+            n = len(dec)
+            start = int(R.integers(4, "clip", 0, [i], high=max(1, n - 1))[0, 0])
+            fr = dec.get_frames(np.minimum(start + np.arange(2), n - 1)).data
+        p = aug.sample_resized_crop_params(4, 0, [i], fr.shape[1], fr.shape[2],
+                                           scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3))
+        t, le, h, w = (int(p[k][0]) for k in ("top", "left", "height", "width"))
+        y = resize_crop_normalize(fr[:, t : t + h, le : le + w], short_side=None,
+                                  size=(32, 32), crop_size=None, layout="NCHW")
+        if aug.sample_flip_params(4, 0, [i])["flip"][0]:
+            y = y[..., ::-1]
+        np.testing.assert_array_equal(b.clips[i], y)
 
 
 def test_video_skip_bad_file(tmp_path):
@@ -315,3 +489,17 @@ def test_torch_workers_state_resumes_in_a_plain_feed():
     assert len(rest) == 4 and not set(rest) & set(seen)
     assert sorted(seen + rest) == sorted(os.path.join(ROOT, "speech", d["audio_filepath"])
                                          for d in _lines(MANIFEST))
+
+
+def test_video_eval_skips_a_bad_video_view_by_view(tmp_path):
+    text = open(LABELS).read().splitlines()
+    (tmp_path / "bad.mp4").write_bytes(b"\x00" * 1000)
+    rows = [text[0]] + [f"{os.path.join(ROOT, 'video', r.split(',')[0])},{r.split(',')[1]}"
+                        for r in text[1:3]] + ["bad.mp4,circles"]
+    (tmp_path / "l.csv").write_text("\n".join(rows) + "\n")
+    feed = video_classification(tmp_path / "l.csv", clip_length=2, crop_size=32, batch_size=4,
+                                device="cpu", train=False, num_clips=1, num_crops=3)
+    got = [(b.video_index.tolist(), b.view.tolist()) for b in feed]
+    pairs = [(v, k) for vi, ks in got for v, k in zip(vi, ks)]
+    assert sorted(pairs) == [(v, k) for v in range(2) for k in range(3)]
+    assert [os.path.basename(p) for p, _ in feed.errors] == ["bad.mp4"] * 3

@@ -107,3 +107,24 @@ def test_loader_survives_a_failing_gpu_decoder(cases, monkeypatch):
             ref = reference(p)
             assert n == len(ref)
             np.testing.assert_array_equal(row[: len(ref)], ref)
+
+
+def test_loader_decode_groups_gpu_equals_cpu(cases):
+    import cupy
+
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
+
+    paths = [p for p in cases if os.path.basename(p).startswith(("sf_speech", "sf_noise"))][:8]
+    rng = np.random.default_rng(0)
+    groups = [rng.permutation(len(paths))[: 1 + k % 4].tolist() for k in range(12)]
+    kw = dict(batch_size=4, prefetch=1, max_samples=50000)
+    with AudioBatchLoader(paths, device="cuda", decoder="gpu", **kw) as g:
+        got = list(g.decode_groups(iter(groups)))
+    with AudioBatchLoader(paths, device="cpu", num_workers=2, transport="float32", **kw) as c:
+        want = list(c.decode_groups(groups))
+    assert len(got) == len(want) == len(groups)
+    for gr, (xg, lg, pg, eg), (xc, lc, pc, ec) in zip(groups, got, want):
+        assert [i for i, _ in eg] == [i for i, _ in ec]
+        assert pg == pc == [paths[i] for i in gr]
+        np.testing.assert_array_equal(lg, lc)
+        np.testing.assert_array_equal(cupy.asnumpy(xg), xc)

@@ -85,6 +85,44 @@ def index(input_path: str, out_file: str, workers: int | None) -> None:
         click.echo(f"  skipped {path}: {why}", err=True)
 
 
+@cli.command()
+@click.argument("kind", type=click.Choice(["video", "rnnt"]))
+@click.argument("input_path", metavar="INPUT", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False),
+              help="The PNG contact sheet to write.")
+@click.option("--items", type=int, default=4, show_default=True, help="Items shown (rows).")
+@click.option("--frames", type=int, default=8, show_default=True,
+              help="video: frames shown per clip.")
+@click.option("--seed", type=int, default=0, show_default=True, help="The feed's seed.")
+@click.option("--train/--eval", "train", default=True, show_default=True,
+              help="Training augmentation (random crops, flips, SpecAugment) or eval.")
+@click.option("--clip-length", type=int, default=16, show_default=True, help="video: frames per clip.")
+@click.option("--stride", type=int, default=4, show_default=True, help="video: frame step.")
+@click.option("--crop-size", type=int, default=224, show_default=True, help="video: crop side.")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+def preview(kind, input_path, out_file, items, frames, seed, train, clip_length, stride,
+            crop_size, device) -> None:
+    """Draw a contact sheet of a feed's first items into OUT (PNG), to check a pipeline by eye.
+
+    video INPUT (a CSV path,label): each clip's frames after augmentation, with label and path.
+    rnnt INPUT (a NeMo manifest): log-mel spectrograms with SpecAugment's masked cells marked
+    in cyan, with transcript and duration.
+    """
+    from avpipe.recipes.preview import preview_rnnt, preview_video
+
+    try:
+        if kind == "video":
+            sheet = preview_video(input_path, out_file, items=items, frames=frames, seed=seed,
+                                  train=train, clip_length=clip_length, stride=stride,
+                                  crop_size=crop_size, device=device)
+        else:
+            sheet = preview_rnnt(input_path, out_file, items=items, seed=seed, train=train,
+                                 device=device)
+    except (ValueError, RuntimeError, OSError) as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"wrote {sheet.path} ({sheet.size[0]}x{sheet.size[1]}, "
+               f"{len(sheet.tiles)} items)")
+
 def main(argv=None) -> int:
     try:
         cli.main(args=argv, prog_name="avpipe", standalone_mode=False)

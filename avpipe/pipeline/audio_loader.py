@@ -415,33 +415,61 @@ class AudioBatchLoader:
     # -- iteration ---------------------------------------------------------------------------
     def batches(self, epochs=1):
         """Yield ``(signals, lengths, paths, errors)`` for ``epochs`` passes in file order."""
-        groups = [self.paths[i : i + self.batch] for i in range(0, len(self.paths), self.batch)]
-        n_total = len(groups) * int(epochs)
+        n = len(self.paths)
+        groups = [range(i, min(i + self.batch, n)) for i in range(0, n, self.batch)]
+        return self.decode_groups(groups[k % len(groups)] for k in range(len(groups) * int(epochs)))
+
+    def decode_groups(self, groups):
+        """Yield one :class:`AudioBatch` per group of ``groups`` (an iterable, read lazily, of
+        lists of indices into ``paths``; at most ``batch_size`` each for the CPU decoder, any size
+        for the GPU's), in order, decoded ahead
+        as :meth:`batches` does (the worker processes' ring, or the GPU FLAC windows). A batch's
+        row ``r`` is the group's ``r``-th index. For a training feed's own order: shuffled,
+        sharded, bucketed groups."""
+        n = len(self.paths)
+
+        def path_groups():
+            for g in groups:
+                idx = [int(i) for i in g]
+                if len(idx) > self.batch and self.decoder != "gpu":  # the ring's rows
+                    raise ValueError(f"a group holds at most batch_size={self.batch} indices, "
+                                     f"got {len(idx)}")
+                if idx and (min(idx) < 0 or max(idx) >= n):
+                    raise IndexError(f"indices must be in [0, {n}), got {idx}")
+                yield [self.paths[i] for i in idx]
+
+        return self._run(path_groups())
+
+    def _run(self, groups):
+        """The decoding loop over an iterator of path lists."""
         if self.decoder == "gpu":
             dev = str(self.device)
-            for x, lengths, group, errs in self._gpu.run(
-                groups[k % len(groups)] for k in range(n_total)
-            ):
-                yield AudioBatch(x, lengths, group, _as_errors(group, errs), dev)
+            for x, lengths, group, errs in self._gpu.run(groups):
+                yield AudioBatch(x, lengths, list(group), _as_errors(group, errs), dev)
             return
         pending = deque()
         k_submit = 0
+        source = iter(groups)
+        exhausted = False
 
         def submit():
-            nonlocal k_submit
+            nonlocal k_submit, exhausted
+            group = next(source, None)
+            if group is None:
+                exhausted = True
+                return
             slot = k_submit % self.n_slots
             ev = self._events[slot]
             if ev is not None:
                 ev.synchronize()
                 self._events[slot] = None
-            group = groups[k_submit % len(groups)]
             tasks = [(slot, r, p) for r, p in enumerate(group)]
             size = max(1, len(tasks) // (self.num_workers * 2))
             chunks = [tasks[i : i + size] for i in range(0, len(tasks), size)]
             pending.append((slot, group, chunks, self._submit_chunks(chunks)))
             k_submit += 1
 
-        while k_submit < n_total and len(pending) < self.prefetch:
+        while not exhausted and len(pending) < self.prefetch:
             submit()
         while pending:
             slot, group, chunks, handles = pending.popleft()
@@ -459,7 +487,7 @@ class AudioBatchLoader:
                 x = self._to_gpu(slot, b, max_len, lengths)
             else:
                 x = self._to_cpu(slot, b, max_len, lengths)
-            if k_submit < n_total:
+            if not exhausted:
                 submit()
             yield AudioBatch(x, lengths, group, _as_errors(group, errors), str(self.device))
 

@@ -34,7 +34,53 @@ from ..errors import DecodeError
 from ..ops import image as _image
 from . import samplers
 
-__all__ = ["ClipFeed", "Clip", "ClipBatch"]
+__all__ = ["ClipFeed", "Clip", "ClipBatch", "ThreadStreams", "decode_clip"]
+
+
+class ThreadStreams:
+    """One non-blocking CUDA stream per calling thread on ``device`` (None on the CPU)."""
+
+    def __init__(self, device):
+        self.device = device
+        self._local = threading.local()
+
+    def get(self):
+        if not self.device.is_cuda:
+            return None
+        s = getattr(self._local, "stream", None)
+        if s is None:
+            import cupy
+
+            with cupy.cuda.Device(self.device.index):
+                s = self._local.stream = cupy.cuda.Stream(non_blocking=True)
+        return s
+
+
+def decode_clip(path, select, transform, *, device, stream=None, on_open=None):
+    """The one "decode a clip's frames on this thread's stream" of :class:`ClipFeed` and the
+    video recipe: open ``path`` with a :class:`VideoDecoder` on ``device``, ``select(dec) ->
+    (frames, meta)`` (decodes only the frames it asks for), then ``transform(frames, meta)``
+    inside ``stream`` (this thread's; None on the CPU), finished before returning (its result
+    is ready for any other stream). ``on_open(seconds)``: told the open + scan time.
+
+    Returns ``(transformed, meta, backend, pts_mismatches)``."""
+    import time
+
+    t0 = time.perf_counter()
+    dec = VideoDecoder(path, device=device)
+    if on_open is not None:
+        on_open(time.perf_counter() - t0)
+    with dec:
+        frames, meta = select(dec)
+        if stream is None:
+            out = transform(frames, meta)
+        else:
+            with stream:
+                out = transform(frames, meta)
+            stream.synchronize()
+        backend = dec.backend
+        mismatches = int(getattr(dec._gpu, "pts_mismatches", 0) or 0)
+    return out, meta, backend, mismatches
 
 
 @dataclass(frozen=True)
@@ -116,7 +162,7 @@ class ClipFeed:
             short_side=self.short_side, crop_size=self.crop_size, mean=mean, std=std,
             antialias=bool(antialias), dtype=dtype, layout=layout,
         )  # fmt: skip
-        self._local = threading.local()
+        self._streams = ThreadStreams(self.device)
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -124,15 +170,7 @@ class ClipFeed:
 
     # -- one clip (the unit of work; thread-safe) -------------------------------------------
     def _stream(self):
-        if not self.device.is_cuda:
-            return None
-        s = getattr(self._local, "stream", None)
-        if s is None:
-            import cupy
-
-            with cupy.cuda.Device(self.device.index):
-                s = self._local.stream = cupy.cuda.Stream(non_blocking=True)
-        return s
+        return self._streams.get()
 
     def transform(self, frames):
         """[T, H, W, 3] uint8 frames -> the feed's transformed clip."""
@@ -141,19 +179,16 @@ class ClipFeed:
     def clip(self, path, seed) -> Clip:
         """One random clip of ``path`` (start drawn from ``seed``), transformed. On a GPU the
         transform runs on this thread's stream and is finished when this returns."""
-        s = self._stream()
-        with VideoDecoder(path, device=self.device) as dec:
+        def select(dec):
             c = samplers.sample_random_clips(
                 dec, num_clips=1, clip_length=self.clip_length, stride=self.stride, seed=seed
             )
-            if s is None:
-                out = self.transform(c.data[0])
-            else:
-                with s:
-                    out = self.transform(c.data[0])
-                s.synchronize()
-            backend = dec.backend
-            mismatches = int(getattr(dec._gpu, "pts_mismatches", 0) or 0)
+            return c.data[0], c
+
+        out, c, backend, mismatches = decode_clip(
+            path, select, lambda frames, _: self.transform(frames), device=self.device,
+            stream=self._stream(),
+        )  # fmt: skip
         return Clip(
             data=out, indices=c.indices[0], pts_seconds=c.pts_seconds[0], path=str(path),
             backend=backend, pts_mismatches=mismatches,

@@ -10,8 +10,11 @@
 Decoding: :func:`avpipe.decoding.image.decode_image_stream` over the epoch's batches (DALI:
 nvJPEG / nvImageCodec on a GPU, the CPU decoders otherwise; it reads and decodes ahead while
 the producer collates), replacements with :func:`avpipe.decoding.image.decode_image_batch`. ``train=True``:
-per image one random resized crop (area ``scale``, aspect ``ratio``; counter-based draws of
-``(seed, "crop", epoch, id)``) resized to ``crop_size`` and a horizontal flip (p = 0.5);
+per image one random resized crop (area ``scale``, aspect ``ratio``;
+:func:`avpipe.ops.image_augment.sample_resized_crop_params`, counter-based draws of ``(seed,
+epoch, id)``) resized to ``crop_size`` (the crop folded into the fused resize, as
+:func:`~avpipe.ops.image_augment.fused_resized_crop_normalize`) and a horizontal flip (p = 0.5,
+:func:`~avpipe.ops.image_augment.sample_flip_params`);
 ``train=False``: short side resized to ``resize_size``, centre crop ``crop_size``. Both through
 :func:`avpipe.ops.image.resize_crop_normalize` (fused kernels on a GPU).
 """
@@ -25,12 +28,12 @@ import numpy as np
 from ..decoding.image import decode_image_batch
 from ..device import array_module, resolve_device
 from ..formats import IMAGE_EXTENSIONS
-from ..ops import random as _rnd
+from ..ops import image_augment as _aug
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
+from ..ops.image import crop as crop_view
 from ..pipeline.feed import Feed, Task
 from ..pipeline.image_stream import decode_image_stream
 from ..pipeline.sources import class_index, read_csv, read_folder, read_list
-from .video import random_resized_box
 
 __all__ = ["image_classification", "ImageTask"]
 
@@ -148,12 +151,14 @@ class ImageTask(Task):
     def _one(self, im, i, epoch):
         if self.train:
             h, w = im.shape[:2]
-            u = _rnd.uniform(self.seed, "crop", epoch, [i], 40)[0]
-            top, left, ch, cw = random_resized_box(h, w, u, scale=self.scale, ratio=self.ratio)
-            y = resize_crop_normalize(im[top : top + ch, left : left + cw], short_side=None,
-                                      size=(self.S, self.S), crop_size=None, mean=self.mean,
-                                      std=self.std, dtype=self.dtype, layout="CHW")
-            if bool(_rnd.bernoulli(self.seed, "flip", epoch, [i], p=0.5)[0, 0]):
+            crop = _aug.sample_resized_crop_params(self.seed, epoch, [i], h, w, scale=self.scale,
+                                                   ratio=self.ratio)
+            box = crop_view(im, int(crop["top"][0]), int(crop["left"][0]),
+                            int(crop["height"][0]), int(crop["width"][0]))
+            y = resize_crop_normalize(box, size=(self.S, self.S), short_side=None,
+                                      crop_size=None, mean=self.mean, std=self.std,
+                                      dtype=self.dtype, layout="CHW")
+            if bool(_aug.sample_flip_params(self.seed, epoch, [i])["flip"][0]):
                 y = y[..., ::-1]
             return y
         return resize_crop_normalize(im, short_side=self.R, crop_size=self.S, mean=self.mean,

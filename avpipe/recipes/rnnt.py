@@ -9,50 +9,76 @@
         batch.feature_lengths           # [B] int64
         batch.transcripts, batch.paths  # list[str]
 
-Decoding: ``avpipe.load_audio`` (offset / duration honoured, resampled to ``sample_rate``) in a
-thread pool; on a GPU with FLAC sources (``decoder="auto"``/``"gpu"``) the batch loader's GPU
-FLAC decoder (:class:`avpipe.pipeline.audio_loader.AudioBatchLoader`, frames decoded on the GPU,
-bit-exact to libFLAC) reads whole windows of files ahead. Features: ``avpipe.ops.audio.log_mel``
-with the ``preset``; ``training=True`` adds the preset's dither (seeded by the batch's items,
-so a resumed run dithers identically on the same device).
+Decoding: the feed's groups through
+:meth:`avpipe.pipeline.audio_loader.AudioBatchLoader.decode_groups` where it applies (files
+without offsets, of one sample rate; resampled to ``sample_rate`` after): on a GPU with FLAC
+sources its GPU FLAC decoder (frames decoded on the GPU, bit-exact to libFLAC, whole windows of
+files read ahead); on the CPU with ``decoder="processes"`` its worker processes (libsndfile
+into a shared ring). Otherwise ``avpipe.load_audio`` (offset / duration honoured, resampled to
+``sample_rate``) in a thread pool, which also decodes the replacements of failed items. (On a
+2-core machine the worker processes decoded the sample files 1.2-1.8x faster than the threads,
+but a whole CPU feed, log-mel included, was no faster with them: "auto" keeps the threads on
+the CPU.) Features: ``avpipe.ops.audio.log_mel`` with the ``preset``.
+
+``training=True`` augments, in this order (``training=False``: none of it):
+
+1. speed perturbation (:mod:`avpipe.ops.audio_augment`: ``sample_speed_params`` /
+   ``apply_speed_perturb``): ``speed_perturb=(0.85, 1.15)`` (default) draws each item's factor
+   from U(low, high) on a grid of ``0.01``, a list draws one of its factors, None turns it off;
+   items of one factor are resampled together (a loop over the distinct factors, none per item);
+2. the ``signal_augment`` hooks;
+3. log-mel with the preset's dither (``log_mel(training=True)``, seeded by one
+   :mod:`avpipe.ops.random` word of ``(seed, "dither", epoch)`` per item id, combined over the
+   batch's ids: a resumed run dithers identically on the same device);
+4. SpecAugment (``audio_augment.spec_augment``; ``spec_augment=dict(freq_masks=2,
+   freq_width=27, time_masks=10, time_width=0.05)`` by default, None turns it off);
+5. the ``feature_augment`` hooks.
+
+Every draw of 1 and 4 is keyed by ``(seed, stream, epoch, item id)``: a resumed feed and the CPU
+and GPU paths draw the same factors and masks.
 
 Augmentation hooks: ``signal_augment`` (before the features) and ``feature_augment`` (after),
 lists of callables ``f(arrays: dict, seed, epoch, ids) -> dict``; ``arrays`` holds
 ``signals [B, n]`` + ``lengths [B]`` (host int64), resp. ``features`` + ``feature_lengths``; draw
 randomness with :mod:`avpipe.ops.random` keyed by ``(seed, epoch, ids)`` and a resume stays
-exact. :func:`speed_perturb` is one (resampling by a factor from U(low, high) per item).
+exact.
 """
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ..decoding.audio import load_audio
-from ..device import array_module, resolve_device
+from ..device import resolve_device
 from ..errors import DecodeError
+from ..ops import audio_augment as _aug
 from ..ops import random as _rnd
 from ..ops.audio import log_mel, resample
 from ..pipeline.feed import Feed, Task
 from ..pipeline.sources import read_manifest
 
-__all__ = ["rnnt_feed", "RnntTask", "speed_perturb"]
+__all__ = ["rnnt_feed", "RnntTask", "SPEC_AUGMENT"]
+
+SPEC_AUGMENT = dict(freq_masks=2, freq_width=27, time_masks=10, time_width=0.05)
 
 
 def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=True, rank=0,
               world_size=1, training=True, preset="nemo", sample_rate=16000, device=None,
               framework=None, on_error="skip", prefetch=2, deadline=None, threads=8,
-              decoder="auto", signal_augment=(), feature_augment=(), bucket_window=100):
+              decoder="auto", signal_augment=(), feature_augment=(), bucket_window=100,
+              speed_perturb=(0.85, 1.15), spec_augment=SPEC_AUGMENT):
     """A :class:`~avpipe.pipeline.feed.Feed` of log-mel batches from a NeMo manifest.
 
     ``batch_size`` items per batch, or ``max_duration`` seconds of padded audio per batch
     (duration buckets; items longer than ``max_duration`` are left out and listed in
     ``feed.errors``). Batch fields: ``features [B, n_mels, T]`` float32, ``feature_lengths
     [B]``, ``transcripts``, ``paths`` (absolute), ``durations`` (manifest seconds), ``ids``.
-    ``deadline``: seconds one item may take to decode (None: no limit). ``decoder``: "cpu"
-    (threads), "gpu" (GPU FLAC windows; FLAC files of one sample rate, no offsets) or
-    "auto" ("gpu" when that applies and ``device`` is a GPU).
+    ``deadline``: seconds one item may take to decode (None: no limit). ``decoder``: "gpu"
+    (GPU FLAC windows; FLAC files of one sample rate, no offsets), "processes" (the loader's
+    worker processes: CPU device, fixed ``batch_size``, files of one sample rate without
+    offsets), "threads" (``load_audio`` in threads; "cpu" is the same) or "auto" ("gpu" when
+    that applies and ``device`` is a GPU, else "threads"). ``speed_perturb``,
+    ``spec_augment``: the training augmentation (module docstring).
     """
     spec = (rnnt_feed, dict(
         manifest=manifest, batch_size=batch_size, max_duration=max_duration, seed=seed,
@@ -60,7 +86,8 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
         sample_rate=sample_rate, device=device, framework=framework, on_error=on_error,
         prefetch=prefetch, deadline=deadline, threads=threads, decoder=decoder,
         signal_augment=signal_augment, feature_augment=feature_augment,
-        bucket_window=bucket_window))  # fmt: skip
+        bucket_window=bucket_window, speed_perturb=speed_perturb,
+        spec_augment=spec_augment))  # fmt: skip
     items = read_manifest(manifest)
     errors = []
     if max_duration is not None:
@@ -78,7 +105,9 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
     dev = resolve_device(device)
     task = RnntTask(preset=preset, training=training, sample_rate=sample_rate, seed=seed,
                     device=dev, deadline=deadline, threads=threads, decoder=decoder,
-                    signal_augment=signal_augment, feature_augment=feature_augment)
+                    signal_augment=signal_augment, feature_augment=feature_augment,
+                    speed_perturb=speed_perturb, spec_augment=spec_augment,
+                    batch_size=batch_size)
     return Feed(items, task, batch_size=batch_size, max_duration=max_duration,
                 durations=durations, seed=seed, shuffle=shuffle, rank=rank,
                 world_size=world_size, prefetch=prefetch, on_error=on_error, device=dev,
@@ -90,18 +119,28 @@ class RnntTask(Task):
     array_fields = ("features", "feature_lengths")
 
     def __init__(self, *, preset, training, sample_rate, seed, device, deadline=None, threads=8,
-                 decoder="auto", signal_augment=(), feature_augment=()):
+                 decoder="auto", signal_augment=(), feature_augment=(),
+                 speed_perturb=None, spec_augment=None, batch_size=None):
         super().__init__()
-        if decoder not in ("auto", "cpu", "gpu"):
-            raise ValueError(f"decoder must be 'auto', 'cpu' or 'gpu', got {decoder!r}")
+        if decoder not in ("auto", "cpu", "threads", "gpu", "processes"):
+            raise ValueError("decoder must be 'auto', 'gpu', 'processes' or 'threads' ('cpu'), "
+                             f"got {decoder!r}")
+        decoder = "threads" if decoder == "cpu" else decoder
         if decoder == "gpu" and not device.is_cuda:
             raise ValueError(f"decoder='gpu' needs a GPU device, got {device}")
+        if decoder == "processes" and (device.is_cuda or batch_size is None):
+            raise ValueError("decoder='processes' needs device='cpu' and a fixed batch_size")
+        self.batch_size = None if batch_size is None else int(batch_size)
         self.preset, self.training = preset, bool(training)
         self.sample_rate, self.seed, self.device = int(sample_rate), int(seed), device
         self.deadline, self.threads = deadline, int(threads)
         self.decoder = decoder
         self.signal_augment = list(signal_augment)
         self.feature_augment = list(feature_augment)
+        self.speed = _speed_args(speed_perturb)
+        if spec_augment is not None:
+            spec_augment = {**SPEC_AUGMENT, **dict(spec_augment)}
+        self.spec_augment = spec_augment
         self._loader = None
         self._loader_tried = False
 
@@ -125,61 +164,82 @@ class RnntTask(Task):
             raise
         return a.samples
 
-    def _gpu_ok(self, items):
-        if not self.device.is_cuda or self.decoder == "cpu":
-            return False
-        ok = all(it.path.lower().endswith(".flac") and not it.offset for it in items)
-        if self.decoder == "gpu" and not ok:
-            raise ValueError("decoder='gpu' takes FLAC files without offsets only")
-        return ok
+    def _loader_kind(self, items):
+        """"gpu", "processes" or None (threads) for these items."""
+        plain = all(not it.offset for it in items)
+        if self.device.is_cuda:
+            if self.decoder in ("threads",):
+                return None
+            ok = plain and all(it.path.lower().endswith(".flac") for it in items)
+            if self.decoder == "gpu" and not ok:
+                raise ValueError("decoder='gpu' takes FLAC files without offsets only")
+            return "gpu" if ok else None
+        if self.decoder != "processes":  # measured: not faster end to end on the CPU
+            return None
+        import multiprocessing as mp
+
+        # not inside a daemonic process (a DataLoader worker): it may not start workers
+        ok = plain and self.batch_size is not None and not mp.current_process().daemon
+        if self.decoder == "processes" and not ok:
+            raise ValueError("decoder='processes' takes files without offsets only, outside "
+                             "daemonic processes")
+        return "processes" if ok else None
 
     def decode_groups(self, groups):
         if not self._loader_tried:
             self._loader_tried = True
-            if self._gpu_ok(self._all_items):
-                self._loader = self._make_loader()
+            kind = self._loader_kind(self._all_items)
+            if kind is not None:
+                self._loader = self._make_loader(kind)
         if self._loader is None:
             yield from super().decode_groups(groups)
             return
-        yield from self._gpu_groups(groups)
+        yield from self._loader_groups(groups)
 
-    def _make_loader(self):
-        # the GPU FLAC decoder of the batch loader (all paths known up front: their sizes and
-        # lengths come from the headers once)
+    def _make_loader(self, kind):
+        # the batch loader over every path of the feed (known up front: sizes and lengths come
+        # from the headers once)
         from ..pipeline.audio_loader import AudioBatchLoader
 
         paths = sorted({it.path for it in self._all_items})
         try:
-            ld = AudioBatchLoader(paths, batch_size=64, device=f"cuda:{self.device.index}",
-                                  decoder="gpu")
+            if kind == "gpu":
+                ld = AudioBatchLoader(paths, batch_size=64,
+                                      device=f"cuda:{self.device.index}", decoder="gpu")
+            else:
+                import os
+
+                ld = AudioBatchLoader(paths, batch_size=self.batch_size, device="cpu",
+                                      decoder="cpu", transport="float32",
+                                      num_workers=min(self.threads, os.cpu_count() or 1))
         except ValueError:
-            if self.decoder == "gpu":
+            if self.decoder in ("gpu", "processes"):
                 raise
             return None  # several sample rates: the threads' path resamples
+        self._row = {p: k for k, p in enumerate(paths)}
         return ld
 
-    def _gpu_groups(self, groups):
+    def _loader_groups(self, groups):
         import time
-
-        import cupy
 
         ld = self._loader
         src_sr = int(ld.sample_rate or self.sample_rate)
         pending = []
 
-        def paths_of():
+        def indices():
             for g in groups:
                 pending.append(g)
-                yield [it.path for _, it in g]
+                yield [self._row[it.path] for _, it in g]
 
         t_last = time.perf_counter()
         # runs on the producer thread, inside the feed's device and producer stream
-        for x, lens, _, errs in ld._gpu.run(paths_of()):
+        for batch in ld.decode_groups(indices()):
             g = pending.pop(0)
+            x, lens, errs = batch.signals, batch.lengths, dict(batch.errors)
             out = []
             for r, (_, it) in enumerate(g):
                 if r in errs:
-                    out.append(DecodeError(it.path, errs[r]))
+                    out.append(errs[r])
                     continue
                 n = int(lens[r])
                 if it.duration:
@@ -192,8 +252,11 @@ class RnntTask(Task):
             if self.timings is not None:
                 self.timings("decode", now - t_last)
             t_last = now
-            with cupy.cuda.Device(self.device.index):
-                cupy.cuda.get_current_stream().synchronize()  # rows ready for the producer
+            if self.device.is_cuda:
+                import cupy
+
+                with cupy.cuda.Device(self.device.index):
+                    cupy.cuda.get_current_stream().synchronize()  # rows ready for the producer
             yield out
 
     # -- batch -----------------------------------------------------------------------------
@@ -212,13 +275,20 @@ class RnntTask(Task):
             for r, v in enumerate(values):
                 host[r, : v.shape[0]] = v
             x = xp.asarray(host)
+        if self.training and self.speed is not None and len(lens):
+            p = _aug.sample_speed_params(self.seed, epoch, ids, **self.speed)
+            x, lens = _aug.apply_speed_perturb(x, lens, p, sample_rate=self.sample_rate,
+                                               quality="fast")
         arrays = {"signals": x, "lengths": lens}
         for f in self.signal_augment:
             arrays = f(arrays, self.seed, epoch, ids)
         x, lens = arrays["signals"], np.asarray(arrays["lengths"], np.int64)
         if len(lens):
-            dseed = int(_rnd.words(self.seed, "dither", epoch, ids[:1], 1)[0, 0])
-            feats, fl = log_mel(x, lens, preset=self.preset, training=self.training, seed=dseed)
+            feats, fl = log_mel(x, lens, preset=self.preset, training=self.training,
+                                seed=_dither_seed(self.seed, epoch, ids))
+            if self.training and self.spec_augment is not None:
+                feats = _aug.spec_augment(feats, fl, seed=self.seed, epoch=epoch, ids=ids,
+                                          **self.spec_augment)
         else:
             feats, fl = xp.zeros((0, 0, 0), xp.float32), xp.zeros(0, xp.int64)
         arrays = {"features": feats, "feature_lengths": fl}
@@ -240,35 +310,25 @@ class RnntTask(Task):
         self._loader_tried = False
 
 
-def _speed(arrays, seed, epoch, ids, *, low, high, sample_rate, step, quality):
-    x, lens = arrays["signals"], np.asarray(arrays["lengths"], np.int64)
-    if x.shape[0] == 0:
-        return arrays
-    xp = array_module(x)
-    u = _rnd.uniform(seed, "speed", epoch, ids, 1, low=low, high=high)[:, 0]
-    # factors quantized to ``step`` so each is a small polyphase ratio (sr * f / sr)
-    q = np.round(u / step).astype(np.int64)
-    sr = int(sample_rate)
-    orig = np.round(sr * q * step).astype(np.int64)  # played at factor f: resample sr*f -> sr
-    new_lens = -(-lens * sr // orig)
-    m = int(new_lens.max())
-    out = xp.zeros((len(ids), m), xp.float32)
-    for o in np.unique(orig):  # one resample (and one scatter) per factor
-        rows = np.flatnonzero(orig == o)
-        n = int(lens[rows].max())
-        y = x[rows, :n] if int(o) == sr else resample(x[rows, :n], int(o), sr, quality=quality)
-        k = min(m, int(y.shape[1]))
-        out[xp.asarray(rows), :k] = y[:, :k]
-    # zero past each new length (the filter's tail reaches past a zero-padded item's end)
-    keep = xp.arange(m)[None, :] < xp.asarray(new_lens)[:, None]
-    return {"signals": out * keep, "lengths": new_lens}
+
+def _speed_args(speed):
+    """``speed_perturb`` -> ``sample_speed_params`` keywords (None: off). A 2-tuple ``(low,
+    high)``: a range; a list (or any other sequence): the factors."""
+    if speed is None:
+        return None
+    if isinstance(speed, tuple) and len(speed) == 2:
+        lo, hi = float(speed[0]), float(speed[1])
+        if not 0 < lo <= hi:
+            raise ValueError(f"speed_perturb range must be 0 < low <= high, got {speed!r}")
+        return {"factor_range": (lo, hi), "step": 0.01}
+    fs = [float(f) for f in speed]
+    if not fs or min(fs) <= 0:
+        raise ValueError(f"speed_perturb factors must be positive, got {speed!r}")
+    return {"factors": fs}
 
 
-def speed_perturb(low=0.85, high=1.15, *, sample_rate=16000, step=0.01, quality="fast"):
-    """A ``signal_augment`` hook: each item played at a speed factor ``f ~ U(low, high)``
-    (quantized to ``step``), by resampling from ``sample_rate * f`` to ``sample_rate`` Hz
-    (length / f samples, pitch shifted, as Kaldi / NeMo speed perturbation). The factor is a
-    counter-based draw of ``(seed, "speed", epoch, id)``: a resume reproduces it. Items of one
-    factor are resampled together (``quality``: the resampler's "fast" or "high")."""
-    return functools.partial(_speed, low=float(low), high=float(high),
-                             sample_rate=int(sample_rate), step=float(step), quality=quality)
+def _dither_seed(seed, epoch, ids):
+    """log_mel's dither seed for a batch: one ops.random word per item id, combined (the
+    same batch in a resumed run gets the same seed)."""
+    w = _rnd.words(seed, "dither", epoch, np.asarray(ids, np.int64), 1)[:, 0]
+    return int(np.bitwise_xor.reduce(w.astype(np.uint32))) if len(w) else 0

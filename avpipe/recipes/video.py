@@ -8,56 +8,75 @@
         batch.clips   # [B, 16, 3, 224, 224] float16, ImageNet-normalized
         batch.labels  # [B] int64, indices into feed.classes
 
-``train=True``: one clip per video at a random start (``clip_length`` frames, ``stride`` apart),
-then one random resized crop (area ``scale``, aspect ``ratio``, torchvision's rule with ten
-tries, then a centre crop) and one horizontal flip (p = 0.5) for all its frames. Every draw is
-a counter-based draw of ``(seed, stream, epoch, item id)`` (:mod:`avpipe.ops.random`), so a
-resumed run crops and flips identically. ``train=False``: ``num_clips`` clips spread evenly
-over each video x ``num_crops`` crops (short side resized to ``crop_size``; crops at the start,
-centre and end of the long side): ``V = num_clips * num_crops`` views per video, batch fields
-``clips [B * V, T, 3, S, S]``, ``labels [B * V]`` and ``video_index [B * V]`` (the view's video
-within the batch: average the logits over it).
+The contract, in both modes: ``clips [B, clip_length, 3, crop_size, crop_size]`` floating
+point, normalized; ``labels [B]`` integer; ``paths [B]``; ``B <= batch_size``.
 
-Decoding: :class:`avpipe.VideoDecoder` per item in a thread pool (NVDEC on a GPU, PyAV on the
-CPU), only the frames a clip needs; a video shorter than a clip repeats its last frame. The
-crop / resize / normalize is :func:`avpipe.ops.image.resize_crop_normalize` (fused kernels on a
-GPU), run in the decoding thread on its own CUDA stream.
+``train=True``: one clip per video at a random start (``clip_length`` frames, ``stride`` apart),
+then :mod:`avpipe.ops.image_augment`'s draws for all its frames:
+:func:`~avpipe.ops.image_augment.sample_resized_crop_params` (area ``scale``, aspect ``ratio``,
+torchvision's rule with ten tries, then a centre crop), folded into the fused resize
+(:func:`~avpipe.ops.image_augment.fused_resized_crop_normalize`), and
+:func:`~avpipe.ops.image_augment.sample_flip_params` (p = 0.5). Optional extras (off by
+default): ``color_jitter=dict(brightness=, contrast=, saturation=, hue=)``, ``grayscale_p``,
+``temporal_jitter`` (each frame index moved by up to that many frames). Every draw is keyed by
+``(seed, stream, epoch, item id)`` (:mod:`avpipe.ops.random`), so a resumed run crops and flips
+identically, on the CPU and on a GPU.
+
+``train=False``: the unit of a batch is a *view*. Each video has ``V = num_clips * num_crops``
+views, in order ``view = clip * num_crops + crop`` (``num_clips`` clips spread evenly over the
+video; short side resized to ``crop_size``, then ``num_crops`` crops: 1 the centre, 3 at the
+start, centre and end of the long side, :func:`~avpipe.ops.image_augment.n_crop`). The feed's
+items are the ``(video, view)`` pairs (video-major: ``len(file_list) * V`` items); a batch holds
+``batch_size`` views, with ``video_index [B]`` (the video's row in the file list) and ``view
+[B]`` besides ``clips``, ``labels`` and ``paths``. ``len(feed)`` counts these batches; sharding
+and resume work on the expanded list as on any other (every (video, view) pair exactly once per
+epoch across the ranks). Per-video scores: average the logits of the rows sharing a
+``video_index`` (e.g. ``np.add.at(sums, batch.video_index, logits)``).
+
+Decoding: :func:`avpipe.pipeline.clips.decode_clip` per item in a thread pool (in eval, per
+video of a batch: its views there share one open file and each clip is decoded once) (the same clip
+decoding as :class:`avpipe.pipeline.clips.ClipFeed`: a :class:`avpipe.VideoDecoder`, NVDEC on a
+GPU, PyAV on the CPU, only the frames a clip needs; the transform on the thread's own CUDA
+stream); a video shorter than a clip repeats its last frame.
 """
 
 from __future__ import annotations
 
-import math
-import threading
+import dataclasses
 
 import numpy as np
 
-from ..decoding.video import VideoDecoder
 from ..device import array_module, resolve_device
+from ..ops import image_augment as _aug
 from ..ops import random as _rnd
-from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
+from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, crop, normalize, resize_crop_normalize
+from ..pipeline.clips import ThreadStreams, decode_clip
 from ..pipeline.feed import Feed, Task
 from ..pipeline.sources import class_index, read_csv
 
-__all__ = ["video_classification", "VideoTask", "random_resized_box"]
+__all__ = ["video_classification", "VideoTask", "eval_views"]
 
 
 def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, batch_size=8,
                          train=True, seed=0, shuffle=None, rank=0, world_size=1, device=None,
                          framework=None, on_error="skip", num_clips=4, num_crops=3,
                          scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3), dtype="float16",
-                         prefetch=2, deadline=None, threads=None):
+                         prefetch=2, deadline=None, threads=None, color_jitter=None,
+                         grayscale_p=0.0, temporal_jitter=0):
     """A :class:`~avpipe.pipeline.feed.Feed` of video clips (module docstring).
     ``shuffle=None``: shuffle when training. ``feed.classes``: the sorted label names.
     ``threads``: decoding threads (None: 16 on a GPU, as NVDEC sessions per thread; else the
-    CPU count, at most 8)."""
+    CPU count, at most 8). ``color_jitter`` (a dict of brightness / contrast / saturation /
+    hue), ``grayscale_p`` and ``temporal_jitter``: training extras, off by default."""
     spec = (video_classification, dict(
         file_list=file_list, clip_length=clip_length, stride=stride, crop_size=crop_size,
         batch_size=batch_size, train=train, seed=seed, shuffle=shuffle, rank=rank,
         world_size=world_size, device=device, framework=framework, on_error=on_error,
         num_clips=num_clips, num_crops=num_crops, scale=scale, ratio=ratio, dtype=dtype,
-        prefetch=prefetch, deadline=deadline, threads=threads))  # fmt: skip
-    items = read_csv(file_list)
-    classes, labels = class_index(items)
+        prefetch=prefetch, deadline=deadline, threads=threads, color_jitter=color_jitter,
+        grayscale_p=grayscale_p, temporal_jitter=temporal_jitter))  # fmt: skip
+    videos = read_csv(file_list)
+    classes, labels = class_index(videos)
     dev = resolve_device(device)
     if threads is None:
         import os
@@ -66,49 +85,34 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
     task = VideoTask(labels=labels, clip_length=clip_length, stride=stride, crop_size=crop_size,
                      train=train, seed=seed, device=dev, num_clips=num_clips,
                      num_crops=num_crops, scale=scale, ratio=ratio, dtype=dtype,
-                     deadline=deadline, threads=threads)
+                     deadline=deadline, threads=threads, color_jitter=color_jitter,
+                     grayscale_p=grayscale_p, temporal_jitter=temporal_jitter)
+    items = videos if train else eval_views(videos, task.views)
     return Feed(items, task, batch_size=batch_size, seed=seed,
                 shuffle=bool(train) if shuffle is None else bool(shuffle), rank=rank,
                 world_size=world_size, prefetch=prefetch, on_error=on_error, device=dev,
                 framework=framework, classes=classes, spec=spec)
 
 
-def random_resized_box(h, w, u, *, scale, ratio):
-    """torchvision's RandomResizedCrop box ``(top, left, height, width)`` from 40 uniform
-    draws ``u`` (ten tries of area / log-aspect / top / left, then a centre crop)."""
-    area = h * w
-    lr0, lr1 = math.log(ratio[0]), math.log(ratio[1])
-    for k in range(10):
-        a = area * (scale[0] + (scale[1] - scale[0]) * u[4 * k])
-        r = math.exp(lr0 + (lr1 - lr0) * u[4 * k + 1])
-        cw = int(round(math.sqrt(a * r)))
-        ch = int(round(math.sqrt(a / r)))
-        if 0 < cw <= w and 0 < ch <= h:
-            top = int(u[4 * k + 2] * (h - ch + 1))
-            left = int(u[4 * k + 3] * (w - cw + 1))
-            return top, left, ch, cw
-    in_ratio = w / h
-    if in_ratio < ratio[0]:
-        cw, ch = w, int(round(w / ratio[0]))
-    elif in_ratio > ratio[1]:
-        ch, cw = h, int(round(h * ratio[1]))
-    else:
-        cw, ch = w, h
-    return (h - ch) // 2, (w - cw) // 2, ch, cw
+def eval_views(videos, views):
+    """The eval items: each video's ``views`` views in order, video-major; item ``k`` is
+    video ``k // views``, view ``k % views`` (``item.extra["video"]``, ``["view"]``)."""
+    return [dataclasses.replace(it, extra={**it.extra, "video": v, "view": k})
+            for v, it in enumerate(videos) for k in range(int(views))]
 
 
 def _clip_indices(n, clip_length, stride, start):
-    idx = start + np.arange(clip_length, dtype=np.int64) * stride
+    idx = np.asarray(start, np.int64)[..., None] + np.arange(clip_length, dtype=np.int64) * stride
     return np.minimum(idx, max(n - 1, 0))
 
 
 class VideoTask(Task):
-    array_fields = ("clips", "labels", "video_index")
+    array_fields = ("clips", "labels", "video_index", "view")
 
     def __init__(self, *, labels, clip_length, stride, crop_size, train, seed, device,
                  num_clips=4, num_crops=3, scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3),
                  dtype="float16", mean=IMAGENET_MEAN, std=IMAGENET_STD, deadline=None,
-                 threads=8):
+                 threads=8, color_jitter=None, grayscale_p=0.0, temporal_jitter=0):
         super().__init__()
         self.labels = list(labels)
         self.T, self.stride, self.S = int(clip_length), int(stride), int(crop_size)
@@ -119,93 +123,169 @@ class VideoTask(Task):
         self.scale, self.ratio = tuple(scale), tuple(ratio)
         self.dtype, self.mean, self.std = dtype, mean, std
         self.deadline, self.threads = deadline, int(threads)
-        self._local = threading.local()
+        if color_jitter is not None:
+            bad = set(color_jitter) - {"brightness", "contrast", "saturation", "hue"}
+            if bad:
+                raise ValueError(f"color_jitter takes brightness, contrast, saturation, hue; "
+                                 f"got {sorted(bad)}")
+        self.color_jitter = dict(color_jitter) if color_jitter else None
+        self.grayscale_p = float(grayscale_p)
+        self.temporal_jitter = int(temporal_jitter)
+        self._streams = ThreadStreams(device)
 
-    def _stream(self):
-        s = getattr(self._local, "stream", None)
-        if s is None and self.device.is_cuda:
-            import cupy
+    @property
+    def views(self) -> int:
+        return 1 if self.train else self.num_clips * self.num_crops
 
-            with cupy.cuda.Device(self.device.index):
-                s = self._local.stream = cupy.cuda.Stream(non_blocking=True)
-        return s
+    # -- frame indices -------------------------------------------------------------------------
+    def _train_indices(self, n, i, epoch):
+        """The training clip's frame indices [T] for a video of ``n`` frames."""
+        span = (self.T - 1) * self.stride + 1
+        start = int(_rnd.integers(self.seed, "clip", epoch, [i], high=max(1, n - span + 1))[0, 0])
+        idx = _clip_indices(n, self.T, self.stride, start)
+        if self.temporal_jitter > 0:
+            p = _aug.sample_temporal_jitter_params(self.seed, epoch, [i], self.T,
+                                                   max_jitter=self.temporal_jitter)
+            idx = _aug.apply_temporal_jitter(idx[None], n, p)[0]
+        return idx
 
-    def _transform(self, frames, i, epoch):
-        """[T, H, W, 3] uint8 -> [T, 3, S, S] (train: random resized crop + flip)."""
+    def _eval_indices(self, n, clips):
+        """[len(clips), T] frame indices of eval clips ``clips`` (spread evenly)."""
+        span = (self.T - 1) * self.stride + 1
+        starts = np.round(np.linspace(0, max(0, n - span), self.num_clips)).astype(np.int64)
+        return _clip_indices(n, self.T, self.stride, starts[np.asarray(clips, np.int64)])
+
+    # -- transforms ----------------------------------------------------------------------------
+    def _train_transform(self, frames, i, epoch):
+        """[T, H, W, 3] uint8 -> [T, 3, S, S]: the random resized crop (a view of the frames)
+        fed to the fused resize + normalize (``fused_resized_crop_normalize``'s parts, for one
+        clip), (colour jitter, grayscale,) flip."""
+        xp = array_module(frames)
         T, H, W, _ = frames.shape
-        if self.train:
-            u = _rnd.uniform(self.seed, "crop", epoch, [i], 40)[0]
-            top, left, ch, cw = random_resized_box(H, W, u, scale=self.scale, ratio=self.ratio)
-            x = frames[:, top : top + ch, left : left + cw]
-            y = resize_crop_normalize(x, short_side=None, size=(self.S, self.S), crop_size=None,
+        p = _aug.sample_resized_crop_params(self.seed, epoch, [i], H, W, scale=self.scale,
+                                            ratio=self.ratio)
+        x = crop(frames, int(p["top"][0]), int(p["left"][0]), int(p["height"][0]),
+                 int(p["width"][0]))
+        size = (self.S, self.S)
+        if self.color_jitter is None and self.grayscale_p <= 0:
+            y = resize_crop_normalize(x, size=size, short_side=None, crop_size=None,
                                       mean=self.mean, std=self.std, dtype=self.dtype,
                                       layout="NCHW")
-            if bool(_rnd.bernoulli(self.seed, "flip", epoch, [i], p=0.5)[0, 0]):
-                y = array_module(y).ascontiguousarray(y[..., ::-1])
-            return y[None]
+        else:  # the colour ops work on 0..255 values: normalize after them
+            y = resize_crop_normalize(x, size=size, short_side=None, crop_size=None, mean=0.0,
+                                      std=1.0, scale=1.0, dtype="float32", layout="NHWC")[None]
+            if self.color_jitter is not None:
+                q = _aug.sample_color_jitter_params(self.seed, epoch, [i], **self.color_jitter)
+                y = _aug.apply_color_jitter(y, q, bound=255.0, layout="BTHWC")
+            if self.grayscale_p > 0:
+                q = _aug.sample_grayscale_params(self.seed, epoch, [i], p=self.grayscale_p)
+                y = _aug.apply_grayscale(y, q, layout="BTHWC")
+            y = normalize(y[0], self.mean, self.std, scale=1.0 / 255.0, dtype=self.dtype,
+                          layout="NHWC")
+            y = xp.moveaxis(y, -1, 1)
+        if bool(_aug.sample_flip_params(self.seed, epoch, [i])["flip"][0]):
+            y = y[..., ::-1]
+        return xp.ascontiguousarray(y)
+
+    def _eval_views(self, frames):
+        """[T, H, W, 3] uint8 -> [num_crops, T, 3, S, S]: short side to S, then the crops."""
         y = resize_crop_normalize(frames, short_side=self.S, crop_size=None, mean=self.mean,
                                   std=self.std, dtype=self.dtype, layout="NCHW")
-        h, w = y.shape[-2:]
         if self.num_crops == 1:
-            offs = [((h - self.S) // 2, (w - self.S) // 2)]
-        elif w >= h:
-            offs = [(0 + (h - self.S) // 2, x0) for x0 in (0, (w - self.S) // 2, w - self.S)]
-        else:
-            offs = [(y0, (w - self.S) // 2) for y0 in (0, (h - self.S) // 2, h - self.S)]
-        return offs, y
+            return _aug.center_crop_clips(y[None], self.S, layout="BTCHW")
+        return _aug.n_crop(y[None], self.S, n=3, layout="BTCHW")[0]
+
+    # -- decoding ------------------------------------------------------------------------------
+    def _on_open(self):
+        if self.timings is None:
+            return None
+
+        def on_open(sec):  # open + packet scan: the "read" stage of stats()
+            self.timings("read", sec)
+
+        return on_open
 
     def decode_one(self, i, item):
+        if not self.train:
+            return self.decode_views([(i, item)])[0]
         with self.device.activate():
-            return self._decode_one(i, item)
+            epoch = self.epoch
 
-    def _decode_one(self, i, item):
-        import time
+            def select(dec):
+                uniq, inv = np.unique(self._train_indices(len(dec), i, epoch),
+                                      return_inverse=True)
+                return dec.get_frames(uniq).data, (None if len(uniq) == len(inv) else inv)
 
-        epoch = self.epoch
-        stream = self._stream()
-        t0 = time.perf_counter()
-        dec = VideoDecoder(item.path, device=self.device)
-        if self.timings is not None:  # open + packet scan: the "read" stage of stats()
-            self.timings("read", time.perf_counter() - t0)
-        with dec:
-            n = len(dec)
-            span = (self.T - 1) * self.stride + 1
-            if self.train:
-                start = int(_rnd.integers(self.seed, "clip", epoch, [i],
-                                          high=max(1, n - span + 1))[0, 0])
-                idx = _clip_indices(n, self.T, self.stride, start)[None]
-            else:
-                starts = np.round(np.linspace(0, max(0, n - span), self.num_clips)).astype(int)
-                idx = np.stack([_clip_indices(n, self.T, self.stride, s) for s in starts])
-            uniq, inv = np.unique(idx.reshape(-1), return_inverse=True)
-            frames = dec.get_frames(uniq).data
-        if stream is not None:
-            with stream:
-                out = self._views(frames, inv.reshape(idx.shape), i, epoch)
-            stream.synchronize()  # ready for the producer's stream
+            def transform(frames, inv):
+                if inv is not None:  # a short video: repeated frames
+                    frames = frames[array_module(frames).asarray(inv)]
+                return self._train_transform(frames, i, epoch)
+
+            out, _, _, _ = decode_clip(item.path, select, transform, device=self.device,
+                                       stream=self._streams.get(), on_open=self._on_open())
             return out
-        return self._views(frames, inv.reshape(idx.shape), i, epoch)
 
-    def _views(self, frames, inv, i, epoch):
-        xp = array_module(frames)
+    def decode_views(self, pairs):
+        """Eval: views of one video (``pairs`` of ``(id, item)``, all the same video), its file
+        opened once and each clip decoded and resized once; one ``[T, 3, S, S]`` per pair."""
+        views = [int(it.extra["view"]) for _, it in pairs]
+        clips = sorted({v // self.num_crops for v in views})
+        with self.device.activate():
+            def select(dec):
+                idx = self._eval_indices(len(dec), clips)  # [C, T]
+                uniq, inv = np.unique(idx.reshape(-1), return_inverse=True)
+                return dec.get_frames(uniq).data, inv.reshape(idx.shape)
+
+            def transform(frames, inv):
+                xp = array_module(frames)
+                per_clip = {}
+                for c, row in zip(clips, inv):
+                    per_clip[c] = self._eval_views(frames[xp.asarray(row)])
+                return [xp.ascontiguousarray(per_clip[v // self.num_crops][v % self.num_crops])
+                        for v in views]
+
+            out, _, _, _ = decode_clip(pairs[0][1].path, select, transform, device=self.device,
+                                       stream=self._streams.get(), on_open=self._on_open())
+            return out
+
+    def _submit(self, pairs):
+        """Eval: one job per video of the group (its views decoded together)."""
         if self.train:
-            return self._transform(frames[xp.asarray(inv[0])], i, epoch)
-        views = []
-        for c in range(inv.shape[0]):
-            offs, y = self._transform(frames[xp.asarray(inv[c])], i, epoch)
-            for y0, x0 in offs:
-                views.append(y[:, :, y0 : y0 + self.S, x0 : x0 + self.S])
-        return xp.ascontiguousarray(xp.stack(views))
+            return super()._submit(pairs)
+        from ..pipeline.feed import _collect, _timed
+
+        rows = {}
+        for k, (_, it) in enumerate(pairs):
+            rows.setdefault(it.extra["video"], []).append(k)
+        jobs = list(rows.values())
+        futs = [(self.pool().submit(_timed, self.decode_views, ([pairs[k] for k in ks],)),
+                 pairs[ks[0]]) for ks in jobs]
+
+        def result():
+            got, span = _collect(futs, self.deadline)
+            if self.timings is not None and span is not None:
+                self.timings("decode", span)
+            out = [None] * len(pairs)
+            for ks, g in zip(jobs, got):
+                for j, k in enumerate(ks):
+                    out[k] = g if isinstance(g, BaseException) else g[j]
+            return out
+
+        return result
 
     def collate(self, values, pairs, epoch, step):
         xp = self.device.xp
-        ids = [i for i, _ in pairs]
-        V = 1 if self.train else self.num_clips * self.num_crops
+        items = [it for _, it in pairs]
+        vids = [i if self.train else it.extra["video"] for i, it in pairs]
         if values:
-            clips = xp.concatenate([xp.asarray(v) for v in values])
+            clips = xp.stack([xp.asarray(v) for v in values])
         else:
             clips = xp.zeros((0, self.T, 3, self.S, self.S), np.dtype(self.dtype))
-        labels = np.repeat(np.array([self.labels[i] for i in ids], np.int64), V)
-        vidx = np.repeat(np.arange(len(ids), dtype=np.int64), V)
-        return {"clips": clips, "labels": xp.asarray(labels), "video_index": xp.asarray(vidx),
-                "paths": [it.path for _, it in pairs], "views": V}
+        out = {"clips": clips,
+               "labels": xp.asarray(np.array([self.labels[v] for v in vids], np.int64)),
+               "paths": [it.path for it in items]}
+        if not self.train:
+            out["video_index"] = xp.asarray(np.array(vids, np.int64))
+            out["view"] = xp.asarray(np.array([it.extra["view"] for it in items], np.int64))
+        return out
+
