@@ -1,0 +1,178 @@
+"""The local engine: one worker per device entry, each over a contiguous range of shards.
+
+A worker computes shard after shard (:func:`~._process.iter_shards`) and hands each finished
+shard to a writer thread through a bounded queue, so decoding, features and writing overlap.
+One worker runs in this process; several run as spawned processes (a GPU worker sees only its
+GPU, through ``CUDA_VISIBLE_DEVICES``) and report progress through a queue.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+
+from . import _deps
+from ._inputs import Item
+from ._process import Result, Shard, iter_shards
+from ._writers import write_shard
+
+WRITE_QUEUE = 2  # shards computed ahead of the writer
+
+
+def _progress_payload(r: Result) -> tuple:
+    seconds = frames = 0.0
+    if r.ok:
+        if r.item.kind == "audio":
+            seconds = float(r.info.get("seconds", 0.0))
+        elif r.item.kind == "video":
+            frames = float(len(r.info.get("times", ())))
+        else:
+            frames = 1.0
+    return (1, 0 if r.ok else 1, seconds, frames)
+
+
+def run_worker(
+    device: str,
+    shards: list[Shard],
+    items: list[Item],
+    cfg: dict,
+    out_dir: str,
+    fmt: str,
+    total: int,
+    workers: int,
+    duplicated: frozenset,
+    report: Callable[[tuple], None],
+) -> None:
+    """Compute and write ``shards`` on ``device``; ``report((files, errors, audio_s, frames))``
+    after each input."""
+    dev = _deps.resolve_device(device)
+    if dev.is_cuda:
+        import cupy
+
+        cupy.cuda.Device(dev.index).use()
+    q: queue.Queue = queue.Queue(maxsize=WRITE_QUEUE)
+    failure: list[BaseException] = []
+
+    def writer():
+        while True:
+            job = q.get()
+            if job is None:
+                return
+            if failure:
+                continue  # drain: the run is failing
+            shard, results = job
+            try:
+                write_shard(out_dir, shard, results, cfg, fmt, total, duplicated)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the worker
+                failure.append(e)
+
+    t = threading.Thread(target=writer, name="avpipe-extract-writer", daemon=True)
+    t.start()
+    try:
+        for shard, results in iter_shards(shards, items, cfg, dev, workers=workers,
+                                          on_result=lambda r: report(_progress_payload(r))):
+            if failure:
+                break
+            q.put((shard, results))
+    finally:
+        q.put(None)
+        t.join()
+    if failure:
+        raise failure[0]
+
+
+def split_shards(shards: list[Shard], n: int) -> list[list[Shard]]:
+    """Contiguous ranges of shards, as even as possible."""
+    n = max(1, min(n, len(shards))) if shards else 1
+    k, r = divmod(len(shards), n)
+    out, a = [], 0
+    for i in range(n):
+        b = a + k + (1 if i < r else 0)
+        out.append(shards[a:b])
+        a = b
+    return out
+
+
+def _visible(index: int) -> str:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env:
+        ids = [x.strip() for x in env.split(",") if x.strip()]
+        if index < len(ids):
+            return ids[index]
+    return str(index)
+
+
+def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, workers, duplicated,
+              report) -> list[str]:
+    """Run ``shards`` over ``devices``; returns the workers' failures (empty when all ran)."""
+    groups = split_shards(shards, len(devices))
+    if len(groups) == 1:
+        try:
+            run_worker(devices[0], groups[0], items, cfg, out_dir, fmt, total, workers,
+                       duplicated, report)
+        except Exception as e:  # noqa: BLE001 - a worker failure (not an input's)
+            return [f"{devices[0]}: {type(e).__name__}: {e}"]
+        return []
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    pq = ctx.Queue()
+    procs = []
+    for dev, group in zip(devices, groups):
+        if not group:
+            continue
+        needed = {i for s in group for i in range(s.start, s.end)}
+        tasks = [it.to_task() for it in items if it.index in needed]
+        # the child indexes items by position: give it the full list's positions back
+        full = [None] * total
+        for tsk in tasks:
+            full[tsk[0]] = tsk
+        vis = ""
+        if dev.startswith("cuda"):
+            vis = _visible(int(dev.split(":")[1]) if ":" in dev else 0)
+        p = ctx.Process(
+            target=_child_full, daemon=False,
+            args=(len(procs), dev, vis, group, full, cfg, out_dir, fmt, total, workers,
+                  duplicated, pq),
+        )
+        p.start()
+        procs.append((dev, p))
+    failures = []
+    finished: set[int] = set()
+    while len(finished) < len(procs):
+        try:
+            wid, kind, payload = pq.get(timeout=1.0)
+        except queue.Empty:
+            for wid, (d, p) in enumerate(procs):
+                if wid not in finished and p.exitcode is not None:
+                    failures.append(f"{d}: worker ended without finishing (exit code "
+                                    f"{p.exitcode})")
+                    finished.add(wid)
+            continue
+        if kind == "p":
+            report(payload)
+        elif kind == "error":
+            failures.append(payload)
+            finished.add(wid)
+        else:
+            finished.add(wid)
+    for _, p in procs:
+        p.join()
+    return failures
+
+
+def _child_full(wid, device, visible, shards, full, cfg, out_dir, fmt, total, workers, duplicated,
+                pq):
+    if device.startswith("cuda"):
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+        device = "cuda:0"
+    items = [Item.from_task(t) if t is not None else None for t in full]
+    try:
+        run_worker(device, shards, items, cfg, out_dir, fmt, total, workers, duplicated,
+                   lambda p: pq.put((wid, "p", p)))
+    except BaseException as e:  # noqa: BLE001
+        pq.put((wid, "error", f"{device}: {type(e).__name__}: {e}"))
+        raise SystemExit(1) from None
+    pq.put((wid, "done", None))
