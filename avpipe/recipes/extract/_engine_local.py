@@ -163,8 +163,24 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
     return failures
 
 
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when its parent dies (a killed run leaves no worker
+    writing behind the next one's back)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the parent is already gone
+        os._exit(1)
+
+
 def _child_full(wid, device, visible, shards, full, cfg, out_dir, fmt, total, workers, duplicated,
                 pq):
+    _die_with_parent()
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
         device = "cuda:0"
