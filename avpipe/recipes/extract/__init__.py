@@ -304,6 +304,12 @@ def run_extract(
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size <= 0:
         raise ValueError(f"shard_size must be a positive int, got {shard_size!r}")
+    if format == "parquet":
+        try:
+            import pyarrow.parquet  # noqa: F401
+        except ImportError:
+            raise RuntimeError("--format parquet needs pyarrow: pip install 'avpipe[parquet]'") \
+                from None
     cfg = resolve_preset(preset, fps=fps)
     if batch_size is not None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:

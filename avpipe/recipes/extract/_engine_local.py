@@ -123,12 +123,7 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
     for dev, group in zip(devices, groups):
         if not group:
             continue
-        needed = {i for s in group for i in range(s.start, s.end)}
-        tasks = [it.to_task() for it in items if it.index in needed]
-        # the child indexes items by position: give it the full list's positions back
-        full = [None] * total
-        for tsk in tasks:
-            full[tsk[0]] = tsk
+        full = {i: items[i].to_task() for s in group for i in range(s.start, s.end)}
         vis = ""
         if dev.startswith("cuda"):
             vis = _visible(int(dev.split(":")[1]) if ":" in dev else 0)
@@ -184,7 +179,7 @@ def _child_full(wid, device, visible, shards, full, cfg, out_dir, fmt, total, wo
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
         device = "cuda:0"
-    items = [Item.from_task(t) if t is not None else None for t in full]
+    items = {i: Item.from_task(t) for i, t in full.items()}
     try:
         run_worker(device, shards, items, cfg, out_dir, fmt, total, workers, duplicated,
                    lambda p: pq.put((wid, "p", p)))

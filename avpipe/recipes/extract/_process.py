@@ -313,16 +313,17 @@ class Shard:
 
 def iter_shards(
     shards: list[Shard],
-    items: list[Item],
+    items,
     cfg: dict,
     dev,
     *,
     workers: int,
     on_result: Callable[[Result], None] | None = None,
 ) -> Iterator[tuple[Shard, list[Result]]]:
-    """``(shard, results in input order)`` for each shard, computing on ``dev``."""
+    """``(shard, results in input order)`` for each shard, computing on ``dev``. ``items``: the
+    input list, or a mapping from index to :class:`Item` holding at least the shards' inputs."""
     batch = int(cfg["batch_size"])
-    mine = [it for s in shards for it in items[s.start : s.end]]
+    mine = [items[i] for s in shards for i in range(s.start, s.end)]
     by_kind = {k: [it for it in mine if it.kind == k] for k in ("audio", "video", "image")}
     audio = video = image = None
     if by_kind["audio"]:
@@ -348,7 +349,7 @@ def iter_shards(
                 results[r.item.index] = emit(r)
             pending.clear()
 
-        for it in items[s.start : s.end]:
+        for it in (items[i] for i in range(s.start, s.end)):
             if it.kind == "audio":
                 _, sig, err = audio.next_for(it)
                 if err is not None:
