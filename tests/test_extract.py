@@ -71,7 +71,7 @@ def tree(out) -> dict:
 
 
 def cli(*args, **kw):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
     return subprocess.run([sys.executable, "-m", "avpipe", *map(str, args)], capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=240, **kw)
 

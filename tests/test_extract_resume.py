@@ -31,7 +31,7 @@ def _cmd(inp, out, devices):
 
 
 def _env():
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
 
 
 def _run(inp, out, devices="cpu"):

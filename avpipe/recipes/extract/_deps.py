@@ -12,6 +12,7 @@ _WHERE = {
     # batched audio decode: worker processes / the GPU FLAC decoder
     "AudioBatchLoader": "avpipe.decoding._audio_batch",
     "load_audio": "avpipe.decoding.audio",
+    "flac_header_info": "avpipe.decoding._flac_cuda",
     "VideoDecoder": "avpipe.decoding.video",
     "decode_image_stream": "avpipe.decoding.image",
     "decode_image_batch": "avpipe.decoding.image",
@@ -22,7 +23,8 @@ _WHERE = {
     "to_numpy": "avpipe.device",
     "gpu_count": "avpipe.device",
 }
-_ATTR = {"audio_ops": None, "image_ops": None, "gpu_count": "_gpu_count"}
+_ATTR = {"audio_ops": None, "image_ops": None, "gpu_count": "_gpu_count",
+         "flac_header_info": "header_info"}
 
 
 def __getattr__(name: str):

@@ -15,10 +15,13 @@ from collections.abc import Callable
 
 from . import _deps
 from ._inputs import Item
-from ._process import Result, Shard, iter_shards
+from ._process import PROFILE, Result, Shard, iter_shards, profile_report, timed
 from ._writers import write_shard
 
-WRITE_QUEUE = 2  # shards computed ahead of the writer
+# shards are written by WRITERS threads (a shard's files are its own: any order is fine), at
+# most WRITE_QUEUE computed shards waiting for them
+WRITERS = max(1, int(os.environ.get("AVPIPE_EXTRACT_WRITERS", "2")))
+WRITE_QUEUE = 2
 
 
 def _progress_payload(r: Result) -> tuple:
@@ -64,21 +67,32 @@ def run_worker(
                 continue  # drain: the run is failing
             shard, results = job
             try:
-                write_shard(out_dir, shard, results, cfg, fmt, total, duplicated)
+                with timed("write"):
+                    write_shard(out_dir, shard, results, cfg, fmt, total, duplicated)
             except BaseException as e:  # noqa: BLE001 - re-raised in the worker
                 failure.append(e)
 
-    t = threading.Thread(target=writer, name="avpipe-extract-writer", daemon=True)
-    t.start()
+    threads = [threading.Thread(target=writer, name=f"avpipe-extract-writer-{i}", daemon=True)
+               for i in range(WRITERS)]
+    for t in threads:
+        t.start()
     try:
         for shard, results in iter_shards(shards, items, cfg, dev, workers=workers,
                                           on_result=lambda r: report(_progress_payload(r))):
             if failure:
                 break
-            q.put((shard, results))
+            with timed("writer queue wait"):
+                q.put((shard, results))
     finally:
-        q.put(None)
-        t.join()
+        for _ in threads:
+            q.put(None)
+        with timed("final write wait"):
+            for t in threads:
+                t.join()
+        if PROFILE:
+            import sys
+
+            print(f"avpipe extract profile ({device}): {profile_report()}", file=sys.stderr)
     if failure:
         raise failure[0]
 

@@ -22,6 +22,35 @@ import numpy as np
 from . import _deps
 from ._inputs import Item
 
+PROFILE = os.environ.get("AVPIPE_EXTRACT_PROFILE", "") not in ("", "0")
+_times: dict[str, float] = {}
+
+
+class timed:
+    """Adds the block's wall time to ``_times[name]`` when AVPIPE_EXTRACT_PROFILE is set."""
+
+    __slots__ = ("name", "t")
+
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        if PROFILE:
+            import time
+
+            self.t = time.perf_counter()
+
+    def __exit__(self, *exc):
+        if PROFILE:
+            import time
+
+            _times[self.name] = _times.get(self.name, 0.0) + time.perf_counter() - self.t
+
+
+def profile_report() -> str:
+    return ", ".join(f"{k} {v:.2f} s" for k, v in sorted(_times.items()))
+
+
 # audio files longer than this go through the one-file-at-a-time path (the batched loader
 # sizes its ring by the longest file)
 LOADER_MAX_SECONDS = float(os.environ.get("AVPIPE_EXTRACT_LOADER_MAX_SECONDS", "60"))
@@ -125,8 +154,13 @@ def _ordered_map(fn, items, threads: int) -> Iterator:
 
 
 def _probe_audio(item: Item):
+    """``(frames, sample rate, subtype)`` or None. FLAC: its STREAMINFO (one small read)."""
     import soundfile as sf
 
+    if item.path.lower().endswith(".flac"):
+        h = _deps.flac_header_info(item.path)
+        if h is not None and h[2] == 1:
+            return int(h[0]), int(h[1]), "FLAC"
     try:
         i = sf.info(item.path)
         return int(i.frames), int(i.samplerate), str(i.subtype)
@@ -146,8 +180,8 @@ class _AudioStream:
         self.items = items
         self.sr = int(cfg["sample_rate"])
         self.dev = dev
-        with ThreadPoolExecutor(8) as ex:
-            probes = list(ex.map(_probe_audio, items))
+        with timed("audio probe"), ThreadPoolExecutor(16) as ex:
+            probes = list(ex.map(_probe_audio, items, chunksize=64))
         cap = int(LOADER_MAX_SECONDS * self.sr)
         groups: dict[str, list] = {"flac": [], "other": [], "slow": []}
         self.route = {}
@@ -170,7 +204,7 @@ class _AudioStream:
 
     def _loader_stream(self, group, g, workers, batch):
         items = [it for it, _ in group]
-        pcm16 = all(p[2] == "PCM_16" for _, p in group)
+        pcm16 = all(p[2] == "PCM_16" for _, p in group)  # int16 transport is exact for them
         kwargs = dict(batch_size=batch, device=str(self.dev) if self.dev.is_cuda else "cpu",
                       max_samples=max(p[0] for _, p in group), prefetch=4)
         if g == "flac":
@@ -178,7 +212,7 @@ class _AudioStream:
         else:
             kwargs.update(decoder="cpu", num_workers=max(1, workers),
                           transport="int16" if pcm16 else "float32")
-        with self.dev.activate():
+        with self.dev.activate(), timed(f"audio loader init ({g})"):
             loader = _deps.AudioBatchLoader([it.path for it in items], **kwargs)
         try:
             k = 0
@@ -351,7 +385,8 @@ def iter_shards(
 
         for it in (items[i] for i in range(s.start, s.end)):
             if it.kind == "audio":
-                _, sig, err = audio.next_for(it)
+                with timed("audio decode wait"):
+                    _, sig, err = audio.next_for(it)
                 if err is not None:
                     results[it.index] = emit(_fail(it, err))
                 else:
@@ -380,8 +415,10 @@ def _audio_features(pending, acfg: dict, dev) -> list[Result]:
         for i, (_, sig) in enumerate(pending):
             x[i, : lens[i]] = sig
         try:
-            feats, fl = apply_audio_ops(x, lens, sr, acfg["ops"])
-            host = _deps.to_numpy(feats)
+            with timed("audio features"):
+                feats, fl = apply_audio_ops(x, lens, sr, acfg["ops"])
+            with timed("audio to host"):
+                host = _deps.to_numpy(feats)
         except Exception as e:  # noqa: BLE001 - the batch fails: each item alone
             if len(pending) == 1:
                 return [_fail(pending[0][0], e)]
@@ -391,7 +428,7 @@ def _audio_features(pending, acfg: dict, dev) -> list[Result]:
             return out
     out = []
     for i, (it, _) in enumerate(pending):
-        arr = np.ascontiguousarray(host[i, ..., : int(fl[i])])
+        arr = host[i, ..., : int(fl[i])]  # a view: written as it is (C order)
         out.append(Result(it, arr, {"sample_rate": sr, "num_samples": int(lens[i]),
                                     "seconds": round(lens[i] / sr, 6), "frames": int(fl[i])}))
     return out

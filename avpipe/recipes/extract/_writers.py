@@ -75,17 +75,31 @@ def atomic_write(path: str, write, *, binary: bool = True) -> None:
     """``write(f)`` into ``path + '.partial'``, fsync, rename to ``path``."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + PARTIAL
-    with open(tmp, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+    with open(tmp, "wb" if binary else "w", buffering=1 << 20,
+              **({} if binary else {"encoding": "utf-8"})) as f:
         write(f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def npy_bytes(arr: np.ndarray) -> bytes:
+def npy_header(arr: np.ndarray) -> bytes:
+    """The ``.npy`` header ``np.save`` writes for ``arr`` (format 1.0)."""
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
+    np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(arr))
     return buf.getvalue()
+
+
+def npy_parts(arr: np.ndarray) -> tuple[bytes, memoryview]:
+    """``(header, payload)`` of ``arr`` as ``.npy`` (the bytes of ``np.save``, without copying
+    a C-contiguous array's data)."""
+    arr = np.ascontiguousarray(arr)
+    return npy_header(arr), memoryview(arr).cast("B")
+
+
+def npy_bytes(arr: np.ndarray) -> bytes:
+    h, data = npy_parts(arr)
+    return h + data.tobytes()
 
 
 def sample_meta(r: Result, preset_name: str) -> dict:
@@ -112,22 +126,41 @@ def index_row(r: Result, cfg: dict, shard_rel: str | None, out_rel: str | None) 
     return row
 
 
-def _tar_member(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+def _tar_header(name: str, size: int) -> bytes:
     ti = tarfile.TarInfo(name)
-    ti.size = len(data)
+    ti.size = size
     ti.mtime = 0
     ti.mode = 0o644
     ti.uid = ti.gid = 0
     ti.uname = ti.gname = ""
-    tf.addfile(ti, io.BytesIO(data))
+    return ti.tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict")
+
+
+def _tar_member(f, name: str, parts) -> None:
+    """One tar member from byte strings / buffers, written straight to ``f`` (no copies)."""
+    size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+    f.write(_tar_header(name, size))
+    for p in parts:
+        f.write(p)
+    pad = -size % tarfile.BLOCKSIZE
+    if pad:
+        f.write(b"\0" * pad)
 
 
 def _write_tar(f, ok: list[Result], cfg: dict) -> None:
-    with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for r in ok:
-            k = key_of(r.item.index)
-            _tar_member(tf, f"{k}.npy", npy_bytes(r.array))
-            _tar_member(tf, f"{k}.json", dumps(sample_meta(r, cfg["name"])).encode())
+    """A POSIX ustar archive: ``KEY.npy``, ``KEY.json`` per sample, then two zero blocks and
+    padding to tarfile's record size (what ``tarfile`` writes for the same members)."""
+    written = 0
+    for r in ok:
+        k = key_of(r.item.index)
+        header, data = npy_parts(r.array)
+        meta = dumps(sample_meta(r, cfg["name"])).encode()
+        for name, parts in ((f"{k}.npy", (header, data)), (f"{k}.json", (meta,))):
+            _tar_member(f, name, parts)
+            size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+            written += tarfile.BLOCKSIZE + size + (-size % tarfile.BLOCKSIZE)
+    end = written + 2 * tarfile.BLOCKSIZE
+    f.write(b"\0" * (2 * tarfile.BLOCKSIZE + (-end % tarfile.RECORDSIZE)))
 
 
 def _write_parquet(f, ok: list[Result], cfg: dict) -> None:
