@@ -72,17 +72,19 @@ def run_worker(
             except BaseException as e:  # noqa: BLE001 - re-raised in the worker
                 failure.append(e)
 
+    # decoders first: the audio loader forks its workers, better before any thread starts
+    results = iter_shards(shards, items, cfg, dev, workers=workers,
+                          on_result=lambda r: report(_progress_payload(r)))
     threads = [threading.Thread(target=writer, name=f"avpipe-extract-writer-{i}", daemon=True)
                for i in range(WRITERS)]
     for t in threads:
         t.start()
     try:
-        for shard, results in iter_shards(shards, items, cfg, dev, workers=workers,
-                                          on_result=lambda r: report(_progress_payload(r))):
+        for shard, rs in results:
             if failure:
                 break
             with timed("writer queue wait"):
-                q.put((shard, results))
+                q.put((shard, rs))
     finally:
         for _ in threads:
             q.put(None)

@@ -168,8 +168,21 @@ def _probe_audio(item: Item):
         return None
 
 
+@dataclass(frozen=True)
+class Rows:
+    """A decoded signal: row ``row`` of a padded batch ``x`` (zero past ``n``), or the 1-D
+    array ``x`` itself (``row`` None)."""
+
+    x: Any
+    row: int | None
+    n: int
+
+    def signal(self):
+        return self.x if self.row is None else self.x[self.row, : self.n]
+
+
 class _AudioStream:
-    """Decoded audio per item, in order: ``(item, signal 1-D on the device | None, error)``.
+    """Decoded audio per item, in order: ``(item, Rows | None, error)``.
 
     Files at the preset's rate, read whole, no longer than LOADER_MAX_SECONDS go through
     AudioBatchLoader (GPU FLAC decode for .flac on a GPU, worker processes otherwise); the
@@ -180,40 +193,59 @@ class _AudioStream:
         self.items = items
         self.sr = int(cfg["sample_rate"])
         self.dev = dev
-        with timed("audio probe"), ThreadPoolExecutor(16) as ex:
-            probes = list(ex.map(_probe_audio, items, chunksize=64))
-        cap = int(LOADER_MAX_SECONDS * self.sr)
-        groups: dict[str, list] = {"flac": [], "other": [], "slow": []}
         self.route = {}
-        for it, p in zip(items, probes):
+        self.streams = {}
+        rest = items
+        if dev.is_cuda:
+            # FLAC on a GPU: the loader reads every file's STREAMINFO itself, no probe first
+            flac = [it for it in items
+                    if it.path.lower().endswith(".flac") and "offset" not in it.fields]
+            loader = self._gpu_loader(flac, batch) if flac else None
+            if loader is not None:
+                self.streams["flac"] = self._loader_stream(flac, loader)
+                self.route.update((it.index, "flac") for it in flac)
+                rest = [it for it in items if it.index not in self.route]
+        if not rest:
+            return
+        with timed("audio probe"), ThreadPoolExecutor(16) as ex:
+            probes = list(ex.map(_probe_audio, rest, chunksize=64))
+        cap = int(LOADER_MAX_SECONDS * self.sr)
+        groups: dict[str, list] = {"other": [], "slow": []}
+        for it, p in zip(rest, probes):
             if p is None or p[1] != self.sr or p[0] <= 0 or p[0] > cap or "offset" in it.fields:
                 g = "slow"
-            elif dev.is_cuda and it.path.lower().endswith(".flac"):
-                g = "flac"
             else:
                 g = "other"
             groups[g].append((it, p))
             self.route[it.index] = g
-        self.streams = {}
-        for g in ("flac", "other"):
-            if groups[g]:
-                self.streams[g] = self._loader_stream(groups[g], g, workers, batch)
+        if groups["other"]:
+            group = groups["other"]
+            pcm16 = all(p[2] == "PCM_16" for _, p in group)  # int16 transport is exact for them
+            kwargs = dict(batch_size=batch, device=str(dev) if dev.is_cuda else "cpu",
+                          max_samples=max(p[0] for _, p in group), prefetch=4, decoder="cpu",
+                          num_workers=max(1, workers), transport="int16" if pcm16 else "float32")
+            with dev.activate(), timed("audio loader init (cpu)"):
+                loader = _deps.AudioBatchLoader([it.path for it, _ in group], **kwargs)
+            self.streams["other"] = self._loader_stream([it for it, _ in group], loader)
         if groups["slow"]:
             self.streams["slow"] = _ordered_map(self._load_one, [it for it, _ in groups["slow"]],
                                                 max(2, workers))
 
-    def _loader_stream(self, group, g, workers, batch):
-        items = [it for it, _ in group]
-        pcm16 = all(p[2] == "PCM_16" for _, p in group)  # int16 transport is exact for them
-        kwargs = dict(batch_size=batch, device=str(self.dev) if self.dev.is_cuda else "cpu",
-                      max_samples=max(p[0] for _, p in group), prefetch=4)
-        if g == "flac":
-            kwargs["decoder"] = "gpu"
-        else:
-            kwargs.update(decoder="cpu", num_workers=max(1, workers),
-                          transport="int16" if pcm16 else "float32")
-        with self.dev.activate(), timed(f"audio loader init ({g})"):
-            loader = _deps.AudioBatchLoader([it.path for it in items], **kwargs)
+    def _gpu_loader(self, flac: list[Item], batch: int):
+        """The GPU FLAC loader over ``flac``, or None when they are not all at the preset's
+        rate (then they are probed and routed one by one)."""
+        try:
+            with self.dev.activate(), timed("audio loader init (gpu flac)"):
+                loader = _deps.AudioBatchLoader([it.path for it in flac], batch_size=batch,
+                                                device=str(self.dev), prefetch=4, decoder="gpu")
+        except ValueError:  # several sample rates
+            return None
+        if loader.sample_rate not in (None, self.sr):
+            loader.close()
+            return None
+        return loader
+
+    def _loader_stream(self, items: list[Item], loader):
         try:
             k = 0
             with self.dev.activate():
@@ -223,8 +255,8 @@ class _AudioStream:
                         k += 1
                         if i in errors:
                             yield it, None, errors[i]
-                        else:
-                            yield it, x[i, : int(lengths[i])], None
+                        else:  # the row of the loader's batch (zero past the length)
+                            yield it, Rows(x, i, int(lengths[i])), None
         finally:
             loader.close()
 
@@ -239,7 +271,7 @@ class _AudioStream:
                                      device=str(self.dev))
             if a.samples.shape[-1] == 0:
                 return it, None, "no audio samples"
-            return it, a.samples, None
+            return it, Rows(a.samples, None, int(a.samples.shape[-1])), None
         except Exception as e:  # noqa: BLE001 - a bad input is recorded, never fatal
             return it, None, e
 
@@ -354,8 +386,11 @@ def iter_shards(
     workers: int,
     on_result: Callable[[Result], None] | None = None,
 ) -> Iterator[tuple[Shard, list[Result]]]:
-    """``(shard, results in input order)`` for each shard, computing on ``dev``. ``items``: the
-    input list, or a mapping from index to :class:`Item` holding at least the shards' inputs."""
+    """An iterator of ``(shard, results in input order)`` for each shard, computing on ``dev``. ``items``: the
+    input list, or a mapping from index to :class:`Item` holding at least the shards' inputs.
+
+    The decoders (and the batched loader's worker processes, forked) are set up here, before
+    the first result is asked for: call it before starting threads of your own."""
     batch = int(cfg["batch_size"])
     mine = [items[i] for s in shards for i in range(s.start, s.end)]
     by_kind = {k: [it for it in mine if it.kind == k] for k in ("audio", "video", "image")}
@@ -369,6 +404,10 @@ def iter_shards(
     if by_kind["image"]:
         image = _image_stream(by_kind["image"], cfg["image"], dev, batch)
 
+    return _shard_results(shards, items, cfg, dev, batch, audio, video, image, on_result)
+
+
+def _shard_results(shards, items, cfg, dev, batch, audio, video, image, on_result):
     def emit(r):
         if on_result is not None:
             on_result(r)
@@ -406,19 +445,45 @@ def iter_shards(
         yield s, [results[i] for i in range(s.start, s.end)]
 
 
+def _to_host(x) -> np.ndarray:
+    """numpy as it is; cupy into page-locked memory from cupy's pool (several times faster
+    than a pageable copy; the block goes back to the pool when the last view of it is gone)."""
+    if isinstance(x, np.ndarray):
+        return x
+    import cupy
+
+    try:
+        mem = cupy.cuda.alloc_pinned_memory(max(int(x.nbytes), 1))
+    except Exception:  # noqa: BLE001 - no page-locked memory left: a plain copy
+        return _deps.to_numpy(x)
+    host = np.frombuffer(mem, x.dtype, x.size).reshape(x.shape)
+    x = cupy.ascontiguousarray(x)
+    x.get(out=host)
+    return host
+
+
 def _audio_features(pending, acfg: dict, dev) -> list[Result]:
     sr = int(acfg["sample_rate"])
     with dev.activate():
         xp = dev.xp
-        lens = np.array([int(sig.shape[-1]) for _, sig in pending], dtype=np.int64)
-        x = xp.zeros((len(pending), int(lens.max())), dtype=xp.float32)
-        for i, (_, sig) in enumerate(pending):
-            x[i, : lens[i]] = sig
+        lens = np.array([sig.n for _, sig in pending], dtype=np.int64)
+        width = int(lens.max())
+        first = pending[0][1]
+        if (first.row is not None and first.x.shape[1] == width
+                and all(sig.x is first.x and sig.row == first.row + i
+                        for i, (_, sig) in enumerate(pending))):
+            # the batch is rows r..r+b of one loader batch of the same width: no copy (same
+            # values as the copy below: the loader's batches are zero past each length)
+            x = first.x[first.row : first.row + len(pending)]
+        else:
+            x = xp.zeros((len(pending), width), dtype=xp.float32)
+            for i, (_, sig) in enumerate(pending):
+                x[i, : lens[i]] = sig.signal()
         try:
             with timed("audio features"):
                 feats, fl = apply_audio_ops(x, lens, sr, acfg["ops"])
             with timed("audio to host"):
-                host = _deps.to_numpy(feats)
+                host = _to_host(feats)
         except Exception as e:  # noqa: BLE001 - the batch fails: each item alone
             if len(pending) == 1:
                 return [_fail(pending[0][0], e)]
