@@ -18,9 +18,9 @@ from ._inputs import Item
 from ._process import PROFILE, Result, Shard, iter_shards, profile_report, timed
 from ._writers import write_shard
 
-# shards are written by WRITERS threads (a shard's files are its own: any order is fine), at
+# shards are written by WRITERS threads (default 4) (a shard's files are its own: any order is fine), at
 # most WRITE_QUEUE computed shards waiting for them
-WRITERS = max(1, int(os.environ.get("AVPIPE_EXTRACT_WRITERS", "2")))
+WRITERS = max(1, int(os.environ.get("AVPIPE_EXTRACT_WRITERS", "4")))
 WRITE_QUEUE = 2
 
 
@@ -145,7 +145,7 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
             vis = _visible(int(dev.split(":")[1]) if ":" in dev else 0)
         p = ctx.Process(
             target=_child_full, daemon=False,
-            args=(len(procs), dev, vis, group, full, cfg, out_dir, fmt, total, workers,
+            args=(len(procs), os.getpid(), dev, vis, group, full, cfg, out_dir, fmt, total, workers,
                   duplicated, pq),
         )
         p.start()
@@ -174,7 +174,7 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
     return failures
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     """Linux: this process gets SIGKILL when its parent dies (a killed run leaves no worker
     writing behind the next one's back)."""
     try:
@@ -185,13 +185,13 @@ def _die_with_parent() -> None:
         libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if os.getppid() == 1:  # the parent is already gone
+    if os.getppid() != parent:  # the parent is already gone
         os._exit(1)
 
 
-def _child_full(wid, device, visible, shards, full, cfg, out_dir, fmt, total, workers, duplicated,
-                pq):
-    _die_with_parent()
+def _child_full(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, total, workers,
+                duplicated, pq):
+    _die_with_parent(parent)
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
         device = "cuda:0"

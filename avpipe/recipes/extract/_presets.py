@@ -50,29 +50,25 @@ _CROP224 = [{"op": "resize", "short_side": 224}, {"op": "center_crop", "size": 2
 
 BUILTIN: dict[str, dict] = {
     "quickstart": {
-        "description": "audio -> NeMo log-mel [80, T]; video -> 8 uniform frames "
-                       "[8, 224, 224, 3]; images -> [224, 224, 3] (short side 224, center crop)",
+        "description": "audio: NeMo log-mel; video: 8 frames 224x224; images: 224x224",
         "audio": {"sample_rate": 16000, "ops": [{"op": "log_mel", "preset": "nemo"}]},
         "video": {"sampler": "uniform", "num_frames": 8, "ops": _CROP224},
         "image": {"ops": _CROP224},
     },
     "nemo": {
-        "description": "audio -> NeMo 2.x log-mel [80, T] float32 at 16 kHz "
-                       "(ops.log_mel preset='nemo'; Conformer / Parakeet)",
+        "description": "audio: NeMo 2.x log-mel [80, T] float32, 16 kHz (ops.log_mel)",
         "audio": {"sample_rate": 16000, "ops": [{"op": "log_mel", "preset": "nemo"}]},
     },
     "nemo_v1": {
-        "description": "audio -> NeMo 1.x log-mel [80, T] float32 at 16 kHz (n // 160 + 1 frames)",
+        "description": "audio: NeMo 1.x log-mel [80, T] float32 (n // 160 + 1 frames)",
         "audio": {"sample_rate": 16000, "ops": [{"op": "log_mel", "preset": "nemo_v1"}]},
     },
     "mlperf_rnnt": {
-        "description": "audio -> MLPerf RNN-T log-mel [80, T] float32 at 16 kHz "
-                       "(ops.log_mel preset='mlperf_rnnt', no frame stacking)",
+        "description": "audio: MLPerf RNN-T log-mel [80, T] float32, 16 kHz (ops.log_mel)",
         "audio": {"sample_rate": 16000, "ops": [{"op": "log_mel", "preset": "mlperf_rnnt"}]},
     },
     "mfcc": {
-        "description": "audio -> 20 MFCCs [20, T] float32 at 16 kHz (80 Slaney mels, "
-                       "n_fft 512, 25 ms window, 10 ms hop, dB, DCT-II ortho; librosa's)",
+        "description": "audio: 20 MFCCs [20, T] float32 (80 mels, 25/10 ms, dB, DCT-II)",
         "audio": {"sample_rate": 16000, "ops": [
             {"op": "mel", "n_fft": 512, "win_length": 400, "hop_length": 160, "n_mels": 80},
             {"op": "power_to_db", "top_db": 80.0},
@@ -80,18 +76,16 @@ BUILTIN: dict[str, dict] = {
         ]},
     },
     "frames": {
-        "description": "video -> RGB frames at --fps N (default 1) [N, 224, 224, 3] uint8 "
-                       "(short side 224, center crop)",
+        "description": "video: RGB frames at --fps N (default 1) [N, 224, 224, 3] uint8",
         "video": {"sampler": "fps", "fps": 1.0, "ops": _CROP224},
     },
     "clips": {
-        "description": "video -> 4 uniformly spaced 16-frame clips [4, 16, 224, 224, 3] "
-                       "uint8 (short side 224, center crop; classification)",
+        "description": "video: 4 uniform 16-frame clips [4, 16, 224, 224, 3] uint8",
         "video": {"sampler": "clips", "clip_length": 16, "num_clips": 4, "stride": 1,
                   "ops": _CROP224},
     },
     "thumbnails": {
-        "description": "images -> [224, 224, 3] uint8 RGB (short side 224, center crop)",
+        "description": "images: [224, 224, 3] uint8 RGB (short side 224, center crop)",
         "image": {"ops": _CROP224},
     },
 }
