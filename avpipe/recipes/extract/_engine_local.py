@@ -18,8 +18,8 @@ from ._inputs import Item
 from ._process import PROFILE, Result, Shard, iter_shards, profile_report, timed
 from ._writers import write_shard
 
-# shards are written by WRITERS threads (default 4) (a shard's files are its own: any order is fine), at
-# most WRITE_QUEUE computed shards waiting for them
+# shards are written by WRITERS threads (default 4; a shard's files are its own, so any order
+# is fine), with at most WRITE_QUEUE computed shards waiting for them
 WRITERS = max(1, int(os.environ.get("AVPIPE_EXTRACT_WRITERS", "4")))
 WRITE_QUEUE = 2
 
