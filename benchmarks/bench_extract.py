@@ -122,13 +122,14 @@ def bench_avpipe_nemo(args):
     devices = "cpu" if args.cpu else None
     t0 = time.perf_counter()
     s = run_extract(lst, preset="nemo", out_dir=out, devices=devices, shard_size=SHARD,
-                    progress=False, workers=args.workers)
+                    progress=False, workers=args.workers, batch_size=args.batch_size)
     secs = time.perf_counter() - t0
     audio_s = sum(durs) * args.repeat
     assert s.complete and s.errors == 0, s.format()
     return audio_s / secs, "audio_s/s", {
         "files": len(files) * args.repeat, "audio_seconds": round(audio_s, 1),
         "seconds": round(secs, 3), "devices": s.devices, "shards": s.shards_total,
+        "batch_size": args.batch_size or 64,
         "bytes": _size(out)}
 
 
@@ -324,6 +325,7 @@ def main():
     ap.add_argument("--videos", type=int, default=None, help="video files (default all; --cpu 2)")
     ap.add_argument("--repeat-video", type=int, default=None)
     ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--batch-size", type=int, default=None, help="avpipe's feature batch")
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--timeout", type=float, default=540.0)
     ap.add_argument("--child", default="")
