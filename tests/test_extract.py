@@ -409,3 +409,22 @@ def test_two_workers_on_one_device_match_one(speech, tmp_path):
     assert r1.returncode == 0 and r2.returncode == 0, (r1.stderr, r2.stderr)
     assert "cpu,cpu" in r2.stdout
     assert tree(a) == tree(b)
+
+
+def test_retry_errors_redoes_the_shards_with_failures(speech, tmp_path):
+    bad = speech / "a" / "utt03.flac"
+    good = bad.read_bytes()
+    bad.write_bytes(b"fLaC" + b"\x00" * 40)
+    out = tmp_path / "o"
+    s = run_extract(speech, preset="nemo", out_dir=out, device="cpu", shard_size=4)
+    assert s.errors == 1 and s.total_written == 11
+    bad.write_bytes(good)
+    s = run_extract(speech, preset="nemo", out_dir=out, device="cpu", shard_size=4)
+    assert s.total_written == 0 and s.earlier_errors == 1 and s.total_errors == 1
+    s = run_extract(speech, preset="nemo", out_dir=out, device="cpu", shard_size=4,
+                    retry_errors=True)
+    assert s.total_written == 4 and s.errors == 0 and s.total_errors == 0
+    assert jsonl(out / "errors.jsonl") == []
+    ref = tmp_path / "ref"
+    run_extract(speech, preset="nemo", out_dir=ref, device="cpu", shard_size=4)
+    assert tree(out) == tree(ref)
