@@ -15,7 +15,7 @@ kind, shape, dtype, data (the array's C-order bytes), meta (the KEY.json text)).
 ``--format npy``: ``features/<source>.npy`` per ok input (today's layout); the parts still
 record the shard ranges (the unit of resume).
 
-Every file is written to ``NAME.partial``, flushed, fsync'ed and renamed into place; tar
+Every file is written to ``NAME.<pid>.partial``, flushed, fsync'ed and renamed into place; tar
 members have mtime 0, uid/gid 0, mode 0644 and empty owner names, JSON is written with sorted
 keys: a shard's bytes depend only on its inputs and the preset.
 """
@@ -72,9 +72,10 @@ def _fsync_dir(path: str) -> None:
 
 
 def atomic_write(path: str, write, *, binary: bool = True) -> None:
-    """``write(f)`` into ``path + '.partial'``, fsync, rename to ``path``."""
+    """``write(f)`` into ``path.<pid>.partial``, fsync, rename to ``path``. (The pid keeps a
+    worker of a killed run that is still dying from writing into the same temporary file.)"""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = path + PARTIAL
+    tmp = f"{path}.{os.getpid()}{PARTIAL}"
     with open(tmp, "wb" if binary else "w", buffering=1 << 20,
               **({} if binary else {"encoding": "utf-8"})) as f:
         write(f)
@@ -234,7 +235,8 @@ def read_part(out_dir: str, shard: Shard, total: int) -> list[dict] | None:
 
 
 def clean_partials(out_dir: str) -> None:
-    """Remove what a killed run left half-written (``*.partial``)."""
+    """Remove what a killed run left half-written (``*.partial``; ``.lock`` keeps two runs
+    from doing this at once)."""
     for sub in (SHARDS_DIR, PARTS_DIR, FEATURES_DIR, ""):
         top = os.path.join(out_dir, sub)
         if not os.path.isdir(top):
