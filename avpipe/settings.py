@@ -21,6 +21,9 @@ variable                        default meaning
 ``AVPIPE_JPEG_HW_LOAD``         1.0     share of a JPEG batch for the hardware decoder, in [0, 1]
 ``AVPIPE_DALI_THREADS``         CPUs    DALI CPU threads per pipeline (>= 1; default min(CPUs, 16))
 ``AVPIPE_DALI_STREAM_OUTPUTS``  on      DALI outputs ordered on the caller's CUDA stream
+``AVPIPE_EXTRACT_WRITERS``      4       writer threads of ``avpipe extract`` per worker (>= 1)
+``AVPIPE_EXTRACT_PROFILE``      off     ``avpipe extract`` prints a time breakdown per stage
+``AVPIPE_EXTRACT_LOADER_MAX_SECONDS`` 60 audio longer than this is decoded alone, not batched
 ``AVPIPE_NATIVE_STDERR``        off     let native decoders (nvImageCodec, libtiff, OpenCV) write to
                                         stderr (off: their lines go into the error's message)
 =============================== ======= ================================================================
@@ -45,6 +48,9 @@ __all__ = [
     "dali_threads",
     "dali_stream_outputs",
     "native_stderr",
+    "extract_writers",
+    "extract_profile",
+    "extract_loader_max_seconds",
     "VARIABLES",
 ]
 
@@ -163,6 +169,21 @@ def native_stderr() -> bool:
     return env_bool("AVPIPE_NATIVE_STDERR", False)
 
 
+def extract_writers() -> int:
+    """``AVPIPE_EXTRACT_WRITERS``: writer threads per ``avpipe extract`` worker."""
+    return env_int("AVPIPE_EXTRACT_WRITERS", 4, minimum=1)
+
+
+def extract_profile() -> bool:
+    """``AVPIPE_EXTRACT_PROFILE``: ``avpipe extract`` times its stages and prints them."""
+    return env_bool("AVPIPE_EXTRACT_PROFILE", False)
+
+
+def extract_loader_max_seconds() -> float:
+    """``AVPIPE_EXTRACT_LOADER_MAX_SECONDS``: longer audio is decoded alone, not batched."""
+    return env_float("AVPIPE_EXTRACT_LOADER_MAX_SECONDS", 60.0, lo=0.0, hi=1e9)
+
+
 # name -> the function that reads it (the README's table lists the same)
 VARIABLES = {
     "AVPIPE_DISABLE_GPU": disable_gpu,
@@ -175,4 +196,7 @@ VARIABLES = {
     "AVPIPE_DALI_THREADS": dali_threads,
     "AVPIPE_DALI_STREAM_OUTPUTS": dali_stream_outputs,
     "AVPIPE_NATIVE_STDERR": native_stderr,
+    "AVPIPE_EXTRACT_WRITERS": extract_writers,
+    "AVPIPE_EXTRACT_PROFILE": extract_profile,
+    "AVPIPE_EXTRACT_LOADER_MAX_SECONDS": extract_loader_max_seconds,
 }

@@ -4,6 +4,9 @@
 #   bash benchmarks/gpu_session.sh video      # data (if missing) + clip bench    -> $OUT/bench_video*
 #   bash benchmarks/gpu_session.sh audio|image
 #   bash benchmarks/gpu_session.sh anchors    # the anchors, same data            -> $OUT/anchors
+#   bash benchmarks/gpu_session.sh fuzz       # the full fuzz corpus, GPU backends -> $OUT/fuzz*
+#   bash benchmarks/gpu_session.sh feeds|augment|extract   # feeds / augmentation / extraction
+#                                             # vs DALI (+ the RNN-T anchor)      -> $OUT/bench_*
 # Each step fits one device call (10 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +29,12 @@ for step in "$@"; do
            anchors_only soundfile_decode_aps,dali_logmel_aps,torch_logmel_aps ;;
     image) data; python3 benchmarks/bench_image.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25
            anchors_only dali_jpeg_ips,dali_png_ips,dali_tiff_ips,dali_jp2_ips,pil_jpeg_ips ;;
+    fuzz) python3 -m tests.fuzz.run --gpu --out /tmp/fuzz_gpu 2>&1 | tail -40 | tee "$OUT/fuzz_gpu.txt"
+          cp /tmp/fuzz_gpu/summary.json "$OUT/fuzz_gpu_summary.json" 2>/dev/null ;;
+    feeds) data; python3 benchmarks/bench_feeds.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25
+           anchors_only dali_rnnt_feed_aps,dali_video_reader_cps ;;
+    augment) python3 benchmarks/bench_augment.py --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25 ;;
+    extract) data; python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT" 2>&1 | tail -25 ;;
     anchors) data; python3 "$ANCHORS" --data /tmp/bench --out "$OUT/anchors" --budget "$BUDGET" 2>&1 | tail -25 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac

@@ -176,7 +176,7 @@ def _audio_loader_cls():
     try:
         from avpipe.pipeline.audio_loader import AudioBatchLoader
     except ImportError:
-        from avpipe.decoding._audio_batch import AudioBatchLoader
+        from avpipe.pipeline.audio_loader import AudioBatchLoader
     return AudioBatchLoader
 
 

@@ -58,8 +58,11 @@ def test_extract_end_to_end(tiny, tmp_path):
     assert f"features written to {out}" in r.stdout
     assert "1 error" in r.stdout
     index = [json.loads(x) for x in (out / "index.jsonl").read_text().splitlines()]
-    assert sorted(x["source"] for x in index) == ["a/utt01.wav", "circles_vp9.webm", "scene.jpg"]
-    assert (out / "features" / "a" / "utt01.wav.npy").is_file()
+    ok = sorted(x["source"] for x in index if x["status"] == "ok")
+    assert ok == ["a/utt01.wav", "circles_vp9.webm", "scene.jpg"]
+    assert [x["source"] for x in index if x["status"] == "error"] == ["bad.flac"]
+    assert all(x["shard"] == "shards/shard-000000-000003.tar" for x in index if "shard" in x)
+    assert (out / "shards" / "shard-000000-000003.tar").is_file()
     errors = [json.loads(x) for x in (out / "errors.jsonl").read_text().splitlines()]
     assert [e["source"] for e in errors] == ["bad.flac"]
     # no progress bar noise when stderr is not a terminal
@@ -68,7 +71,7 @@ def test_extract_end_to_end(tiny, tmp_path):
     r2 = _run("extract", tiny, "--preset", "quickstart", "--out", out, "--device", "cpu")
     assert r2.returncode == 0, r2.stderr
     assert "3 already done" in r2.stdout
-    assert len((out / "index.jsonl").read_text().splitlines()) == 3
+    assert len((out / "index.jsonl").read_text().splitlines()) == 4  # 3 ok, 1 error
 
 
 def test_unknown_preset_fails_naming_the_option(tiny, tmp_path):

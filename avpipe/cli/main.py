@@ -28,29 +28,96 @@ def info(as_json: bool) -> None:
     click.echo(json.dumps(d, indent=2) if as_json else format_info(d))
 
 
-@cli.command()
-@click.argument("input_path", metavar="INPUT", type=click.Path(exists=True))
-@click.option("--preset", required=True, help="What to extract (see `avpipe extract --help`).")
+def _preset_help() -> str:
+    from avpipe.recipes.extract._presets import BUILTIN
+
+    return "\n".join(f"  {n:<12} {p['description']}" for n, p in BUILTIN.items())
+
+
+class _ExtractCommand(click.Command):
+    """Lists the presets, one line each, under the options."""
+
+    def format_epilog(self, ctx, formatter):
+        formatter.write_paragraph()
+        formatter.write_text("Presets (--preset NAME, or --preset FILE.toml for your own):")
+        with formatter.indentation():
+            for line in _preset_help().splitlines():
+                formatter.write(" " * formatter.current_indent + line.strip() + "\n")
+
+
+@cli.command(cls=_ExtractCommand)
+@click.argument("input_path", metavar="INPUT")
+@click.option("--preset", required=True, metavar="NAME|FILE.toml",
+              help="What to extract: a preset listed below, or a TOML file (decode settings "
+                   "and a list of operators; see avpipe.recipes.extract._presets).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Output folder; running again on the same folder resumes.")
-@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the GPU if usable).")
-def extract(input_path: str, preset: str, out_dir: str, device: str | None) -> None:
-    """Extract features from every media file under INPUT into OUT.
+@click.option("--format", "fmt", type=click.Choice(["tar", "parquet", "npy"]), default="tar",
+              show_default=True,
+              help="tar: WebDataset shards (KEY.npy + KEY.json); parquet: one row per input; "
+                   "npy: one file per input.")
+@click.option("--shard-size", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Inputs per shard (the unit of writing and of resume).")
+@click.option("--devices", default=None, metavar="LIST",
+              help="Where to run, one worker process each: cpu, cuda (every GPU), "
+                   "cuda:0,cuda:1; repeat one for two workers on it (cuda:0,cuda:0). "
+                   "Default: every GPU, else the CPU.")
+@click.option("--device", default=None, hidden=True, help="One device (same as --devices).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Decoding processes / threads per device worker (default: CPUs / workers).")
+@click.option("--fps", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Frames per second for the frames preset (default 1).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Items per feature batch (default: the preset's, 64).")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True,
+              help="local: worker processes here; ray: a Ray cluster through Ray Data "
+                   "(RAY_ADDRESS or --ray-address; a local one when neither).")
+@click.option("--ray-address", default=None, help="The Ray cluster to join (--engine ray).")
+@click.option("--strict", is_flag=True,
+              help="Exit with status 3 when any input failed (default: 0, failures listed in "
+                   "OUT/errors.jsonl).")
+@click.option("--retry-errors", is_flag=True,
+              help="Redo the shards holding inputs that failed in an earlier run.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr (default: when stderr is a terminal).")
+def extract(input_path, preset, out_dir, fmt, shard_size, devices, device, workers, fps,
+            batch_size, engine, ray_address, strict, retry_errors, progress) -> None:
+    """Extract features from every input of INPUT into shards in OUT.
 
-    Presets: quickstart (audio -> NeMo log-mel, video -> 8 uniform frames at 224x224,
-    images -> 224x224 thumbnails). Bad inputs are skipped and listed in OUT/errors.jsonl;
-    the exit status stays 0.
+    INPUT is a folder (walked recursively), a glob ("data/**/*.flac"), a file list (.txt, one
+    path a line) or a manifest (NeMo .json/.jsonl: audio_filepath, duration, text, offset;
+    .csv with a path column): manifest fields (text, label, ...) go into the outputs. Paths in
+    lists and manifests are relative to their folder.
+
+    OUT gets shards/shard-AAAAAA-BBBBBB.tar (inputs AAAAAA..BBBBBB of the input list),
+    index.jsonl (every input: shard, key, shape, dtype, status, parameters), errors.jsonl
+    (inputs that failed) and extract.json (the preset's full config). Killed, it resumes
+    where it stopped when run again with the same arguments.
     """
-    from avpipe.recipes.extract import PRESETS, run_extract
+    from avpipe.recipes.extract import EmptyInputError, PresetError, run_extract
 
-    if preset not in PRESETS:
-        raise click.BadParameter(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}",
-                                 param_hint="--preset")
+    if devices is not None and device is not None:
+        raise click.UsageError("give --devices or --device, not both")
     try:
-        summary = run_extract(input_path, preset=preset, out_dir=out_dir, device=device)
-    except (ValueError, RuntimeError, OSError) as e:  # bad --out / --device / preset mismatch
+        summary = run_extract(
+            input_path, preset=preset, out_dir=out_dir, devices=devices or device,
+            format=fmt, shard_size=shard_size, workers=workers, fps=fps,
+            batch_size=batch_size, engine=engine, ray_address=ray_address,
+            retry_errors=retry_errors, progress=progress,
+        )
+    except PresetError as e:
+        raise click.BadParameter(str(e), param_hint="--preset") from e
+    except EmptyInputError as e:
+        raise click.ClickException(str(e)) from e
+    except (ValueError, RuntimeError, OSError) as e:  # bad --out / --devices / resume mismatch
         raise click.ClickException(str(e)) from e
     click.echo(summary.format())
+    if summary.failures or not summary.complete:
+        raise click.exceptions.Exit(1)
+    if strict and summary.total_errors:
+        click.echo(f"--strict: {summary.total_errors} input(s) failed", err=True)
+        raise click.exceptions.Exit(3)
 
 
 @cli.command()
@@ -125,7 +192,9 @@ def preview(kind, input_path, out_file, items, frames, seed, train, clip_length,
 
 def main(argv=None) -> int:
     try:
-        cli.main(args=argv, prog_name="avpipe", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="avpipe", standalone_mode=False)
+        if isinstance(rv, int):  # click returns an Exit's code when not standalone
+            return rv
     except click.exceptions.Exit as e:
         return e.exit_code
     except click.ClickException as e:

@@ -397,7 +397,8 @@ def run_extract_folder(folder, out_dir, device="cpu", timeout=600.0, cases=(), m
     import subprocess
 
     import avpipe.errors as E
-    from avpipe.recipes.extract import PRESETS, find_inputs
+    from avpipe.recipes.extract import resolve_inputs, resolve_preset
+    from avpipe.recipes.extract._presets import extensions_of
 
     out_dir = os.fspath(out_dir)
     inp = out_dir + "_input"  # hard links to the cases' files (the recipe would walk seeds/)
@@ -457,8 +458,9 @@ def run_extract_folder(folder, out_dir, device="cpu", timeout=600.0, cases=(), m
                 return [*recs.values(), dict(base, id="extract", outcome="untyped_error",
                                              error=p.stderr[-2000:])]  # fmt: skip
             break
-        _, order, _ = find_inputs(inp, PRESETS["quickstart"].extensions, exclude=out_dir)
-        culprit = next((r for r, _k in order if by_rel[r]["id"] not in recs), None)
+        order = resolve_inputs(inp, extensions_of(resolve_preset("quickstart")), exclude=out_dir)
+        culprit = next((it.source for it in order.items if by_rel[it.source]["id"] not in recs),
+                       None)  # fmt: skip
         if culprit is None:
             break
         rec(by_rel[culprit], how, f"the extract run died on it ({err})")

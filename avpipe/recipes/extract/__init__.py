@@ -1,0 +1,391 @@
+"""Batch feature extraction: the job behind ``avpipe extract``.
+
+    avpipe extract INPUT --preset nemo --out DIR [--format tar|parquet|npy] [--shard-size 512]
+                         [--devices cuda:0,cuda:1] [--engine local|ray] [--strict]
+
+    from avpipe.recipes.extract import run_extract
+    summary = run_extract("librispeech/train.jsonl", preset="nemo", out_dir="feats/")
+    print(summary.format())
+
+INPUT: a folder, a glob, a file list or a manifest (:mod:`._inputs`); presets: built-in names
+or a TOML file (:mod:`._presets`); output layout, index and error report: :mod:`._writers`.
+
+Work is cut into shards of ``shard_size`` consecutive inputs of the input list; a shard is
+computed whole and written atomically (temporary name, fsync, rename), then its index part.
+**Resume rule**: running again on the same DIR redoes exactly the shards whose part is missing
+or incomplete (or whose outputs are gone); a shard's bytes depend only on its inputs and the
+preset, so a run killed at any point and resumed leaves the same files, bytes and index as an
+uninterrupted run. Inputs that failed stay recorded as failed (``--retry-errors`` redoes the
+shards that hold them). Resuming with another preset, format, shard size or input list is
+refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from ._inputs import EmptyInputError, Inputs, resolve_inputs
+from ._presets import BUILTIN, PresetError, describe_builtins, extensions_of, resolve_preset
+from ._writers import (
+    ERRORS_NAME,
+    FEATURES_DIR,
+    FORMATS,
+    INDEX_NAME,
+    META_NAME,
+    PARTS_DIR,
+    SHARDS_DIR,
+    atomic_write,
+    clean_partials,
+    make_shards,
+    read_part,
+    write_index,
+)
+
+__all__ = [
+    "run_extract",
+    "ExtractSummary",
+    "PRESETS",
+    "FORMATS",
+    "EmptyInputError",
+    "PresetError",
+    "resolve_inputs",
+    "resolve_preset",
+    "describe_builtins",
+    "parse_devices",
+    "uniform_indices",
+    "INDEX_NAME",
+    "ERRORS_NAME",
+    "META_NAME",
+    "FEATURES_DIR",
+    "SHARDS_DIR",
+    "PARTS_DIR",
+]
+
+PRESETS = BUILTIN
+from ...pipeline.samplers import uniform_indices  # noqa: E402 — the one uniform rule
+
+DEFAULT_SHARD_SIZE = 512
+ENGINES = ("local", "ray")
+
+
+@dataclass
+class ExtractSummary:
+    """What a run did. ``written``: ok outputs written this run, per kind; ``skipped``: ok
+    inputs done by an earlier run; ``errors``: inputs that failed this run; ``total_errors``:
+    failed inputs in the whole folder; ``failures``: workers that stopped (not inputs)."""
+
+    input_path: str
+    out_dir: str
+    preset: str
+    devices: list[str]
+    engine: str = "local"
+    output_format: str = "tar"
+    inputs: int = 0
+    written: dict[str, int] = field(default_factory=dict)
+    skipped: int = 0
+    errors: int = 0
+    total_errors: int = 0
+    earlier_errors: int = 0
+    ignored: int = 0
+    shards_done: int = 0
+    shards_total: int = 0
+    audio_seconds: float = 0.0
+    frames: float = 0.0
+    elapsed_s: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def total_written(self) -> int:
+        return sum(self.written.values())
+
+    @property
+    def complete(self) -> bool:
+        return not self.failures and self.shards_done == self.shards_total
+
+    @property
+    def device(self) -> str:
+        return ",".join(self.devices)
+
+    def format(self) -> str:  # noqa: A003
+        """The report printed at the end of ``avpipe extract``."""
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.written.items()) if n) or "nothing new"
+        t = max(self.elapsed_s, 1e-9)
+        rate = [f"{self.total_written / t:.1f} files/s"]
+        if self.audio_seconds:
+            rate.append(f"{self.audio_seconds / t:.0f} audio-s/s "
+                        f"({self.audio_seconds / 3600:.2f} audio-h)")
+        if self.frames:
+            rate.append(f"{self.frames / t:.1f} frames/s")
+        lines = [
+            f"{self.preset} on {self.device} ({self.engine}, {self.output_format}): wrote {kinds}; "
+            f"{self.skipped} already done; {self.errors} error(s); {self.elapsed_s:.1f} s; "
+            + ", ".join(rate)
+        ]
+        if self.earlier_errors:
+            lines.append(f"{self.earlier_errors} input(s) failed in an earlier run "
+                         "(--retry-errors redoes them)")
+        if self.ignored:
+            lines.append(f"{self.ignored} file(s) ignored (not {self.preset} inputs)")
+        if self.total_errors:
+            lines.append(f"bad inputs are listed in {os.path.join(self.out_dir, ERRORS_NAME)}")
+        for f in self.failures:
+            lines.append(f"worker failed: {f}")
+        if not self.complete:
+            lines.append(f"incomplete: {self.shards_done} of {self.shards_total} shards done; "
+                         "run the same command again to resume")
+        lines.append(f"features written to {self.out_dir}")
+        return "\n".join(lines)
+
+
+def parse_devices(devices) -> list[str]:
+    """``None`` (every GPU, else the CPU), ``"cpu"``, ``"cuda"`` (every GPU), ``"cuda:0,cuda:1"``
+    or a list; one entry may repeat (two workers on it). Returns canonical names."""
+    from . import _deps
+
+    if devices is None:
+        n = _deps.gpu_count()
+        return [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
+    if isinstance(devices, str):
+        devices = [d for d in devices.replace(" ", "").split(",") if d]
+    out = []
+    for d in devices:
+        if str(d) == "cuda":
+            n = _deps.gpu_count()
+            if n == 0:
+                raise RuntimeError("devices='cuda': no usable CUDA GPU (is cupy installed?)")
+            out.extend(f"cuda:{i}" for i in range(n))
+        else:
+            out.append(str(_deps.resolve_device(d, param="devices")))
+    if not out:
+        raise ValueError("devices: give at least one device (cpu, cuda, cuda:N)")
+    return out
+
+
+def _fingerprint(inp: Inputs) -> str:
+    h = hashlib.sha256()
+    for it in inp.items:
+        h.update(json.dumps([it.source, it.kind, it.fields], sort_keys=True).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def _check_meta(out_dir: str, meta: dict) -> None:
+    path = os.path.join(out_dir, META_NAME)
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                old = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            old = None
+        if isinstance(old, dict):
+            def same(key, a, b):
+                if key == "preset" and isinstance(a, dict):  # the description may change
+                    a = {k: v for k, v in a.items() if k != "description"}
+                    b = {k: v for k, v in b.items() if k != "description"}
+                return a == b
+
+            for key, what in (("preset", "preset"), ("format", "format"),
+                              ("shard_size", "shard size"), ("input", "input")):
+                if not same(key, old.get(key), meta[key]):
+                    name = lambda v: v.get("name") if isinstance(v, dict) and "name" in v else (  # noqa: E731
+                        v.get("root") if isinstance(v, dict) else v)
+                    raise ValueError(
+                        f"{out_dir!r} was extracted with another {what} "
+                        f"({name(old.get(key))!r}, now {name(meta[key])!r}); resume with the "
+                        "same command, or use another --out"
+                    )
+            return
+    text = json.dumps(meta, indent=1, sort_keys=True) + "\n"
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+class _Lock:
+    """One run at a time per output folder (``DIR/.lock``, flock)."""
+
+    def __init__(self, out_dir: str):
+        self.path = os.path.join(out_dir, ".lock")
+        self.f = None
+
+    def __enter__(self):
+        import fcntl
+
+        self.f = open(self.path, "a")
+        try:
+            fcntl.flock(self.f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.f.close()
+            raise RuntimeError(f"another avpipe extract is writing to {os.path.dirname(self.path)!r}") from None
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass
+        self.f.close()
+
+
+class _Progress:
+    def __init__(self, total: int, cfg: dict, enabled):
+        from tqdm import tqdm
+
+        disable = (not sys.stderr.isatty()) if enabled is None else not enabled
+        self.audio_only = set(cfg) & {"audio", "video", "image"} == {"audio"}
+        self.bar = tqdm(total=total, file=sys.stderr, disable=disable, unit="file",
+                        desc="extract", dynamic_ncols=True, smoothing=0.1)
+        self.t0 = time.perf_counter()
+        self.files = self.errors = 0
+        self.seconds = self.frames = 0.0
+        self._last = 0.0
+
+    def __call__(self, p):
+        files, errors, seconds, frames = p
+        self.files += files
+        self.errors += errors
+        self.seconds += seconds
+        self.frames += frames
+        self.bar.update(files)
+        now = time.perf_counter()
+        if now - self._last > 0.5:
+            self._last = now
+            dt = max(now - self.t0, 1e-9)
+            parts = []
+            if self.seconds:
+                parts.append(f"{self.seconds / 3600 / dt:.3g} audio-h/s")
+            if self.frames:
+                parts.append(f"{self.frames / dt:.1f} frames/s")
+            if self.errors:
+                parts.append(f"{self.errors} err")
+            self.bar.set_postfix_str(", ".join(parts), refresh=False)
+
+    def close(self):
+        self.bar.close()
+
+
+def run_extract(
+    input_path,
+    *,
+    preset="quickstart",
+    out_dir,
+    device=None,
+    devices=None,
+    format: str = "tar",  # noqa: A002
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    workers: int | None = None,
+    fps: float | None = None,
+    batch_size: int | None = None,
+    engine: str = "local",
+    retry_errors: bool = False,
+    progress: bool | None = None,
+    ray_address: str | None = None,
+) -> ExtractSummary:
+    """Extract features from every input of ``input_path`` into ``out_dir`` (see the module
+    docstring). ``device`` is the one-device form of ``devices``. Returns an
+    :class:`ExtractSummary`; bad inputs never raise (they are counted and listed)."""
+    t0 = time.perf_counter()
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size <= 0:
+        raise ValueError(f"shard_size must be a positive int, got {shard_size!r}")
+    if format == "parquet":
+        try:
+            import pyarrow.parquet  # noqa: F401
+        except ImportError:
+            raise RuntimeError("--format parquet needs pyarrow: pip install 'avpipe[parquet]'") \
+                from None
+    cfg = resolve_preset(preset, fps=fps)
+    if batch_size is not None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        cfg["batch_size"] = batch_size
+    if device is not None and devices is not None:
+        raise ValueError("give device or devices, not both")
+    devs = parse_devices(devices if devices is not None else device)
+    if workers is None:
+        workers = max(1, (os.cpu_count() or 1) // len(devs))
+    out_dir = os.fspath(out_dir)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise NotADirectoryError(f"out_dir: not a folder: {out_dir!r}")
+    inp = resolve_inputs(input_path, extensions_of(cfg), exclude=out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    total = len(inp.items)
+    run_cfg = {k: v for k, v in cfg.items() if k != "batch_size"}
+    run_cfg["batch_size"] = cfg["batch_size"]  # batching changes float rounding: part of it
+    meta = {
+        "preset": run_cfg,
+        "format": format,
+        "shard_size": shard_size,
+        "input": {"root": inp.root, "form": inp.form, "count": total,
+                  "sha256": _fingerprint(inp)},
+    }
+    from ..._version import __version__
+
+    meta["avpipe"] = __version__  # recorded, not compared
+    with _Lock(out_dir):
+        _check_meta(out_dir, meta)
+        clean_partials(out_dir)
+        shards = make_shards(total, shard_size)
+        done_ok = done_err = 0
+        todo = []
+        for s in shards:
+            rows = read_part(out_dir, s, total)
+            redo = rows is None or (retry_errors and any(r.get("status") != "ok" for r in rows))
+            if redo:
+                todo.append(s)
+            else:
+                done_ok += sum(r.get("status") == "ok" for r in rows)
+                done_err += sum(r.get("status") != "ok" for r in rows)
+        sources = [it.source for it in inp.items]
+        duplicated = frozenset(s for s in set(sources) if sources.count(s) > 1) \
+            if len(set(sources)) != len(sources) else frozenset()
+        bar = _Progress(sum(s.end - s.start for s in todo), cfg, progress)
+        written: dict[str, int] = {}
+
+        try:
+            if todo:
+                if engine == "ray":
+                    from ._engine_ray import run_ray
+
+                    failures = run_ray(devs, todo, inp.items, cfg, out_dir, format, total,
+                                       workers, duplicated, bar, address=ray_address)
+                else:
+                    from ._engine_local import run_local
+
+                    failures = run_local(devs, todo, inp.items, cfg, out_dir, format, total,
+                                         workers, duplicated, bar)
+            else:
+                failures = []
+        finally:
+            bar.close()
+        # what this run wrote, from the parts (also right for the worker processes' shards)
+        n_err = 0
+        shards_done = 0
+        for s in shards:
+            rows = read_part(out_dir, s, total)
+            if rows is None:
+                continue
+            shards_done += 1
+            if s not in todo:
+                continue
+            for r in rows:
+                if r.get("status") == "ok":
+                    written[r["kind"]] = written.get(r["kind"], 0) + 1
+                else:
+                    n_err += 1
+        _, _, total_errors = write_index(out_dir, shards, total)
+    return ExtractSummary(
+        input_path=os.fspath(input_path), out_dir=out_dir, preset=cfg["name"], devices=devs,
+        engine=engine, output_format=format, inputs=total, written=written, skipped=done_ok,
+        errors=n_err, total_errors=total_errors, earlier_errors=0 if retry_errors else done_err,
+        ignored=inp.ignored, shards_done=shards_done, shards_total=len(shards),
+        audio_seconds=bar.seconds, frames=bar.frames, elapsed_s=time.perf_counter() - t0,
+        failures=failures,
+    )
+

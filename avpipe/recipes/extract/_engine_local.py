@@ -1,0 +1,280 @@
+"""The local engine: one worker per device entry, each over a contiguous range of shards.
+
+A worker computes shard after shard (:func:`~._process.iter_shards`) and hands each finished
+shard to a writer thread through a bounded queue, so decoding, features and writing overlap.
+Workers run as spawned processes (a GPU worker sees only its GPU, through
+``CUDA_VISIBLE_DEVICES``) and report progress through a queue; a worker a native decoder crashes
+is replaced (see ``run_local``), so a crash costs the input that caused it, not the run.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+
+from ... import settings
+from . import _deps
+from ._inputs import Item
+from ._process import Result, Shard, iter_shards, profile_report, profiling, timed
+from ._writers import write_shard
+
+# shards are written by WRITERS threads (default 4; a shard's files are its own, so any order
+# is fine), with at most WRITE_QUEUE computed shards waiting for them
+
+WRITE_QUEUE = 2
+
+
+def _progress_payload(r: Result) -> tuple:
+    seconds = frames = 0.0
+    if r.ok:
+        if r.item.kind == "audio":
+            seconds = float(r.info.get("seconds", 0.0))
+        elif r.item.kind == "video":
+            frames = float(len(r.info.get("times", ())))
+        else:
+            frames = 1.0
+    return (1, 0 if r.ok else 1, seconds, frames)
+
+
+def run_worker(
+    device: str,
+    shards: list[Shard],
+    items: list[Item],
+    cfg: dict,
+    out_dir: str,
+    fmt: str,
+    total: int,
+    workers: int,
+    duplicated: frozenset,
+    report: Callable[[tuple], None],
+    blocked: dict | None = None,
+) -> None:
+    """Compute and write ``shards`` on ``device``; ``report((files, errors, audio_s, frames))``
+    after each input."""
+    dev = _deps.resolve_device(device)
+    if dev.is_cuda:
+        import cupy
+
+        cupy.cuda.Device(dev.index).use()
+    q: queue.Queue = queue.Queue(maxsize=WRITE_QUEUE)
+    failure: list[BaseException] = []
+
+    def writer():
+        while True:
+            job = q.get()
+            if job is None:
+                return
+            if failure:
+                continue  # drain: the run is failing
+            shard, results = job
+            try:
+                with timed("write"):
+                    write_shard(out_dir, shard, results, cfg, fmt, total, duplicated)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the worker
+                failure.append(e)
+
+    # decoders first: the audio loader forks its workers, better before any thread starts
+    results = iter_shards(shards, items, cfg, dev, workers=workers,
+                          on_result=lambda r: report(_progress_payload(r)), blocked=blocked)
+    threads = [threading.Thread(target=writer, name=f"avpipe-extract-writer-{i}", daemon=True)
+               for i in range(settings.extract_writers())]
+    for t in threads:
+        t.start()
+    try:
+        for shard, rs in results:
+            if failure:
+                break
+            with timed("writer queue wait"):
+                q.put((shard, rs))
+    finally:
+        for _ in threads:
+            q.put(None)
+        with timed("final write wait"):
+            for t in threads:
+                t.join()
+        if profiling():
+            import sys
+
+            print(f"avpipe extract profile ({device}): {profile_report()}", file=sys.stderr)
+    if failure:
+        raise failure[0]
+
+
+def split_shards(shards: list[Shard], n: int) -> list[list[Shard]]:
+    """Contiguous ranges of shards, as even as possible."""
+    n = max(1, min(n, len(shards))) if shards else 1
+    k, r = divmod(len(shards), n)
+    out, a = [], 0
+    for i in range(n):
+        b = a + k + (1 if i < r else 0)
+        out.append(shards[a:b])
+        a = b
+    return out
+
+
+def _visible(index: int) -> str:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env:
+        ids = [x.strip() for x in env.split(",") if x.strip()]
+        if index < len(ids):
+            return ids[index]
+    return str(index)
+
+
+# A decoder that crashes the process (a native fault in a library, on a damaged file) costs
+# only the worker process it ran in: the run goes on with a new worker on the shards left, and a
+# shard that ends two workers has its inputs tried one at a time, each in its own process; the
+# inputs that end theirs are reported as errors and the shard is done without them.
+_CRASHES_BEFORE_PROBING = 2
+_MAX_RESTARTS = 64
+
+
+def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, workers, duplicated,
+              report) -> list[str]:
+    """Run ``shards`` over ``devices``, one worker process each; returns the workers' failures
+    (empty when all ran)."""
+    from ._writers import read_part
+
+    groups = [g for g in split_shards(shards, len(devices)) if g]
+    todo = list(zip(devices, groups))
+    crashes: dict[int, int] = {}  # shard start -> workers it ended
+    blocked: dict[int, str] = {}
+    failures: list[str] = []
+    restarts = 0
+    while todo:
+        ended = _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated,
+                              report, blocked)
+        todo = []
+        for dev, group, why in ended:
+            left = [sh for sh in group if read_part(out_dir, sh, total) is None]
+            if why is None or not left:
+                continue
+            if not why.startswith("signal") or restarts >= _MAX_RESTARTS:
+                failures.append(f"{dev}: {why}")
+                continue
+            restarts += 1
+            first = left[0]
+            import sys
+
+            print(f"avpipe extract: the worker on {dev} was ended by a {why} (a native decoder "
+                  f"crash); a new one takes the {len(left)} shard(s) left", file=sys.stderr)
+            crashes[first.start] = crashes.get(first.start, 0) + 1
+            if crashes[first.start] >= _CRASHES_BEFORE_PROBING:
+                blocked.update(_probe(dev, first, items, cfg, workers, blocked))
+            todo.append((dev, left))
+    return failures
+
+
+def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, report, blocked):
+    """One spawned worker per ``(device, shards)``; returns ``(device, shards, why)`` for each,
+    ``why`` None when it finished, ``"signal N"`` when a signal ended it, else the error."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    pq = ctx.Queue()
+    procs = []
+    for dev, group in todo:
+        full = {i: items[i].to_task() for s in group for i in range(s.start, s.end)}
+        vis = ""
+        if dev.startswith("cuda"):
+            vis = _visible(int(dev.split(":")[1]) if ":" in dev else 0)
+        p = ctx.Process(
+            target=_child_full, daemon=False,
+            args=(len(procs), os.getpid(), dev, vis, group, full, cfg, out_dir, fmt, total, workers,
+                  duplicated, pq, blocked),
+        )
+        p.start()
+        procs.append((dev, group, p))
+    why: dict[int, str | None] = {}
+    while len(why) < len(procs):
+        try:
+            wid, kind, payload = pq.get(timeout=1.0)
+        except queue.Empty:
+            for wid, (_d, _g, p) in enumerate(procs):
+                if wid not in why and p.exitcode is not None:
+                    code = p.exitcode
+                    why[wid] = (f"signal {-code}" if code < 0 else
+                                f"worker ended without finishing (exit code {code})")
+            continue
+        if kind == "p":
+            report(payload)
+        elif kind == "error":
+            why[wid] = payload.split(": ", 1)[-1]
+        else:
+            why[wid] = None
+    for _d, _g, p in procs:
+        p.join()
+    return [(d, g, why[k]) for k, (d, g, _p) in enumerate(procs)]
+
+
+def _probe(dev, shard, items, cfg, workers, blocked) -> dict[int, str]:
+    """Each input of ``shard`` decoded alone in its own process (nothing written); the inputs
+    whose process a signal ends: ``{index: why}``."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = {}
+    for i in range(shard.start, shard.end):
+        if i in blocked:
+            continue
+        one = Shard(i, i + 1)
+        vis = _visible(int(dev.split(":")[1]) if ":" in dev else 0) if dev.startswith("cuda") else ""
+        p = ctx.Process(target=_child_probe,
+                        args=(os.getpid(), dev, vis, one, items[i].to_task(), cfg, workers))
+        p.start()
+        p.join(timeout=600)
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+            out[i] = "the decoder did not finish within 600 s on it (the input was skipped)"
+        elif p.exitcode < 0:
+            out[i] = (f"a native decoder crashed on it (signal {-p.exitcode}); the input was "
+                      "skipped")
+    return out
+
+
+def _child_probe(parent, device, visible, shard, task, cfg, workers):
+    _die_with_parent(parent)
+    if device.startswith("cuda"):
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+        device = "cuda:0"
+    items = {shard.start: Item.from_task(task)}
+    dev = _deps.resolve_device(device)
+    try:
+        for _ in iter_shards([shard], items, cfg, dev, workers=workers):
+            pass
+    except Exception:  # noqa: BLE001 - an error is fine here; only a crash counts
+        pass
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: this process gets SIGKILL when its parent dies (a killed run leaves no worker
+    writing behind the next one's back)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent is already gone
+        os._exit(1)
+
+
+def _child_full(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, total, workers,
+                duplicated, pq, blocked=None):
+    _die_with_parent(parent)
+    if device.startswith("cuda"):
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+        device = "cuda:0"
+    items = {i: Item.from_task(t) for i, t in full.items()}
+    try:
+        run_worker(device, shards, items, cfg, out_dir, fmt, total, workers, duplicated,
+                   lambda p: pq.put((wid, "p", p)), blocked=blocked)
+    except BaseException as e:  # noqa: BLE001
+        pq.put((wid, "error", f"{device}: {type(e).__name__}: {e}"))
+        raise SystemExit(1) from None
+    pq.put((wid, "done", None))

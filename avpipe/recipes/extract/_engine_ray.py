@@ -1,0 +1,120 @@
+"""The Ray engine: the same shards, computed by Ray Data actors anywhere on a cluster.
+
+read: one row per shard to do (its inputs, as plain tuples) -> ``map_batches`` with a pool of
+actors (``num_gpus=1`` each on GPUs; one actor per ``--devices`` entry on CPUs), each actor
+computing a shard with the local engine's code (:func:`~._process.iter_shards`) and writing it
+with the same writer (:func:`~._writers.write_shard`) -> the driver collects the shards' index
+rows as they finish (progress) and merges the parts. The output folder must be reachable from
+every node (a shared file system); the files are byte-identical to the local engine's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from ._inputs import Item
+from ._process import Shard
+
+log = logging.getLogger("avpipe.extract")
+
+
+class _ShardActor:
+    def __init__(self, cfg, out_dir, fmt, total, workers, duplicated, gpu):
+        self.cfg, self.out_dir, self.fmt, self.total = cfg, out_dir, fmt, total
+        self.workers, self.duplicated = workers, frozenset(duplicated)
+        self.device = "cuda:0" if gpu else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES per actor
+
+    def __call__(self, batch):
+        from . import _deps
+        from ._engine_local import _progress_payload
+        from ._process import iter_shards
+        from ._writers import write_shard
+
+        dev = _deps.resolve_device(self.device)
+        out = {"start": [], "files": [], "errors": [], "seconds": [], "frames": []}
+        for start, end, tasks in zip(batch["start"], batch["end"], batch["tasks"]):
+            start, end = int(start), int(end)
+            shard = Shard(start, end)
+            items = {t[0]: Item.from_task(t) for t in json.loads(tasks)}
+            acc = [0, 0, 0.0, 0.0]
+
+            def add(r, acc=acc):
+                p = _progress_payload(r)
+                for i in range(4):
+                    acc[i] += p[i]
+
+            for s, results in iter_shards([shard], items, self.cfg, dev, workers=self.workers,
+                                          on_result=add):
+                write_shard(self.out_dir, s, results, self.cfg, self.fmt, self.total,
+                            self.duplicated)
+            out["start"].append(start)
+            out["files"].append(acc[0])
+            out["errors"].append(acc[1])
+            out["seconds"].append(acc[2])
+            out["frames"].append(acc[3])
+        return out
+
+
+def run_ray(devices, shards, items, cfg, out_dir, fmt, total, workers, duplicated, report,
+            *, address=None) -> list[str]:
+    """Compute ``shards`` on Ray; returns failures (empty when every shard was written)."""
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise RuntimeError("--engine ray needs Ray Data: pip install 'avpipe[ray]'") from None
+    import os
+
+    started = False
+    if not ray.is_initialized():
+        kw = {}
+        if address is None and not os.environ.get("RAY_ADDRESS"):
+            # a local instance started here: its workers import this avpipe (the folder that
+            # holds the package, four levels above this file)
+            here = os.path.abspath(__file__)
+            top = here
+            for _ in range(4):
+                top = os.path.dirname(top)
+            kw["runtime_env"] = {"env_vars": {
+                "PYTHONPATH": os.pathsep.join(
+                    x for x in (top,
+                                os.environ.get("PYTHONPATH")) if x)}}
+        ray.init(address=address, log_to_driver=False, include_dashboard=False, **kw)
+        started = True
+    try:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+    except AttributeError:
+        pass
+    try:
+        gpu = any(d.startswith("cuda") for d in devices)
+        if gpu:
+            n_actors = max(1, int(ray.cluster_resources().get("GPU", 0)))
+        else:
+            n_actors = len(devices)
+        rows = []
+        for s in shards:
+            tasks = [items[i].to_task() for i in range(s.start, s.end)]
+            rows.append({"start": s.start, "end": s.end, "tasks": json.dumps(tasks)})
+        ds = ray.data.from_items(rows, override_num_blocks=len(rows))
+        kwargs = dict(
+            fn_constructor_kwargs=dict(cfg=cfg, out_dir=os.path.abspath(out_dir), fmt=fmt,
+                                       total=total, workers=workers,
+                                       duplicated=sorted(duplicated), gpu=gpu),
+            batch_size=1, concurrency=min(n_actors, len(rows)), batch_format="numpy",
+        )
+        if gpu:
+            kwargs["num_gpus"] = 1
+        else:
+            kwargs["num_cpus"] = 1
+        out = ds.map_batches(_ShardActor, **kwargs)
+        try:
+            for r in out.iter_rows():
+                report((int(r["files"]), int(r["errors"]), float(r["seconds"]),
+                        float(r["frames"])))
+        except Exception as e:  # noqa: BLE001 - an actor failed: the shards it had stay to do
+            return [f"ray: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]
+        return []
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,517 @@
+"""Turning items into feature arrays: decode streams per kind, operators, shard assembly.
+
+Each kind has an ordered stream over a worker's items of that kind (decoding runs ahead in the
+background: the batched audio loader's processes or GPU decoder, a thread pool of video
+decoders, the image stream). :func:`iter_shards` pulls the results shard by shard, in input
+order. Audio features are computed in batches formed *within a shard* (``batch_size``
+consecutive audio items of the shard), so an item's bytes never depend on which worker or
+engine ran it: the same shard gives the same bytes everywhere on one kind of device.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ... import settings
+from . import _deps
+from ._inputs import Item
+
+
+def profiling() -> bool:
+    """``AVPIPE_EXTRACT_PROFILE``: time each stage and print a breakdown."""
+    return settings.extract_profile()
+_times: dict[str, float] = {}
+
+
+class timed:
+    """Adds the block's wall time to ``_times[name]`` when AVPIPE_EXTRACT_PROFILE is set."""
+
+    __slots__ = ("name", "t")
+
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        if profiling():
+            import time
+
+            self.t = time.perf_counter()
+
+    def __exit__(self, *exc):
+        if profiling():
+            import time
+
+            _times[self.name] = _times.get(self.name, 0.0) + time.perf_counter() - self.t
+
+
+def profile_report() -> str:
+    return ", ".join(f"{k} {v:.2f} s" for k, v in sorted(_times.items()))
+
+
+# audio files longer than this go through the one-file-at-a-time path (the batched loader
+# sizes its ring by the longest file)
+
+
+
+@dataclass
+class Result:
+    """One input's outcome: ``array`` (numpy) and ``info`` when ok, else ``error`` / ``message``."""
+
+    item: Item
+    array: np.ndarray | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _fail(item: Item, e: BaseException | str) -> Result:
+    if isinstance(e, BaseException):
+        return Result(item, error=type(e).__name__, message=str(e))
+    return Result(item, error="DecodeError", message=str(e))
+
+
+# --- operators ------------------------------------------------------------------------------
+
+
+def apply_audio_ops(x, lengths, sample_rate: int, ops: list[dict]):
+    """``x [B, n]`` (numpy or cupy, zero-padded), ``lengths`` host int64 -> ``(features
+    [B, C, T], frame_lengths host int64)``."""
+    A = _deps.audio_ops
+    feats, fl = None, None
+    for op in ops:
+        name = op["op"]
+        args = {k: v for k, v in op.items() if k != "op"}
+        if name == "log_mel":
+            base = A.PRESETS[args.pop("preset", "nemo")]
+            cfg = base.replace(**args) if args else base
+            if cfg.sample_rate != sample_rate:
+                cfg = cfg.replace(sample_rate=sample_rate)
+            feats, fl = A.log_mel(x, lengths, preset=cfg)
+        elif name == "mel":
+            fb_args = {k: args.pop(k) for k in ("n_mels", "fmin", "fmax", "htk", "norm")
+                       if k in args}
+            spec, fl = A.spectrogram(x, lengths, **{"power": 2.0, **args})
+            feats = A.mel_spectrogram(spec, fl, sample_rate=sample_rate, **fb_args)
+        elif name == "log":
+            feats = A.log_guarded(feats, fl, **args)
+        elif name == "power_to_db":
+            feats = A.power_to_db(feats, **args)
+        elif name == "mfcc":
+            feats = A.mfcc(feats, fl, **args)
+        elif name == "normalize":
+            feats = A.normalize(feats, fl, **args)
+        elif name == "stack_frames":
+            feats, fl = A.stack_frames(feats, fl, **args)
+        else:  # checked when the preset was read
+            raise ValueError(f"unknown audio operator {name!r}")
+    fl = np.asarray(_deps.to_numpy(fl), dtype=np.int64).reshape(-1)
+    return feats, fl
+
+
+def apply_pixel_ops(x, ops: list[dict]):
+    """``x [H, W, 3]`` or ``[N, H, W, 3]`` uint8 -> the same after resize / center_crop."""
+    im = _deps.image_ops
+    for op in ops:
+        args = {k: v for k, v in op.items() if k != "op"}
+        if op["op"] == "resize":
+            if "size" in args and isinstance(args["size"], list):
+                args["size"] = tuple(args["size"])
+            x = im.resize(x, **args)
+        elif op["op"] == "center_crop":
+            size = args["size"]
+            x = im.center_crop(x, tuple(size) if isinstance(size, list) else size)
+        else:
+            raise ValueError(f"unknown pixel operator {op['op']!r}")
+    return x
+
+
+# --- ordered streams ------------------------------------------------------------------------
+
+
+def _ordered_map(fn, items, threads: int) -> Iterator:
+    """``fn(item)`` for each item, in order, with at most ``2 * threads`` running ahead."""
+    if not items:
+        return
+    with ThreadPoolExecutor(max(1, threads)) as ex:
+        pending: deque = deque()
+        it = iter(items)
+        for x in it:
+            pending.append(ex.submit(fn, x))
+            if len(pending) >= 2 * threads:
+                break
+        while pending:
+            yield pending.popleft().result()
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(ex.submit(fn, nxt))
+
+
+def _probe_audio(item: Item):
+    """``(frames, sample rate, subtype)`` or None. FLAC: its STREAMINFO (one small read)."""
+    import soundfile as sf
+
+    if item.path.lower().endswith(".flac"):
+        h = _deps.flac_header_info(item.path)
+        if h is not None and h[2] == 1:
+            return int(h[0]), int(h[1]), "FLAC"
+    try:
+        i = sf.info(item.path)
+        return int(i.frames), int(i.samplerate), str(i.subtype)
+    except Exception:
+        return None
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A decoded signal: row ``row`` of a padded batch ``x`` (zero past ``n``), or the 1-D
+    array ``x`` itself (``row`` None)."""
+
+    x: Any
+    row: int | None
+    n: int
+
+    def signal(self):
+        return self.x if self.row is None else self.x[self.row, : self.n]
+
+
+class _AudioStream:
+    """Decoded audio per item, in order: ``(item, Rows | None, error)``.
+
+    Files at the preset's rate, read whole, no longer than ``AVPIPE_EXTRACT_LOADER_MAX_SECONDS`` go through
+    AudioBatchLoader (GPU FLAC decode for .flac on a GPU, worker processes otherwise); the
+    rest (other rates: resampled; manifest offsets; long files; what libsndfile cannot
+    open) through ``load_audio`` in a thread pool."""
+
+    def __init__(self, items: list[Item], cfg: dict, dev, workers: int, batch: int):
+        self.items = items
+        self.sr = int(cfg["sample_rate"])
+        self.dev = dev
+        self.route = {}
+        self.streams = {}
+        rest = items
+        if dev.is_cuda:
+            # FLAC on a GPU: the loader reads every file's STREAMINFO itself, no probe first
+            flac = [it for it in items
+                    if it.path.lower().endswith(".flac") and "offset" not in it.fields]
+            loader = self._gpu_loader(flac, batch) if flac else None
+            if loader is not None:
+                self.streams["flac"] = self._loader_stream(flac, loader)
+                self.route.update((it.index, "flac") for it in flac)
+                rest = [it for it in items if it.index not in self.route]
+        if not rest:
+            return
+        with timed("audio probe"), ThreadPoolExecutor(16) as ex:
+            probes = list(ex.map(_probe_audio, rest, chunksize=64))
+        cap = int(settings.extract_loader_max_seconds() * self.sr)
+        groups: dict[str, list] = {"other": [], "slow": []}
+        for it, p in zip(rest, probes):
+            if p is None or p[1] != self.sr or p[0] <= 0 or p[0] > cap or "offset" in it.fields:
+                g = "slow"
+            else:
+                g = "other"
+            groups[g].append((it, p))
+            self.route[it.index] = g
+        if groups["other"]:
+            group = groups["other"]
+            pcm16 = all(p[2] == "PCM_16" for _, p in group)  # int16 transport is exact for them
+            kwargs = dict(batch_size=batch, device=str(dev) if dev.is_cuda else "cpu",
+                          max_samples=max(p[0] for _, p in group), prefetch=4, decoder="cpu",
+                          num_workers=max(1, workers), transport="int16" if pcm16 else "float32")
+            with dev.activate(), timed("audio loader init (cpu)"):
+                loader = _deps.AudioBatchLoader([it.path for it, _ in group], **kwargs)
+            self.streams["other"] = self._loader_stream([it for it, _ in group], loader)
+        if groups["slow"]:
+            self.streams["slow"] = _ordered_map(self._load_one, [it for it, _ in groups["slow"]],
+                                                max(2, workers))
+
+    def _gpu_loader(self, flac: list[Item], batch: int):
+        """The GPU FLAC loader over ``flac``, or None when they are not all at the preset's
+        rate (then they are probed and routed one by one)."""
+        try:
+            with self.dev.activate(), timed("audio loader init (gpu flac)"):
+                loader = _deps.AudioBatchLoader([it.path for it in flac], batch_size=batch,
+                                                device=str(self.dev), prefetch=4, decoder="gpu")
+        except ValueError:  # several sample rates
+            return None
+        if loader.sample_rate not in (None, self.sr):
+            loader.close()
+            return None
+        return loader
+
+    def _loader_stream(self, items: list[Item], loader):
+        try:
+            k = 0
+            with self.dev.activate():
+                for x, lengths, _paths, errors in loader.batches():
+                    errors = dict(errors)  # (index, DecodeError) pairs -> {index: error}
+                    for i in range(len(lengths)):
+                        it = items[k]
+                        k += 1
+                        if i in errors:
+                            yield it, None, errors[i]
+                        else:  # the row of the loader's batch (zero past the length)
+                            yield it, Rows(x, i, int(lengths[i])), None
+        finally:
+            loader.close()
+
+    def _load_one(self, it: Item):
+        f = it.fields
+        try:
+            offset = float(f.get("offset", 0.0) or 0.0)
+            duration = f.get("duration") if "offset" in f else None
+            with self.dev.activate():
+                a = _deps.load_audio(it.path, sample_rate=self.sr, offset=offset,
+                                     duration=None if duration is None else float(duration),
+                                     device=str(self.dev))
+            if a.samples.shape[-1] == 0:
+                return it, None, "no audio samples"
+            return it, Rows(a.samples, None, int(a.samples.shape[-1])), None
+        except Exception as e:  # noqa: BLE001 - a bad input is recorded, never fatal
+            return it, None, e
+
+    def next_for(self, item: Item):
+        got = next(self.streams[self.route[item.index]])
+        assert got[0].index == item.index, (got[0].index, item.index)
+        return got
+
+
+def _video_one(item: Item, vcfg: dict, dev):
+    try:
+        with dev.activate():
+            with _deps.VideoDecoder(item.path, device=str(dev)) as dec:
+                m = dec.metadata
+                n = int(m.num_frames)
+                if n <= 0:
+                    raise ValueError("no video frames")
+                idx = video_indices(vcfg, m)
+                flat = idx.reshape(-1)
+                batch = dec.get_frames(flat.tolist())
+                data = batch.data
+                data = data.reshape(*idx.shape, *data.shape[1:])
+                pts = np.asarray(batch.pts_seconds).reshape(idx.shape)
+            lead = data.shape[: idx.ndim]
+            px = apply_pixel_ops(data.reshape(-1, *data.shape[idx.ndim:]), vcfg["ops"])
+            px = px.reshape(*lead, *px.shape[1:])
+            arr = np.ascontiguousarray(_deps.to_numpy(px))
+        info = {"frame_indices": idx.tolist(),
+                "times": [round(float(t), 6) for t in pts.reshape(-1)],
+                "num_frames": n, "fps": round(float(m.average_fps), 6),
+                "height": int(m.height), "width": int(m.width)}
+        return Result(item, arr, info)
+    except Exception as e:  # noqa: BLE001
+        return _fail(item, e)
+
+
+def video_indices(vcfg: dict, m) -> np.ndarray:
+    """The frame indices a video sampler picks: [N] (uniform, fps) or [clips, T] (clips)."""
+    n = int(m.num_frames)
+    s = vcfg["sampler"]
+    if s == "uniform":
+        return _deps.uniform_indices(n, int(vcfg["num_frames"]))
+    if s == "fps":
+        step = 1.0 / float(vcfg["fps"])
+        count = max(1, int(np.floor((m.end_seconds - m.begin_seconds) / step - 1e-9)) + 1)
+        if vcfg.get("max_frames"):
+            count = min(count, int(vcfg["max_frames"]))
+        t = m.begin_seconds + np.arange(count) * step
+        t = t[t < m.end_seconds - 1e-9] if count > 1 else t
+        idx = np.searchsorted(np.asarray(m.pts_seconds), t + 1e-9, side="right") - 1
+        return np.clip(idx, 0, n - 1).astype(np.int64)
+    T, C, st = int(vcfg["clip_length"]), int(vcfg["num_clips"]), int(vcfg["stride"])
+    span = (T - 1) * st + 1
+    if span <= n:
+        return _deps.clip_indices_regular(n, clip_length=T, stride=st, num_clips=C)
+    # a video shorter than one clip: every clip is the whole video, its last frame repeated
+    one = np.minimum(np.arange(T) * st, n - 1)
+    return np.repeat(one[None], C, axis=0).astype(np.int64)
+
+
+def _image_stream(items: list[Item], icfg: dict, dev, batch: int) -> Iterator[Result]:
+    present = [it for it in items if os.path.isfile(it.path)]
+    stream = None
+    if present and dev.is_cuda:
+        with dev.activate():
+            stream = iter(_deps.decode_image_stream([it.path for it in present],
+                                                    batch_size=batch, device=str(dev)))
+    elif present:
+        # on the CPU, batch by batch: DALI's CPU decoder behind the prefetching stream crashed
+        # the process (SIGSEGV in ImageDecoder<CPUBackend>) on damaged images while the audio
+        # loader's worker processes ran beside it; decode_image_batch has not
+        stream = (
+            _deps.decode_image_batch([it.path for it in present[i : i + batch]], device="cpu")
+            for i in range(0, len(present), batch)
+        )
+    k = 0
+    for it in items:
+        if not os.path.isfile(it.path):
+            yield _fail(it, FileNotFoundError(f"no such file: {it.path}"))
+            continue
+        if k % batch == 0:
+            with dev.activate():
+                b = next(stream)
+            errs = dict(b.errors)
+            imgs = b.images
+        j = k % batch
+        k += 1
+        if j in errs:
+            yield _fail(it, errs[j])
+            continue
+        try:
+            with dev.activate():
+                img = imgs[j]
+                h, w = int(img.shape[0]), int(img.shape[1])
+                arr = np.ascontiguousarray(_deps.to_numpy(apply_pixel_ops(img, icfg["ops"])))
+            yield Result(it, arr, {"height": h, "width": w})
+        except Exception as e:  # noqa: BLE001
+            yield _fail(it, e)
+
+
+# --- shard assembly -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Inputs ``start .. end - 1`` of the input list."""
+
+    start: int
+    end: int
+
+
+def iter_shards(
+    shards: list[Shard],
+    items,
+    cfg: dict,
+    dev,
+    *,
+    workers: int,
+    on_result: Callable[[Result], None] | None = None,
+    blocked: dict | None = None,
+) -> Iterator[tuple[Shard, list[Result]]]:
+    """An iterator of ``(shard, results in input order)`` for each shard, computing on ``dev``. ``items``: the
+    input list, or a mapping from index to :class:`Item` holding at least the shards' inputs.
+
+    The decoders (and the batched loader's worker processes, forked) are set up here, before
+    the first result is asked for: call it before starting threads of your own.
+    ``blocked``: ``{input index: why}`` for inputs not to decode (a decoder crashed the process
+    on them): they are reported as errors."""
+    batch = int(cfg["batch_size"])
+    blocked = dict(blocked or {})
+    mine = [items[i] for s in shards for i in range(s.start, s.end) if i not in blocked]
+    by_kind = {k: [it for it in mine if it.kind == k] for k in ("audio", "video", "image")}
+    audio = video = image = None
+    if by_kind["audio"]:
+        audio = _AudioStream(by_kind["audio"], cfg["audio"], dev, workers, batch)
+    if by_kind["video"]:
+        threads = max(2, workers) if not dev.is_cuda else 8
+        video = _ordered_map(lambda it: _video_one(it, cfg["video"], dev), by_kind["video"],
+                             threads)
+    if by_kind["image"]:
+        image = _image_stream(by_kind["image"], cfg["image"], dev, batch)
+
+    return _shard_results(shards, items, cfg, dev, batch, audio, video, image, on_result, blocked)
+
+
+def _shard_results(shards, items, cfg, dev, batch, audio, video, image, on_result, blocked):
+    def emit(r):
+        if on_result is not None:
+            on_result(r)
+        return r
+
+    for s in shards:
+        results: dict[int, Result] = {}
+        pending: list = []  # decoded audio waiting for its batch: (item, signal)
+
+        def flush(pending, results):
+            for r in _audio_features(pending, cfg["audio"], dev):
+                results[r.item.index] = emit(r)
+            pending.clear()
+
+        for it in (items[i] for i in range(s.start, s.end)):
+            if it.index in blocked:
+                results[it.index] = emit(Result(it, error="CorruptDataError",
+                                                message=blocked[it.index]))
+            elif it.kind == "audio":
+                with timed("audio decode wait"):
+                    _, sig, err = audio.next_for(it)
+                if err is not None:
+                    results[it.index] = emit(_fail(it, err))
+                else:
+                    pending.append((it, sig))
+                    if len(pending) >= batch:
+                        flush(pending, results)
+            elif it.kind == "video":
+                r = next(video)
+                assert r.item.index == it.index
+                results[it.index] = emit(r)
+            else:
+                r = next(image)
+                assert r.item.index == it.index
+                results[it.index] = emit(r)
+        if pending:
+            flush(pending, results)
+        yield s, [results[i] for i in range(s.start, s.end)]
+
+
+def _to_host(x) -> np.ndarray:
+    """numpy as it is; cupy into page-locked memory from cupy's pool (several times faster
+    than a pageable copy; the block goes back to the pool when the last view of it is gone)."""
+    if isinstance(x, np.ndarray):
+        return x
+    import cupy
+
+    try:
+        mem = cupy.cuda.alloc_pinned_memory(max(int(x.nbytes), 1))
+    except Exception:  # noqa: BLE001 - no page-locked memory left: a plain copy
+        return _deps.to_numpy(x)
+    host = np.frombuffer(mem, x.dtype, x.size).reshape(x.shape)
+    x = cupy.ascontiguousarray(x)
+    x.get(out=host)
+    return host
+
+
+def _audio_features(pending, acfg: dict, dev) -> list[Result]:
+    sr = int(acfg["sample_rate"])
+    with dev.activate():
+        xp = dev.xp
+        lens = np.array([sig.n for _, sig in pending], dtype=np.int64)
+        width = int(lens.max())
+        first = pending[0][1]
+        if (first.row is not None and first.x.shape[1] == width
+                and all(sig.x is first.x and sig.row == first.row + i
+                        for i, (_, sig) in enumerate(pending))):
+            # the batch is rows r..r+b of one loader batch of the same width: no copy (same
+            # values as the copy below: the loader's batches are zero past each length)
+            x = first.x[first.row : first.row + len(pending)]
+        else:
+            x = xp.zeros((len(pending), width), dtype=xp.float32)
+            for i, (_, sig) in enumerate(pending):
+                x[i, : lens[i]] = sig.signal()
+        try:
+            with timed("audio features"):
+                feats, fl = apply_audio_ops(x, lens, sr, acfg["ops"])
+            with timed("audio to host"):
+                host = _to_host(feats)
+        except Exception as e:  # noqa: BLE001 - the batch fails: each item alone
+            if len(pending) == 1:
+                return [_fail(pending[0][0], e)]
+            out = []
+            for p in pending:
+                out.extend(_audio_features([p], acfg, dev))
+            return out
+    out = []
+    for i, (it, _) in enumerate(pending):
+        arr = host[i, ..., : int(fl[i])]  # a view: written as it is (C order)
+        out.append(Result(it, arr, {"sample_rate": sr, "num_samples": int(lens[i]),
+                                    "seconds": round(lens[i] / sr, 6), "frames": int(fl[i])}))
+    return out

@@ -1,0 +1,279 @@
+"""Shard files, the per-shard index parts, and the merged index / error report.
+
+Layout of an output folder (``--format tar``, the default)::
+
+    DIR/extract.json                      the preset (full config), format, shard size, input
+    DIR/shards/shard-000000-000511.tar    inputs 0..511 of the input list (WebDataset style:
+                                          KEY.npy + KEY.json per ok input, KEY = 9-digit index)
+    DIR/parts/shard-000000-000511.jsonl   that shard's index lines (written last: the shard's
+                                          "done" mark)
+    DIR/index.jsonl                       every part, in input order (rebuilt at the end of a run)
+    DIR/errors.jsonl                      the inputs that failed: source, path, error, message
+
+``--format parquet``: ``shards/shard-….parquet`` (one row per ok input: key, index, source,
+kind, shape, dtype, data (the array's C-order bytes), meta (the KEY.json text)).
+``--format npy``: ``features/<source>.npy`` per ok input (today's layout); the parts still
+record the shard ranges (the unit of resume).
+
+Every file is written to ``NAME.<pid>.partial``, flushed, fsync'ed and renamed into place; tar
+members have mtime 0, uid/gid 0, mode 0644 and empty owner names, JSON is written with sorted
+keys: a shard's bytes depend only on its inputs and the preset.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+
+import numpy as np
+
+from ._process import Result, Shard
+
+FORMATS = ("tar", "parquet", "npy")
+SHARDS_DIR = "shards"
+PARTS_DIR = "parts"
+FEATURES_DIR = "features"
+INDEX_NAME = "index.jsonl"
+ERRORS_NAME = "errors.jsonl"
+META_NAME = "extract.json"
+PARTIAL = ".partial"
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def shard_name(shard: Shard, total: int) -> str:
+    w = max(6, len(str(max(total - 1, 0))))
+    return f"shard-{shard.start:0{w}d}-{shard.end - 1:0{w}d}"
+
+
+def key_of(index: int) -> str:
+    return f"{index:09d}"
+
+
+def make_shards(total: int, size: int) -> list[Shard]:
+    return [Shard(a, min(a + size, total)) for a in range(0, total, size)]
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, write, *, binary: bool = True) -> None:
+    """``write(f)`` into ``path.<pid>.partial``, fsync, rename to ``path``. (The pid keeps a
+    worker of a killed run that is still dying from writing into the same temporary file.)"""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.{os.getpid()}{PARTIAL}"
+    with open(tmp, "wb" if binary else "w", buffering=1 << 20,
+              **({} if binary else {"encoding": "utf-8"})) as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def npy_header(arr: np.ndarray) -> bytes:
+    """The ``.npy`` header ``np.save`` writes for ``arr`` (format 1.0)."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(arr))
+    return buf.getvalue()
+
+
+def npy_parts(arr: np.ndarray) -> tuple[bytes, memoryview]:
+    """``(header, payload)`` of ``arr`` as ``.npy`` (the bytes of ``np.save``, without copying
+    a C-contiguous array's data)."""
+    arr = np.ascontiguousarray(arr)
+    if arr.size == 0:  # memoryview cannot cast a view with a zero in its shape
+        return npy_header(arr), memoryview(b"")
+    return npy_header(arr), memoryview(arr).cast("B")
+
+
+def npy_bytes(arr: np.ndarray) -> bytes:
+    h, data = npy_parts(arr)
+    return h + data.tobytes()
+
+
+def sample_meta(r: Result, preset_name: str) -> dict:
+    """The KEY.json of a sample: the manifest's fields, where it came from, what it is."""
+    m = dict(r.item.fields)
+    m.update(source=r.item.source, kind=r.item.kind, index=r.item.index, preset=preset_name,
+             shape=list(r.array.shape), dtype=str(r.array.dtype), info=r.info)
+    return m
+
+
+def index_row(r: Result, cfg: dict, shard_rel: str | None, out_rel: str | None) -> dict:
+    it = r.item
+    row = {"index": it.index, "source": it.source, "kind": it.kind}
+    if it.fields:
+        row["fields"] = it.fields
+    if r.ok:
+        row.update(status="ok", shard=shard_rel, key=key_of(it.index),
+                   shape=list(r.array.shape), dtype=str(r.array.dtype),
+                   params={"preset": cfg["name"], **cfg[it.kind]}, info=r.info)
+        if out_rel is not None:
+            row["output"] = out_rel
+    else:
+        row.update(status="error", path=it.path, error=r.error, message=r.message)
+    return row
+
+
+def _tar_header(name: str, size: int) -> bytes:
+    ti = tarfile.TarInfo(name)
+    ti.size = size
+    ti.mtime = 0
+    ti.mode = 0o644
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    return ti.tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict")
+
+
+def _tar_member(f, name: str, parts) -> None:
+    """One tar member from byte strings / buffers, written straight to ``f`` (no copies)."""
+    size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+    f.write(_tar_header(name, size))
+    for p in parts:
+        f.write(p)
+    pad = -size % tarfile.BLOCKSIZE
+    if pad:
+        f.write(b"\0" * pad)
+
+
+def _write_tar(f, ok: list[Result], cfg: dict) -> None:
+    """A POSIX ustar archive: ``KEY.npy``, ``KEY.json`` per sample, then two zero blocks and
+    padding to tarfile's record size (what ``tarfile`` writes for the same members)."""
+    written = 0
+    for r in ok:
+        k = key_of(r.item.index)
+        header, data = npy_parts(r.array)
+        meta = dumps(sample_meta(r, cfg["name"])).encode()
+        for name, parts in ((f"{k}.npy", (header, data)), (f"{k}.json", (meta,))):
+            _tar_member(f, name, parts)
+            size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+            written += tarfile.BLOCKSIZE + size + (-size % tarfile.BLOCKSIZE)
+    end = written + 2 * tarfile.BLOCKSIZE
+    f.write(b"\0" * (2 * tarfile.BLOCKSIZE + (-end % tarfile.RECORDSIZE)))
+
+
+def _write_parquet(f, ok: list[Result], cfg: dict) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({
+        "key": pa.array([key_of(r.item.index) for r in ok], pa.string()),
+        "index": pa.array([r.item.index for r in ok], pa.int64()),
+        "source": pa.array([r.item.source for r in ok], pa.string()),
+        "kind": pa.array([r.item.kind for r in ok], pa.string()),
+        "shape": pa.array([list(r.array.shape) for r in ok], pa.list_(pa.int64())),
+        "dtype": pa.array([str(r.array.dtype) for r in ok], pa.string()),
+        "data": pa.array([np.ascontiguousarray(r.array).tobytes() for r in ok], pa.binary()),
+        "meta": pa.array([dumps(sample_meta(r, cfg["name"])) for r in ok], pa.string()),
+    })
+    pq.write_table(table, f, compression="zstd")
+
+
+def npy_output(r: Result, duplicated: bool) -> str:
+    src = r.item.source.lstrip("/")
+    if duplicated:  # a manifest listing one file twice (offsets): one output each
+        return f"{FEATURES_DIR}/{src}.{key_of(r.item.index)}.npy"
+    return f"{FEATURES_DIR}/{src}.npy"
+
+
+def write_shard(out_dir: str, shard: Shard, results: list[Result], cfg: dict, fmt: str,
+                total: int, duplicated: frozenset = frozenset()) -> list[dict]:
+    """Write one shard's outputs, then its part (the shard's done mark). Returns its rows."""
+    name = shard_name(shard, total)
+    ok = [r for r in results if r.ok]
+    rows = []
+    if fmt == "npy":
+        for r in results:
+            out_rel = None
+            if r.ok:
+                out_rel = npy_output(r, r.item.source in duplicated)
+                data = npy_bytes(r.array)
+                atomic_write(os.path.join(out_dir, out_rel), lambda f, d=data: f.write(d))
+            rows.append(index_row(r, cfg, None, out_rel))
+    else:
+        shard_rel = f"{SHARDS_DIR}/{name}.{fmt}"
+        writer = _write_tar if fmt == "tar" else _write_parquet
+        atomic_write(os.path.join(out_dir, shard_rel), lambda f: writer(f, ok, cfg))
+        rows = [index_row(r, cfg, shard_rel if r.ok else None, None) for r in results]
+    text = "".join(dumps(row) + "\n" for row in rows)
+    atomic_write(os.path.join(out_dir, PARTS_DIR, f"{name}.jsonl"),
+                 lambda f: f.write(text.encode("utf-8")))
+    return rows
+
+
+def read_part(out_dir: str, shard: Shard, total: int) -> list[dict] | None:
+    """The shard's rows when it is complete (its part is whole and its outputs exist)."""
+    path = os.path.join(out_dir, PARTS_DIR, f"{shard_name(shard, total)}.jsonl")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    try:
+        rows = [json.loads(x) for x in text.splitlines() if x.strip()]
+    except json.JSONDecodeError:
+        return None
+    if [r.get("index") for r in rows] != list(range(shard.start, shard.end)):
+        return None
+    for r in rows:
+        rel = r.get("shard") or r.get("output")
+        if r.get("status") == "ok" and (not rel or not os.path.isfile(os.path.join(out_dir, rel))):
+            return None
+    return rows
+
+
+def clean_partials(out_dir: str) -> None:
+    """Remove what a killed run left half-written (``*.partial``; ``.lock`` keeps two runs
+    from doing this at once)."""
+    for sub in (SHARDS_DIR, PARTS_DIR, FEATURES_DIR, ""):
+        top = os.path.join(out_dir, sub)
+        if not os.path.isdir(top):
+            continue
+        walker = os.walk(top) if sub == FEATURES_DIR else [(top, [], os.listdir(top))]
+        for dirpath, _, files in walker:
+            for f in files:
+                if f.endswith(PARTIAL):
+                    try:
+                        os.remove(os.path.join(dirpath, f))
+                    except OSError:
+                        pass
+
+
+def write_index(out_dir: str, shards: list[Shard], total: int) -> tuple[int, int, int]:
+    """Merge the parts of complete shards into index.jsonl and errors.jsonl (input order).
+    Returns (rows, ok, errors)."""
+    n = ok = bad = 0
+    idx_lines, err_lines = [], []
+    for s in shards:
+        rows = read_part(out_dir, s, total)
+        if rows is None:
+            continue
+        for r in rows:
+            idx_lines.append(dumps(r) + "\n")
+            n += 1
+            if r.get("status") == "ok":
+                ok += 1
+            else:
+                bad += 1
+                err_lines.append(dumps({"index": r["index"], "source": r["source"],
+                                        "path": r.get("path"), "kind": r["kind"],
+                                        "error": r.get("error"),
+                                        "message": r.get("message")}) + "\n")
+    atomic_write(os.path.join(out_dir, INDEX_NAME), lambda f: f.write("".join(idx_lines).encode()))
+    atomic_write(os.path.join(out_dir, ERRORS_NAME), lambda f: f.write("".join(err_lines).encode()))
+    _fsync_dir(out_dir)
+    return n, ok, bad
