@@ -115,8 +115,18 @@ def test_rnnt_gpu_resume_exact():
 
 
 def _close_pixels(a, b):
+    """Normalized pixels of the GPU feed (NVDEC + avpipe's float NV12 kernel) against the CPU
+    feed (FFmpeg's decoder + swscale's fixed point): the two conversions differ by up to 3
+    levels of 8-bit RGB (ops/color.py) and the decoders by a little more on some codecs, so the
+    stated tolerance is a mean of 2 levels and a max of 14 levels after normalization
+    (1 level = 1 / 255 / std, std about 0.225: 0.0174). Measured on an H200 (2026-12-01): mean
+    0.016-0.021, max 0.052-0.057. A flipped clip or another seed's clip differs by a mean of
+    0.43-0.51 on these samples; a crop one pixel off (mean 0.023) is not told apart here: the
+    crop and flip draws themselves are compared exactly, CPU against GPU, in the augmentation
+    and random-draw tests."""
     d = np.abs(_np(a).astype(np.float32) - _np(b).astype(np.float32))
-    assert d.mean() <= 0.01 and d.max() <= 0.25, (float(d.mean()), float(d.max()))
+    level = 1 / 255 / 0.225
+    assert d.mean() <= 2 * level and d.max() <= 14 * level, (float(d.mean()), float(d.max()))
 
 
 @pytest.mark.parametrize("train", [True, False])
