@@ -249,23 +249,20 @@ def _flip(data, lo, hi, k, rng):
     return bytes(b)
 
 
-_OGG_TABLE = None
-
-
 def _ogg_crc(page: bytes) -> int:
-    global _OGG_TABLE
-    if _OGG_TABLE is None:
-        t = []
-        for i in range(256):
-            r = i << 24
-            for _ in range(8):
-                r = ((r << 1) ^ 0x04C11DB7) if r & 0x80000000 else (r << 1)
-            t.append(r & 0xFFFFFFFF)
-        _OGG_TABLE = t
-    crc = 0
-    for byte in page:
-        crc = ((crc << 8) & 0xFFFFFFFF) ^ _OGG_TABLE[((crc >> 24) & 0xFF) ^ byte]
-    return crc
+    """The Ogg page checksum (one implementation: the samples' generator's)."""
+    import importlib.util
+    import sys
+
+    mod = sys.modules.get("avpipe_make_samples")
+    if mod is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        spec = importlib.util.spec_from_file_location(
+            "avpipe_make_samples", os.path.join(here, "..", "..", "samples", "make_samples.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["avpipe_make_samples"] = mod
+        spec.loader.exec_module(mod)
+    return mod._ogg_crc(page)
 
 
 def _ogg_fix_first_page(b: bytearray):
