@@ -125,9 +125,11 @@ def _visible(index: int) -> str:
 
 # A decoder that crashes the process (a native fault in a library, on a damaged file) costs
 # only the worker process it ran in: the run goes on with a new worker on the shards left, and a
-# shard that ends two workers has its inputs tried one at a time, each in its own process; the
-# inputs that end theirs are reported as errors and the shard is done without them.
+# shard that ends two workers has its inputs probed in their own processes (halving the groups
+# that crash); the inputs that end theirs are reported as errors and the shard is done without
+# them. A shard that ends four workers is given up (the run fails, and stays resumable).
 _CRASHES_BEFORE_PROBING = 2
+_CRASHES_PER_SHARD = 4  # then the shard is given up (a failure; the run stays resumable)
 _MAX_RESTARTS = 64
 
 
@@ -154,8 +156,12 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
             if not why.startswith("signal") or restarts >= _MAX_RESTARTS:
                 failures.append(f"{dev}: {why}")
                 continue
-            restarts += 1
             first = left[0]
+            if crashes.get(first.start, 0) >= _CRASHES_PER_SHARD:
+                failures.append(f"{dev}: shard {first.start}-{first.end - 1} ended "
+                                f"{_CRASHES_PER_SHARD} workers (last: {why})")
+                continue
+            restarts += 1
             import sys
 
             print(f"avpipe extract: the worker on {dev} was ended by a {why} (a native decoder "
@@ -210,40 +216,50 @@ def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, re
 
 
 def _probe(dev, shard, items, cfg, workers, blocked) -> dict[int, str]:
-    """Each input of ``shard`` decoded alone in its own process (nothing written); the inputs
-    whose process a signal ends: ``{index: why}``."""
+    """The inputs of ``shard`` that end the process decoding them: ``{index: why}``. Groups are
+    decoded in their own processes (nothing written), halving the groups that crash, so one
+    culprit among n inputs costs about 2 log2(n) processes. A crash that does not come back when
+    its group is decoded again (a flaky one) blocks nothing."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    out = {}
-    for i in range(shard.start, shard.end):
-        if i in blocked:
+    vis = _visible(int(dev.split(":")[1]) if ":" in dev else 0) if dev.startswith("cuda") else ""
+    out: dict[int, str] = {}
+    stack = [[i for i in range(shard.start, shard.end) if i not in blocked]]
+    while stack:
+        group = stack.pop()
+        if not group:
             continue
-        one = Shard(i, i + 1)
-        vis = _visible(int(dev.split(":")[1]) if ":" in dev else 0) if dev.startswith("cuda") else ""
-        p = ctx.Process(target=_child_probe,
-                        args=(os.getpid(), dev, vis, one, items[i].to_task(), cfg, workers))
+        p = ctx.Process(target=_child_probe, args=(os.getpid(), dev, vis,
+                                                   {i: items[i].to_task() for i in group},
+                                                   cfg, workers))
         p.start()
         p.join(timeout=600)
         if p.exitcode is None:
             p.kill()
             p.join()
-            out[i] = "the decoder did not finish within 600 s on it (the input was skipped)"
-        elif p.exitcode < 0:
-            out[i] = (f"a native decoder crashed on it (signal {-p.exitcode}); the input was "
-                      "skipped")
+            code, what = None, "the decoder did not finish within 600 s"
+        else:
+            code, what = p.exitcode, f"a native decoder crashed on it (signal {-p.exitcode})"
+        if code is not None and code >= 0:
+            continue
+        if len(group) == 1:
+            out[group[0]] = f"{what}; the input was skipped"
+        else:
+            stack += [group[len(group) // 2 :], group[: len(group) // 2]]
     return out
 
 
-def _child_probe(parent, device, visible, shard, task, cfg, workers):
+def _child_probe(parent, device, visible, tasks, cfg, workers):
     _die_with_parent(parent)
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
         device = "cuda:0"
-    items = {shard.start: Item.from_task(task)}
+    items = {i: Item.from_task(t) for i, t in tasks.items()}
     dev = _deps.resolve_device(device)
     try:
-        for _ in iter_shards([shard], items, cfg, dev, workers=workers):
+        for _ in iter_shards([Shard(i, i + 1) for i in sorted(items)], items, cfg, dev,
+                             workers=workers):
             pass
     except Exception:  # noqa: BLE001 - an error is fine here; only a crash counts
         pass
