@@ -242,43 +242,42 @@ def _duration(path):
 
 
 def _listing(cases, goods):
-    """The feed's entries ``[(path, owner)]``: the cases in order, after every
-    :data:`GOOD_EVERY` damaged ones the clean seed of the last one's family, and at the end
-    the seed of every family the unit has no clean case of. ``owner``: the index of the case
-    the entry reports to (a family's ``good:`` case owns its seed's extra entries), or None (a
-    seed with no case of its own: its failure makes the unit's cases ``good_failed``)."""
-    own = {c["path"]: k for k, c in enumerate(cases) if c.get("damage") == "good_after_bad"}
-    out, bad = [], 0
-    for k, c in enumerate(cases):
-        out.append((c["path"], k))
+    """The feed's list of paths: the cases in order, after every :data:`GOOD_EVERY` damaged
+    ones the clean seed of the last one's family, and at the end the seed of every family of
+    the unit (the unit's ``good:`` case, when it has one, is that last entry)."""
+    out, bad, listed = [], 0, set()
+    for c in cases:
+        out.append(c["path"])
+        if c.get("damage") == "good_after_bad":
+            listed.add(c["path"])
         if c.get("expect") != "good":
             bad += 1
             seed = goods.get(c["family"])
             if seed and bad % GOOD_EVERY == 0:
-                out.append((seed, own.get(seed)))
+                out.append(seed)
     for fam in sorted({c["family"] for c in cases}):
         seed = goods.get(fam)
-        if seed and seed not in own:
-            out.append((seed, None))
+        if seed and seed not in listed:
+            out.append(seed)
     return out
 
 
 def _write_list(kind, entries, folder):
-    """The manifest (NeMo JSON lines) / CSV ``path,label`` of ``entries``, paths relative to
-    it; returns its path."""
+    """The manifest (NeMo JSON lines) / CSV ``path,label`` of the paths ``entries``, relative
+    to it; returns its path."""
     import json
 
     if kind == "rnnt":
         p = os.path.join(folder, "manifest.json")
         with open(p, "w", encoding="utf-8") as f:
-            for k, (path, _) in enumerate(entries):
+            for k, path in enumerate(entries):
                 f.write(json.dumps({"audio_filepath": os.path.relpath(path, folder),
                                     "duration": _duration(path), "text": f"item {k}"}) + "\n")
         return p
     p = os.path.join(folder, "list.csv")
     with open(p, "w", encoding="utf-8") as f:
         f.write("path,label\n")
-        for path, _ in entries:
+        for path in entries:
             label = os.path.basename(os.path.dirname(path)) or "x"
             f.write(f"{os.path.relpath(path, folder)},{label}\n")
     return p
@@ -306,7 +305,8 @@ def _check_batch(kind, b, st):
     import numpy as np
 
     n = len(b.paths)  # 0: every item of a last batch failed, none left to replace them
-    assert 0 <= n <= st["batch_size"], f"batch of {n} items (batch_size {st['batch_size']})"
+    cap = st.get("batch_size") or 10**9  # max_duration: any count
+    assert 0 <= n <= cap, f"batch of {n} items (batch_size {cap})"
     assert len(b.ids) == n, f"{len(b.ids)} ids for {n} paths"
     bad = {}
     if kind == "rnnt":
@@ -333,9 +333,12 @@ def _check_batch(kind, b, st):
 
 def run_feed_unit(backend, cases, goods):
     """A unit of cases through one training feed (see the module docstring); one result per
-    case. An exception escaping the epoch is pinned on a case by running each case alone (one
-    feed of it and its family's seed): the ones that raise alone; when none does, every case
-    of the unit."""
+    case. Accounting is per file: each of its feed items (one, or an eval video's views) must
+    be in exactly one batch row or reported once in ``feed.errors``, with a message; a file is
+    ``decoded`` (all its items in batches), ``skipped`` (all reported) or ``decoded_damaged``
+    (some of each). An exception escaping the epoch is pinned on a case by running each case
+    alone (one feed of it and its family's seed): the ones that raise alone; when none does,
+    every case of the unit."""
     import shutil
     import tempfile
 
@@ -348,21 +351,21 @@ def run_feed_unit(backend, cases, goods):
     feed = None
     try:
         feed = _make_feed(backend, _write_list(kind, entries, folder), dev)
-        in_batch, nonfinite, zero_len = {}, {}, set()
+        in_batch, nonfinite, zero_len = {}, set(), set()
         for b in feed:
             bad = _check_batch(kind, b, st)
             ids = [int(i) for i in _host(b.ids)]
             for r, i in enumerate(ids):
                 in_batch[i] = in_batch.get(i, 0) + 1
                 if r in bad:
-                    nonfinite[i] = bad[r]
+                    nonfinite.add(i)
             if kind == "rnnt":
                 fl = _host(b.feature_lengths)
                 zero_len.update(i for r, i in enumerate(ids) if int(fl[r]) == 0)
         errors = {}
         for path, msg in feed.errors:
             errors.setdefault(path, []).append(msg)
-        item_path = [it.path for it in feed.items]
+        items = list(feed.items)
     except Exception as e:  # noqa: BLE001 - the epoch raised: find the case
         tb = traceback.format_exc(limit=8)[-2000:]
         err = f"{type(e).__name__}: {e}"[:500]
@@ -380,43 +383,50 @@ def run_feed_unit(backend, cases, goods):
             feed.close()
         shutil.rmtree(folder, ignore_errors=True)
 
-    # per entry: decoded / skipped / unaccounted
-    per_entry = []
-    for k in range(len(entries)):
-        p = item_path[k]
-        got, msgs = in_batch.get(k, 0), errors.get(p, [])
-        if got == 1 and not msgs:
-            if k in nonfinite:
-                per_entry.append(("nonfinite", f"the batch row holds NaN / inf "
-                                               f"(valid frames {nonfinite[k]})"))
-            else:
-                per_entry.append(("decoded", "zero feature frames" if k in zero_len else ""))
-        elif got == 0 and msgs and all(m.strip() for m in msgs):
-            per_entry.append(("skipped", msgs[0][:300]))
-        elif got == 0 and not msgs:
-            per_entry.append(("unaccounted", "neither in a batch nor in feed.errors"))
+    by_path = {}  # the feed's paths (absolute) -> its item ids
+    for j, it in enumerate(items):
+        by_path.setdefault(it.path, []).append(j)
+    listed = {os.path.abspath(p) for p in entries}
+    status = {}  # listed path -> (outcome, text)
+    for p, ids in by_path.items():
+        got = sum(in_batch.get(j, 0) for j in ids)
+        msgs = errors.get(p, [])
+        if any(in_batch.get(j, 0) > 1 for j in ids) or got + len(msgs) != len(ids):
+            how = "neither in a batch nor in feed.errors" if got + len(msgs) < len(ids) else \
+                "both in a batch and in feed.errors (or twice)"
+            status[p] = ("unaccounted", f"{len(ids)} items, {got} batch rows, {len(msgs)} "
+                                        f"errors: {how} {msgs[:1]!r}")
+        elif not all(str(m).strip() for m in msgs):
+            status[p] = ("unaccounted", f"reported without a message: {msgs!r}")
+        elif any(j in nonfinite for j in ids):
+            status[p] = ("nonfinite", "a batch row of it holds NaN / inf")
+        elif got == len(ids):
+            status[p] = ("decoded", "zero feature frames" if any(j in zero_len for j in ids)
+                         else "")  # fmt: skip
+        elif got == 0:
+            status[p] = ("skipped", msgs[0][:300])
         else:
-            per_entry.append(("unaccounted", f"in {got} batch rows and in feed.errors "
-                                             f"{len(msgs)} times: {msgs[:1]!r}"))
-    orphans_ok = all(o == "decoded" for (_, owner), (o, _) in zip(entries, per_entry)
-                     if owner is None)
+            status[p] = ("decoded_damaged", f"{got} of {len(ids)} items decoded; {msgs[0][:250]}")
+    for p in listed - set(status):  # no feed item: left out up front (rnnt's max_duration)
+        msgs = errors.get(p, [])
+        status[p] = (("skipped", msgs[0][:300]) if msgs and all(str(m).strip() for m in msgs)
+                     else ("unaccounted", f"no feed item and errors {msgs!r}"))
+    seeds = {os.path.abspath(goods[c["family"]]) for c in cases if goods.get(c["family"])}
+    seeds_ok = all(status[p][0] == "decoded" for p in seeds if p in status)
     out = []
-    for ci, c in enumerate(cases):
-        mine = [pe for (_, owner), pe in zip(entries, per_entry) if owner == ci]
-        fail = next((pe for pe in mine if pe[0] in FAILING), None)
+    for c in cases:
+        o, text = status[os.path.abspath(c["path"])]
         if c.get("damage") == "good_after_bad" or c.get("expect") == "good":
-            bad = [pe for pe in mine if pe[0] != "decoded"]
-            r = ({"outcome": "decoded", "info": f"{len(mine)} entries decoded"} if not bad else
-                 {"outcome": "good_failed", "error": f"{len(bad)} of {len(mine)} entries of "
-                                                     f"the clean file: {bad[0]}"})
-        elif fail is not None:
-            r = {"outcome": fail[0], "error": fail[1]}
+            n = len(by_path.get(os.path.abspath(c["path"]), ()))
+            r = ({"outcome": "decoded", "info": f"{n} items decoded"} if o == "decoded" else
+                 {"outcome": "good_failed", "error": f"the clean file ({n} items): {o}: {text}"})
+        elif o in FAILING:
+            r = {"outcome": o, "error": text}
         else:
-            o, info = mine[0]
-            r = {"outcome": o, "damaged": None, "info": info}
-        if r["outcome"] in OK and not orphans_ok:
+            r = {"outcome": o, "damaged": None, "info": text}
+        if r["outcome"] in OK and not seeds_ok:
             r = {"outcome": "good_failed", "error": "the clean seed listed beside it failed: "
-                 + repr([pe for (_, ow), pe in zip(entries, per_entry) if ow is None])[:300]}
+                 + repr({p: status[p] for p in seeds if p in status})[:300]}
         out.append(_good_rule(c, r, t0))
     return out
 
