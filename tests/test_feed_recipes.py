@@ -121,6 +121,42 @@ def test_rnnt_skip_fills_and_names_the_file(tmp_path):
             pass
 
 
+@pytest.mark.parametrize("decoder", ["threads", "processes"])
+def test_rnnt_skips_absurd_and_nan_samples(tmp_path, decoder):
+    # found by the fuzz run: a float WAV with a flipped exponent bit decodes to finite samples
+    # of 1e37, whose features came out NaN in the batch; the loaders' rows were not checked for
+    # NaN either. Both are skipped and reported; unscaled float audio (int16 range) is kept.
+    import soundfile as sf
+
+    t = np.arange(16000) / 16000
+    x = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    loud, nan = x.copy(), x.copy()
+    loud[1234] = 1.3e37
+    nan[777] = np.nan
+    for name, y in (("loud.wav", loud), ("nan.wav", nan), ("scaled.wav", x * 32767)):
+        sf.write(tmp_path / name, y, 16000, subtype="FLOAT")
+    lines = _lines(MANIFEST)
+    for d in lines:
+        d["audio_filepath"] = os.path.join(ROOT, "speech", d["audio_filepath"])
+    for k, name in ((1, "loud.wav"), (3, "nan.wav"), (5, "scaled.wav")):
+        lines.insert(k, {"audio_filepath": name, "duration": 1.0, "text": name})
+    m = tmp_path / "m.jsonl"
+    m.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    feed = rnnt_feed(m, batch_size=3, shuffle=False, device="cpu", training=True,
+                     decoder=decoder)
+    seen = []
+    for b in feed:
+        for r, n in enumerate(b.feature_lengths.tolist()):
+            assert np.isfinite(b.features[r, :, :n]).all(), b.paths[r]
+        seen += b.paths
+    feed.close()
+    bad = dict((os.path.basename(p), msg) for p, msg in feed.errors)
+    assert sorted(bad) == ["loud.wav", "nan.wav"]
+    assert "magnitude" in bad["loud.wav"] and "NaN" in bad["nan.wav"]
+    assert sorted(os.path.basename(p) for p in seen) == sorted(
+        ["scaled.wav"] + [os.path.basename(d["audio_filepath"]) for d in _lines(MANIFEST)])
+
+
 def test_rnnt_augmentation_resumes_identically():
     # training=True: speed perturbation + dither + SpecAugment by default
     kw = dict(batch_size=2, seed=5, device="cpu")

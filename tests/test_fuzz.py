@@ -1,7 +1,9 @@
 """The reliability fuzz suite, reduced: a seeded corpus of damaged files (32 cases per format
-family) through every CPU decoder in replaceable worker processes, plus bad-then-good sequences
-and ``avpipe extract`` over the damaged folder. Nothing may hang, crash, raise an untyped error,
-or make a good file fail after bad ones. The full run is ``python -m tests.fuzz.run``."""
+family) through every CPU decoder in replaceable worker processes, plus bad-then-good sequences,
+``avpipe extract`` over the damaged folder and the training feeds (``rnnt_feed``,
+``video_classification``, ``image_classification``) over lists of damaged and clean files.
+Nothing may hang, crash, raise an untyped error, or make a good file fail after bad ones; a feed
+puts every item in a batch or in ``feed.errors``. The full run is ``python -m tests.fuzz.run``."""
 
 from __future__ import annotations
 
@@ -71,6 +73,40 @@ def test_fuzz_extract_folder(small_corpus, tmp_path):
                                       cases=info["cases"])  # fmt: skip
     _check(recs)
     assert len(recs) == len(info["cases"])
+
+
+def _check_feeds(records, cases, backends):
+    _check(records)
+    for be, kind in backends.items():  # every case ran through every feed, once
+        ran = [r["id"] for r in records if r["backend"] == be]
+        mine = {c["id"] for c in cases if c["kind"] == kind}
+        assert mine <= set(ran) and len([i for i in ran if i in mine]) == len(mine), be
+    goods = [r for r in records if r["damage"] == "good_after_bad" or r["damage"] == "clean"]
+    assert goods and all(r["outcome"] == "decoded" for r in goods)
+    # an empty file is never in a batch: it is skipped and reported with a message
+    empty = [r for r in records if r["damage"] == "zero_length"]
+    assert empty and all(r["outcome"] == "skipped" and r["info"] for r in empty)
+
+
+def test_fuzz_feed_backends(small_corpus, tmp_path):
+    """The training feeds, one epoch over each unit's list (damaged files, clean seeds after
+    every few and at the end): decoded, or skipped and reported; the clean ones decoded."""
+    root, info = small_corpus
+    cases, seeds = info["cases"], info["seeds"]
+    units = harness.make_units(cases, harness.FEED_CPU_BACKENDS, seeds)
+    records = harness.run_units(units, workers=os.cpu_count(), case_timeout=120,
+                                log_dir=str(tmp_path), progress=False)  # fmt: skip
+    _check_feeds(records, cases, harness.FEED_CPU_BACKENDS)
+
+
+@pytest.mark.gpu
+def test_fuzz_gpu_feed_backends(small_corpus, tmp_path):
+    root, info = small_corpus
+    cases, seeds = info["cases"], info["seeds"]
+    units = harness.make_units(cases, harness.FEED_GPU_BACKENDS, seeds)
+    records = harness.run_units(units, workers=min(4, os.cpu_count() or 1), case_timeout=180,
+                                log_dir=str(tmp_path), progress=False)  # fmt: skip
+    _check_feeds(records, cases, harness.FEED_GPU_BACKENDS)
 
 
 @pytest.mark.gpu

@@ -18,7 +18,9 @@ into a shared ring). Otherwise ``avpipe.load_audio`` (offset / duration honoured
 ``sample_rate``) in a thread pool, which also decodes the replacements of failed items. (On a
 2-core machine the worker processes decoded the sample files 1.2-1.8x faster than the threads,
 but a whole CPU feed, log-mel included, was no faster with them: "auto" keeps the threads on
-the CPU.) Features: ``avpipe.ops.audio.log_mel`` with the ``preset``.
+the CPU.) Features: ``avpipe.ops.audio.log_mel`` with the ``preset``. A decoded item holding
+NaN / infinite samples, or samples beyond :data:`MAX_SAMPLE` in magnitude (damaged float data),
+fails as :class:`~avpipe.CorruptDataError` (skipped and reported with ``on_error="skip"``).
 
 ``training=True`` augments, in this order (``training=False``: none of it):
 
@@ -49,17 +51,23 @@ from __future__ import annotations
 import numpy as np
 
 from ..decoding.audio import load_audio
-from ..device import resolve_device
-from ..errors import DecodeError
+from ..device import array_module, resolve_device
+from ..errors import CorruptDataError, DecodeError
 from ..ops import audio_augment as _aug
 from ..ops import random as _rnd
 from ..ops.audio import log_mel, resample
 from ..pipeline.feed import Feed, Task
 from ..pipeline.sources import read_manifest
 
-__all__ = ["rnnt_feed", "RnntTask", "SPEC_AUGMENT"]
+__all__ = ["rnnt_feed", "RnntTask", "SPEC_AUGMENT", "MAX_SAMPLE"]
 
 SPEC_AUGMENT = dict(freq_masks=2, freq_width=27, time_masks=10, time_width=0.05)
+
+# A decoded sample beyond this magnitude is damage, not audio: PCM decodes to [-1, 1] and float
+# files written unscaled stay within the integer ranges (2**31), while a flipped exponent bit in
+# a float WAV gives 1e37 - finite, but its float32 power spectrum overflows and the item's
+# features (per-feature normalization) come out NaN. Below it the features stay finite.
+MAX_SAMPLE = 2.0 ** 32
 
 
 def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=True, rank=0,
@@ -162,7 +170,11 @@ class RnntTask(Task):
             if isinstance(src, bytes):  # name the file, not "<bytes>"
                 raise type(e)(item.path, e.cause) from None
             raise
-        return a.samples
+        x = a.samples
+        bad = _signal_problem(float(np.abs(x).max()) if x.size else 0.0)
+        if bad is not None:
+            raise CorruptDataError(item.path, bad)
+        return x
 
     def _loader_kind(self, items):
         """"gpu", "processes" or None (threads) for these items."""
@@ -236,10 +248,17 @@ class RnntTask(Task):
         for batch in ld.decode_groups(indices()):
             g = pending.pop(0)
             x, lens, errs = batch.signals, batch.lengths, dict(batch.errors)
+            # the rows' peaks, one reduction and one copy per batch (the loaders check neither
+            # NaN nor magnitude)
+            peaks = _peaks(x, lens)
             out = []
             for r, (_, it) in enumerate(g):
                 if r in errs:
                     out.append(errs[r])
+                    continue
+                bad = _signal_problem(float(peaks[r]))
+                if bad is not None:
+                    out.append(CorruptDataError(it.path, bad))
                     continue
                 n = int(lens[r])
                 if it.duration:
@@ -309,6 +328,27 @@ class RnntTask(Task):
             self._loader = None
         self._loader_tried = False
 
+
+
+def _peaks(x, lengths):
+    """Per row of ``x [B, n]`` (numpy or cupy) the largest magnitude of its first
+    ``lengths[r]`` samples, on the host (a row holding NaN: NaN); one reduction."""
+    if x is None or x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        return np.zeros(len(lengths), np.float64)
+    xp = array_module(x)
+    valid = xp.arange(x.shape[1])[None, :] < xp.asarray(np.asarray(lengths, np.int64))[:, None]
+    m = xp.where(valid, xp.abs(x), 0).max(axis=1)
+    return np.asarray(m.get() if hasattr(m, "get") else m, np.float64)
+
+
+def _signal_problem(peak):
+    """Why a decoded signal of this peak magnitude cannot be an item (None: it can)."""
+    if not np.isfinite(peak):
+        return "the audio holds NaN or infinite samples"
+    if peak > MAX_SAMPLE:
+        return (f"a sample of magnitude {peak:.3g}, beyond {MAX_SAMPLE:.3g}: damaged data, not "
+                "audio (its features would overflow)")
+    return None
 
 
 def _speed_args(speed):

@@ -14,7 +14,17 @@ Outcomes per case and backend:
   item in its errors) — all fine;
 * ``hang``, ``crash`` (confirmed alone), ``hang_in_sequence`` / ``crash_in_sequence`` (only
   after other cases), ``untyped_error``, ``good_failed`` (a clean file that did not decode
-  cleanly, e.g. after bad ones) — failures.
+  cleanly, e.g. after bad ones), ``unaccounted`` (a training feed neither put the case in a
+  batch nor reported it in ``feed.errors``, or did both), ``nonfinite`` (a feed's batch row of
+  the case holds NaN / infinite values) — failures.
+
+The training feeds (``FEED_CPU_BACKENDS`` / ``FEED_GPU_BACKENDS``: ``rnnt_feed``,
+``video_classification``, ``image_classification``) take a whole unit at once: one manifest /
+CSV listing the unit's damaged files with the clean seeds between and after them, one feed, one
+epoch (:func:`run_feed_unit`). A feed unit that crashes or hangs has each of its cases run
+again alone (one feed of the case and its family's clean seed, in a fresh worker): the ones
+that fail alone are the culprits; when none does, every case of the unit is recorded as
+``crash_in_sequence`` / ``hang_in_sequence``.
 """
 
 from __future__ import annotations
@@ -29,7 +39,8 @@ import traceback
 from collections import Counter, deque
 from multiprocessing.connection import wait
 
-FAILING = ("hang", "crash", "hang_in_sequence", "crash_in_sequence", "untyped_error", "good_failed")
+FAILING = ("hang", "crash", "hang_in_sequence", "crash_in_sequence", "untyped_error", "good_failed",
+           "unaccounted", "nonfinite")
 OK = ("decoded", "decoded_damaged", "typed_error", "skipped")
 
 # backend -> the case kinds it takes
@@ -47,6 +58,18 @@ GPU_BACKENDS = {
     "image_stream_cuda": "image",
     "audio_batch_gpu": "audio",
 }
+# the training feeds (avpipe.recipes): a unit of cases through one feed, one epoch
+FEED_CPU_BACKENDS = {
+    "rnnt_feed_cpu": "audio",
+    "video_feed_cpu": "video",
+    "image_feed_cpu": "image",
+}
+FEED_GPU_BACKENDS = {
+    "rnnt_feed_cuda": "audio",
+    "video_feed_cuda": "video",
+    "image_feed_cuda": "image",
+}
+FEED_BACKENDS = {**FEED_CPU_BACKENDS, **FEED_GPU_BACKENDS}
 
 
 def entry_points():
@@ -178,6 +201,244 @@ def run_case(backend: str, case: dict, goods: dict) -> dict:
     return r
 
 
+# --- a unit of cases through a training feed ---------------------------------------------------
+
+# settings per feed: small batches, the training path (augmentation on)
+FEED_SETTINGS = {
+    "rnnt": dict(batch_size=4, training=True),
+    "video": dict(clip_length=4, stride=1, crop_size=32, batch_size=2, train=True),
+    "image": dict(crop_size=32, resize_size=40, batch_size=4, train=True),
+}
+GOOD_EVERY = 3  # a clean seed listed after every GOOD_EVERY damaged files
+
+
+def _duration(path):
+    """Seconds for the manifest: soundfile's, else PyAV's, else 0.5 (a damaged header is part
+    of the test: an absurd but positive duration stays)."""
+    import math
+
+    d = None
+    try:
+        import soundfile as sf
+
+        d = sf.info(path).duration
+    except Exception:  # noqa: BLE001 - any failure: try PyAV
+        try:
+            import av
+
+            with av.open(path) as c:
+                if c.duration is not None:
+                    d = c.duration / 1e6
+                elif c.streams.audio and c.streams.audio[0].duration is not None:
+                    st = c.streams.audio[0]
+                    d = float(st.duration * st.time_base)
+        except Exception:  # noqa: BLE001
+            d = None
+    try:
+        d = float(d)
+    except (TypeError, ValueError):
+        return 0.5
+    return d if math.isfinite(d) and d > 0 else 0.5
+
+
+def _listing(cases, goods):
+    """The feed's list of paths: the cases in order, after every :data:`GOOD_EVERY` damaged
+    ones the clean seed of the last one's family, and at the end the seed of every family of
+    the unit (the unit's ``good:`` case, when it has one, is that last entry)."""
+    out, bad, listed = [], 0, set()
+    for c in cases:
+        out.append(c["path"])
+        if c.get("damage") == "good_after_bad":
+            listed.add(c["path"])
+        if c.get("expect") != "good":
+            bad += 1
+            seed = goods.get(c["family"])
+            if seed and bad % GOOD_EVERY == 0:
+                out.append(seed)
+    for fam in sorted({c["family"] for c in cases}):
+        seed = goods.get(fam)
+        if seed and seed not in listed:
+            out.append(seed)
+    return out
+
+
+def _write_list(kind, entries, folder):
+    """The manifest (NeMo JSON lines) / CSV ``path,label`` of the paths ``entries``, relative
+    to it; returns its path."""
+    import json
+
+    if kind == "rnnt":
+        p = os.path.join(folder, "manifest.json")
+        with open(p, "w", encoding="utf-8") as f:
+            for k, path in enumerate(entries):
+                f.write(json.dumps({"audio_filepath": os.path.relpath(path, folder),
+                                    "duration": _duration(path), "text": f"item {k}"}) + "\n")
+        return p
+    p = os.path.join(folder, "list.csv")
+    with open(p, "w", encoding="utf-8") as f:
+        f.write("path,label\n")
+        for path in entries:
+            label = os.path.basename(os.path.dirname(path)) or "x"
+            f.write(f"{os.path.relpath(path, folder)},{label}\n")
+    return p
+
+
+def _feed_kind(backend):
+    return backend.split("_feed")[0]
+
+
+def _make_feed(backend, listing, device):
+    from avpipe import recipes
+
+    kind = _feed_kind(backend)
+    st = FEED_SETTINGS[kind]
+    if kind == "rnnt":
+        return recipes.rnnt_feed(listing, device=device, shuffle=False, **st)
+    if kind == "video":
+        return recipes.video_classification(listing, device=device, shuffle=False, **st)
+    return recipes.image_classification(listing, device=device, shuffle=False, **st)
+
+
+def _check_batch(kind, b, st):
+    """The batch contract; returns ``{row: valid frames or None}`` of rows with non-finite
+    values (checked over the valid part)."""
+    import numpy as np
+
+    n = len(b.paths)  # 0: every item of a last batch failed, none left to replace them
+    cap = st.get("batch_size") or 10**9  # max_duration: any count
+    assert 0 <= n <= cap, f"batch of {n} items (batch_size {cap})"
+    assert len(b.ids) == n, f"{len(b.ids)} ids for {n} paths"
+    bad = {}
+    if kind == "rnnt":
+        x = np.asarray(_host(b.features))
+        fl = np.asarray(_host(b.feature_lengths))
+        assert x.ndim == 3 and x.shape[0] == n and fl.shape == (n,), (x.shape, fl.shape)
+        assert len(b.transcripts) == n
+        assert (fl >= 0).all() and (fl <= x.shape[2]).all(), f"feature_lengths {fl} > T"
+        for r in range(n):
+            if not np.isfinite(x[r, :, : int(fl[r])]).all():
+                bad[r] = int(fl[r])
+        return bad
+    T, S = st.get("clip_length"), st["crop_size"]
+    x = np.asarray(_host(b.clips if kind == "video" else b.images))
+    want = (n, T, 3, S, S) if kind == "video" else (n, 3, S, S)
+    assert x.shape == want, f"array {x.shape}, want {want}"
+    lab = np.asarray(_host(b.labels))
+    assert lab.shape == (n,), f"labels {lab.shape}"
+    for r in range(n):
+        if not np.isfinite(x[r].astype(np.float32)).all():
+            bad[r] = None
+    return bad
+
+
+def run_feed_unit(backend, cases, goods):
+    """A unit of cases through one training feed (see the module docstring); one result per
+    case. Accounting is per file: each of its feed items (one, or an eval video's views) must
+    be in exactly one batch row or reported once in ``feed.errors``, with a message; a file is
+    ``decoded`` (all its items in batches), ``skipped`` (all reported) or ``decoded_damaged``
+    (some of each). An exception escaping the epoch is pinned on a case by running each case
+    alone (one feed of it and its family's seed): the ones that raise alone; when none does,
+    every case of the unit."""
+    import shutil
+    import tempfile
+
+    dev = "cpu" if backend.endswith("_cpu") else "cuda"
+    kind = _feed_kind(backend)
+    st = FEED_SETTINGS[kind]
+    t0 = time.perf_counter()
+    entries = _listing(cases, goods)
+    folder = tempfile.mkdtemp(prefix="avpipe-fuzz-feed-")
+    feed = None
+    try:
+        feed = _make_feed(backend, _write_list(kind, entries, folder), dev)
+        in_batch, nonfinite, zero_len = {}, set(), set()
+        for b in feed:
+            bad = _check_batch(kind, b, st)
+            ids = [int(i) for i in _host(b.ids)]
+            for r, i in enumerate(ids):
+                in_batch[i] = in_batch.get(i, 0) + 1
+                if r in bad:
+                    nonfinite.add(i)
+            if kind == "rnnt":
+                fl = _host(b.feature_lengths)
+                zero_len.update(i for r, i in enumerate(ids) if int(fl[r]) == 0)
+        errors = {}
+        for path, msg in feed.errors:
+            errors.setdefault(path, []).append(msg)
+        items = list(feed.items)
+    except Exception as e:  # noqa: BLE001 - the epoch raised: find the case
+        tb = traceback.format_exc(limit=8)[-2000:]
+        err = f"{type(e).__name__}: {e}"[:500]
+        if len(cases) == 1:
+            r = {"outcome": "untyped_error", "error": f"the feed raised {err}", "traceback": tb}
+            return [_good_rule(cases[0], r, t0)]
+        alone = [run_feed_unit(backend, [c], goods)[0] for c in cases]
+        if any(a["outcome"] == "untyped_error" for a in alone):
+            return alone
+        return [_good_rule(c, {"outcome": "untyped_error", "traceback": tb,
+                               "error": f"the feed over {len(cases)} cases raised {err}; "
+                                        "no case alone does"}, t0) for c in cases]
+    finally:
+        if feed is not None:
+            feed.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    by_path = {}  # the feed's paths (absolute) -> its item ids
+    for j, it in enumerate(items):
+        by_path.setdefault(it.path, []).append(j)
+    listed = {os.path.abspath(p) for p in entries}
+    status = {}  # listed path -> (outcome, text)
+    for p, ids in by_path.items():
+        got = sum(in_batch.get(j, 0) for j in ids)
+        msgs = errors.get(p, [])
+        if any(in_batch.get(j, 0) > 1 for j in ids) or got + len(msgs) != len(ids):
+            how = "neither in a batch nor in feed.errors" if got + len(msgs) < len(ids) else \
+                "both in a batch and in feed.errors (or twice)"
+            status[p] = ("unaccounted", f"{len(ids)} items, {got} batch rows, {len(msgs)} "
+                                        f"errors: {how} {msgs[:1]!r}")
+        elif not all(str(m).strip() for m in msgs):
+            status[p] = ("unaccounted", f"reported without a message: {msgs!r}")
+        elif any(j in nonfinite for j in ids):
+            status[p] = ("nonfinite", "a batch row of it holds NaN / inf")
+        elif got == len(ids):
+            status[p] = ("decoded", "zero feature frames" if any(j in zero_len for j in ids)
+                         else "")  # fmt: skip
+        elif got == 0:
+            status[p] = ("skipped", msgs[0][:300])
+        else:
+            status[p] = ("decoded_damaged", f"{got} of {len(ids)} items decoded; {msgs[0][:250]}")
+    for p in listed - set(status):  # no feed item: left out up front (rnnt's max_duration)
+        msgs = errors.get(p, [])
+        status[p] = (("skipped", msgs[0][:300]) if msgs and all(str(m).strip() for m in msgs)
+                     else ("unaccounted", f"no feed item and errors {msgs!r}"))
+    seeds = {os.path.abspath(goods[c["family"]]) for c in cases if goods.get(c["family"])}
+    seeds_ok = all(status[p][0] == "decoded" for p in seeds if p in status)
+    out = []
+    for c in cases:
+        o, text = status[os.path.abspath(c["path"])]
+        if c.get("damage") == "good_after_bad" or c.get("expect") == "good":
+            n = len(by_path.get(os.path.abspath(c["path"]), ()))
+            r = ({"outcome": "decoded", "info": f"{n} items decoded"} if o == "decoded" else
+                 {"outcome": "good_failed", "error": f"the clean file ({n} items): {o}: {text}"})
+        elif o in FAILING:
+            r = {"outcome": o, "error": text}
+        else:
+            r = {"outcome": o, "damaged": None, "info": text}
+        if r["outcome"] in OK and not seeds_ok:
+            r = {"outcome": "good_failed", "error": "the clean seed listed beside it failed: "
+                 + repr({p: status[p] for p in seeds if p in status})[:300]}
+        out.append(_good_rule(c, r, t0))
+    return out
+
+
+def _good_rule(case, r, t0):
+    if case.get("expect") == "good" and r["outcome"] != "decoded":
+        r.setdefault("error", f"clean file gave {r['outcome']}")
+        r["outcome"] = "good_failed"
+    r["seconds"] = round(time.perf_counter() - t0, 4)
+    return r
+
+
 def _worker(conn, log_path):
     """Worker loop: units in, ("start", i) / ("done", i, result) / ("end",) out."""
     if log_path:  # native libraries' chatter goes to the worker's log, not the console
@@ -194,6 +455,12 @@ def _worker(conn, log_path):
         if msg is None:
             return
         backend, cases, goods = msg
+        if backend in FEED_BACKENDS:  # the whole unit through one feed
+            conn.send(("start", 0))
+            for i, r in enumerate(run_feed_unit(backend, cases, goods)):
+                conn.send(("done", i, r))
+            conn.send(("end",))
+            continue
         for i, case in enumerate(cases):
             conn.send(("start", i))
             conn.send(("done", i, run_case(backend, case, goods)))
@@ -253,7 +520,8 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
     ctx = mp.get_context("spawn")
     workers = max(1, int(workers or os.cpu_count() or 1))
     queue = deque(units)
-    confirm = deque()  # (backend, case, goods, how, reason) to re-run alone
+    confirm = deque()  # (backend, case, goods, how, reason, group) to re-run alone
+    groups: dict = {}  # a failed feed unit's cases re-run alone: group -> (n, [(case, r)])
     records = []
     slots: list[_Slot] = []
     counter = itertools.count(10_000)
@@ -272,8 +540,8 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
 
     def assign(slot):
         if confirm:
-            backend, case, goods, how, reason = confirm.popleft()
-            slot.unit = (backend, [case], goods, ("confirm", how, reason))
+            backend, case, goods, how, reason, group = confirm.popleft()
+            slot.unit = (backend, [case], goods, ("confirm", how, reason, group))
         elif queue:
             pick = next((i for i, u in enumerate(queue) if u[0] == slot.backend), None)
             if pick is None and slot.backend is not None:  # a fresh worker for another backend
@@ -300,21 +568,45 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
         slot.kill()
         reason = f"{how} (exit code {code})" if how == "crash" else f"{how} (> {case_timeout:g} s)"
         if conf is not None:  # already alone: confirmed
-            record(backend, case, {"outcome": how, "error": reason})
+            conclude(backend, case, {"outcome": how, "error": reason}, conf)
         elif len(cases) == 1 and i == 0:
             record(backend, case, {"outcome": how, "error": reason + ", alone"})
+        elif backend in FEED_BACKENDS:  # one feed over the unit: every case of it alone
+            g = next(counter)
+            groups[g] = (len(cases), [])
+            for c in cases:
+                confirm.append((backend, c, goods, how,
+                                f"{reason} in a feed over {len(cases)} cases", g))  # fmt: skip
+            return
         else:
-            confirm.append((backend, case, goods, how, f"{reason} after {i} other cases"))
+            confirm.append((backend, case, goods, how, f"{reason} after {i} other cases", None))
         rest = cases[i + 1 :]
         if rest:
             queue.appendleft((backend, rest, goods))
 
     def finish_confirm(backend, case, r, conf):
-        _, how, reason = conf
+        _, how, reason, _ = conf
         if r["outcome"] in FAILING:
             return r
         return {"outcome": f"{how}_in_sequence", "error": reason,
                 "alone": r.get("outcome")}  # fmt: skip
+
+    def conclude(backend, case, r, conf):
+        """A confirmation run's result: recorded, or, for a feed unit's case, kept until the
+        unit's cases have all run alone (the ones failing alone are the culprits; with none,
+        every case is recorded as failing in sequence)."""
+        g = conf[3]
+        if g is None:
+            record(backend, case, finish_confirm(backend, case, r, conf))
+            return
+        n, got = groups[g]
+        got.append((case, r))
+        if len(got) < n:
+            return
+        del groups[g]
+        culprit = any(x["outcome"] in FAILING for _, x in got)
+        for c, x in got:
+            record(backend, c, x if culprit else finish_confirm(backend, c, x, conf))
 
     for _ in range(min(workers, len(units))):
         slots.append(_Slot(ctx, log_dir, k))
@@ -339,8 +631,9 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
                         backend, cases, goods, conf = s.unit
                         r = msg[2]
                         if conf is not None:
-                            r = finish_confirm(backend, cases[msg[1]], r, conf)
-                        record(backend, cases[msg[1]], r)
+                            conclude(backend, cases[msg[1]], r, conf)
+                        else:
+                            record(backend, cases[msg[1]], r)
                         s.current = None
                         s.started = time.monotonic()
                     elif msg[0] == "end":

@@ -5,6 +5,10 @@
     python3 -m tests.fuzz.run --out /tmp/fuzz            # CPU backends
     python3 -m tests.fuzz.run --gpu --out /tmp/fuzz      # GPU backends (NVDEC, DALI GPU, GPU FLAC)
     python3 -m tests.fuzz.run --cpu --gpu --out /tmp/fuzz
+    python3 -m tests.fuzz.run --out /tmp/fuzz --backends rnnt_feed_cpu,video_feed_cpu,image_feed_cpu
+
+The backends: the decoders one file at a time (``harness.CPU_BACKENDS`` / ``GPU_BACKENDS``) and
+the training feeds over units of files (``harness.FEED_CPU_BACKENDS`` / ``FEED_GPU_BACKENDS``).
 
 Writes ``OUT/corpus/`` (unless it exists with the same seed and size), ``OUT/summary.json`` (every
 record, the counts and the failures) and ``OUT/logs/`` (each worker's stderr). Exit status 1
@@ -85,8 +89,10 @@ def main(argv=None) -> int:
     backends = {}
     if cpu:
         backends.update(harness.CPU_BACKENDS)
+        backends.update(harness.FEED_CPU_BACKENDS)
     if a.gpu:
         backends.update(harness.GPU_BACKENDS)
+        backends.update(harness.FEED_GPU_BACKENDS)
     if a.backends:
         keep = set(a.backends.split(","))
         backends = {k: v for k, v in backends.items() if k in keep}
