@@ -5,8 +5,8 @@ Every workload (the decoders in a loop, the audio batch loader, the training fee
 for ``--minutes``; every ``--interval`` seconds the process's RSS (``/proc/self/status`` VmRSS)
 and, on a GPU, the device memory in use (``cudaMemGetInfo``: total - free, which also counts
 PyNvVideoCodec's and DALI's own allocations) are sampled. The first ``--warmup`` share of the
-samples is warm-up (pools fill, caches fill); growth is the last three samples' median over
-the median of the three after warm-up, minus 1. The verdict: growth under 5 % on every
+samples is warm-up (pools fill, caches fill); growth is the median of the last fifth of the
+samples over the median of the fifth right after warm-up, minus 1. The verdict: growth under 5 % on every
 series.
 
     python3 benchmarks/soak.py --out DIR [--minutes 30] [--interval 10] [--device cpu|cuda]
@@ -235,12 +235,16 @@ WORKLOADS = {
 
 
 def growth(samples, warmup: float) -> float | None:
+    """The median of the last fifth of the samples over the median of the fifth right after
+    warm-up, minus 1 (medians over windows, so a series that oscillates with the prefetch
+    buffers is judged by its level, not by where one sample fell)."""
     vals = [s for s in samples if s is not None]
-    if len(vals) < 8:
+    if len(vals) < 10:
         return None
     k = max(1, int(len(vals) * warmup))
-    base = float(np.median(vals[k : k + 3]))
-    last = float(np.median(vals[-3:]))
+    w = max(1, len(vals) // 5)
+    base = float(np.median(vals[k : k + w]))
+    last = float(np.median(vals[-w:]))
     return last / base - 1.0 if base > 0 else None
 
 
