@@ -127,9 +127,9 @@ def _visible(index: int) -> str:
 # only the worker process it ran in: the run goes on with a new worker on the shards left, and a
 # shard that ends two workers has its inputs probed in their own processes (halving the groups
 # that crash); the inputs that end theirs are reported as errors and the shard is done without
-# them. A shard that ends four workers is given up (the run fails, and stays resumable).
+# them. A shard that ends eight workers is given up (the run fails, and stays resumable).
 _CRASHES_BEFORE_PROBING = 2
-_CRASHES_PER_SHARD = 4  # then the shard is given up (a failure; the run stays resumable)
+_CRASHES_PER_SHARD = 8  # then the shard is given up (a failure; the run stays resumable)
 _MAX_RESTARTS = 64
 
 
