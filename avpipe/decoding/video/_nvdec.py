@@ -85,7 +85,7 @@ def _acquire(nvc, path_or_bytes, gpu: int, stream_ptr: int):
     """A SimpleDecoder on ``path_or_bytes``: this thread's cached one, reconfigured, if any.
 
     Only sessions that never raised are cached (:func:`_release`); a cached one whose
-    ``reconfigure_decoder`` raises is retired (:func:`retire`), never used again."""
+    ``reconfigure_decoder`` raises is dropped here, never used again (see the note below)."""
     pool = getattr(_local, "pool", None)
     if pool is None:
         pool = _local.pool = {}
@@ -97,7 +97,6 @@ def _acquire(nvc, path_or_bytes, gpu: int, stream_ptr: int):
             return dec
         except Exception as e:  # noqa: BLE001 — fall back to a fresh decoder
             log.debug("avpipe: reconfigure_decoder failed (%s); creating a new decoder", e)
-            retire(dec)
     return nvc.SimpleDecoder(
         path_or_bytes,
         gpu_id=gpu,
@@ -113,25 +112,16 @@ def _release(dec, gpu: int, stream_ptr: int):
     pool = getattr(_local, "pool", None)
     if pool is None:
         pool = _local.pool = {}
-    if pool.setdefault((gpu, stream_ptr), dec) is not dec:
-        retire(dec)
+    pool.setdefault((gpu, stream_ptr), dec)  # a second one is dropped
 
 
 # Sessions that raised. PyNvVideoCodec's NvDecoder keeps going after a failed
 # cuvidCreateDecoder (its size fields are set, the decoder handle is not): the next bitstream
 # it parses calls HandlePictureDecode, which throws "Decoder not initialized" from inside
 # libnvcuvid's parser callback, and that exception ends in std::terminate. A session that has
-# raised once is therefore never reconfigured, decoded with or flushed again: it is dropped
-# here, and its handles are released by its destructor (which only destroys the parser and
-# the decoder; it parses nothing).
-_retired = {"count": 0}
-
-
-def retire(dec) -> None:
-    """Drop a PyNvVideoCodec session that raised: nothing calls it again."""
-    if dec is not None:
-        _retired["count"] += 1
-        del dec
+# raised once is therefore never reconfigured, decoded with or flushed again: its last
+# reference is dropped and its destructor releases its handles (it destroys the parser and the
+# decoder; it parses nothing).
 
 
 def _frame_pts(frame):
@@ -245,16 +235,15 @@ class NvdecBackend:
                 self._stream.synchronize()
             except Exception:  # noqa: BLE001
                 pass
-            _release(dec, self.device.index, self._stream_ptr)  # healthy: failures are retired
+            _release(dec, self.device.index, self._stream_ptr)  # healthy: failures are dropped
 
     def _drop_failed(self):
-        """The SimpleDecoder raised: retire it; a later call opens a fresh session."""
-        dec, self._dec = self._dec, None
+        """The SimpleDecoder raised: drop it (never cached); a later call opens a fresh one."""
         try:
             self._stream.synchronize()
         except Exception:  # noqa: BLE001
             pass
-        retire(dec)
+        self._dec = None
 
     def _pts_ok(self, got, index: int) -> bool:
         """PyNvVideoCodec labels frame i with its pts, its pts from a zero start, or (MP4) the
@@ -270,7 +259,7 @@ class NvdecBackend:
     def _batch(self, targets):
         """(frames for targets[:k], targets[k:]): PyNvVideoCodec's seek refuses some streams'
         last frames (AVI MJPEG), so on an error it is asked again without the tail, each time
-        by a fresh session (a session that raised is never called again: :func:`retire`)."""
+        by a fresh session (a session that raised is never called again: :meth:`_drop_failed`)."""
         tail = []
         while targets:
             dec = self._simple()  # a refusal (NvdecRefused) goes to the caller: CPU takes over

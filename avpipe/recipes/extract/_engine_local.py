@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 
@@ -95,8 +96,6 @@ def run_worker(
             for t in threads:
                 t.join()
         if profiling():
-            import sys
-
             print(f"avpipe extract profile ({device}): {profile_report()}", file=sys.stderr)
     if failure:
         raise failure[0]
@@ -112,6 +111,13 @@ def split_shards(shards: list[Shard], n: int) -> list[list[Shard]]:
         out.append(shards[a:b])
         a = b
     return out
+
+
+def _visible_for(device: str) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a worker on ``device`` ("" for the CPU)."""
+    if not device.startswith("cuda"):
+        return ""
+    return _visible(int(device.split(":")[1]) if ":" in device else 0)
 
 
 def _visible(index: int) -> str:
@@ -162,8 +168,6 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
                                 f"{_CRASHES_PER_SHARD} workers (last: {why})")
                 continue
             restarts += 1
-            import sys
-
             print(f"avpipe extract: the worker on {dev} was ended by a {why} (a native decoder "
                   f"crash); a new one takes the {len(left)} shard(s) left", file=sys.stderr)
             crashes[first.start] = crashes.get(first.start, 0) + 1
@@ -183,9 +187,7 @@ def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, re
     procs = []
     for dev, group in todo:
         full = {i: items[i].to_task() for s in group for i in range(s.start, s.end)}
-        vis = ""
-        if dev.startswith("cuda"):
-            vis = _visible(int(dev.split(":")[1]) if ":" in dev else 0)
+        vis = _visible_for(dev)
         p = ctx.Process(
             target=_child_full, daemon=False,
             args=(len(procs), os.getpid(), dev, vis, group, full, cfg, out_dir, fmt, total, workers,
@@ -223,7 +225,7 @@ def _probe(dev, shard, items, cfg, workers, blocked) -> dict[int, str]:
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    vis = _visible(int(dev.split(":")[1]) if ":" in dev else 0) if dev.startswith("cuda") else ""
+    vis = _visible_for(dev)
     out: dict[int, str] = {}
     stack = [[i for i in range(shard.start, shard.end) if i not in blocked]]
     while stack:
