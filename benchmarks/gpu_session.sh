@@ -5,6 +5,8 @@
 #   bash benchmarks/gpu_session.sh audio|image
 #   bash benchmarks/gpu_session.sh anchors    # the anchors, same data            -> $OUT/anchors
 #   bash benchmarks/gpu_session.sh fuzz       # the full fuzz corpus, GPU backends -> $OUT/fuzz*
+#   bash benchmarks/gpu_session.sh reliability  # gpu tests, the full GPU fuzz corpus and a GPU
+#                                             # soak (SOAK_MIN minutes), all three at once
 #   bash benchmarks/gpu_session.sh feeds|augment|extract   # feeds / augmentation / extraction
 #                                             # vs DALI (+ the RNN-T anchor)      -> $OUT/bench_*
 # Each step fits one device call (10 minutes).
@@ -31,6 +33,15 @@ for step in "$@"; do
            anchors_only dali_jpeg_ips,dali_png_ips,dali_tiff_ips,dali_jp2_ips,pil_jpeg_ips ;;
     fuzz) python3 -m tests.fuzz.run --gpu --out /tmp/fuzz_gpu 2>&1 | tail -40 | tee "$OUT/fuzz_gpu.txt"
           cp /tmp/fuzz_gpu/summary.json "$OUT/fuzz_gpu_summary.json" 2>/dev/null ;;
+    reliability)
+      python3 -m avpipe info >"$OUT/info.txt" 2>&1
+      python3 benchmarks/soak.py --out "$OUT/soak" --device cuda --parallel --minutes "${SOAK_MIN:-6}" \
+        --interval 5 >"$OUT/soak.log" 2>&1 &
+      python3 -m pytest -m gpu -q -rf --durations=10 -p no:cacheprovider tests >"$OUT/gpu_tests.log" 2>&1 &
+      python3 -m tests.fuzz.run --gpu --out /tmp/fuzz_gpu >"$OUT/fuzz_gpu.txt" 2>&1
+      cp /tmp/fuzz_gpu/summary.json "$OUT/fuzz_gpu_summary.json" 2>/dev/null
+      wait
+      tail -n 25 "$OUT/fuzz_gpu.txt"; tail -n 30 "$OUT/gpu_tests.log"; tail -n 15 "$OUT/soak.log" ;;
     feeds) data; python3 benchmarks/bench_feeds.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25
            anchors_only dali_rnnt_feed_aps,dali_video_reader_cps ;;
     augment) python3 benchmarks/bench_augment.py --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25 ;;
