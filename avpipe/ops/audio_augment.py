@@ -169,22 +169,12 @@ def apply_speed_perturb(signals, lengths, params, *, sample_rate, quality="high"
     sr = int(sample_rate)
     src = np.rint(sr * f).astype(np.int64)  # the item is read as if sampled at src Hz
     src = np.maximum(src, 1)
-    new = -(-lens * sr // src)
-    width = int(new.max()) if B else 0
-    out = xp.zeros((B, width), dtype=x.dtype)
-    from .audio import resample
+    from ._resample import resample_rows
 
-    x = xp.where(_valid(xp, lens, n), x, 0)  # the padding must be zeros for the filter
-    for rate in np.unique(src):  # one batched resample per distinct rate
-        idx = np.nonzero(src == rate)[0]
-        m = int(lens[idx].max())
-        if m == 0:
-            continue
-        y = resample(x[xp.asarray(idx), :m], int(rate), sr, quality=quality)
-        w = min(width, y.shape[1])
-        y = y[:, :w]
-        keep = xp.arange(w)[None, :] < xp.asarray(new[idx])[:, None]
-        out[xp.asarray(idx), :w] = xp.where(keep, y, 0).astype(x.dtype)
+    # one launch for the whole batch on cupy (each row at its own rate); on numpy one batched
+    # resample per distinct rate
+    out, new = resample_rows(x, lens, src, sr, quality=quality)
+    out = out.astype(x.dtype, copy=False)
     new_lens = _like(lengths, new)
     if one:
         return out[0], new_lens

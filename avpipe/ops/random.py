@@ -44,13 +44,43 @@ def _xp_of(x):
     return np if isinstance(x, np.ndarray) else __import__("cupy").get_array_module(x)
 
 
+# The rounds as one CUDA elementwise kernel (cupy): the same integer steps as the numpy code
+# below, which is its reference (bit-identical; tests/test_random.py runs this body as C++).
+PHILOX_BODY = r"""
+unsigned int a0 = c0, a1 = c1, a2 = c2, a3 = c3, key0 = k0, key1 = k1;
+for (int r = 0; r < rounds; ++r) {
+    unsigned long long p0 = (unsigned long long)a0 * 0xD2511F53ull;
+    unsigned long long p1 = (unsigned long long)a2 * 0xCD9E8D57ull;
+    unsigned int hi0 = (unsigned int)(p0 >> 32), lo0 = (unsigned int)p0;
+    unsigned int hi1 = (unsigned int)(p1 >> 32), lo1 = (unsigned int)p1;
+    a0 = hi1 ^ a1 ^ key0; a1 = lo1; a2 = hi0 ^ a3 ^ key1; a3 = lo0;
+    key0 += 0x9E3779B9u; key1 += 0xBB67AE85u;
+}
+o0 = a0; o1 = a1; o2 = a2; o3 = a3;
+"""
+_KERNELS: dict = {}
+
+
+def _philox_kernel(cupy):
+    k = _KERNELS.get("philox")
+    if k is None:
+        k = _KERNELS["philox"] = cupy.ElementwiseKernel(
+            "uint32 c0, uint32 c1, uint32 c2, uint32 c3, uint32 k0, uint32 k1, int32 rounds",
+            "uint32 o0, uint32 o1, uint32 o2, uint32 o3", PHILOX_BODY, "avpipe_philox4x32")
+    return k
+
+
 def philox4x32(c0, c1, c2, c3, k0: int, k1: int, rounds: int = 10):
     """Philox4x32 on four uint32 counter arrays (numpy or cupy, same shape) and a 64-bit key
-    given as two Python ints; returns four uint32 arrays (the random words)."""
+    given as two Python ints; returns four uint32 arrays (the random words). On cupy: one
+    kernel launch (:data:`PHILOX_BODY`)."""
     xp = _xp_of(c0)
     u32, u64 = xp.uint32, xp.uint64
     c0, c1, c2, c3 = (xp.asarray(c, dtype=u32) for c in (c0, c1, c2, c3))
     k0, k1 = int(k0) & _MASK32, int(k1) & _MASK32
+    if xp is not np:
+        return _philox_kernel(xp)(c0, c1, c2, c3, np.uint32(k0), np.uint32(k1),
+                                  np.int32(rounds))
     m0, m1 = u64(_M0), u64(_M1)
     s32 = u64(32)
     for _ in range(rounds):

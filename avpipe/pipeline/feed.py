@@ -110,15 +110,30 @@ class Task:
     def decode_items(self, pairs):
         return self._submit(pairs)()
 
+    # groups decoded ahead of the one being collated: enough that the pool holds about two
+    # items per thread (a batch's slowest item then leaves no thread idle), at least two and at
+    # most MAX_AHEAD groups
+    MAX_AHEAD = 8
+
     def decode_groups(self, groups):
+        """The values of each group of ``(id, item)`` pairs, in order; later groups are
+        decoding while one is handed out (bounded, see ``MAX_AHEAD``)."""
         groups = iter(groups)
-        nxt = next(groups, None)
-        fut = None if nxt is None else self._submit(nxt)
-        while fut is not None:
-            g2 = next(groups, None)
-            fut2 = None if g2 is None else self._submit(g2)
+        pending = collections.deque()  # (result function, group size)
+
+        def fill():
+            while len(pending) < self.MAX_AHEAD and (
+                    len(pending) < 2 or sum(n for _, n in pending) < 2 * self.threads):
+                g = next(groups, None)
+                if g is None:
+                    return
+                pending.append((self._submit(g), len(g)))
+
+        fill()
+        while pending:
+            fut, _ = pending.popleft()
+            fill()
             yield fut()
-            fut = fut2
 
     def _submit(self, pairs):
         """Start decoding ``pairs`` on the pool; returns a function giving the values."""

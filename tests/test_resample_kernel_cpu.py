@@ -1,0 +1,105 @@
+"""The resampling kernel (``avpipe/ops/_resample.cu``), compiled as plain C++ and run here on
+the CPU, equals the numpy reference (``resample`` / ``resample_rows``) within float32 rounding;
+the same source compiles for the GPU with nvcc where it is installed. The GPU test
+(test_augment_audio.py / test_ops_audio_gpu.py) runs it through NVRTC."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from avpipe.ops import _resample as R
+
+PRELUDE = r"""
+#define __global__
+struct Dim3 { unsigned x; };
+static Dim3 threadIdx, blockIdx, blockDim;
+"""
+
+LAUNCHER = r"""
+extern "C" void run(long long total, const float* x, long long n_in, const long long* lens,
+        const int* up, const int* down, const int* half, const int* ktaps, const long long* toff,
+        const float* taps, const long long* n_out, float* out, long long width) {
+    blockDim.x = 1; threadIdx.x = 0;
+    for (long long t = 0; t < total; ++t) { blockIdx.x = (unsigned)t;
+        avpipe_resample_rows(x, n_in, lens, up, down, half, ktaps, toff, taps, n_out, out,
+                             width, total); }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the kernel for the CPU")
+    d = tmp_path_factory.mktemp("resample_kernel")
+    src = d / "k.cpp"
+    with open(R.KERNEL_FILE) as f:
+        src.write_text(PRELUDE + f.read() + LAUNCHER)
+    so = d / "k.so"
+    subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-Wall", "-Werror", str(src), "-o", str(so)],
+                   check=True)  # fmt: skip
+    return ctypes.CDLL(str(so))
+
+
+def _p(a):
+    return ctypes.c_void_p(a.ctypes.data)
+
+
+def run_cpu(lib, x, lens, rates, target, quality):
+    """The GPU runner's sequence (``_rows_kernel``), with the kernel run on the CPU."""
+    x = np.ascontiguousarray(x, np.float32)
+    B, n = x.shape
+    g = np.gcd(rates, target)
+    up, down = target // g, rates // g
+    new = -(-lens * up // down)
+    width = int(new.max())
+    pairs = tuple(sorted({(int(u), int(d)) for u, d in zip(up, down)}))
+    taps, meta = R.table(pairs, quality)
+    args = R.row_args(lens, up, down, new, meta)
+    out = np.full((B, width), np.nan, np.float32)
+    ln, u, d, half, kt, toff, n_out = args
+    I64 = ctypes.c_longlong
+    lib.run(I64(B * width), _p(x), I64(n), _p(ln), _p(u), _p(d), _p(half), _p(kt), _p(toff),
+            _p(taps), _p(n_out), _p(out), I64(width))
+    return out, new
+
+
+@pytest.mark.parametrize("quality", ["fast", "high"])
+def test_kernel_equals_reference_per_row_rates(lib, quality):
+    rng = np.random.default_rng(3)
+    B = 7
+    lens = rng.integers(0, 6000, B)
+    lens[2] = 0  # an empty row
+    x = np.zeros((B, int(lens.max())), np.float32)
+    for b, m in enumerate(lens):
+        x[b, :m] = rng.standard_normal(m)
+    x[0, lens[0]:] = 5.0  # junk past a length is never read
+    rates = np.array([13600, 16000, 17000, 8000, 14400, 18400, 44100])
+    out, new = run_cpu(lib, x, lens, rates, 16000, quality)
+    ref, new_ref = R.resample_rows(x, lens, rates, 16000, quality=quality)
+    np.testing.assert_array_equal(new, new_ref)
+    assert out.shape == ref.shape
+    np.testing.assert_allclose(out, ref, atol=2e-6, rtol=0)
+    for b in range(B):  # and each row is resample() of its samples
+        if lens[b]:
+            r = R.resample(x[b, : lens[b]], int(rates[b]), 16000, quality=quality)
+            np.testing.assert_allclose(out[b, : new[b]], r, atol=2e-6, rtol=0)
+        assert not out[b, new[b]:].any()
+    b = 1  # the same rate: the samples themselves
+    assert rates[b] == 16000
+    np.testing.assert_array_equal(out[b, : lens[b]], x[b, : lens[b]])
+
+
+def test_kernel_compiles_for_the_gpu(tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc here")
+    subprocess.run([nvcc, "-arch=sm_90", "--ptx", R.KERNEL_FILE, "-o", str(tmp_path / "k.ptx")],
+                   check=True)  # fmt: skip
+    assert "avpipe_resample_rows" in (tmp_path / "k.ptx").read_text()
