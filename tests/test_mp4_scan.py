@@ -481,3 +481,54 @@ def test_sar_from_the_sps_without_pasp(made, tmp_path, name):
     assert_same(slow, fast)
     if name == "h264_sar":
         assert fast.sample_aspect_ratio == fractions.Fraction(4, 3)
+
+
+def _multi_nal_video(path, codec, options):
+    with av.open(str(path), "w", format="mp4") as out:
+        st = out.add_stream(codec, rate=25)
+        st.width, st.height, st.pix_fmt = 160, 96, "yuv420p"
+        st.options = options
+        for i in range(40):
+            f = av.VideoFrame.from_ndarray(synth_frame(i, 160, 96), format="rgb24")
+            for pkt in st.encode(f.reformat(format="yuv420p")):
+                out.mux(pkt)
+        for pkt in st.encode(None):
+            out.mux(pkt)
+    return str(path)
+
+
+@pytest.mark.parametrize("codec,options", [
+    ("libx264", {"x264-params": "slices=3:aud=1:bframes=2:b-pyramid=none"}),
+    ("libx264", {"x264-params": "slices=2:bframes=3:b-pyramid=normal:keyint=12"}),
+    ("libx265", {"x265-params": "slices=2:bframes=2:keyint=12:log-level=none"}),
+])  # fmt: skip
+def test_vector_nal_walk_equals_the_scalar_walk(tmp_path, codec, options, monkeypatch):
+    """Samples of several NAL units (slices, access unit delimiters, SEI) are walked together
+    (``_walk_many``); the result equals walking each sample alone (``_walk``)."""
+    from avpipe.decoding.video import _mp4
+
+    if codec not in av.codecs_available:
+        pytest.skip(f"{codec} not in this PyAV")
+    path = _multi_nal_video(tmp_path / "m.mp4", codec, options)
+    walked = []
+    vector = _mp4._walk_many
+
+    def spy(arr, file_size, pos, size, ls, v):
+        out = vector(arr, file_size, pos, size, ls, v)
+        walked.append((pos.size, int(out[3].sum())))
+        return out
+
+    monkeypatch.setattr(_mp4, "_walk_many", spy)
+    fast = _mp4.read_video_track(path)
+    n, rest = walked[0]
+    assert n == fast.pos.size and rest < n  # every sample holds several units; most walked fast
+
+    def scalar_only(arr, file_size, pos, size, ls, v):
+        n = pos.size
+        return np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int64), np.ones(n, bool)
+
+    monkeypatch.setattr(_mp4, "_walk_many", scalar_only)
+    slow = _mp4.read_video_track(path)
+    np.testing.assert_array_equal(fast.disposable, slow.disposable)
+    np.testing.assert_array_equal(fast.key, slow.key)
+    assert fast.disposable.any() and fast.key.any() and not fast.key.all()

@@ -1020,8 +1020,16 @@ def _nal_scan(fd: int, file_size: int, v: Mp4Video):
                 for k in range(5):
                     words = (words << 8) | raw[:, ls + 1 + k]
                 key |= is_slice & _is_i_slice(words, size - ls - 1)
-        multi = np.nonzero(~single)[0].tolist()
-        walked = {i: _walk(mm, int(pos[i]), int(size[i]), ls, v) for i in multi}
+        multi = np.nonzero(~single)[0]
+        if multi.size:  # samples of several NAL units: walked together, unit by unit
+            m_out, m_key, m_tmax, rest = _walk_many(raw_of(mm), file_size, pos[multi],
+                                                    size[multi], ls, v)
+        else:
+            m_out = m_key = m_tmax = rest = np.zeros(0, np.int64)
+        # the rare sample the vector walk leaves (an SEI before its first slice, in-band
+        # parameter sets): one at a time
+        walked = {int(multi[j]): _walk(mm, int(pos[multi[j]]), int(size[multi[j]]), ls, v)
+                  for j in np.nonzero(rest)[0]}
         # in-band parameter sets (repeated headers) must be the sample entry's own: a stream
         # that changes them midway is left to the decoder-based scan
         if v.param_sets is not None and any(
@@ -1029,10 +1037,17 @@ def _nal_scan(fd: int, file_size: int, v: Mp4Video):
         ):
             raise Unsupported("in-band parameter sets differ from the sample entry's")
         max_tid = int(tids[is_slice].max()) if is_slice.any() else 0
+        if m_tmax.size and (~rest).any():
+            max_tid = max(max_tid, int(m_tmax[~rest].max()))
         for h, _, _ in walked.values():
             for _, tid in h:
                 max_tid = max(max_tid, tid)
         out = is_slice & ~refs & (tids == max_tid)
+        if multi.size:
+            vec = multi[~rest]
+            out[vec] = m_out[~rest] & (m_tmax[~rest] == max_tid)
+            if key is not None:
+                key[vec] = m_key[~rest]
         for i, (h, k, _) in walked.items():
             out[i] = bool(h) and all((not r) and tid == max_tid for r, tid in h)
             if key is not None:
@@ -1043,6 +1058,89 @@ def _nal_scan(fd: int, file_size: int, v: Mp4Video):
             mm.close()
         except BufferError:
             pass
+
+
+def raw_of(mm):
+    return np.frombuffer(mm, np.uint8)
+
+
+def _walk_many(arr, file_size, pos, size, ls, v):
+    """:func:`_walk` for many samples at once (numpy, one step per NAL unit index).
+
+    Returns per sample ``(disposable_if_max_tid, key, max_tid_of_its_slices, rest)``:
+    ``disposable_if_max_tid``: it has slices, none referenced, all of one temporal id (equal to
+    the third value; the caller compares it with the stream's highest); ``key``: the H.264
+    parser's key flag (IDR, or an I slice of a one-reference stream); ``rest``: samples this
+    walk does not decide (an SEI before the first slice, which may carry a recovery point;
+    in-band parameter sets), to be walked by :func:`_walk`. Raises :class:`Unsupported` as
+    :func:`_walk` does where the NAL units do not fill a sample."""
+    h264 = v.codec == "h264"
+    hb = 1 if h264 else 2
+    n = pos.size
+    cur = pos.astype(np.int64).copy()
+    end = cur + size.astype(np.int64)
+    nslices = np.zeros(n, np.int64)
+    any_ref = np.zeros(n, bool)
+    tmin = np.full(n, 1 << 30, np.int64)
+    tmax = np.full(n, -1, np.int64)
+    seen_slice = np.zeros(n, bool)
+    key = np.zeros(n, bool)
+    rest = np.zeros(n, bool)
+    width = ls + hb + 5
+    active = cur < end
+    while active.any():
+        a = np.nonzero(active)[0]
+        c, e = cur[a], end[a]
+        if np.any(c + ls > e):
+            raise Unsupported("NAL units do not fill the sample")
+        raw = arr[np.minimum(c[:, None] + np.arange(width)[None, :], file_size - 1)]
+        raw = raw.astype(np.int64)
+        length = np.zeros(a.size, np.int64)
+        for k in range(ls):
+            length = (length << 8) | raw[:, k]
+        at = c + ls
+        if np.any(length <= 0) or np.any(at + length > e):
+            raise Unsupported("NAL units do not fill the sample")
+        h0 = raw[:, ls]
+        first = ~seen_slice[a]
+        if h264:
+            t = h0 & 0x1F
+            sl = (t == 1) | (t == 5)
+            ref = ((h0 >> 5) & 3) != 0
+            tid = np.zeros(a.size, np.int64)
+            rest[a[(t == 6) & first]] = True  # a possible recovery point: the scalar walk
+            rest[a[(t == 7) | (t == 8)]] = True
+            fs = sl & first  # the sample's first slice decides its key flag
+            k = fs & (t == 5)
+            if v.intra_key:
+                chk = fs & ~k
+                if np.any(chk & (length < 6)):
+                    raise Unsupported("short slice")
+                if chk.any():
+                    words = np.zeros(a.size, np.int64)
+                    for j in range(5):
+                        words = (words << 8) | raw[:, ls + 1 + j]
+                    ci = np.nonzero(chk)[0]
+                    k[ci] = _is_i_slice(words[ci], length[ci] - 1)
+            key[a[fs]] = k[fs]
+        else:
+            if np.any(length < 2):
+                raise Unsupported("short NAL unit")
+            t = (h0 >> 1) & 0x3F
+            sl = t < 32
+            ref = ~((t < 16) & (t % 2 == 0))
+            tid = (raw[:, ls + 1] & 7) - 1
+            rest[a[(t >= 32) & (t <= 34)]] = True
+        s_a = a[sl]
+        nslices[s_a] += 1
+        any_ref[s_a] |= ref[sl]
+        tmin[s_a] = np.minimum(tmin[s_a], tid[sl])
+        tmax[s_a] = np.maximum(tmax[s_a], tid[sl])
+        seen_slice[s_a] = True
+        cur[a] = at + length
+        active[a] = cur[a] < end[a]
+    ok = (nslices > 0) & ~any_ref & (tmin == tmax)
+    return ok, key, np.where(nslices > 0, tmax, 0), rest
 
 
 def _is_i_slice(words, avail):
