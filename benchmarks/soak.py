@@ -3,8 +3,10 @@
 
 Every workload (the decoders in a loop, the audio batch loader, the training feeds) runs alone
 for ``--minutes``; every ``--interval`` seconds the process's RSS (``/proc/self/status`` VmRSS)
-and, on a GPU, the device memory in use (``cudaMemGetInfo``: total - free, which also counts
-PyNvVideoCodec's and DALI's own allocations) are sampled. The first ``--warmup`` share of the
+and, on a GPU, this process's device memory (``nvidia-smi``'s per-process figure, which also
+counts PyNvVideoCodec's and DALI's own allocations; where it is not available, the whole
+device's use by ``cudaMemGetInfo``, which counts every other process too: only meaningful for a
+workload alone on the GPU) are sampled. The first ``--warmup`` share of the
 samples is warm-up (pools fill, caches fill); growth is the median of the last fifth of the
 samples over the median of the fifth right after warm-up, minus 1. The verdict: growth under 5 % on every
 series.
@@ -50,8 +52,21 @@ def rss_bytes() -> int:
 
 
 def gpu_used_bytes(device) -> int | None:
+    """This process's GPU memory (nvidia-smi, per process), else the device's use."""
     if not device.startswith("cuda"):
         return None
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=20).stdout  # fmt: skip
+        for line in out.splitlines():
+            pid, mib = (v.strip() for v in line.split(","))
+            if int(pid) == os.getpid():
+                return int(float(mib)) << 20
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
     import cupy
 
     free, total = cupy.cuda.runtime.memGetInfo()
