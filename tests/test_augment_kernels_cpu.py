@@ -215,3 +215,71 @@ def test_resized_crop(lib, interpolation, antialias):
     ref = I.apply_resized_crop(xf, p, 16, interpolation=interpolation, antialias=antialias)
     got = resized_crop_cpu(lib, xf, p, 16, 16, interpolation, antialias)
     np.testing.assert_allclose(got, ref, atol=1e-3, rtol=0)
+
+
+def _patch_glue(lib, monkeypatch):
+    """image_augment's cupy dispatch taken with numpy arrays, the kernels run here: exercises
+    the host glue (tables, constants, rounding, dtypes, layouts, the chain's fused run)."""
+
+    calls = []
+
+    def crop(x5, top, left, height, width, oh, ow, interpolation, antialias, *, mode):
+        calls.append("resized_crop")
+        p = {"top": top, "left": left, "height": height, "width": width}
+        return resized_crop_cpu(lib, x5, p, oh, ow, interpolation, antialias, mode)
+
+    def pixels(x5, **kw):
+        calls.append(tuple(sorted(k for k, v in kw.items() if v is not None and v is not False)))
+        return pixels_cpu(lib, x5, **kw)
+
+    monkeypatch.setattr(I, "_kernel_ok", lambda x5, channels=3: x5.dtype in (np.uint8, np.float32)
+                        and channels in (0, x5.shape[-1]))  # fmt: skip
+    monkeypatch.setattr(K, "pixels", pixels)
+    monkeypatch.setattr(K, "resized_crop", crop)
+    return calls
+
+
+@pytest.mark.parametrize("layout", [None, "BTCHW", "images"])
+def test_chain_through_the_kernel_glue(lib, monkeypatch, layout):
+    x = _clips(shape=(4, 3, 36, 64, 3))
+    if layout == "BTCHW":
+        x = np.ascontiguousarray(np.moveaxis(x, -1, 2))
+    elif layout == "images":
+        x, layout = x[:, 0], None
+    chain = I.video_train_chain(16, layout=layout)
+    assert chain._runs() == [(0, 1), (1, 4)]  # flip + jitter + normalize: one run
+    ref, ps = chain(x, seed=2, epoch=1, return_params=True)
+    ops = [I.apply_resized_crop(x, ps[0], 16, layout=layout)]
+    ops.append(I.apply_flip(ops[0], ps[1], layout=layout))
+    ops.append(I.apply_color_jitter(ops[1], ps[2], layout=layout))
+    ops.append(chain.ops[3].apply(ops[2], {}))
+    calls = _patch_glue(lib, monkeypatch)
+    got, ps2 = chain(x, seed=2, epoch=1, return_params=True)
+    assert calls == ["resized_crop", ("affine", "bound", "flip", "jitter", "mode", "nchw",
+                                      "round_u8")]  # fmt: skip
+    for a, b in zip(ps, ps2):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    d = np.abs(got - ref)
+    assert d.max() < 4 / 255 / 0.224 and np.mean(d > 1e-3) < 1e-2
+    np.testing.assert_array_equal(chain.apply(x, ps), got)  # replay
+    # the ops one by one through their kernels
+    y = I.apply_resized_crop(x, ps[0], 16, layout=layout)
+    assert y.shape == ops[0].shape and np.abs(y.astype(int) - ops[0]).max() <= 1
+    y = ops[0]
+    for k, fn in ((1, I.apply_flip), (2, I.apply_color_jitter)):
+        z = fn(y, ps[k], layout=layout)
+        assert z.shape == ops[k].shape and z.dtype == ops[k].dtype
+        assert np.abs(z.astype(int) - ops[k]).max() <= 1
+        y = ops[k]
+    z = chain.ops[3].apply(ops[2], {})
+    assert z.shape == ops[3].shape and z.dtype == ops[3].dtype
+    np.testing.assert_array_equal(z, ops[3])
+    # float16 out, channels-last out
+    n = I.Normalize(dtype="float16", out_layout="NHWC", layout=layout)
+    monkeypatch.undo()
+    want = n.apply(ops[2], {})
+    _patch_glue(lib, monkeypatch)
+    got = n.apply(ops[2], {})
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
