@@ -372,10 +372,16 @@ def n_crop(x, size, n=3, *, layout=None):
 # --- flip, grayscale -----------------------------------------------------------------------------
 
 
+def _host_ids(ids):
+    """int64 sample ids on the host (the small per-item draws are made there and copied up
+    once: the same words as on the device, without its many small launches)."""
+    return as_ids(host(ids) if hasattr(ids, "__cuda_array_interface__") else ids, len(ids), np)
+
+
 def sample_flip_params(seed, epoch, ids, *, p=0.5, stream="flip", xp=np):
-    """``{"flip": bool [B]}``, True with probability ``p``."""
-    ids = as_ids(ids, len(ids), xp)
-    return {"flip": R.bernoulli(seed, stream, epoch, ids, 1, p=p, xp=xp)[:, 0]}
+    """``{"flip": bool [B]}``, True with probability ``p`` (drawn on the host, on ``xp``)."""
+    ids = _host_ids(ids)
+    return {"flip": on(xp, R.bernoulli(seed, stream, epoch, ids, 1, p=p)[:, 0])}
 
 
 def apply_flip(x, params, *, layout=None):
@@ -389,9 +395,10 @@ def apply_flip(x, params, *, layout=None):
 
 
 def sample_grayscale_params(seed, epoch, ids, *, p=0.1, stream="grayscale", xp=np):
-    """``{"gray": bool [B]}``, True with probability ``p`` (torchvision RandomGrayscale)."""
-    ids = as_ids(ids, len(ids), xp)
-    return {"gray": R.bernoulli(seed, stream, epoch, ids, 1, p=p, xp=xp)[:, 0]}
+    """``{"gray": bool [B]}``, True with probability ``p`` (torchvision RandomGrayscale; drawn on
+    the host, on ``xp``)."""
+    ids = _host_ids(ids)
+    return {"gray": on(xp, R.bernoulli(seed, stream, epoch, ids, 1, p=p)[:, 0])}
 
 
 def _gray(xp, x):
@@ -419,8 +426,9 @@ def sample_color_jitter_params(seed, epoch, ids, *, brightness=0.0, contrast=0.0
     factors uniform on ``[max(0, 1 - v), 1 + v]`` (or a given ``(low, high)``), hue on
     ``[-h, h]`` (``h <= 0.5``); ``order [B, 4]``: a random permutation of (0 brightness,
     1 contrast, 2 saturation, 3 hue) per clip, or ``0, 1, 2, 3`` with ``random_order=False``.
-    A clip not applied (probability ``1 - p``) gets the identity factors."""
-    ids = as_ids(ids, len(ids), xp)
+    A clip not applied (probability ``1 - p``) gets the identity factors. Drawn on the host and
+    copied to ``xp`` in two arrays (the four factors are rows of one float64 ``[4, B]``)."""
+    ids = _host_ids(ids)
 
     def rng(v, name, centre):
         if isinstance(v, (int, float)):
@@ -433,19 +441,18 @@ def sample_color_jitter_params(seed, epoch, ids, *, brightness=0.0, contrast=0.0
               rng(saturation, "saturation", 1.0), rng(hue, "hue", 0.0)]  # fmt: skip
     if not (-0.5 <= bounds[3][0] <= bounds[3][1] <= 0.5):
         raise ValueError(f"hue must be in [0, 0.5] or a range inside [-0.5, 0.5], got {hue!r}")
-    u = R.uniform(seed, stream, epoch, ids, 8, xp=xp)
-    out = {}
-    for k, (name, (lo, hi)) in enumerate(zip(_ORDER, bounds)):
-        out[name] = lo + (hi - lo) * u[:, k]
+    u = R.uniform(seed, stream, epoch, ids, 8)
+    fac = np.stack([lo + (hi - lo) * u[:, k] for k, (lo, hi) in enumerate(bounds)])
     if random_order:
-        kw = {"kind": "stable"} if xp is np else {}  # cupy's argsort is always stable
-        out["order"] = xp.argsort(u[:, 4:8], axis=1, **kw).astype(xp.int64)
+        order = np.argsort(u[:, 4:8], axis=1, kind="stable").astype(np.int64)
     else:
-        out["order"] = xp.broadcast_to(xp.arange(4, dtype=xp.int64), (ids.shape[0], 4)).copy()
+        order = np.broadcast_to(np.arange(4, dtype=np.int64), (ids.shape[0], 4)).copy()
     if p < 1.0:
-        a = applied(seed, stream, epoch, ids, p, xp)
-        for name, ident in zip(_ORDER, (1.0, 1.0, 1.0, 0.0)):
-            out[name] = xp.where(a, out[name], ident)
+        a = applied(seed, stream, epoch, ids, p, np)
+        fac = np.where(a[None], fac, np.array([1.0, 1.0, 1.0, 0.0])[:, None])
+    fac = on(xp, fac, np.float64)
+    out = {name: fac[k] for k, name in enumerate(_ORDER)}
+    out["order"] = on(xp, order, np.int64)
     return out
 
 
