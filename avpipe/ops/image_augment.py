@@ -189,7 +189,7 @@ def sample_resized_crop_params(seed, epoch, ids, height, width, *, scale=(0.08, 
     Returns ``{"top", "left", "height", "width": int64 [B]}`` on ``xp``. The draws are
     :mod:`avpipe.ops.random` words; the log/exp/sqrt of the box are computed on the host, so
     every device gets the same boxes."""
-    ids_h = host(as_ids(ids, len(ids), xp))
+    ids_h = _host_ids(ids)
     B = ids_h.shape[0]
     H = np.broadcast_to(np.asarray(host(height), np.int64), (B,))
     W = np.broadcast_to(np.asarray(host(width), np.int64), (B,))
@@ -578,7 +578,7 @@ def apply_temporal_jitter(indices, n_frames, params):
 def sample_mixup_params(seed, epoch, ids, *, alpha=0.2, p=1.0, stream="mixup", xp=np):
     """``{"lam": float64 [B]}``: Beta(alpha, alpha) per item (two Gamma draws, host-side);
     1 (no mixing) with probability ``1 - p``."""
-    ids_h = host(as_ids(ids, len(ids), xp))
+    ids_h = _host_ids(ids)
     g1 = gamma(seed, stream + ".a", epoch, ids_h, alpha)
     g2 = gamma(seed, stream + ".b", epoch, ids_h, alpha)
     lam = g1 / (g1 + g2)
@@ -618,7 +618,7 @@ def sample_cutmix_params(seed, epoch, ids, height, width, *, alpha=1.0, p=1.0, s
     uniform over the frame, half sides ``int(0.5 sqrt(1 - lam) * H)`` / ``* W``, the box clipped
     to the frame; ``lam`` adjusted to ``1 - box area / (H W)``. Returns ``{"y1", "x1", "y2",
     "x2": int64 [B], "lam": float64 [B]}`` (an empty box with probability ``1 - p``)."""
-    ids_h = host(as_ids(ids, len(ids), xp))
+    ids_h = _host_ids(ids)
     H, W = int(height), int(width)
     g1 = gamma(seed, stream + ".a", epoch, ids_h, alpha)
     g2 = gamma(seed, stream + ".b", epoch, ids_h, alpha)
@@ -691,6 +691,8 @@ def crop_nv12(y, uv, box):
 
 
 def _ids_for(x5, ids, xp):
+    if ids is None or isinstance(ids, (list, tuple, range, np.ndarray)):
+        return as_ids(ids, x5.shape[0], np)  # host ids: the samplers draw there
     return as_ids(ids, x5.shape[0], xp)
 
 
