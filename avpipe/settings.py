@@ -12,7 +12,7 @@ may change it between calls. Grammar:
 variable                        default meaning
 =============================== ======= ================================================================
 ``AVPIPE_DISABLE_GPU``          off     ``device=None`` means the CPU even where a GPU is usable
-``AVPIPE_IMAGE_KERNELS``        on      image ops use avpipe's fused CUDA kernels (off: cuBLAS path)
+``AVPIPE_IMAGE_KERNELS``        on      image ops and augmentations use fused CUDA kernels (off: cupy ops)
 ``AVPIPE_NVDEC_PACKETS``        auto    NVDEC packet path: auto (H.264/HEVC in MP4/MOV), on (also
                                         other containers, PyNvVideoCodec's demuxer), off
 ``AVPIPE_NVDEC_CHUNK``          16      packets per NVDEC ``Decode`` call on the packet path (>= 1)

@@ -19,8 +19,14 @@ Workloads (the same data for both; generated, no files):
   3/4-4/3) -> horizontal flip (p 0.5) -> colour jitter (brightness, contrast, saturation 0.4,
   hue 0.1) -> normalize (ImageNet mean/std) to float32 ``[T, C, H, W]``.
 
-  - ``avpipe_video``: ``video_train_chain(224)`` on cupy clips (crop+resize as batched GEMMs,
-    jitter in a random order per clip).
+  - ``avpipe_video``: ``video_train_chain(224)`` on cupy clips (the resized crop as two fused
+    kernels for the batch, then flip + jitter (random order per clip) + normalize in one pass
+    plus the frames' gray means).
+  - ``avpipe_video_recipe``: the video recipe's default train stack as it runs it
+    (``VideoTask._train_transform`` per clip, then stacked as its collate does): the random
+    resized crop folded into the fused resize + normalize (float16 ``[T, C, H, W]``), and the
+    flip; no colour jitter (off by default there). The recipe's defaults except ``scale``,
+    0.08-1 as above.
   - ``dali_video``: external source of sequences (``FHWC``) -> ``fn.random_resized_crop`` ->
     ``fn.flip(horizontal=coin)`` -> ``fn.color_twist`` (brightness, contrast, saturation, hue
     in degrees; fixed order) -> ``fn.crop_mirror_normalize`` (``FCHW``, float).
@@ -47,7 +53,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import numpy as np  # noqa: E402
 
 SR = 16000
-CONTENDERS = ["avpipe_audio", "dali_audio", "avpipe_video", "dali_video"]
+CONTENDERS = ["avpipe_audio", "dali_audio", "avpipe_video", "avpipe_video_recipe", "dali_video"]
 
 
 def log(*a):
@@ -130,6 +136,26 @@ def bench_avpipe_video(args):
 
     v, info = run_timed(step, args.budget, x.shape[0], sync)
     return v, {**info, "shape": list(step().shape)}
+
+
+def bench_avpipe_video_recipe(args):
+    from avpipe.device import resolve_device
+    from avpipe.recipes.video import VideoTask
+
+    xp, sync = _xp(args.cpu)
+    x = xp.asarray(video_batch(args.video_batch, args.frames))
+    task = VideoTask(labels=[0] * x.shape[0], clip_length=args.frames, stride=1, crop_size=224,
+                     train=True, seed=0, device=resolve_device("cpu" if args.cpu else "cuda"),
+                     scale=(0.08, 1.0))  # fmt: skip
+    state = {"epoch": 0}
+
+    def step():
+        state["epoch"] += 1
+        return xp.stack([task._train_transform(x[i], i, state["epoch"]) for i in range(x.shape[0])])
+
+    v, info = run_timed(step, args.budget, x.shape[0], sync)
+    out = step()
+    return v, {**info, "shape": list(out.shape), "dtype": str(out.dtype)}
 
 
 # --- DALI --------------------------------------------------------------------------------------
@@ -252,14 +278,18 @@ def main():
         d = results.get(f"dali_{kind}", {}).get("items_per_s")
         if a and d:
             results[f"ratio_avpipe_over_dali_{kind}"] = round(a / d, 3)
+    r = results.get("avpipe_video_recipe", {}).get("items_per_s")
+    d = results.get("dali_video", {}).get("items_per_s")
+    if r and d:
+        results["ratio_avpipe_recipe_over_dali_video"] = round(r / d, 3)
     out = {"device": "cpu" if args.cpu else "gpu", "results": results, "args": vars(args)}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench_augment.json"), "w") as f:
         json.dump(out, f, indent=1)
-    log("\ncontender        items/s")
+    log("\ncontender            items/s")
     for name, r in results.items():
         if isinstance(r, dict):
-            log(f"{name:16s} {r['items_per_s']}")
+            log(f"{name:20s} {r['items_per_s']}")
     for k, v in results.items():
         if k.startswith("ratio"):
             log(f"{k}: {v:.2f}x" + (" (--cpu: a check that the script runs, not the GPU figure)"

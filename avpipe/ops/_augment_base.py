@@ -124,6 +124,10 @@ class Augment:
     Deterministic ops (log-mel, normalize, centre crop) return ``{}`` from :meth:`sample`."""
 
     name = "augment"
+    #: ``fuse(data, ops, params)``: applies a run of consecutive ops of a :class:`Chain` that
+    #: share this function at once (e.g. one GPU kernel); None: the op is applied alone. Such
+    #: ops' samplers may read only the batch size of the data (all of a run see its input).
+    fuse = None
 
     def __init__(self, stream: str | None = None):
         self.stream = stream or self.name
@@ -189,12 +193,28 @@ class Chain(Augment):
             ops.append(REGISTRY[name](**kw))
         return cls(ops)
 
+    def _runs(self):
+        """``(start, stop)`` of the runs of consecutive ops sharing a ``fuse`` (others alone)."""
+        runs, i = [], 0
+        while i < len(self.ops):
+            j, f = i + 1, self.ops[i].fuse
+            while f is not None and j < len(self.ops) and self.ops[j].fuse is f:
+                j += 1
+            runs.append((i, j))
+            i = j
+        return runs
+
     def __call__(self, data, *, seed: int = 0, epoch: int = 0, ids=None,
                  return_params: bool = False):  # fmt: skip
         all_params = []
-        for op in self.ops:
-            data, p = op(data, seed=seed, epoch=epoch, ids=ids, return_params=True)
-            all_params.append(p)
+        for i, j in self._runs():
+            if j - i == 1:
+                data, p = self.ops[i](data, seed=seed, epoch=epoch, ids=ids, return_params=True)
+                all_params.append(p)
+                continue
+            ps = [op.sample(data, seed=seed, epoch=epoch, ids=ids) for op in self.ops[i:j]]
+            data = self.ops[i].fuse(data, self.ops[i:j], ps)
+            all_params.extend(ps)
         return (data, all_params) if return_params else data
 
     def sample(self, data, *, seed, epoch=0, ids=None):
@@ -203,8 +223,11 @@ class Chain(Augment):
     def apply(self, data, params):
         if len(params) != len(self.ops):
             raise ValueError(f"params: {len(params)} dicts for {len(self.ops)} ops")
-        for op, p in zip(self.ops, params):
-            data = op.apply(data, p)
+        for i, j in self._runs():
+            if j - i == 1:
+                data = self.ops[i].apply(data, params[i])
+            else:
+                data = self.ops[i].fuse(data, self.ops[i:j], list(params[i:j]))
         return data
 
     def __repr__(self):

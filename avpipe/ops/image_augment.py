@@ -32,6 +32,13 @@ Value range: the colour ops treat values as ``0..bound`` (``bound`` 255 for uint
 for float input, or given); uint8 input is computed in float32 and rounded once at the end
 (torchvision rounds after each op on uint8 tensors; the float results match torchvision's).
 
+On cupy (uint8 / float32, 3 channels) the resized crop, flip, colour jitter and normalize run
+as fused CUDA kernels (:mod:`avpipe.ops._augment_kernels`; the numpy code here is their
+reference): the resized crop in two launches for the batch (the crops read in place, per-item
+taps), flip / jitter / normalize in one launch each (the jitter plus one for the frames' gray
+means), and a :class:`Chain` runs consecutive flip, colour jitter and normalize ops as one pass
+(their ``fuse``). ``AVPIPE_IMAGE_KERNELS=0``: the array-module path.
+
 Tolerances (GPU vs CPU): the parameters are identical (integer and uniform draws are exact on
 both; the crop box and the mixup lambdas, which go through log/exp/sqrt, are computed on the
 host); crop/flip/grayscale/N-crop/NV12 crop are exact; resize and colour jitter agree within
@@ -47,6 +54,7 @@ import math
 import numpy as np
 
 from ..device import array_module
+from . import _augment_kernels as _ak
 from . import _image_resize as _rs
 from . import random as R
 from ._augment_base import (
@@ -150,6 +158,13 @@ def _size(size):
     return int(h), int(w)
 
 
+def _kernel_ok(x5, channels=3):
+    """Whether cupy ``x5`` goes to :mod:`avpipe.ops._augment_kernels` (uint8 / float32 input;
+    ``channels``: the channel count they need, 0 any)."""
+    return (not isinstance(x5, np.ndarray) and x5.dtype in (np.uint8, np.float32)
+            and (channels == 0 or x5.shape[-1] == channels) and _ak.available(x5))  # fmt: skip
+
+
 def _finish(xp, y, in_dtype, dtype):
     """float32 result -> uint8 (rounded half up, clipped) for uint8 input, else float32; or
     ``dtype`` if given."""
@@ -174,7 +189,7 @@ def sample_resized_crop_params(seed, epoch, ids, height, width, *, scale=(0.08, 
     Returns ``{"top", "left", "height", "width": int64 [B]}`` on ``xp``. The draws are
     :mod:`avpipe.ops.random` words; the log/exp/sqrt of the box are computed on the host, so
     every device gets the same boxes."""
-    ids_h = host(as_ids(ids, len(ids), xp))
+    ids_h = _host_ids(ids)
     B = ids_h.shape[0]
     H = np.broadcast_to(np.asarray(host(height), np.int64), (B,))
     W = np.broadcast_to(np.asarray(host(width), np.int64), (B,))
@@ -229,7 +244,9 @@ def apply_resized_crop(x, params, size, *, interpolation="bilinear", antialias=T
     :func:`avpipe.ops.image.crop` on float input (the same taps: ``antialias=True`` PIL's
     filters, ``False`` torch's ``interpolate``), within float32 rounding. All items at once:
     out = Ry[b] @ frame @ Rx[b]^T with per-item dense weight matrices (the crop is their
-    nonzero columns): two batched GEMMs over the items, no per-item device work. uint8 in -> uint8 out (rounded once), else float32;
+    nonzero columns): two batched GEMMs over the items, no per-item device work. cupy: two
+    kernel launches with per-item sparse taps reading the crops in place (within 1e-3 of the
+    value range of numpy on float output, 1 level on uint8). uint8 in -> uint8 out (rounded once), else float32;
     ``dtype`` overrides."""
     if interpolation not in ("bilinear", "bicubic"):
         raise ValueError(f"interpolation must be 'bilinear' or 'bicubic', got {interpolation!r}")
@@ -241,6 +258,12 @@ def apply_resized_crop(x, params, size, *, interpolation="bilinear", antialias=T
     if np.any(top < 0) or np.any(left < 0) or np.any(top + hh > H) or np.any(left + ww > W) \
             or np.any(hh <= 0) or np.any(ww <= 0):  # fmt: skip
         raise ValueError(f"crop boxes must lie inside the {H}x{W} frames")
+    if _kernel_ok(x5, 0):  # cupy: two launches for the batch, reading the crops in place
+        dt = np.dtype(np.uint8 if x5.dtype == np.uint8 else np.float32)
+        dt = np.dtype(dtype) if dtype is not None else dt
+        y = _ak.resized_crop(x5, top, left, hh, ww, oh, ow, interpolation, bool(antialias),
+                             mode=_ak.MODE_U8 if dt == np.uint8 else _ak.MODE_F32)  # fmt: skip
+        return _back(xp, y if y.dtype == dt else y.astype(dt), layout)
     ry = xp.asarray(_crop_matrices(top, hh, H, oh, interpolation, bool(antialias)))
     rxt = xp.asarray(np.ascontiguousarray(
         _crop_matrices(left, ww, W, ow, interpolation, bool(antialias)).transpose(0, 2, 1)))
@@ -349,23 +372,33 @@ def n_crop(x, size, n=3, *, layout=None):
 # --- flip, grayscale -----------------------------------------------------------------------------
 
 
+def _host_ids(ids):
+    """int64 sample ids on the host (the small per-item draws are made there and copied up
+    once: the same words as on the device, without its many small launches)."""
+    return as_ids(host(ids) if hasattr(ids, "__cuda_array_interface__") else ids, len(ids), np)
+
+
 def sample_flip_params(seed, epoch, ids, *, p=0.5, stream="flip", xp=np):
-    """``{"flip": bool [B]}``, True with probability ``p``."""
-    ids = as_ids(ids, len(ids), xp)
-    return {"flip": R.bernoulli(seed, stream, epoch, ids, 1, p=p, xp=xp)[:, 0]}
+    """``{"flip": bool [B]}``, True with probability ``p`` (drawn on the host, on ``xp``)."""
+    ids = _host_ids(ids)
+    return {"flip": on(xp, R.bernoulli(seed, stream, epoch, ids, 1, p=p)[:, 0])}
 
 
 def apply_flip(x, params, *, layout=None):
     """Mirror left-right the clips whose ``params["flip"]`` is True (all their frames)."""
     xp, x5, layout = _canon(x, layout)
+    if _kernel_ok(x5):  # cupy: one launch
+        mode = _ak.MODE_U8 if x5.dtype == np.uint8 else _ak.MODE_F32
+        return _back(xp, _ak.pixels(x5, flip=on(xp, params["flip"], bool), mode=mode), layout)
     f = on(xp, params["flip"], bool).reshape(-1, 1, 1, 1, 1)
     return _back(xp, xp.where(f, x5[:, :, :, ::-1], x5), layout)
 
 
 def sample_grayscale_params(seed, epoch, ids, *, p=0.1, stream="grayscale", xp=np):
-    """``{"gray": bool [B]}``, True with probability ``p`` (torchvision RandomGrayscale)."""
-    ids = as_ids(ids, len(ids), xp)
-    return {"gray": R.bernoulli(seed, stream, epoch, ids, 1, p=p, xp=xp)[:, 0]}
+    """``{"gray": bool [B]}``, True with probability ``p`` (torchvision RandomGrayscale; drawn on
+    the host, on ``xp``)."""
+    ids = _host_ids(ids)
+    return {"gray": on(xp, R.bernoulli(seed, stream, epoch, ids, 1, p=p)[:, 0])}
 
 
 def _gray(xp, x):
@@ -393,8 +426,9 @@ def sample_color_jitter_params(seed, epoch, ids, *, brightness=0.0, contrast=0.0
     factors uniform on ``[max(0, 1 - v), 1 + v]`` (or a given ``(low, high)``), hue on
     ``[-h, h]`` (``h <= 0.5``); ``order [B, 4]``: a random permutation of (0 brightness,
     1 contrast, 2 saturation, 3 hue) per clip, or ``0, 1, 2, 3`` with ``random_order=False``.
-    A clip not applied (probability ``1 - p``) gets the identity factors."""
-    ids = as_ids(ids, len(ids), xp)
+    A clip not applied (probability ``1 - p``) gets the identity factors. Drawn on the host and
+    copied to ``xp`` in two arrays (the four factors are rows of one float64 ``[4, B]``)."""
+    ids = _host_ids(ids)
 
     def rng(v, name, centre):
         if isinstance(v, (int, float)):
@@ -407,19 +441,18 @@ def sample_color_jitter_params(seed, epoch, ids, *, brightness=0.0, contrast=0.0
               rng(saturation, "saturation", 1.0), rng(hue, "hue", 0.0)]  # fmt: skip
     if not (-0.5 <= bounds[3][0] <= bounds[3][1] <= 0.5):
         raise ValueError(f"hue must be in [0, 0.5] or a range inside [-0.5, 0.5], got {hue!r}")
-    u = R.uniform(seed, stream, epoch, ids, 8, xp=xp)
-    out = {}
-    for k, (name, (lo, hi)) in enumerate(zip(_ORDER, bounds)):
-        out[name] = lo + (hi - lo) * u[:, k]
+    u = R.uniform(seed, stream, epoch, ids, 8)
+    fac = np.stack([lo + (hi - lo) * u[:, k] for k, (lo, hi) in enumerate(bounds)])
     if random_order:
-        kw = {"kind": "stable"} if xp is np else {}  # cupy's argsort is always stable
-        out["order"] = xp.argsort(u[:, 4:8], axis=1, **kw).astype(xp.int64)
+        order = np.argsort(u[:, 4:8], axis=1, kind="stable").astype(np.int64)
     else:
-        out["order"] = xp.broadcast_to(xp.arange(4, dtype=xp.int64), (ids.shape[0], 4)).copy()
+        order = np.broadcast_to(np.arange(4, dtype=np.int64), (ids.shape[0], 4)).copy()
     if p < 1.0:
-        a = applied(seed, stream, epoch, ids, p, xp)
-        for name, ident in zip(_ORDER, (1.0, 1.0, 1.0, 0.0)):
-            out[name] = xp.where(a, out[name], ident)
+        a = applied(seed, stream, epoch, ids, p, np)
+        fac = np.where(a[None], fac, np.array([1.0, 1.0, 1.0, 0.0])[:, None])
+    fac = on(xp, fac, np.float64)
+    out = {name: fac[k] for k, name in enumerate(_ORDER)}
+    out["order"] = on(xp, order, np.int64)
     return out
 
 
@@ -475,13 +508,19 @@ def apply_color_jitter(x, params, *, bound=None, layout=None):
       luma of each frame, as torchvision on a ``[T, C, H, W]`` tensor); saturation:
       ``f x + (1 - f) gray(x)``; hue: shift H of HSV by ``f`` turns.
 
-    Vectorized per step of the order: one blend for the items doing brightness, contrast or
-    saturation there (identity factors for the others) and the hue items as one sub-batch.
+    numpy (the reference): vectorized per step of the order, one blend for the items doing
+    brightness, contrast or saturation there (identity factors for the others) and the hue
+    items as one sub-batch. cupy (uint8 / float32): two launches (each frame's gray mean at its
+    contrast step, then all four steps per pixel; :mod:`avpipe.ops._augment_kernels`), within
+    1e-3 of the value range of numpy (1 level on uint8 at a rounding boundary).
     ``bound``: 255 for uint8 input, else 1.0. uint8 in -> uint8 out (rounded once)."""
     xp, x5, layout = _canon(x, layout)
     if x5.shape[-1] != 3:
         raise ValueError(f"colour jitter needs 3 channels, got {x5.shape[-1]}")
     bound = float(bound if bound is not None else (255.0 if x5.dtype == np.uint8 else 1.0))
+    if _kernel_ok(x5):
+        mode = _ak.MODE_U8 if x5.dtype == np.uint8 else _ak.MODE_F32
+        return _back(xp, _ak.pixels(x5, jitter=params, bound=bound, mode=mode), layout)
     y = x5.astype(xp.float32)
     order = host(params["order"]).astype(np.int64)
     B = y.shape[0]
@@ -539,7 +578,7 @@ def apply_temporal_jitter(indices, n_frames, params):
 def sample_mixup_params(seed, epoch, ids, *, alpha=0.2, p=1.0, stream="mixup", xp=np):
     """``{"lam": float64 [B]}``: Beta(alpha, alpha) per item (two Gamma draws, host-side);
     1 (no mixing) with probability ``1 - p``."""
-    ids_h = host(as_ids(ids, len(ids), xp))
+    ids_h = _host_ids(ids)
     g1 = gamma(seed, stream + ".a", epoch, ids_h, alpha)
     g2 = gamma(seed, stream + ".b", epoch, ids_h, alpha)
     lam = g1 / (g1 + g2)
@@ -579,7 +618,7 @@ def sample_cutmix_params(seed, epoch, ids, height, width, *, alpha=1.0, p=1.0, s
     uniform over the frame, half sides ``int(0.5 sqrt(1 - lam) * H)`` / ``* W``, the box clipped
     to the frame; ``lam`` adjusted to ``1 - box area / (H W)``. Returns ``{"y1", "x1", "y2",
     "x2": int64 [B], "lam": float64 [B]}`` (an empty box with probability ``1 - p``)."""
-    ids_h = host(as_ids(ids, len(ids), xp))
+    ids_h = _host_ids(ids)
     H, W = int(height), int(width)
     g1 = gamma(seed, stream + ".a", epoch, ids_h, alpha)
     g2 = gamma(seed, stream + ".b", epoch, ids_h, alpha)
@@ -652,7 +691,59 @@ def crop_nv12(y, uv, box):
 
 
 def _ids_for(x5, ids, xp):
+    if ids is None or isinstance(ids, (list, tuple, range, np.ndarray)):
+        return as_ids(ids, x5.shape[0], np)  # host ids: the samplers draw there
     return as_ids(ids, x5.shape[0], xp)
+
+
+def _pixels(xp, x5, layout, *, flip=None, jitter=None, bound=None, norm=None):
+    """cupy: flip, colour jitter and a :class:`Normalize` op (each optional, in that order) as
+    one kernel (two with a jitter), with the dtype and layout the ops give one after another
+    (the jitter's uint8 rounding kept before the normalize)."""
+    from .image import _channel_vec, _dtype
+
+    u8 = x5.dtype == np.uint8
+    bound = float(bound if bound is not None else (255.0 if u8 else 1.0))
+    if norm is None:
+        y = _ak.pixels(x5, flip=flip, jitter=jitter, bound=bound,
+                       mode=_ak.MODE_U8 if u8 else _ak.MODE_F32)  # fmt: skip
+        return _back(xp, y, layout)
+    s = _channel_vec(np, norm.std, 3, "std")
+    a = (norm.scale / s).astype(np.float32)  # image.normalize's constants
+    b = (-_channel_vec(np, norm.mean, 3, "mean") / s).astype(np.float32)
+    nchw = norm.out_layout in ("NCHW", "CHW")
+    y = _ak.pixels(x5, flip=flip, jitter=jitter, bound=bound, round_u8=u8 and jitter is not None,
+                   affine=(a, b), nchw=nchw, mode=_ak.MODE_F32)  # fmt: skip
+    dt = _dtype(norm.dtype)
+    if dt == np.uint8:
+        raise ValueError(f"dtype must be float16 or float32, got {norm.dtype!r}")
+    if dt != np.float32:
+        y = y.astype(dt)
+    if nchw:
+        return y[:, 0] if layout in ("BHWC", "BCHW") else y
+    return _back(xp, y, "BTHWC" if layout in ("BTHWC", "BTCHW") else "BHWC")
+
+
+def _pixel_ops(x, ops, params):
+    """:class:`Chain`'s ``fuse`` of :class:`RandomFlip`, :class:`ColorJitter` and
+    :class:`Normalize` (at most one each, Normalize last, one layout): on cupy one pass over
+    the pixels (:func:`_pixels`; flip commutes with the jitter); otherwise, or for any other
+    run, the ops one after another."""
+    kinds = [type(op) for op in ops]
+    layouts = {op.layout for op in ops}
+    xp, x5, layout = _canon(x, ops[0].layout)
+    if (not _kernel_ok(x5) or len(layouts) != 1 or len(set(kinds)) != len(kinds)
+            or (Normalize in kinds and kinds[-1] is not Normalize)):  # fmt: skip
+        for op, p in zip(ops, params):
+            x = op.apply(x, p)
+        return x
+    got = dict(zip(kinds, zip(ops, params)))
+    flip = on(xp, got[RandomFlip][1]["flip"], bool) if RandomFlip in got else None
+    jitter, bound = None, None
+    if ColorJitter in got:
+        jitter, bound = got[ColorJitter][1], got[ColorJitter][0].bound
+    norm = got[Normalize][0] if Normalize in got else None
+    return _pixels(xp, x5, layout, flip=flip, jitter=jitter, bound=bound, norm=norm)
 
 
 @register
@@ -691,6 +782,7 @@ class CenterCrop(Augment):
 @register
 class RandomFlip(Augment):
     name = "flip"
+    fuse = staticmethod(_pixel_ops)
 
     def __init__(self, p=0.5, *, layout=None, stream=None):
         super().__init__(stream)
@@ -725,6 +817,7 @@ class RandomGrayscale(Augment):
 @register
 class ColorJitter(Augment):
     name = "color_jitter"
+    fuse = staticmethod(_pixel_ops)
 
     def __init__(self, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0, *,
                  random_order=True, p=1.0, bound=None, layout=None, stream=None):  # fmt: skip
@@ -746,9 +839,12 @@ class ColorJitter(Augment):
 @register
 class Normalize(Augment):
     """:func:`avpipe.ops.image.normalize` per channel, then the output layout (``"NCHW"``:
-    channels before H, W: ``[B, T, C, H, W]`` for clips)."""
+    channels before H, W: ``[B, T, C, H, W]`` for clips). cupy, 3 channels: one kernel (equal
+    to the numpy path: the same float32 ``v * a + b``), fused with a flip and a colour jitter
+    just before it in a :class:`Chain`."""
 
     name = "normalize"
+    fuse = staticmethod(_pixel_ops)
 
     def __init__(self, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), *,
                  scale=1.0 / 255.0, dtype="float32", out_layout="NCHW", layout=None, stream=None):  # fmt: skip
@@ -760,6 +856,8 @@ class Normalize(Augment):
         from .image import normalize
 
         xp, x5, layout = _canon(x, self.layout)
+        if _kernel_ok(x5):
+            return _pixels(xp, x5, layout, norm=self)
         y = normalize(x5, self.mean, self.std, scale=self.scale, dtype=self.dtype, layout="NHWC")
         if self.out_layout in ("NCHW", "CHW"):
             y = xp.ascontiguousarray(xp.moveaxis(y, -1, 2))

@@ -1,0 +1,506 @@
+"""Fused CUDA kernels for the clip augmentations on cupy input (private).
+
+The numpy code of :mod:`avpipe.ops.image_augment` is the reference; these kernels compute the
+same float32 arithmetic per element, in a handful of launches per batch:
+
+* **resized crop** (two launches for the whole batch): a horizontal pass reads each clip's crop
+  of the input in place (uint8 or float32, any strides) into a float32 intermediate of the rows
+  the vertical taps touch, then a vertical pass writes ``[B, T, oh, ow, C]`` (float32, or uint8
+  rounded half up once). Each item has its own sparse tap tables
+  (:func:`avpipe.ops._image_kernels.plan` of its crop, the same taps as the numpy GEMMs), packed
+  into one host buffer and copied up once.
+* **pixels** (one launch): per pixel, an optional per-item horizontal flip, the colour jitter
+  (brightness, contrast, saturation, hue in each item's order, torchvision's formulas, each
+  clipped to ``0..bound``), rounding to uint8 levels, and ``v * a[c] + b[c]`` (normalize), written
+  to a contiguous ``[B, T, H, W, C]`` or ``[B, T, C, H, W]`` uint8 / float32 output.
+* **gray mean** (one launch, only with a jitter): each frame's mean luma of the image as it is
+  when that item's contrast step comes (the previous steps applied on the fly; torchvision's
+  rule), one block per frame, float64 partial sums.
+
+The source is plain C++ with CUDA qualifiers (no CUDA headers): the CPU tests compile it with
+g++ behind a small prelude and run it against the numpy reference. Tolerances (GPU vs numpy):
+resize within 1e-3 of the value range on float output, colour jitter within 1e-3 of the range
+(float) / 1 level (uint8, a value on a rounding boundary); flip and normalize exact (normalize
+rounds ``v * a`` and ``+ b`` separately as numpy does).
+
+If the kernels do not compile (NVRTC missing or failing) a warning is logged once and callers
+take the array-module path; ``AVPIPE_IMAGE_KERNELS=0`` selects that path too.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import numpy as np
+
+from . import _image_kernels as _ik
+
+log = logging.getLogger("avpipe")
+
+_THREADS = 256
+_MAX_BLOCKS = 1 << 20
+MODE_F32, MODE_U8 = 0, 2  # output modes (as in _image_kernels)
+
+SOURCE = r"""
+#ifndef AVP_MUL
+#define AVP_MUL(a, b) __fmul_rn((a), (b))
+#define AVP_ADD(a, b) __fadd_rn((a), (b))
+#endif
+#define AVP_SMALL 0x7fffffffLL
+
+template <typename T> __device__ __forceinline__ float avp_ld(const T* p);
+template <> __device__ __forceinline__ float avp_ld<unsigned char>(const unsigned char* p) {
+    return (float)(*p);
+}
+template <> __device__ __forceinline__ float avp_ld<float>(const float* p) { return *p; }
+
+__device__ __forceinline__ float avp_clip(float v, float hi) { return fminf(fmaxf(v, 0.0f), hi); }
+
+// rounded half up, clipped to 0..255
+__device__ __forceinline__ float avp_level(float v) { return avp_clip(floorf(v + 0.5f), 255.0f); }
+__device__ __forceinline__ unsigned char avp_u8(float v) { return (unsigned char)avp_level(v); }
+
+__device__ __forceinline__ float avp_gray(float r, float g, float b) {
+    return AVP_ADD(AVP_ADD(AVP_MUL(r, 0.2989f), AVP_MUL(g, 0.587f)), AVP_MUL(b, 0.114f));
+}
+
+// f * v + (1 - f) * m, clipped to 0..bound (numpy: each product and the sum rounded)
+__device__ __forceinline__ float avp_blend(float f, float v, float m, float bound) {
+    return avp_clip(AVP_ADD(AVP_MUL(f, v), AVP_MUL(1.0f - f, m)), bound);
+}
+
+// torchvision's _rgb2hsv, shift by f turns (Python-style mod 1), _hsv2rgb; values 0..bound
+__device__ void avp_hue(float& r, float& g, float& b, float f, float bound) {
+    r = r / bound; g = g / bound; b = b / bound;
+    const float maxc = fmaxf(fmaxf(r, g), b);
+    const float minc = fminf(fminf(r, g), b);
+    const bool eqc = maxc == minc;
+    const float cr = maxc - minc;
+    const float s = cr / (eqc ? 1.0f : maxc);
+    const float crd = eqc ? 1.0f : cr;
+    const float rc = (maxc - r) / crd, gc = (maxc - g) / crd, bc = (maxc - b) / crd;
+    float hh;
+    if (maxc == r) hh = bc - gc;
+    else if (maxc == g) hh = 2.0f + rc - bc;
+    else hh = 4.0f + gc - rc;
+    float h = fmodf(hh / 6.0f + 1.0f, 1.0f);
+    h = fmodf(h + f, 1.0f);
+    if (h < 0.0f) h += 1.0f;
+    const float v = maxc;
+    const float i6 = floorf(h * 6.0f);
+    const float fr = h * 6.0f - i6;
+    const int i = (((int)i6 % 6) + 6) % 6;
+    const float p = avp_clip(v * (1.0f - s), 1.0f);
+    const float q = avp_clip(v * (1.0f - s * fr), 1.0f);
+    const float t = avp_clip(v * (1.0f - s * (1.0f - fr)), 1.0f);
+    switch (i) {
+        case 0: r = v; g = t; b = p; break;
+        case 1: r = q; g = v; b = p; break;
+        case 2: r = p; g = v; b = t; break;
+        case 3: r = p; g = q; b = v; break;
+        case 4: r = t; g = p; b = v; break;
+        default: r = v; g = p; b = q; break;
+    }
+    r = r * bound; g = g * bound; b = b * bound;
+}
+
+// one step of the jitter: op 0 brightness, 1 contrast (m: the frame's gray mean), 2 saturation,
+// 3 hue (skipped for a zero shift, as the numpy path)
+__device__ __forceinline__ void avp_step(int op, float f, float m, float bound, float& r,
+                                         float& g, float& b) {
+    if (op == 0) {
+        r = avp_clip(AVP_MUL(f, r), bound); g = avp_clip(AVP_MUL(f, g), bound);
+        b = avp_clip(AVP_MUL(f, b), bound);
+    } else if (op == 1 || op == 2) {
+        const float t = op == 1 ? m : avp_gray(r, g, b);
+        r = avp_blend(f, r, t, bound); g = avp_blend(f, g, t, bound); b = avp_blend(f, b, t, bound);
+    } else if (f != 0.0f) {
+        avp_hue(r, g, b, f, bound);
+    }
+}
+
+__device__ __forceinline__ float avp_factor(int op, long long it, const double* fb,
+                                            const double* fc, const double* fs,
+                                            const double* fh) {
+    const double* p = op == 0 ? fb : op == 1 ? fc : op == 2 ? fs : fh;
+    return (float)p[it];
+}
+
+// ---- gray mean per frame (contrast) ----------------------------------------------------------
+template <typename T>
+__device__ void avp_gray_mean_impl(
+    const T* __restrict__ src, long long sb, long long st, long long sh, long long sw,
+    long long sc, int nb, int nt, int h, int w, const long long* __restrict__ order,
+    const double* fb, const double* fc, const double* fs, const double* fh, float bound,
+    float* __restrict__ mean)
+{
+    __shared__ double part[256];
+    const long long npix = (long long)h * w;
+    for (long long fr = blockIdx.x; fr < (long long)nb * nt; fr += gridDim.x) {
+        const long long it = fr / nt, t = fr % nt;
+        const T* base = src + it * sb + t * st;
+        double acc = 0.0;
+        for (long long p = threadIdx.x; p < npix; p += blockDim.x) {
+            const long long y = p / w, x = p % w;
+            const T* q = base + y * sh + x * sw;
+            float r = avp_ld<T>(q), g = avp_ld<T>(q + sc), b = avp_ld<T>(q + 2 * sc);
+            for (int k = 0; k < 4; ++k) {
+                const int op = (int)order[it * 4 + k];
+                if (op == 1) break;
+                avp_step(op, avp_factor(op, it, fb, fc, fs, fh), 0.0f, bound, r, g, b);
+            }
+            acc += (double)avp_gray(r, g, b);
+        }
+        part[threadIdx.x] = acc;
+        __syncthreads();
+        for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) mean[fr] = (float)(part[0] / (double)npix);
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void avp_gray_mean_u8(
+    const unsigned char* src, long long sb, long long st, long long sh, long long sw,
+    long long sc, int nb, int nt, int h, int w, const long long* order, const double* fb,
+    const double* fc, const double* fs, const double* fh, float bound, float* mean)
+{
+    avp_gray_mean_impl<unsigned char>(src, sb, st, sh, sw, sc, nb, nt, h, w, order, fb, fc, fs,
+                                      fh, bound, mean);
+}
+
+extern "C" __global__ void avp_gray_mean_f32(
+    const float* src, long long sb, long long st, long long sh, long long sw,
+    long long sc, int nb, int nt, int h, int w, const long long* order, const double* fb,
+    const double* fc, const double* fs, const double* fh, float bound, float* mean)
+{
+    avp_gray_mean_impl<float>(src, sb, st, sh, sw, sc, nb, nt, h, w, order, fb, fc, fs, fh,
+                              bound, mean);
+}
+
+// ---- flip + jitter + round + normalize + layout, one thread per pixel -------------------------
+// flip: [B] bytes or null; order: [B, 4] or null (no jitter); mean: [B * T] (with a jitter);
+// round_u8: floor(v + 0.5) clipped to 0..255 after the jitter; a, bb: v * a[c] + bb[c] or null;
+// out: contiguous [B, T, H, W, 3] (nchw 0) or [B, T, 3, H, W] (nchw 1), float32 or uint8 (mode 2).
+template <typename T, typename I>
+__device__ void avp_pixels_impl(
+    const T* __restrict__ src, long long sb, long long st, long long sh, long long sw,
+    long long sc, int nb, int nt, int h, int w, const unsigned char* __restrict__ flip,
+    const long long* __restrict__ order, const double* fb, const double* fc, const double* fs,
+    const double* fh, const float* __restrict__ mean, float bound, int round_u8,
+    const float* __restrict__ a, const float* __restrict__ bb, int nchw, int mode,
+    void* __restrict__ out)
+{
+    const I total = (I)nb * (I)nt * (I)h * (I)w;
+    const I step = (I)blockDim.x * (I)gridDim.x;
+    for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < total; i += step) {
+        const int x = (int)(i % (I)w);
+        I t_ = i / (I)w;
+        const int y = (int)(t_ % (I)h);
+        t_ /= (I)h;
+        const long long fr = (long long)t_;  // it * nt + t
+        const long long it = fr / nt, t = fr % nt;
+        const int xs = (flip != 0 && flip[it]) ? w - 1 - x : x;
+        const T* q = src + it * sb + t * st + (long long)y * sh + (long long)xs * sw;
+        float v[3] = {avp_ld<T>(q), avp_ld<T>(q + sc), avp_ld<T>(q + 2 * sc)};
+        if (order != 0) {
+            const float m = mean[fr];
+            for (int k = 0; k < 4; ++k) {
+                const int op = (int)order[it * 4 + k];
+                avp_step(op, avp_factor(op, it, fb, fc, fs, fh), m, bound, v[0], v[1], v[2]);
+            }
+        }
+        for (int c = 0; c < 3; ++c) {
+            float o = v[c];
+            if (round_u8) o = avp_level(o);
+            if (a != 0) o = AVP_ADD(AVP_MUL(o, a[c]), bb[c]);
+            const long long j = nchw ? ((fr * 3 + c) * h + y) * (long long)w + x
+                                     : (long long)i * 3 + c;
+            if (mode == 2) ((unsigned char*)out)[j] = avp_u8(o);
+            else ((float*)out)[j] = o;
+        }
+    }
+}
+
+#define AVP_PIXELS(NAME, T)                                                                     \
+extern "C" __global__ void NAME(                                                                \
+    const T* src, long long sb, long long st, long long sh, long long sw, long long sc,         \
+    int nb, int nt, int h, int w, const unsigned char* flip, const long long* order,            \
+    const double* fb, const double* fc, const double* fs, const double* fh, const float* mean,  \
+    float bound, int round_u8, const float* a, const float* bb, int nchw, int mode, void* out)  \
+{                                                                                               \
+    if ((long long)nb * nt * h * w < AVP_SMALL)                                                 \
+        avp_pixels_impl<T, unsigned int>(src, sb, st, sh, sw, sc, nb, nt, h, w, flip, order,    \
+            fb, fc, fs, fh, mean, bound, round_u8, a, bb, nchw, mode, out);                     \
+    else                                                                                        \
+        avp_pixels_impl<T, long long>(src, sb, st, sh, sw, sc, nb, nt, h, w, flip, order,       \
+            fb, fc, fs, fh, mean, bound, round_u8, a, bb, nchw, mode, out);                     \
+}
+AVP_PIXELS(avp_pixels_u8, unsigned char)
+AVP_PIXELS(avp_pixels_f32, float)
+
+// ---- resized crop of every item, per-item sparse taps ----------------------------------------
+// tmp[b, t, r, ox, ch] = sum_k xw[b, ox, k] * src[b, t, row0[b] + r, xtab[b, ox].start + k, ch]
+// for r < rows[b] (xtab starts are absolute input columns)
+template <typename T, typename I>
+__device__ void avp_crop_hpass_impl(
+    const T* __restrict__ src, long long sb, long long st, long long sh, long long sw,
+    long long sc, int nb, int nt, int maxrows, int ow, int c, const int* __restrict__ row0,
+    const int* __restrict__ rows, const int* __restrict__ xtab, const float* __restrict__ xw,
+    int taps, float* __restrict__ tmp)
+{
+    const I total = (I)nb * (I)nt * (I)maxrows * (I)ow * (I)c;
+    const I step = (I)blockDim.x * (I)gridDim.x;
+    for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < total; i += step) {
+        const int ch = (int)(i % (I)c);
+        I t_ = i / (I)c;
+        const int ox = (int)(t_ % (I)ow);
+        t_ /= (I)ow;
+        const int r = (int)(t_ % (I)maxrows);
+        t_ /= (I)maxrows;
+        const long long t = (long long)(t_ % (I)nt), it = (long long)(t_ / (I)nt);
+        if (r >= rows[it]) continue;
+        const long long e = it * ow + ox;
+        const int start = xtab[2 * e], cnt = xtab[2 * e + 1];
+        const T* p = src + it * sb + t * st + (long long)(row0[it] + r) * sh
+                     + (long long)start * sw + (long long)ch * sc;
+        const float* wk = xw + e * taps;
+        float acc = 0.0f;
+        for (int k = 0; k < cnt; ++k) acc += wk[k] * avp_ld<T>(p + (long long)k * sw);
+        tmp[i] = acc;
+    }
+}
+
+// out[b, t, oy, ox, ch] = sum_k yw[b, oy, k] * tmp[b, t, ytab[b, oy].start + k, ox, ch]
+// float32 (mode 0) or uint8 rounded half up, clipped (mode 2)
+template <typename I>
+__device__ void avp_crop_vpass_impl(
+    const float* __restrict__ tmp, int nb, int nt, int maxrows, int ow, int c, int oh,
+    const int* __restrict__ ytab, const float* __restrict__ yw, int taps, int mode,
+    void* __restrict__ out)
+{
+    const I total = (I)nb * (I)nt * (I)oh * (I)ow * (I)c;
+    const I step = (I)blockDim.x * (I)gridDim.x;
+    const long long rstride = (long long)ow * c;
+    for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < total; i += step) {
+        const int ch = (int)(i % (I)c);
+        I t_ = i / (I)c;
+        const int ox = (int)(t_ % (I)ow);
+        t_ /= (I)ow;
+        const int oy = (int)(t_ % (I)oh);
+        const long long fr = (long long)(t_ / (I)oh);  // it * nt + t
+        const long long it = fr / nt;
+        const long long e = it * oh + oy;
+        const int start = ytab[2 * e], cnt = ytab[2 * e + 1];
+        const float* p = tmp + ((fr * maxrows + start) * ow + ox) * (long long)c + ch;
+        const float* wk = yw + e * taps;
+        float acc = 0.0f;
+        for (int k = 0; k < cnt; ++k) acc += wk[k] * p[(long long)k * rstride];
+        if (mode == 2) ((unsigned char*)out)[i] = avp_u8(acc);
+        else ((float*)out)[i] = acc;
+    }
+}
+
+#define AVP_HPASS(NAME, T)                                                                      \
+extern "C" __global__ void NAME(                                                                \
+    const T* src, long long sb, long long st, long long sh, long long sw, long long sc,         \
+    int nb, int nt, int maxrows, int ow, int c, const int* row0, const int* rows,               \
+    const int* xtab, const float* xw, int taps, float* tmp)                                     \
+{                                                                                               \
+    if ((long long)nb * nt * maxrows * ow * c < AVP_SMALL)                                      \
+        avp_crop_hpass_impl<T, unsigned int>(src, sb, st, sh, sw, sc, nb, nt, maxrows, ow, c,   \
+                                             row0, rows, xtab, xw, taps, tmp);                  \
+    else                                                                                        \
+        avp_crop_hpass_impl<T, long long>(src, sb, st, sh, sw, sc, nb, nt, maxrows, ow, c,      \
+                                          row0, rows, xtab, xw, taps, tmp);                     \
+}
+AVP_HPASS(avp_crop_hpass_u8, unsigned char)
+AVP_HPASS(avp_crop_hpass_f32, float)
+
+extern "C" __global__ void avp_crop_vpass(
+    const float* tmp, int nb, int nt, int maxrows, int ow, int c, int oh, const int* ytab,
+    const float* yw, int taps, int mode, void* out)
+{
+    if ((long long)nb * nt * oh * ow * c < AVP_SMALL)
+        avp_crop_vpass_impl<unsigned int>(tmp, nb, nt, maxrows, ow, c, oh, ytab, yw, taps, mode,
+                                          out);
+    else
+        avp_crop_vpass_impl<long long>(tmp, nb, nt, maxrows, ow, c, oh, ytab, yw, taps, mode,
+                                       out);
+}
+"""
+
+KERNEL_NAMES = ("avp_gray_mean_u8", "avp_gray_mean_f32", "avp_pixels_u8", "avp_pixels_f32",
+                "avp_crop_hpass_u8", "avp_crop_hpass_f32", "avp_crop_vpass")  # fmt: skip
+
+_WARNED = []
+
+
+def enabled() -> bool:
+    return _ik.enabled()
+
+
+@functools.cache
+def _kernels(device_id: int):
+    """The compiled kernels on ``device_id`` (name -> function), or None (warned once)."""
+    import cupy
+
+    try:
+        with cupy.cuda.Device(device_id):
+            mod = cupy.RawModule(code=SOURCE)
+            return {name: mod.get_function(name) for name in KERNEL_NAMES}
+    except Exception as e:  # noqa: BLE001 - any compile/load failure -> the array-module path
+        if not _WARNED:
+            _WARNED.append(True)
+            log.warning("avpipe: augmentation kernels failed to compile (%s: %s); using the "
+                        "slower array-module path", type(e).__name__, e)  # fmt: skip
+        return None
+
+
+def available(x) -> bool:
+    """Whether ``x`` is a cupy array the kernels can take (enabled, and they compile)."""
+    return not isinstance(x, np.ndarray) and enabled() and _kernels(int(x.device.id)) is not None
+
+
+def _grid(total: int):
+    return (max(1, min((total + _THREADS - 1) // _THREADS, _MAX_BLOCKS)), 1, 1)
+
+
+def _strides(x5):
+    item = x5.dtype.itemsize
+    return tuple(np.int64(s // item) for s in x5.strides)
+
+
+def _src(cupy, x5):
+    """uint8 or float32 input with element strides (other dtypes cast to float32)."""
+    if x5.dtype not in (np.uint8, np.float32):
+        x5 = x5.astype(cupy.float32)
+    if any(s % x5.dtype.itemsize for s in x5.strides):
+        x5 = cupy.ascontiguousarray(x5)
+    return x5, ("u8" if x5.dtype == np.uint8 else "f32")
+
+
+# --- host tables for the batched resized crop ---------------------------------------------------
+
+
+def crop_tables(top, left, height, width, oh, ow, interpolation, antialias):
+    """Per-item sparse taps of each item's crop resize, packed: returns ``(ints, floats, meta)``:
+    ``ints`` int32 = row0 [B] | rows [B] | xtab [B, ow, 2] | ytab [B, oh, 2] (x starts absolute,
+    y starts relative to the item's ``row0``), ``floats`` float32 = xw [B, ow, xt] | yw [B, oh,
+    yt]; ``meta = (maxrows, xt, yt)``."""
+    B = len(top)
+    plans = [_ik.plan(int(hh), int(ww), oh, ow, (0, oh), (0, ow), interpolation, bool(antialias))
+             for hh, ww in zip(height, width)]  # fmt: skip
+    xt = max(p.x.taps for p in plans)
+    yt = max(p.y.taps for p in plans)
+    maxrows = max(p.rows for p in plans)
+    row0 = np.array([int(t) + p.row0 for t, p in zip(top, plans)], np.int32)
+    rows = np.array([p.rows for p in plans], np.int32)
+    xtab = np.stack([p.x.table for p in plans]).astype(np.int32)
+    xtab[:, :, 0] += np.asarray(left, np.int32)[:, None]
+    ytab = np.stack([p.y.table for p in plans]).astype(np.int32)
+    xw = np.zeros((B, ow, xt), np.float32)
+    yw = np.zeros((B, oh, yt), np.float32)
+    for b, p in enumerate(plans):
+        xw[b, :, : p.x.taps] = p.x.weights
+        yw[b, :, : p.y.taps] = p.y.weights
+    ints = np.concatenate([row0, rows, xtab.reshape(-1), ytab.reshape(-1)])
+    floats = np.concatenate([xw.reshape(-1), yw.reshape(-1)])
+    return ints, floats, (maxrows, xt, yt)
+
+
+def resized_crop(x5, top, left, height, width, oh, ow, interpolation, antialias, *, mode):
+    """cupy ``x5`` ``[B, T, H, W, C]`` -> ``[B, T, oh, ow, C]`` float32 (``MODE_F32``) or uint8
+    (``MODE_U8``, rounded once): each item's box resized (two launches, one table copy)."""
+    import cupy
+
+    kern = _kernels(int(x5.device.id))
+    B, T, H, W, C = (int(s) for s in x5.shape)
+    ints, floats, (maxrows, xt, yt) = crop_tables(top, left, height, width, oh, ow,
+                                                  interpolation, antialias)  # fmt: skip
+    buf = np.concatenate([ints.view(np.uint8), floats.view(np.uint8)])
+    with cupy.cuda.Device(x5.device.id):
+        d = cupy.asarray(buf)  # one host -> device copy
+        di = d[: ints.nbytes].view(cupy.int32)
+        df = d[ints.nbytes :].view(cupy.float32)
+        row0, rows = di[:B], di[B : 2 * B]
+        xtab = di[2 * B : 2 * B + B * ow * 2]
+        ytab = di[2 * B + B * ow * 2 :]
+        xw, yw = df[: B * ow * xt], df[B * ow * xt :]
+        out = cupy.empty((B, T, oh, ow, C), np.uint8 if mode == MODE_U8 else np.float32)
+        if out.size == 0:
+            return out
+        src, kind = _src(cupy, x5)
+        tmp = cupy.empty((B, T, maxrows, ow, C), cupy.float32)
+        kern[f"avp_crop_hpass_{kind}"](_grid(tmp.size), (_THREADS, 1, 1), (
+            src, *_strides(src), np.int32(B), np.int32(T), np.int32(maxrows), np.int32(ow),
+            np.int32(C), row0, rows, xtab, xw, np.int32(xt), tmp))  # fmt: skip
+        kern["avp_crop_vpass"](_grid(out.size), (_THREADS, 1, 1), (
+            tmp, np.int32(B), np.int32(T), np.int32(maxrows), np.int32(ow), np.int32(C),
+            np.int32(oh), ytab, yw, np.int32(yt), np.int32(mode), out))  # fmt: skip
+    return out
+
+
+# --- flip / jitter / normalize ------------------------------------------------------------------
+
+_VECS: dict = {}
+
+
+def _vec(cupy, v, device_id):
+    v = np.ascontiguousarray(v, np.float32)
+    key = (v.tobytes(), device_id)
+    hit = _VECS.get(key)
+    if hit is None:
+        if len(_VECS) > 256:
+            _VECS.clear()
+        hit = _VECS[key] = cupy.asarray(v)
+    return hit
+
+
+def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=None, nchw=False,
+           mode=MODE_F32):  # fmt: skip
+    """cupy ``x5`` ``[B, T, H, W, 3]`` (uint8 / float32, any strides) -> a new contiguous
+    ``[B, T, H, W, 3]`` (``nchw``: ``[B, T, 3, H, W]``) float32 / uint8 array: ``flip`` (bool
+    [B] on the device) mirrors items, ``jitter`` (the colour-jitter params dict) applies the
+    jitter in each item's order, ``round_u8`` rounds to uint8 levels after it, ``affine = (a,
+    b)`` (3 float32 each) maps ``v * a + b``. One launch (two with a jitter: the gray means)."""
+    import cupy
+
+    dev = int(x5.device.id)
+    kern = _kernels(dev)
+    B, T, H, W, C = (int(s) for s in x5.shape)
+    if C != 3:
+        raise ValueError(f"the pixel kernel needs 3 channels, got {C}")
+    with cupy.cuda.Device(dev):
+        src, kind = _src(cupy, x5)
+        shape = (B, T, 3, H, W) if nchw else (B, T, H, W, 3)
+        out = cupy.empty(shape, np.uint8 if mode == MODE_U8 else np.float32)
+        if out.size == 0:
+            return out
+        st = _strides(src)
+        fl = 0
+        if flip is not None:
+            fl = cupy.ascontiguousarray(cupy.asarray(flip, dtype=bool)).view(cupy.uint8)
+        if jitter is not None:
+            order = cupy.ascontiguousarray(cupy.asarray(jitter["order"], dtype=cupy.int64))
+            fac = [cupy.ascontiguousarray(cupy.asarray(jitter[n], dtype=cupy.float64))
+                   for n in ("brightness", "contrast", "saturation", "hue")]  # fmt: skip
+            mean = cupy.empty(B * T, cupy.float32)
+            grid = (max(1, min(B * T, _MAX_BLOCKS)), 1, 1)
+            kern[f"avp_gray_mean_{kind}"](grid, (_THREADS, 1, 1), (
+                src, *st, np.int32(B), np.int32(T), np.int32(H), np.int32(W), order, *fac,
+                np.float32(bound), mean))  # fmt: skip
+        else:
+            order, mean = 0, 0
+            fac = [0, 0, 0, 0]
+        a = b = 0
+        if affine is not None:
+            a, b = _vec(cupy, affine[0], dev), _vec(cupy, affine[1], dev)
+        kern[f"avp_pixels_{kind}"](_grid(B * T * H * W), (_THREADS, 1, 1), (
+            src, *st, np.int32(B), np.int32(T), np.int32(H), np.int32(W), fl, order, *fac, mean,
+            np.float32(bound), np.int32(1 if round_u8 else 0), a, b, np.int32(1 if nchw else 0),
+            np.int32(mode), out))  # fmt: skip
+    return out
