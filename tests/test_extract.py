@@ -428,3 +428,53 @@ def test_retry_errors_redoes_the_shards_with_failures(speech, tmp_path):
     ref = tmp_path / "ref"
     run_extract(speech, preset="nemo", out_dir=ref, device="cpu", shard_size=4)
     assert tree(out) == tree(ref)
+
+
+def test_tar_header_is_tarfiles():
+    """The shard writer's ustar header template gives tarfile's bytes (names of every length
+    it takes, sizes up to its largest)."""
+    from avpipe.recipes.extract._writers import _tar_header, _tar_header_slow
+
+    for name in ("000000001.npy", "123456789.json", "a", "x" * 99, "x" * 100, "d/" * 60 + "x",
+                 "é.npy", ""):
+        for size in (0, 1, 511, 512, 10**6, 8**11 - 1, 123_456_789):
+            assert _tar_header(name, size) == _tar_header_slow(name, size), (name, size)
+
+
+def test_progress_is_sent_per_batch():
+    from avpipe.recipes.extract._engine_local import _Tally
+    from avpipe.recipes.extract._inputs import Item
+    from avpipe.recipes.extract._process import Result
+
+    sent = []
+    t = _Tally(sent.append, every=3)
+    ok = Result(Item(index=0, source="a", path="a", kind="audio", fields={}),
+                np.zeros(1), {"seconds": 1.5})
+    bad = Result(Item(index=1, source="b", path="b", kind="image", fields={}), error="E")
+    for r in (ok, bad, ok, ok):
+        t(r)
+    assert sent == [(3, 1, 3.0, 0.0)]
+    t.flush()
+    t.flush()
+    assert sent == [(3, 1, 3.0, 0.0), (1, 0, 1.5, 0.0)]
+
+
+@pytest.mark.parametrize("preset", ["nemo", "nemo_v1", "mlperf_rnnt", "mfcc"])
+def test_audio_warm_up_runs_the_presets_operators(preset, monkeypatch):
+    """The warm-up (run in a thread on a GPU while the loader opens the files) goes through the
+    preset's operators without an error (errors are swallowed there: checked here)."""
+    from avpipe.device import resolve_device
+    from avpipe.recipes.extract import _process
+
+    calls = []
+    real = _process.apply_audio_ops
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        calls.append(out[0].shape)
+        return out
+
+    monkeypatch.setattr(_process, "apply_audio_ops", spy)
+    cfg = resolve_preset(preset)["audio"]
+    _process.warm_up_audio(cfg, resolve_device("cpu"))
+    assert len(calls) == 1 and calls[0][0] == 2

@@ -342,9 +342,10 @@ def run_extract(
             else:
                 done_ok += sum(r.get("status") == "ok" for r in rows)
                 done_err += sum(r.get("status") != "ok" for r in rows)
-        sources = [it.source for it in inp.items]
-        duplicated = frozenset(s for s in set(sources) if sources.count(s) > 1) \
-            if len(set(sources)) != len(sources) else frozenset()
+        from collections import Counter
+
+        duplicated = frozenset(s for s, n in Counter(it.source for it in inp.items).items()
+                               if n > 1)
         bar = _Progress(sum(s.end - s.start for s in todo), cfg, progress)
         written: dict[str, int] = {}
 
@@ -367,19 +368,20 @@ def run_extract(
         # what this run wrote, from the parts (also right for the worker processes' shards)
         n_err = 0
         shards_done = 0
-        for s in shards:
-            rows = read_part(out_dir, s, total)
+        parts = [read_part(out_dir, s, total) for s in shards]
+        redone = set(todo)
+        for s, rows in zip(shards, parts):
             if rows is None:
                 continue
             shards_done += 1
-            if s not in todo:
+            if s not in redone:
                 continue
             for r in rows:
                 if r.get("status") == "ok":
                     written[r["kind"]] = written.get(r["kind"], 0) + 1
                 else:
                     n_err += 1
-        _, _, total_errors = write_index(out_dir, shards, total)
+        _, _, total_errors = write_index(out_dir, shards, total, parts)
     return ExtractSummary(
         input_path=os.fspath(input_path), out_dir=out_dir, preset=cfg["name"], devices=devs,
         engine=engine, output_format=format, inputs=total, written=written, skipped=done_ok,

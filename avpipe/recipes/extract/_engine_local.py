@@ -39,6 +39,31 @@ def _progress_payload(r: Result) -> tuple:
     return (1, 0 if r.ok else 1, seconds, frames)
 
 
+class _Tally:
+    """Progress payloads summed and sent every ``every`` inputs (and on :meth:`flush`): one
+    message per batch instead of one per input through the queue to the parent."""
+
+    def __init__(self, report: Callable[[tuple], None], every: int = 64):
+        self.report, self.every = report, every
+        self.files = self.errors = 0
+        self.seconds = self.frames = 0.0
+
+    def __call__(self, r: Result) -> None:
+        files, errors, seconds, frames = _progress_payload(r)
+        self.files += files
+        self.errors += errors
+        self.seconds += seconds
+        self.frames += frames
+        if self.files >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.files:
+            self.report((self.files, self.errors, self.seconds, self.frames))
+            self.files = self.errors = 0
+            self.seconds = self.frames = 0.0
+
+
 def run_worker(
     device: str,
     shards: list[Shard],
@@ -53,7 +78,7 @@ def run_worker(
     blocked: dict | None = None,
 ) -> None:
     """Compute and write ``shards`` on ``device``; ``report((files, errors, audio_s, frames))``
-    after each input."""
+    every batch of inputs and at the end of each shard."""
     dev = _deps.resolve_device(device)
     if dev.is_cuda:
         import cupy
@@ -77,14 +102,16 @@ def run_worker(
                 failure.append(e)
 
     # decoders first: the audio loader forks its workers, better before any thread starts
-    results = iter_shards(shards, items, cfg, dev, workers=workers,
-                          on_result=lambda r: report(_progress_payload(r)), blocked=blocked)
+    tally = _Tally(report, every=int(cfg.get("batch_size", 64)))
+    results = iter_shards(shards, items, cfg, dev, workers=workers, on_result=tally,
+                          blocked=blocked)
     threads = [threading.Thread(target=writer, name=f"avpipe-extract-writer-{i}", daemon=True)
                for i in range(settings.extract_writers())]
     for t in threads:
         t.start()
     try:
         for shard, rs in results:
+            tally.flush()
             if failure:
                 break
             with timed("writer queue wait"):

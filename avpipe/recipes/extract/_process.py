@@ -11,6 +11,7 @@ engine ran it: the same shard gives the same bytes everywhere on one kind of dev
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -185,6 +186,30 @@ class Rows:
         return self.x if self.row is None else self.x[self.row, : self.n]
 
 
+def warm_up_audio(acfg: dict, dev, *, flac: bool = False) -> None:
+    """Compile what the first audio batch needs, ahead of it: the GPU FLAC decoder's kernels
+    (``flac``) and the kernels of the preset's operators (run on a small zero batch, thrown
+    away). On a GPU each is an NVRTC compile on a machine without CuPy's kernel cache (seconds,
+    with the GIL released), which the first batch would otherwise wait for one after the other,
+    after the files' headers are read. Errors are left to the real batch."""
+    if flac:
+        try:
+            _deps.flac_compile_kernels()
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        with dev.activate():
+            sr = int(acfg["sample_rate"])
+            lens = np.array([2 * sr, sr], dtype=np.int64)
+            x = dev.xp.zeros((2, 2 * sr), dtype=dev.xp.float32)
+            x[0, :: 97] = 0.25  # not all zeros: some operators branch on silence
+            x[1, : sr : 89] = -0.25
+            feats, _ = apply_audio_ops(x, lens, sr, acfg["ops"])
+            _to_host(feats)
+    except Exception:  # noqa: BLE001
+        pass
+
+
 class _AudioStream:
     """Decoded audio per item, in order: ``(item, Rows | None, error)``.
 
@@ -200,10 +225,16 @@ class _AudioStream:
         self.route = {}
         self.streams = {}
         rest = items
+        warm = None
         if dev.is_cuda:
             # FLAC on a GPU: the loader reads every file's STREAMINFO itself, no probe first
             flac = [it for it in items
                     if it.path.lower().endswith(".flac") and "offset" not in it.fields]
+            # the kernels compile in a thread meanwhile (joined before any loader forks)
+            warm = threading.Thread(target=warm_up_audio, args=(cfg, dev),
+                                    kwargs={"flac": bool(flac)}, daemon=True,
+                                    name="avpipe-extract-warm-up")
+            warm.start()
             loader = self._gpu_loader(flac, batch) if flac else None
             if loader is not None:
                 self.streams["flac"] = self._loader_stream(flac, loader)
@@ -223,6 +254,9 @@ class _AudioStream:
             groups[g].append((it, p))
             self.route[it.index] = g
         if groups["other"]:
+            if warm is not None:  # this loader forks its worker processes: no thread running
+                with timed("audio warm-up wait"):
+                    warm.join()
             group = groups["other"]
             pcm16 = all(p[2] == "PCM_16" for _, p in group)  # int16 transport is exact for them
             kwargs = dict(batch_size=batch, device=str(dev) if dev.is_cuda else "cpu",
