@@ -15,6 +15,7 @@ Workloads (the data of bench_audio.py / bench_video.py: /tmp/bench/audio_flac_16
   fn.decoders.audio -> preemphasis_filter -> spectrogram(512/400/160) -> mel_filter_bank(80)
   -> to_decibels (ln) -> normalize (per feature) on the GPU, each batch copied to the host and
   every utterance's valid frames saved as ``KEY.npy`` into tar shards of 512 (a writer thread).
+  ``--dtype float16``: both store float16 (avpipe's ``dtype``, DALI's fn.cast).
 * ``avpipe_frames``: ``run_extract(videos, preset="frames", fps=1)`` -> files/s (and frames/s).
 * ``dali_frames``: fn.readers.file (each file's bytes, the last batch padded) ->
   fn.experimental.decoders.video (mixed) -> every ``round(fps_file)``-th frame -> resize shorter
@@ -144,7 +145,8 @@ def bench_avpipe_nemo(args):
     t0 = time.perf_counter()
     first = FirstShard(out, t0)
     s = run_extract(lst, preset="nemo", out_dir=out, devices=devices, shard_size=args.shard_size,
-                    progress=False, workers=args.workers, batch_size=args.batch_size)
+                    progress=False, workers=args.workers, batch_size=args.batch_size,
+                    dtype=args.dtype)
     secs = time.perf_counter() - t0
     first.stop()
     audio_s = sum(durs) * args.repeat
@@ -155,7 +157,7 @@ def bench_avpipe_nemo(args):
         "files": len(files) * args.repeat, "audio_seconds": round(audio_s, 1),
         "seconds": round(secs, 3), **_phases(secs, first.at, audio_s, first_audio),
         "devices": s.devices, "shards": s.shards_total,
-        "batch_size": args.batch_size or 64,
+        "batch_size": args.batch_size or 64, "dtype": args.dtype,
         "bytes": _done(out, args)}
 
 
@@ -268,7 +270,8 @@ def bench_dali_nemo(args):
         x = fn.mel_filter_bank(x, sample_rate=SR, nfilter=80)
         x = fn.to_decibels(x, multiplier=math.log(10), reference=1.0,
                            cutoff_db=math.log(2.0 ** -24))
-        return fn.normalize(x, axes=[1])
+        x = fn.normalize(x, axes=[1])
+        return fn.cast(x, dtype=types.FLOAT16) if args.dtype == "float16" else x
 
     t0 = time.perf_counter()
     pipe = pipe_fn()
@@ -294,7 +297,8 @@ def bench_dali_nemo(args):
     return audio_s / secs, "audio_s/s", {"files": len(job), "audio_seconds": round(audio_s, 1),
                                          "seconds": round(secs, 3),
                                          **_phases(secs, first_s, audio_s, first_audio),
-                                         "dali": dali.__version__, "bytes": _done(out, args)}
+                                         "dtype": args.dtype, "dali": dali.__version__,
+                                         "bytes": _done(out, args)}
 
 
 def bench_dali_frames(args):
@@ -382,6 +386,8 @@ def main():
     ap.add_argument("--devices", default=None,
                     help="avpipe's devices (default every GPU; --cpu: cpu); e.g. cuda:0,cuda:0")
     ap.add_argument("--keep", action="store_true", help="keep the outputs")
+    ap.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                    help="the log-mel features' type, avpipe and DALI alike")
     ap.add_argument("--shard-size", type=int, default=None,
                     help=f"inputs per audio shard (default {SHARD}; --cpu 24)")
     ap.add_argument("--video-shard-size", type=int, default=None,
@@ -410,6 +416,7 @@ def main():
     names = [n for n in (args.only.split(",") if args.only else default) if n]
     results = {"workload": {"cpu": args.cpu, "files": args.files, "repeat": args.repeat,
                             "shard_size": args.shard_size, "devices": args.devices,
+                            "dtype": args.dtype,
                             "videos": args.videos, "repeat_video": args.repeat_video,
                             "cpus": os.cpu_count()}, "results": {}}
     out_path = os.path.join(args.out, "bench_extract.json")

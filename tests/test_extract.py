@@ -478,3 +478,43 @@ def test_audio_warm_up_runs_the_presets_operators(preset, monkeypatch):
     cfg = resolve_preset(preset)["audio"]
     _process.warm_up_audio(cfg, resolve_device("cpu"))
     assert len(calls) == 1 and calls[0][0] == 2
+
+
+def test_float16_audio_features(speech, tmp_path):
+    """--dtype float16: the float32 features rounded, recorded in extract.json and the index;
+    the default writes no dtype key (float32 outputs are what they were)."""
+    a, b = tmp_path / "f32", tmp_path / "f16"
+    run_extract(speech, preset="nemo", out_dir=a, device="cpu", shard_size=5)
+    s = run_extract(speech, preset="nemo", out_dir=b, device="cpu", shard_size=5,
+                    dtype="float16")
+    assert s.complete and s.errors == 0
+    full, half = load_outputs(a), load_outputs(b)
+    assert set(full) == set(half) and len(full) == 12
+    for src, (arr, meta) in half.items():
+        assert arr.dtype == np.float16 and meta["dtype"] == "float16"
+        np.testing.assert_array_equal(arr, full[src][0].astype(np.float16))
+    rows = jsonl(b / "index.jsonl")
+    assert all(r["params"]["dtype"] == "float16" and r["dtype"] == "float16" for r in rows)
+    assert all("dtype" not in r["params"] and r["dtype"] == "float32"
+               for r in jsonl(a / "index.jsonl"))
+    assert json.loads((b / "extract.json").read_text())["preset"]["audio"]["dtype"] == "float16"
+    with pytest.raises(ValueError, match="another preset"):  # resume with another dtype
+        run_extract(speech, preset="nemo", out_dir=b, device="cpu", shard_size=5)
+    s = run_extract(speech, preset="nemo", out_dir=a, device="cpu", shard_size=5,
+                    dtype="float32")  # the default, given: the same job
+    assert s.skipped == 12
+
+
+def test_dtype_is_checked(speech, tmp_path):
+    with pytest.raises(ValueError, match="dtype must be one of float32, float16, got 'int8'"):
+        run_extract(speech, preset="nemo", out_dir=tmp_path / "o", device="cpu", dtype="int8")
+    with pytest.raises(ValueError, match="dtype='float16' applies to audio"):
+        run_extract(speech, preset="frames", out_dir=tmp_path / "o", device="cpu",
+                    dtype="float16")
+    toml = tmp_path / "p.toml"
+    toml.write_text('[audio]\nops = [{op = "log_mel"}]\ndtype = "bfloat16"\n')
+    with pytest.raises(PresetError, match=r"\[audio\] dtype must be one of float32, float16, "
+                                          r"got 'bfloat16'"):
+        resolve_preset(str(toml))
+    r = cli("extract", speech, "--preset", "nemo", "--out", tmp_path / "c", "--dtype", "half")
+    assert r.returncode == 2 and "--dtype" in r.stderr and "half" in r.stderr

@@ -278,6 +278,7 @@ def run_extract(
     shard_size: int = DEFAULT_SHARD_SIZE,
     workers: int | None = None,
     fps: float | None = None,
+    dtype: str | None = None,
     batch_size: int | None = None,
     engine: str = "local",
     retry_errors: bool = False,
@@ -286,7 +287,9 @@ def run_extract(
 ) -> ExtractSummary:
     """Extract features from every input of ``input_path`` into ``out_dir`` (see the module
     docstring). ``device`` is the one-device form of ``devices``. Returns an
-    :class:`ExtractSummary`; bad inputs never raise (they are counted and listed)."""
+    :class:`ExtractSummary`; bad inputs never raise (they are counted and listed).
+    ``dtype``: the audio features' type, "float32" (the preset's, by default) or "float16"
+    (half the bytes; computed in float32, then rounded)."""
     t0 = time.perf_counter()
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
@@ -300,7 +303,7 @@ def run_extract(
         except ImportError:
             raise RuntimeError("--format parquet needs pyarrow: pip install 'avpipe[parquet]'") \
                 from None
-    cfg = resolve_preset(preset, fps=fps)
+    cfg = resolve_preset(preset, fps=fps, dtype=dtype)
     if batch_size is not None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")

@@ -534,6 +534,8 @@ def _audio_features(pending, acfg: dict, dev) -> list[Result]:
         try:
             with timed("audio features"):
                 feats, fl = apply_audio_ops(x, lens, sr, acfg["ops"])
+                if acfg.get("dtype", "float32") != "float32":  # cast on the device
+                    feats = feats.astype(acfg["dtype"])
             with timed("audio to host"):
                 host = _to_host(feats)
         except Exception as e:  # noqa: BLE001 - the batch fails: each item alone
