@@ -13,12 +13,13 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from ... import settings
 from . import _deps
 from ._inputs import Item
-from ._process import Result, Shard, iter_shards, profile_report, profiling, timed
+from ._process import Result, Shard, iter_shards, mark, profile_report, profiling, timed
 from ._writers import write_shard
 
 # shards are written by WRITERS threads (default 4; a shard's files are its own, so any order
@@ -79,13 +80,16 @@ def run_worker(
 ) -> None:
     """Compute and write ``shards`` on ``device``; ``report((files, errors, audio_s, frames))``
     every batch of inputs and at the end of each shard."""
-    dev = _deps.resolve_device(device)
-    if dev.is_cuda:
-        import cupy
+    t0 = time.perf_counter()
+    with timed("start: device"):
+        dev = _deps.resolve_device(device)
+        if dev.is_cuda:
+            import cupy
 
-        cupy.cuda.Device(dev.index).use()
+            cupy.cuda.Device(dev.index).use()
     q: queue.Queue = queue.Queue(maxsize=WRITE_QUEUE)
     failure: list[BaseException] = []
+    first_written: list[float] = []
 
     def writer():
         while True:
@@ -98,13 +102,17 @@ def run_worker(
             try:
                 with timed("write"):
                     write_shard(out_dir, shard, results, cfg, fmt, total, duplicated)
+                if not first_written:
+                    first_written.append(time.perf_counter() - t0)
+                    mark("start: first shard written", first_written[0])
             except BaseException as e:  # noqa: BLE001 - re-raised in the worker
                 failure.append(e)
 
     # decoders first: the audio loader forks its workers, better before any thread starts
     tally = _Tally(report, every=int(cfg.get("batch_size", 64)))
-    results = iter_shards(shards, items, cfg, dev, workers=workers, on_result=tally,
-                          blocked=blocked)
+    with timed("start: decoders set up"):
+        results = iter_shards(shards, items, cfg, dev, workers=workers, on_result=tally,
+                              blocked=blocked)
     threads = [threading.Thread(target=writer, name=f"avpipe-extract-writer-{i}", daemon=True)
                for i in range(settings.extract_writers())]
     for t in threads:
@@ -112,6 +120,8 @@ def run_worker(
     try:
         for shard, rs in results:
             tally.flush()
+            if shard is shards[0]:
+                mark("start: first shard computed", time.perf_counter() - t0)
             if failure:
                 break
             with timed("writer queue wait"):
@@ -218,7 +228,7 @@ def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, re
         p = ctx.Process(
             target=_child_full, daemon=False,
             args=(len(procs), os.getpid(), dev, vis, group, full, cfg, out_dir, fmt, total, workers,
-                  duplicated, pq, blocked),
+                  duplicated, pq, blocked, time.time()),
         )
         p.start()
         procs.append((dev, group, p))
@@ -310,7 +320,9 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _child_full(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, total, workers,
-                duplicated, pq, blocked=None):
+                duplicated, pq, blocked=None, spawned=None):
+    if spawned is not None:  # the interpreter's start and the imports the arguments needed
+        mark("start: process (spawn to running)", time.time() - spawned)
     _die_with_parent(parent)
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = visible

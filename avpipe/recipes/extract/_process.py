@@ -52,6 +52,12 @@ class timed:
             _times[self.name] = _times.get(self.name, 0.0) + time.perf_counter() - self.t
 
 
+def mark(name: str, seconds: float) -> None:
+    """Record a one-off duration (start-up phases) when AVPIPE_EXTRACT_PROFILE is set."""
+    if profiling():
+        _times[name] = _times.get(name, 0.0) + seconds
+
+
 def profile_report() -> str:
     return ", ".join(f"{k} {v:.2f} s" for k, v in sorted(_times.items()))
 
