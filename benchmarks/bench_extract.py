@@ -386,6 +386,8 @@ def main():
     ap.add_argument("--devices", default=None,
                     help="avpipe's devices (default every GPU; --cpu: cpu); e.g. cuda:0,cuda:0")
     ap.add_argument("--keep", action="store_true", help="keep the outputs")
+    ap.add_argument("--profile", action="store_true",
+                    help="avpipe's per-stage times (AVPIPE_EXTRACT_PROFILE) into the results")
     ap.add_argument("--dtype", choices=["float32", "float16"], default="float32",
                     help="the log-mel features' type, avpipe and DALI alike")
     ap.add_argument("--shard-size", type=int, default=None,
@@ -429,10 +431,15 @@ def main():
                    *sys.argv[1:i], *sys.argv[i + 2 :]]
         log(f"--- {name}")
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            env = {**os.environ, **({"AVPIPE_EXTRACT_PROFILE": "1"} if args.profile else {})}
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                               env=env)
             lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
             res = json.loads(lines[-1][7:]) if lines else {
                 "name": name, "value": None, "error": f"exit {p.returncode}: {p.stderr[-1500:]}"}
+            prof = [ln for ln in p.stderr.splitlines() if ln.startswith("avpipe extract profile")]
+            if prof:
+                res["profile"] = prof
         except subprocess.TimeoutExpired:
             res = {"name": name, "value": None, "error": f"timeout after {args.timeout} s"}
         log(json.dumps(res)[:800])
