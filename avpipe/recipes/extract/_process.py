@@ -200,7 +200,8 @@ def warm_up_audio(acfg: dict, dev, *, flac: bool = False) -> None:
     after the files' headers are read. Errors are left to the real batch."""
     if flac:
         try:
-            _deps.flac_compile_kernels()
+            with dev.activate():  # this thread's current device is not the caller's
+                _deps.flac_compile_kernels()
         except Exception:  # noqa: BLE001
             pass
     try:
@@ -231,7 +232,7 @@ class _AudioStream:
         self.route = {}
         self.streams = {}
         rest = items
-        warm = None
+        warm = self.warm = None
         if dev.is_cuda:
             # FLAC on a GPU: the loader reads every file's STREAMINFO itself, no probe first
             flac = [it for it in items
@@ -241,6 +242,7 @@ class _AudioStream:
                                     kwargs={"flac": bool(flac)}, daemon=True,
                                     name="avpipe-extract-warm-up")
             warm.start()
+            self.warm = warm
             loader = self._gpu_loader(flac, batch) if flac else None
             if loader is not None:
                 self.streams["flac"] = self._loader_stream(flac, loader)
@@ -319,6 +321,12 @@ class _AudioStream:
             return it, Rows(a.samples, None, int(a.samples.shape[-1])), None
         except Exception as e:  # noqa: BLE001 - a bad input is recorded, never fatal
             return it, None, e
+
+    def join_warm_up(self) -> None:
+        """Wait for the warm-up thread (long done by the end of a worker's audio; joined so
+        that no thread is inside CUDA calls when the process exits)."""
+        if self.warm is not None:
+            self.warm.join()
 
     def next_for(self, item: Item):
         got = next(self.streams[self.route[item.index]])
@@ -500,6 +508,8 @@ def _shard_results(shards, items, cfg, dev, batch, audio, video, image, on_resul
                 results[it.index] = emit(r)
         if pending:
             flush(pending, results)
+        if s is shards[-1] and audio is not None:
+            audio.join_warm_up()
         yield s, [results[i] for i in range(s.start, s.end)]
 
 
