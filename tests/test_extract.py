@@ -476,8 +476,10 @@ def test_audio_warm_up_runs_the_presets_operators(preset, monkeypatch):
 
     monkeypatch.setattr(_process, "apply_audio_ops", spy)
     cfg = resolve_preset(preset)["audio"]
-    _process.warm_up_audio(cfg, resolve_device("cpu"))
-    assert len(calls) == 1 and calls[0][0] == 2
+    threads = _process.warm_up_audio(cfg, resolve_device("cpu"))
+    for t in threads:
+        t.join()
+    assert len(threads) == 1 and len(calls) == 1 and calls[0][0] == 2
 
 
 def test_float16_audio_features(speech, tmp_path):

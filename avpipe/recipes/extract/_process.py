@@ -192,29 +192,41 @@ class Rows:
         return self.x if self.row is None else self.x[self.row, : self.n]
 
 
-def warm_up_audio(acfg: dict, dev, *, flac: bool = False) -> None:
-    """Compile what the first audio batch needs, ahead of it: the GPU FLAC decoder's kernels
-    (``flac``) and the kernels of the preset's operators (run on a small zero batch, thrown
-    away). On a GPU each is an NVRTC compile on a machine without CuPy's kernel cache (seconds,
-    with the GIL released), which the first batch would otherwise wait for one after the other,
-    after the files' headers are read. Errors are left to the real batch."""
-    if flac:
+def warm_up_audio(acfg: dict, dev, *, flac: bool = False) -> list[threading.Thread]:
+    """Start compiling what the first audio batch needs, ahead of it, in threads (returned,
+    started): the GPU FLAC decoder's kernels (``flac``) in one, the preset's operators (run on
+    a small zero batch, thrown away: their kernels, cuFFT's plan and libraries) in another. On
+    a GPU each is NVRTC compiling on a machine without CuPy's kernel cache (seconds, with the
+    GIL released), which the first batch would otherwise wait for one after the other, after
+    the files' headers are read. Errors are left to the real batch."""
+
+    def flac_kernels():
         try:
-            with dev.activate():  # this thread's current device is not the caller's
+            with dev.activate():  # a new thread's current device is not the caller's
                 _deps.flac_compile_kernels()
         except Exception:  # noqa: BLE001
             pass
-    try:
-        with dev.activate():
-            sr = int(acfg["sample_rate"])
-            lens = np.array([2 * sr, sr], dtype=np.int64)
-            x = dev.xp.zeros((2, 2 * sr), dtype=dev.xp.float32)
-            x[0, :: 97] = 0.25  # not all zeros: some operators branch on silence
-            x[1, : sr : 89] = -0.25
-            feats, _ = apply_audio_ops(x, lens, sr, acfg["ops"])
-            _to_host(feats)
-    except Exception:  # noqa: BLE001
-        pass
+
+    def operators():
+        try:
+            with dev.activate():
+                sr = int(acfg["sample_rate"])
+                lens = np.array([2 * sr, sr], dtype=np.int64)
+                x = dev.xp.zeros((2, 2 * sr), dtype=dev.xp.float32)
+                x[0, ::97] = 0.25  # not all zeros: some operators branch on silence
+                x[1, : sr : 89] = -0.25
+                feats, _ = apply_audio_ops(x, lens, sr, acfg["ops"])
+                if acfg.get("dtype", "float32") != "float32":
+                    feats = feats.astype(acfg["dtype"])
+                _to_host(feats)
+        except Exception:  # noqa: BLE001
+            pass
+
+    threads = [threading.Thread(target=f, daemon=True, name=f"avpipe-extract-warm-up-{i}")
+               for i, f in enumerate([flac_kernels] * flac + [operators])]
+    for t in threads:
+        t.start()
+    return threads
 
 
 class _AudioStream:
@@ -232,17 +244,13 @@ class _AudioStream:
         self.route = {}
         self.streams = {}
         rest = items
-        warm = self.warm = None
+        self.warm: list[threading.Thread] = []
         if dev.is_cuda:
             # FLAC on a GPU: the loader reads every file's STREAMINFO itself, no probe first
             flac = [it for it in items
                     if it.path.lower().endswith(".flac") and "offset" not in it.fields]
-            # the kernels compile in a thread meanwhile (joined before any loader forks)
-            warm = threading.Thread(target=warm_up_audio, args=(cfg, dev),
-                                    kwargs={"flac": bool(flac)}, daemon=True,
-                                    name="avpipe-extract-warm-up")
-            warm.start()
-            self.warm = warm
+            # the kernels compile in threads meanwhile (joined before any loader forks)
+            self.warm = warm_up_audio(cfg, dev, flac=bool(flac))
             loader = self._gpu_loader(flac, batch) if flac else None
             if loader is not None:
                 self.streams["flac"] = self._loader_stream(flac, loader)
@@ -262,9 +270,9 @@ class _AudioStream:
             groups[g].append((it, p))
             self.route[it.index] = g
         if groups["other"]:
-            if warm is not None:  # this loader forks its worker processes: no thread running
-                with timed("audio warm-up wait"):
-                    warm.join()
+            # this loader forks its worker processes: no thread of ours running
+            with timed("audio warm-up wait"):
+                self.join_warm_up()
             group = groups["other"]
             pcm16 = all(p[2] == "PCM_16" for _, p in group)  # int16 transport is exact for them
             kwargs = dict(batch_size=batch, device=str(dev) if dev.is_cuda else "cpu",
@@ -323,10 +331,10 @@ class _AudioStream:
             return it, None, e
 
     def join_warm_up(self) -> None:
-        """Wait for the warm-up thread (long done by the end of a worker's audio; joined so
-        that no thread is inside CUDA calls when the process exits)."""
-        if self.warm is not None:
-            self.warm.join()
+        """Wait for the warm-up threads (long done by the end of a worker's audio; joined so
+        that none is inside CUDA calls when the process exits)."""
+        for t in self.warm:
+            t.join()
 
     def next_for(self, item: Item):
         got = next(self.streams[self.route[item.index]])
