@@ -335,3 +335,11 @@ def _child_full(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, t
         pq.put((wid, "error", f"{device}: {type(e).__name__}: {e}"))
         raise SystemExit(1) from None
     pq.put((wid, "done", None))
+    # every shard and part is written, renamed and fsync'ed: leave without the interpreter's
+    # tear-down (module and pool clean-up, CuPy's memory pools), which the parent's join()
+    # would wait for; the queue is flushed first, the OS frees the rest
+    pq.close()
+    pq.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
