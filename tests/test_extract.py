@@ -520,3 +520,17 @@ def test_dtype_is_checked(speech, tmp_path):
         resolve_preset(str(toml))
     r = cli("extract", speech, "--preset", "nemo", "--out", tmp_path / "c", "--dtype", "half")
     assert r.returncode == 2 and "--dtype" in r.stderr and "half" in r.stderr
+
+
+def test_standby_worker_is_ended_when_unused(speech, tmp_path):
+    """The worker started ahead (Standby) is ended when the run fails before it is handed work,
+    and when there is nothing to do; a used one finishes its shards."""
+    import multiprocessing as mp
+
+    with pytest.raises(PresetError):
+        run_extract(speech, preset="nope", out_dir=tmp_path / "o", device="cpu")
+    assert mp.active_children() == []
+    s = run_extract(speech, preset="nemo", out_dir=tmp_path / "o", device="cpu", shard_size=6)
+    assert s.total_written == 12 and mp.active_children() == []
+    s = run_extract(speech, preset="nemo", out_dir=tmp_path / "o", device="cpu", shard_size=6)
+    assert s.skipped == 12 and s.total_written == 0 and mp.active_children() == []

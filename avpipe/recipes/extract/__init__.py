@@ -303,6 +303,23 @@ def run_extract(
         except ImportError:
             raise RuntimeError("--format parquet needs pyarrow: pip install 'avpipe[parquet]'") \
                 from None
+    standby = None
+    if engine == "local":  # its start and imports overlap the work below (see Standby)
+        from ._engine_local import Standby
+
+        standby = Standby()
+    try:
+        return _run_extract(input_path, preset, out_dir, device, devices, format, shard_size,
+                            workers, fps, dtype, batch_size, engine, retry_errors, progress,
+                            ray_address, t0, standby)
+    finally:
+        if standby is not None:
+            standby.stop()
+
+
+def _run_extract(input_path, preset, out_dir, device, devices, format, shard_size,  # noqa: A002
+                 workers, fps, dtype, batch_size, engine, retry_errors, progress, ray_address,
+                 t0, standby) -> ExtractSummary:
     cfg = resolve_preset(preset, fps=fps, dtype=dtype)
     if batch_size is not None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
@@ -363,7 +380,7 @@ def run_extract(
                     from ._engine_local import run_local
 
                     failures = run_local(devs, todo, inp.items, cfg, out_dir, format, total,
-                                         workers, duplicated, bar)
+                                         workers, duplicated, bar, standby)
             else:
                 failures = []
         finally:

@@ -3,8 +3,9 @@
 A worker computes shard after shard (:func:`~._process.iter_shards`) and hands each finished
 shard to a writer thread through a bounded queue, so decoding, features and writing overlap.
 Workers run as spawned processes (a GPU worker sees only its GPU, through
-``CUDA_VISIBLE_DEVICES``) and report progress through a queue; a worker a native decoder crashes
-is replaced (see ``run_local``), so a crash costs the input that caused it, not the run.
+``CUDA_VISIBLE_DEVICES``; the first is started ahead, see :class:`Standby`) and report progress
+through a queue; a worker a native decoder crashes is replaced (see ``run_local``), so a crash
+costs the input that caused it, not the run.
 """
 
 from __future__ import annotations
@@ -176,10 +177,63 @@ _CRASHES_PER_SHARD = 8  # then the shard is given up (a failure; the run stays r
 _MAX_RESTARTS = 64
 
 
+class Standby:
+    """A worker process started before the parent knows its work: its interpreter starts and
+    imports what a worker needs (CuPy too, without touching the GPU) while the parent counts the
+    GPUs, resolves the inputs and reads what an earlier run left; :func:`run_local` hands it the
+    first group of shards. :meth:`stop` ends it when it was not used (nothing to do, an error)."""
+
+    def __init__(self):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.pq = ctx.Queue()
+        recv, self._send = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=_child_standby, args=(os.getpid(), recv, self.pq),
+                                daemon=False)
+        self.proc.start()
+        recv.close()
+        self.used = False
+
+    def hand(self, args: tuple) -> bool:
+        """Give it ``_child_full``'s arguments (without the queue); False when it is gone."""
+        if self.used or self.proc.exitcode is not None:
+            return False
+        try:
+            self._send.send(args)
+        except (OSError, ValueError):
+            return False
+        self.used = True
+        self._send.close()
+        return True
+
+    def stop(self) -> None:
+        if not self.used:  # it has touched nothing: no need to wait for its imports
+            self.used = True
+            self._send.close()
+            self.proc.kill()
+            self.proc.join()
+
+
+def _child_standby(parent, recv, pq):
+    _die_with_parent(parent)
+    # what a worker needs, imported ahead; not CuPy (CUDA_VISIBLE_DEVICES, set by _child_full
+    # for the device it is given, must come first)
+    from . import _process, _writers  # noqa: F401
+    from ._deps import audio_ops  # noqa: F401
+
+    try:
+        args = recv.recv()
+    except EOFError:  # not needed
+        return
+    recv.close()
+    _child_full(*args[:12], pq, *args[12:])
+
+
 def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, workers, duplicated,
-              report) -> list[str]:
+              report, standby: Standby | None = None) -> list[str]:
     """Run ``shards`` over ``devices``, one worker process each; returns the workers' failures
-    (empty when all ran)."""
+    (empty when all ran). ``standby``: a started :class:`Standby`, used for the first worker."""
     from ._writers import read_part
 
     groups = [g for g in split_shards(shards, len(devices)) if g]
@@ -190,7 +244,8 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
     restarts = 0
     while todo:
         ended = _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated,
-                              report, blocked)
+                              report, blocked, standby)
+        standby = None
         todo = []
         for dev, group, why in ended:
             left = [sh for sh in group if read_part(out_dir, sh, total) is None]
@@ -214,23 +269,27 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
     return failures
 
 
-def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, report, blocked):
-    """One spawned worker per ``(device, shards)``; returns ``(device, shards, why)`` for each,
-    ``why`` None when it finished, ``"signal N"`` when a signal ended it, else the error."""
+def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, report, blocked,
+                  standby: Standby | None = None):
+    """One spawned worker per ``(device, shards)`` (the first: ``standby`` when given);
+    returns ``(device, shards, why)`` for each, ``why`` None when it finished, ``"signal N"``
+    when a signal ended it, else the error."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    pq = ctx.Queue()
+    pq = standby.pq if standby is not None else ctx.Queue()
     procs = []
     for dev, group in todo:
         full = {i: items[i].to_task() for s in group for i in range(s.start, s.end)}
         vis = _visible_for(dev)
-        p = ctx.Process(
-            target=_child_full, daemon=False,
-            args=(len(procs), os.getpid(), dev, vis, group, full, cfg, out_dir, fmt, total, workers,
-                  duplicated, pq, blocked, time.time()),
-        )
-        p.start()
+        args = (len(procs), os.getpid(), dev, vis, group, full, cfg, out_dir, fmt, total, workers,
+                duplicated, pq, blocked, time.time())
+        if standby is not None and standby.hand(args[:12] + args[13:]):
+            p = standby.proc
+        else:
+            p = ctx.Process(target=_child_full, daemon=False, args=args)
+            p.start()
+        standby = None
         procs.append((dev, group, p))
     why: dict[int, str | None] = {}
     while len(why) < len(procs):
