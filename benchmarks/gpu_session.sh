@@ -45,7 +45,7 @@ for step in "$@"; do
     feeds) data; python3 benchmarks/bench_feeds.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25
            anchors_only dali_rnnt_feed_aps,dali_video_reader_cps ;;
     augment) python3 benchmarks/bench_augment.py --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25 ;;
-    extract) data; python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT" 2>&1 | tail -25 ;;
+    extract) data; python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT" --profile 2>&1 | tail -25 ;;
     anchors) data; python3 "$ANCHORS" --data /tmp/bench --out "$OUT/anchors" --budget "$BUDGET" 2>&1 | tail -25 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac

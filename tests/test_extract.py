@@ -428,3 +428,109 @@ def test_retry_errors_redoes_the_shards_with_failures(speech, tmp_path):
     ref = tmp_path / "ref"
     run_extract(speech, preset="nemo", out_dir=ref, device="cpu", shard_size=4)
     assert tree(out) == tree(ref)
+
+
+def test_tar_header_is_tarfiles():
+    """The shard writer's ustar header template gives tarfile's bytes (names of every length
+    it takes, sizes up to its largest)."""
+    from avpipe.recipes.extract._writers import _tar_header, _tar_header_slow
+
+    for name in ("000000001.npy", "123456789.json", "a", "x" * 99, "x" * 100, "d/" * 60 + "x",
+                 "é.npy", ""):
+        for size in (0, 1, 511, 512, 10**6, 8**11 - 1, 123_456_789):
+            assert _tar_header(name, size) == _tar_header_slow(name, size), (name, size)
+
+
+def test_progress_is_sent_per_batch():
+    from avpipe.recipes.extract._engine_local import _Tally
+    from avpipe.recipes.extract._inputs import Item
+    from avpipe.recipes.extract._process import Result
+
+    sent = []
+    t = _Tally(sent.append, every=3)
+    ok = Result(Item(index=0, source="a", path="a", kind="audio", fields={}),
+                np.zeros(1), {"seconds": 1.5})
+    bad = Result(Item(index=1, source="b", path="b", kind="image", fields={}), error="E")
+    for r in (ok, bad, ok, ok):
+        t(r)
+    assert sent == [(3, 1, 3.0, 0.0)]
+    t.flush()
+    t.flush()
+    assert sent == [(3, 1, 3.0, 0.0), (1, 0, 1.5, 0.0)]
+
+
+@pytest.mark.parametrize("preset", ["nemo", "nemo_v1", "mlperf_rnnt", "mfcc"])
+def test_audio_warm_up_runs_the_presets_operators(preset, monkeypatch):
+    """The warm-up (run in a thread on a GPU while the loader opens the files) goes through the
+    preset's operators without an error (errors are swallowed there: checked here)."""
+    from avpipe.device import resolve_device
+    from avpipe.recipes.extract import _process
+
+    calls = []
+    real = _process.apply_audio_ops
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        calls.append(out[0].shape)
+        return out
+
+    monkeypatch.setattr(_process, "apply_audio_ops", spy)
+    cfg = resolve_preset(preset)["audio"]
+    threads = _process.warm_up_audio(cfg, resolve_device("cpu"))
+    for t in threads:
+        t.join()
+    assert len(threads) == 1 and len(calls) == 1 and calls[0][0] == 2
+
+
+def test_float16_audio_features(speech, tmp_path):
+    """--dtype float16: the float32 features rounded, recorded in extract.json and the index;
+    the default writes no dtype key (float32 outputs are what they were)."""
+    a, b = tmp_path / "f32", tmp_path / "f16"
+    run_extract(speech, preset="nemo", out_dir=a, device="cpu", shard_size=5)
+    s = run_extract(speech, preset="nemo", out_dir=b, device="cpu", shard_size=5,
+                    dtype="float16")
+    assert s.complete and s.errors == 0
+    full, half = load_outputs(a), load_outputs(b)
+    assert set(full) == set(half) and len(full) == 12
+    for src, (arr, meta) in half.items():
+        assert arr.dtype == np.float16 and meta["dtype"] == "float16"
+        np.testing.assert_array_equal(arr, full[src][0].astype(np.float16))
+    rows = jsonl(b / "index.jsonl")
+    assert all(r["params"]["dtype"] == "float16" and r["dtype"] == "float16" for r in rows)
+    assert all("dtype" not in r["params"] and r["dtype"] == "float32"
+               for r in jsonl(a / "index.jsonl"))
+    assert json.loads((b / "extract.json").read_text())["preset"]["audio"]["dtype"] == "float16"
+    with pytest.raises(ValueError, match="another preset"):  # resume with another dtype
+        run_extract(speech, preset="nemo", out_dir=b, device="cpu", shard_size=5)
+    s = run_extract(speech, preset="nemo", out_dir=a, device="cpu", shard_size=5,
+                    dtype="float32")  # the default, given: the same job
+    assert s.skipped == 12
+
+
+def test_dtype_is_checked(speech, tmp_path):
+    with pytest.raises(ValueError, match="dtype must be one of float32, float16, got 'int8'"):
+        run_extract(speech, preset="nemo", out_dir=tmp_path / "o", device="cpu", dtype="int8")
+    with pytest.raises(ValueError, match="dtype='float16' applies to audio"):
+        run_extract(speech, preset="frames", out_dir=tmp_path / "o", device="cpu",
+                    dtype="float16")
+    toml = tmp_path / "p.toml"
+    toml.write_text('[audio]\nops = [{op = "log_mel"}]\ndtype = "bfloat16"\n')
+    with pytest.raises(PresetError, match=r"\[audio\] dtype must be one of float32, float16, "
+                                          r"got 'bfloat16'"):
+        resolve_preset(str(toml))
+    r = cli("extract", speech, "--preset", "nemo", "--out", tmp_path / "c", "--dtype", "half")
+    assert r.returncode == 2 and "--dtype" in r.stderr and "half" in r.stderr
+
+
+def test_standby_worker_is_ended_when_unused(speech, tmp_path):
+    """The worker started ahead (Standby) is ended when the run fails before it is handed work,
+    and when there is nothing to do; a used one finishes its shards."""
+    import multiprocessing as mp
+
+    with pytest.raises(PresetError):
+        run_extract(speech, preset="nope", out_dir=tmp_path / "o", device="cpu")
+    assert mp.active_children() == []
+    s = run_extract(speech, preset="nemo", out_dir=tmp_path / "o", device="cpu", shard_size=6)
+    assert s.total_written == 12 and mp.active_children() == []
+    s = run_extract(speech, preset="nemo", out_dir=tmp_path / "o", device="cpu", shard_size=6)
+    assert s.skipped == 12 and s.total_written == 0 and mp.active_children() == []

@@ -73,6 +73,19 @@ def test_nemo_gpu_matches_cpu(flacs, tmp_path):
         "zz_corrupt.flac", "zz_empty.flac"]
 
 
+def test_float16_on_gpu_is_float32_rounded(flacs, tmp_path):
+    """dtype float16: the cast happens on the GPU, round to nearest even as numpy's."""
+    run_extract(flacs, preset="nemo", out_dir=tmp_path / "f32", devices="cuda:0",
+                shard_size=16, batch_size=8)
+    run_extract(flacs, preset="nemo", out_dir=tmp_path / "f16", devices="cuda:0",
+                shard_size=16, batch_size=8, dtype="float16")
+    a, b = _outputs(tmp_path / "f32"), _outputs(tmp_path / "f16")
+    assert sorted(a) == sorted(b) and len(a) == 45
+    for k in a:
+        assert b[k][0].dtype == np.float16
+        np.testing.assert_array_equal(b[k][0], a[k][0].astype(np.float16), err_msg=k)
+
+
 def test_two_workers_on_one_gpu_match_one(flacs, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
     outs = []

@@ -243,6 +243,14 @@ def _kernels(cupy):
     return hit
 
 
+def compile_kernels() -> None:
+    """Compile (or load from CuPy's cache) the decoder's kernels for the current device now,
+    e.g. in a thread while files are being opened; the first :func:`launch` waits for it."""
+    import cupy
+
+    _kernels(cupy)
+
+
 @dataclass
 class Launched:
     """A batch whose decode is queued on the GPU (see :func:`launch`)."""

@@ -278,6 +278,7 @@ def run_extract(
     shard_size: int = DEFAULT_SHARD_SIZE,
     workers: int | None = None,
     fps: float | None = None,
+    dtype: str | None = None,
     batch_size: int | None = None,
     engine: str = "local",
     retry_errors: bool = False,
@@ -286,7 +287,9 @@ def run_extract(
 ) -> ExtractSummary:
     """Extract features from every input of ``input_path`` into ``out_dir`` (see the module
     docstring). ``device`` is the one-device form of ``devices``. Returns an
-    :class:`ExtractSummary`; bad inputs never raise (they are counted and listed)."""
+    :class:`ExtractSummary`; bad inputs never raise (they are counted and listed).
+    ``dtype``: the audio features' type, "float32" (the preset's, by default) or "float16"
+    (half the bytes; computed in float32, then rounded)."""
     t0 = time.perf_counter()
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
@@ -300,7 +303,24 @@ def run_extract(
         except ImportError:
             raise RuntimeError("--format parquet needs pyarrow: pip install 'avpipe[parquet]'") \
                 from None
-    cfg = resolve_preset(preset, fps=fps)
+    standby = None
+    if engine == "local":  # its start and imports overlap the work below (see Standby)
+        from ._engine_local import Standby
+
+        standby = Standby()
+    try:
+        return _run_extract(input_path, preset, out_dir, device, devices, format, shard_size,
+                            workers, fps, dtype, batch_size, engine, retry_errors, progress,
+                            ray_address, t0, standby)
+    finally:
+        if standby is not None:
+            standby.stop()
+
+
+def _run_extract(input_path, preset, out_dir, device, devices, format, shard_size,  # noqa: A002
+                 workers, fps, dtype, batch_size, engine, retry_errors, progress, ray_address,
+                 t0, standby) -> ExtractSummary:
+    cfg = resolve_preset(preset, fps=fps, dtype=dtype)
     if batch_size is not None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -342,9 +362,10 @@ def run_extract(
             else:
                 done_ok += sum(r.get("status") == "ok" for r in rows)
                 done_err += sum(r.get("status") != "ok" for r in rows)
-        sources = [it.source for it in inp.items]
-        duplicated = frozenset(s for s in set(sources) if sources.count(s) > 1) \
-            if len(set(sources)) != len(sources) else frozenset()
+        from collections import Counter
+
+        duplicated = frozenset(s for s, n in Counter(it.source for it in inp.items).items()
+                               if n > 1)
         bar = _Progress(sum(s.end - s.start for s in todo), cfg, progress)
         written: dict[str, int] = {}
 
@@ -359,7 +380,7 @@ def run_extract(
                     from ._engine_local import run_local
 
                     failures = run_local(devs, todo, inp.items, cfg, out_dir, format, total,
-                                         workers, duplicated, bar)
+                                         workers, duplicated, bar, standby)
             else:
                 failures = []
         finally:
@@ -367,19 +388,20 @@ def run_extract(
         # what this run wrote, from the parts (also right for the worker processes' shards)
         n_err = 0
         shards_done = 0
-        for s in shards:
-            rows = read_part(out_dir, s, total)
+        parts = [read_part(out_dir, s, total) for s in shards]
+        redone = set(todo)
+        for s, rows in zip(shards, parts):
             if rows is None:
                 continue
             shards_done += 1
-            if s not in todo:
+            if s not in redone:
                 continue
             for r in rows:
                 if r.get("status") == "ok":
                     written[r["kind"]] = written.get(r["kind"], 0) + 1
                 else:
                     n_err += 1
-        _, _, total_errors = write_index(out_dir, shards, total)
+        _, _, total_errors = write_index(out_dir, shards, total, parts)
     return ExtractSummary(
         input_path=os.fspath(input_path), out_dir=out_dir, preset=cfg["name"], devices=devs,
         engine=engine, output_format=format, inputs=total, written=written, skipped=done_ok,

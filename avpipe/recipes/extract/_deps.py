@@ -13,6 +13,7 @@ _WHERE = {
     "AudioBatchLoader": "avpipe.pipeline.audio_loader",
     "load_audio": "avpipe.decoding.audio",
     "flac_header_info": "avpipe.decoding.audio._flac_cuda",
+    "flac_compile_kernels": "avpipe.decoding.audio._flac_cuda",
     "VideoDecoder": "avpipe.decoding.video",
     "decode_image_stream": "avpipe.pipeline.image_stream",
     "decode_image_batch": "avpipe.decoding.image",
@@ -25,7 +26,7 @@ _WHERE = {
     "gpu_count": "avpipe.device",
 }
 _ATTR = {"audio_ops": None, "image_ops": None, "gpu_count": "_gpu_count",
-         "flac_header_info": "header_info"}
+         "flac_header_info": "header_info", "flac_compile_kernels": "compile_kernels"}
 
 
 def __getattr__(name: str):

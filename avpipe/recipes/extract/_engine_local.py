@@ -3,8 +3,9 @@
 A worker computes shard after shard (:func:`~._process.iter_shards`) and hands each finished
 shard to a writer thread through a bounded queue, so decoding, features and writing overlap.
 Workers run as spawned processes (a GPU worker sees only its GPU, through
-``CUDA_VISIBLE_DEVICES``) and report progress through a queue; a worker a native decoder crashes
-is replaced (see ``run_local``), so a crash costs the input that caused it, not the run.
+``CUDA_VISIBLE_DEVICES``; the first is started ahead, see :class:`Standby`) and report progress
+through a queue; a worker a native decoder crashes is replaced (see ``run_local``), so a crash
+costs the input that caused it, not the run.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from ... import settings
 from . import _deps
 from ._inputs import Item
-from ._process import Result, Shard, iter_shards, profile_report, profiling, timed
+from ._process import Result, Shard, iter_shards, mark, profile_report, profiling, timed
 from ._writers import write_shard
 
 # shards are written by WRITERS threads (default 4; a shard's files are its own, so any order
@@ -39,6 +41,31 @@ def _progress_payload(r: Result) -> tuple:
     return (1, 0 if r.ok else 1, seconds, frames)
 
 
+class _Tally:
+    """Progress payloads summed and sent every ``every`` inputs (and on :meth:`flush`): one
+    message per batch instead of one per input through the queue to the parent."""
+
+    def __init__(self, report: Callable[[tuple], None], every: int = 64):
+        self.report, self.every = report, every
+        self.files = self.errors = 0
+        self.seconds = self.frames = 0.0
+
+    def __call__(self, r: Result) -> None:
+        files, errors, seconds, frames = _progress_payload(r)
+        self.files += files
+        self.errors += errors
+        self.seconds += seconds
+        self.frames += frames
+        if self.files >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.files:
+            self.report((self.files, self.errors, self.seconds, self.frames))
+            self.files = self.errors = 0
+            self.seconds = self.frames = 0.0
+
+
 def run_worker(
     device: str,
     shards: list[Shard],
@@ -53,14 +80,17 @@ def run_worker(
     blocked: dict | None = None,
 ) -> None:
     """Compute and write ``shards`` on ``device``; ``report((files, errors, audio_s, frames))``
-    after each input."""
-    dev = _deps.resolve_device(device)
-    if dev.is_cuda:
-        import cupy
+    every batch of inputs and at the end of each shard."""
+    t0 = time.perf_counter()
+    with timed("start: device"):
+        dev = _deps.resolve_device(device)
+        if dev.is_cuda:
+            import cupy
 
-        cupy.cuda.Device(dev.index).use()
+            cupy.cuda.Device(dev.index).use()
     q: queue.Queue = queue.Queue(maxsize=WRITE_QUEUE)
     failure: list[BaseException] = []
+    first_written: list[float] = []
 
     def writer():
         while True:
@@ -73,18 +103,26 @@ def run_worker(
             try:
                 with timed("write"):
                     write_shard(out_dir, shard, results, cfg, fmt, total, duplicated)
+                if not first_written:
+                    first_written.append(time.perf_counter() - t0)
+                    mark("start: first shard written", first_written[0])
             except BaseException as e:  # noqa: BLE001 - re-raised in the worker
                 failure.append(e)
 
     # decoders first: the audio loader forks its workers, better before any thread starts
-    results = iter_shards(shards, items, cfg, dev, workers=workers,
-                          on_result=lambda r: report(_progress_payload(r)), blocked=blocked)
+    tally = _Tally(report, every=int(cfg.get("batch_size", 64)))
+    with timed("start: decoders set up"):
+        results = iter_shards(shards, items, cfg, dev, workers=workers, on_result=tally,
+                              blocked=blocked)
     threads = [threading.Thread(target=writer, name=f"avpipe-extract-writer-{i}", daemon=True)
                for i in range(settings.extract_writers())]
     for t in threads:
         t.start()
     try:
         for shard, rs in results:
+            tally.flush()
+            if shard is shards[0]:
+                mark("start: first shard computed", time.perf_counter() - t0)
             if failure:
                 break
             with timed("writer queue wait"):
@@ -139,10 +177,63 @@ _CRASHES_PER_SHARD = 8  # then the shard is given up (a failure; the run stays r
 _MAX_RESTARTS = 64
 
 
+class Standby:
+    """A worker process started before the parent knows its work: its interpreter starts and
+    imports what a worker needs (CuPy too, without touching the GPU) while the parent counts the
+    GPUs, resolves the inputs and reads what an earlier run left; :func:`run_local` hands it the
+    first group of shards. :meth:`stop` ends it when it was not used (nothing to do, an error)."""
+
+    def __init__(self):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.pq = ctx.Queue()
+        recv, self._send = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=_child_standby, args=(os.getpid(), recv, self.pq),
+                                daemon=False)
+        self.proc.start()
+        recv.close()
+        self.used = False
+
+    def hand(self, args: tuple) -> bool:
+        """Give it ``_child_full``'s arguments (without the queue); False when it is gone."""
+        if self.used or self.proc.exitcode is not None:
+            return False
+        try:
+            self._send.send(args)
+        except (OSError, ValueError):
+            return False
+        self.used = True
+        self._send.close()
+        return True
+
+    def stop(self) -> None:
+        if not self.used:  # it has touched nothing: no need to wait for its imports
+            self.used = True
+            self._send.close()
+            self.proc.kill()
+            self.proc.join()
+
+
+def _child_standby(parent, recv, pq):
+    _die_with_parent(parent)
+    # what a worker needs, imported ahead; not CuPy (CUDA_VISIBLE_DEVICES, set by _child_full
+    # for the device it is given, must come first)
+    from . import _process, _writers  # noqa: F401
+    from ._deps import audio_ops  # noqa: F401
+
+    try:
+        args = recv.recv()
+    except EOFError:  # not needed
+        return
+    recv.close()
+    _child_full(*args[:12], pq, *args[12:])
+
+
 def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, workers, duplicated,
-              report) -> list[str]:
+              report, standby: Standby | None = None) -> list[str]:
     """Run ``shards`` over ``devices``, one worker process each; returns the workers' failures
-    (empty when all ran)."""
+    (empty when all ran). ``standby``: a started :class:`Standby`, used for the first worker."""
     from ._writers import read_part
 
     groups = [g for g in split_shards(shards, len(devices)) if g]
@@ -153,7 +244,8 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
     restarts = 0
     while todo:
         ended = _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated,
-                              report, blocked)
+                              report, blocked, standby)
+        standby = None
         todo = []
         for dev, group, why in ended:
             left = [sh for sh in group if read_part(out_dir, sh, total) is None]
@@ -177,23 +269,27 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
     return failures
 
 
-def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, report, blocked):
-    """One spawned worker per ``(device, shards)``; returns ``(device, shards, why)`` for each,
-    ``why`` None when it finished, ``"signal N"`` when a signal ended it, else the error."""
+def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, report, blocked,
+                  standby: Standby | None = None):
+    """One spawned worker per ``(device, shards)`` (the first: ``standby`` when given);
+    returns ``(device, shards, why)`` for each, ``why`` None when it finished, ``"signal N"``
+    when a signal ended it, else the error."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    pq = ctx.Queue()
+    pq = standby.pq if standby is not None else ctx.Queue()
     procs = []
     for dev, group in todo:
         full = {i: items[i].to_task() for s in group for i in range(s.start, s.end)}
         vis = _visible_for(dev)
-        p = ctx.Process(
-            target=_child_full, daemon=False,
-            args=(len(procs), os.getpid(), dev, vis, group, full, cfg, out_dir, fmt, total, workers,
-                  duplicated, pq, blocked),
-        )
-        p.start()
+        args = (len(procs), os.getpid(), dev, vis, group, full, cfg, out_dir, fmt, total, workers,
+                duplicated, pq, blocked, time.time())
+        if standby is not None and standby.hand(args[:12] + args[13:]):
+            p = standby.proc
+        else:
+            p = ctx.Process(target=_child_full, daemon=False, args=args)
+            p.start()
+        standby = None
         procs.append((dev, group, p))
     why: dict[int, str | None] = {}
     while len(why) < len(procs):
@@ -283,7 +379,9 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _child_full(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, total, workers,
-                duplicated, pq, blocked=None):
+                duplicated, pq, blocked=None, spawned=None):
+    if spawned is not None:  # the interpreter's start and the imports the arguments needed
+        mark("start: process (spawn to running)", time.time() - spawned)
     _die_with_parent(parent)
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
@@ -296,3 +394,11 @@ def _child_full(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, t
         pq.put((wid, "error", f"{device}: {type(e).__name__}: {e}"))
         raise SystemExit(1) from None
     pq.put((wid, "done", None))
+    # every shard and part is written, renamed and fsync'ed: leave without the interpreter's
+    # tear-down (module and pool clean-up, CuPy's memory pools), which the parent's join()
+    # would wait for; the queue is flushed first, the OS frees the rest
+    pq.close()
+    pq.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -9,6 +9,7 @@ A preset is a dict (the same shape a TOML file gives, see :func:`load_preset_fil
     [audio]                             # decode settings, then the operators in order
     sample_rate = 16000                 # every file is resampled to it
     ops = [{op = "log_mel", preset = "nemo", n_mels = 64}]
+    dtype = "float16"                   # the stored features (default "float32")
 
     [video]
     sampler = "fps"                     # "uniform" (num_frames), "fps" (fps) or "clips"
@@ -30,7 +31,9 @@ Only the kinds present are extracted (their files are picked by extension). Oper
   [h, w]; interpolation, antialias), ``center_crop`` (size).
 
 The full, normalized preset is stored in the output's ``extract.json`` and each kind's part in
-every index line (``params``).
+every index line (``params``). The audio ``dtype`` appears there only when it is not the
+default float32 (so a float32 job's files are what they were before the option existed); each
+index line's ``dtype`` is the stored array's either way.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from ...formats import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS  # n
 
 EXTENSIONS = {"audio": AUDIO_EXTENSIONS, "video": VIDEO_EXTENSIONS, "image": IMAGE_EXTENSIONS}
 KINDS = ("audio", "video", "image")
+AUDIO_DTYPES = ("float32", "float16")  # the features are computed in float32, then cast
 DEFAULT_BATCH_SIZE = 64
 
 _CROP224 = [{"op": "resize", "short_side": 224}, {"op": "center_crop", "size": 224}]
@@ -171,6 +175,10 @@ def normalize_preset(cfg: dict, *, name: str, where: str = "preset") -> dict:
         sr = a.pop("sample_rate", 16000)
         if isinstance(sr, bool) or not isinstance(sr, int) or sr <= 0:
             raise PresetError(f"{where}: [audio] sample_rate must be a positive int, got {sr!r}")
+        dtype = a.pop("dtype", "float32")
+        if dtype not in AUDIO_DTYPES:
+            raise PresetError(f"{where}: [audio] dtype must be one of "
+                              f"{', '.join(AUDIO_DTYPES)}, got {dtype!r}")
         ops = _check_ops("audio", a.pop("ops", None), AUDIO_OPS, where)
         if a:
             raise PresetError(f"{where}: [audio] unknown key(s) {sorted(a)}")
@@ -178,6 +186,8 @@ def normalize_preset(cfg: dict, *, name: str, where: str = "preset") -> dict:
             raise PresetError(f"{where}: [audio] the first operator must be one of "
                               f"{sorted(FEATURE_OPS)}, got {ops[0]['op']!r}")
         out["audio"] = {"sample_rate": sr, "ops": ops}
+        if dtype != "float32":  # the default is not written (see the module docstring)
+            out["audio"]["dtype"] = dtype
     if "video" in cfg:
         v = dict(cfg["video"])
         sampler = v.pop("sampler", "uniform")
@@ -220,9 +230,10 @@ def load_preset_file(path: str) -> dict:
     return normalize_preset(cfg, name=name, where=path)
 
 
-def resolve_preset(preset, *, fps: float | None = None) -> dict:
+def resolve_preset(preset, *, fps: float | None = None, dtype: str | None = None) -> dict:
     """A built-in name, a path to a ``.toml`` file, or a dict -> the full preset dict.
-    ``fps`` overrides the video sampler's rate (the ``frames`` preset's ``--fps``)."""
+    ``fps`` overrides the video sampler's rate (the ``frames`` preset's ``--fps``), ``dtype``
+    the audio features' type (``--dtype``: float32 or float16)."""
     if isinstance(preset, dict):
         cfg = normalize_preset(copy.deepcopy(preset), name=preset.get("name", "custom"))
     elif isinstance(preset, str) and preset in BUILTIN:
@@ -245,6 +256,16 @@ def resolve_preset(preset, *, fps: float | None = None) -> dict:
         if not (isinstance(fps, (int, float)) and fps > 0):
             raise PresetError(f"fps must be a positive number, got {fps!r}")
         v["fps"] = float(fps)
+    if dtype is not None:
+        if dtype not in AUDIO_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(AUDIO_DTYPES)}, got {dtype!r}")
+        a = cfg.get("audio")
+        if a is None:
+            raise ValueError(f"dtype={dtype!r} applies to audio features; the preset "
+                             f"{cfg['name']!r} has no [audio]")
+        a.pop("dtype", None)
+        if dtype != "float32":
+            a["dtype"] = dtype
     return cfg
 
 

@@ -11,6 +11,7 @@ engine ran it: the same shard gives the same bytes everywhere on one kind of dev
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +50,12 @@ class timed:
             import time
 
             _times[self.name] = _times.get(self.name, 0.0) + time.perf_counter() - self.t
+
+
+def mark(name: str, seconds: float) -> None:
+    """Record a one-off duration (start-up phases) when AVPIPE_EXTRACT_PROFILE is set."""
+    if profiling():
+        _times[name] = _times.get(name, 0.0) + seconds
 
 
 def profile_report() -> str:
@@ -185,6 +192,43 @@ class Rows:
         return self.x if self.row is None else self.x[self.row, : self.n]
 
 
+def warm_up_audio(acfg: dict, dev, *, flac: bool = False) -> list[threading.Thread]:
+    """Start compiling what the first audio batch needs, ahead of it, in threads (returned,
+    started): the GPU FLAC decoder's kernels (``flac``) in one, the preset's operators (run on
+    a small zero batch, thrown away: their kernels, cuFFT's plan and libraries) in another. On
+    a GPU each is NVRTC compiling on a machine without CuPy's kernel cache (seconds, with the
+    GIL released), which the first batch would otherwise wait for one after the other, after
+    the files' headers are read. Errors are left to the real batch."""
+
+    def flac_kernels():
+        try:
+            with dev.activate():  # a new thread's current device is not the caller's
+                _deps.flac_compile_kernels()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def operators():
+        try:
+            with dev.activate():
+                sr = int(acfg["sample_rate"])
+                lens = np.array([2 * sr, sr], dtype=np.int64)
+                x = dev.xp.zeros((2, 2 * sr), dtype=dev.xp.float32)
+                x[0, ::97] = 0.25  # not all zeros: some operators branch on silence
+                x[1, : sr : 89] = -0.25
+                feats, _ = apply_audio_ops(x, lens, sr, acfg["ops"])
+                if acfg.get("dtype", "float32") != "float32":
+                    feats = feats.astype(acfg["dtype"])
+                _to_host(feats)
+        except Exception:  # noqa: BLE001
+            pass
+
+    threads = [threading.Thread(target=f, daemon=True, name=f"avpipe-extract-warm-up-{i}")
+               for i, f in enumerate([flac_kernels] * flac + [operators])]
+    for t in threads:
+        t.start()
+    return threads
+
+
 class _AudioStream:
     """Decoded audio per item, in order: ``(item, Rows | None, error)``.
 
@@ -200,10 +244,13 @@ class _AudioStream:
         self.route = {}
         self.streams = {}
         rest = items
+        self.warm: list[threading.Thread] = []
         if dev.is_cuda:
             # FLAC on a GPU: the loader reads every file's STREAMINFO itself, no probe first
             flac = [it for it in items
                     if it.path.lower().endswith(".flac") and "offset" not in it.fields]
+            # the kernels compile in threads meanwhile (joined before any loader forks)
+            self.warm = warm_up_audio(cfg, dev, flac=bool(flac))
             loader = self._gpu_loader(flac, batch) if flac else None
             if loader is not None:
                 self.streams["flac"] = self._loader_stream(flac, loader)
@@ -223,6 +270,9 @@ class _AudioStream:
             groups[g].append((it, p))
             self.route[it.index] = g
         if groups["other"]:
+            # this loader forks its worker processes: no thread of ours running
+            with timed("audio warm-up wait"):
+                self.join_warm_up()
             group = groups["other"]
             pcm16 = all(p[2] == "PCM_16" for _, p in group)  # int16 transport is exact for them
             kwargs = dict(batch_size=batch, device=str(dev) if dev.is_cuda else "cpu",
@@ -279,6 +329,12 @@ class _AudioStream:
             return it, Rows(a.samples, None, int(a.samples.shape[-1])), None
         except Exception as e:  # noqa: BLE001 - a bad input is recorded, never fatal
             return it, None, e
+
+    def join_warm_up(self) -> None:
+        """Wait for the warm-up threads (long done by the end of a worker's audio; joined so
+        that none is inside CUDA calls when the process exits)."""
+        for t in self.warm:
+            t.join()
 
     def next_for(self, item: Item):
         got = next(self.streams[self.route[item.index]])
@@ -460,6 +516,8 @@ def _shard_results(shards, items, cfg, dev, batch, audio, video, image, on_resul
                 results[it.index] = emit(r)
         if pending:
             flush(pending, results)
+        if s is shards[-1] and audio is not None:
+            audio.join_warm_up()
         yield s, [results[i] for i in range(s.start, s.end)]
 
 
@@ -500,6 +558,8 @@ def _audio_features(pending, acfg: dict, dev) -> list[Result]:
         try:
             with timed("audio features"):
                 feats, fl = apply_audio_ops(x, lens, sr, acfg["ops"])
+                if acfg.get("dtype", "float32") != "float32":  # cast on the device
+                    feats = feats.astype(acfg["dtype"])
             with timed("audio to host"):
                 host = _to_host(feats)
         except Exception as e:  # noqa: BLE001 - the batch fails: each item alone

@@ -129,7 +129,7 @@ def index_row(r: Result, cfg: dict, shard_rel: str | None, out_rel: str | None) 
     return row
 
 
-def _tar_header(name: str, size: int) -> bytes:
+def _tar_header_slow(name: str, size: int) -> bytes:
     ti = tarfile.TarInfo(name)
     ti.size = size
     ti.mtime = 0
@@ -137,6 +137,29 @@ def _tar_header(name: str, size: int) -> bytes:
     ti.uid = ti.gid = 0
     ti.uname = ti.gname = ""
     return ti.tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict")
+
+
+# A ustar header is a template here: name (0..100), size (124..136) and the checksum (148..156)
+# change; the rest is what tarfile writes for mode 0644, uid/gid 0, mtime 0, empty owner names
+# (one shard holds two members per input: tarfile's Python-level header building was most of a
+# writer thread's own time, under the GIL the worker's main thread needs)
+_USTAR = bytearray(_tar_header_slow("", 0))
+_USTAR[148:156] = b" " * 8
+_USTAR_SUM = sum(_USTAR) - sum(_USTAR[124:136])  # the size field is filled per member
+
+
+def _tar_header(name: str, size: int) -> bytes:
+    """tarfile's ustar header for a regular member ``name`` of ``size`` bytes (mode 0644, uid
+    and gid 0, mtime 0, no owner names), byte for byte."""
+    raw = name.encode("utf-8")
+    if len(raw) >= 100 or not raw.isascii() or size >= 8 ** 11:
+        return _tar_header_slow(name, size)
+    field = b"%011o\0" % size
+    h = bytearray(_USTAR)
+    h[: len(raw)] = raw
+    h[124:136] = field
+    h[148:156] = b"%06o\0 " % (_USTAR_SUM + sum(raw) + sum(field))
+    return bytes(h)
 
 
 def _tar_member(f, name: str, parts) -> None:
@@ -229,10 +252,16 @@ def read_part(out_dir: str, shard: Shard, total: int) -> list[dict] | None:
         return None
     if [r.get("index") for r in rows] != list(range(shard.start, shard.end)):
         return None
+    seen = set()  # a tar / parquet shard holds every ok row of its part: checked once
     for r in rows:
+        if r.get("status") != "ok":
+            continue
         rel = r.get("shard") or r.get("output")
-        if r.get("status") == "ok" and (not rel or not os.path.isfile(os.path.join(out_dir, rel))):
+        if rel in seen:
+            continue
+        if not rel or not os.path.isfile(os.path.join(out_dir, rel)):
             return None
+        seen.add(rel)
     return rows
 
 
@@ -253,13 +282,16 @@ def clean_partials(out_dir: str) -> None:
                         pass
 
 
-def write_index(out_dir: str, shards: list[Shard], total: int) -> tuple[int, int, int]:
+def write_index(out_dir: str, shards: list[Shard], total: int,
+                parts: list | None = None) -> tuple[int, int, int]:
     """Merge the parts of complete shards into index.jsonl and errors.jsonl (input order).
-    Returns (rows, ok, errors)."""
+    ``parts``: each shard's :func:`read_part`, when the caller has just read them. Returns
+    (rows, ok, errors)."""
     n = ok = bad = 0
     idx_lines, err_lines = [], []
-    for s in shards:
-        rows = read_part(out_dir, s, total)
+    if parts is None:
+        parts = [read_part(out_dir, s, total) for s in shards]
+    for rows in parts:
         if rows is None:
             continue
         for r in rows:
