@@ -12,6 +12,9 @@ from avpipe.device import gpu_available
 
 
 def pytest_collection_modifyitems(config, items):
+    # the fuzz-corpus runs last: the long runs cannot keep the rest of a (time-limited) session
+    # from running
+    items.sort(key=lambda item: item.get_closest_marker("fuzz") is not None)
     if gpu_available():
         return
     skip = pytest.mark.skip(reason="no usable CUDA GPU (cupy + driver)")

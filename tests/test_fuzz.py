@@ -99,22 +99,54 @@ def test_fuzz_feed_backends(small_corpus, tmp_path):
     _check_feeds(records, cases, harness.FEED_CPU_BACKENDS)
 
 
+# the GPU runs: last in the session (tests/conftest.py), each with a wall budget, so that a run
+# that cannot finish (a hang re-run case by case) fails with a table instead of holding the suite
+GPU_BUDGET_S = 240
+
+
 @pytest.mark.gpu
+@pytest.mark.fuzz
 def test_fuzz_gpu_feed_backends(small_corpus, tmp_path):
     root, info = small_corpus
     cases, seeds = info["cases"], info["seeds"]
     units = harness.make_units(cases, harness.FEED_GPU_BACKENDS, seeds)
     records = harness.run_units(units, workers=min(4, os.cpu_count() or 1), case_timeout=180,
-                                log_dir=str(tmp_path), progress=False)  # fmt: skip
+                                log_dir=str(tmp_path), progress=False,
+                                budget_s=GPU_BUDGET_S)  # fmt: skip
     _check_feeds(records, cases, harness.FEED_GPU_BACKENDS)
 
 
 @pytest.mark.gpu
+@pytest.mark.fuzz
 def test_fuzz_gpu_backends(small_corpus, tmp_path):
     root, info = small_corpus
     cases, seeds = info["cases"], info["seeds"]
     units = harness.make_units(cases, harness.GPU_BACKENDS, seeds,
                                sequences=sequences(cases, seeds, gpu=True))  # fmt: skip
     records = harness.run_units(units, workers=min(8, os.cpu_count() or 1), case_timeout=120,
-                                log_dir=str(tmp_path), progress=False)  # fmt: skip
+                                log_dir=str(tmp_path), progress=False,
+                                budget_s=GPU_BUDGET_S)  # fmt: skip
     _check(records)
+
+
+def test_run_units_budget_records_what_it_did_not_reach(small_corpus, tmp_path):
+    """Past its wall budget a run stops, and every case it did not run is a failing
+    ``not_run`` record (also in records.jsonl): a run that cannot finish says so."""
+    import json
+    import time
+
+    root, info = small_corpus
+    cases, seeds = info["cases"], info["seeds"]
+    units = harness.make_units(cases, {"audio_cpu": "audio"}, seeds)
+    n = sum(len(u[1]) for u in units)
+    t0 = time.monotonic()
+    records = harness.run_units(units, workers=1, case_timeout=60, log_dir=str(tmp_path),
+                                progress=False, budget_s=0.0)  # fmt: skip
+    assert time.monotonic() - t0 < 30
+    ids = sorted(r["id"] for r in records)
+    assert ids == sorted(c["id"] for u in units for c in u[1])  # each case once, run or not
+    assert n == len(ids)
+    assert all(r["outcome"] == "not_run" for r in records)  # a budget of 0: nothing reached
+    assert len(harness.failures(records)) == n
+    with open(tmp_path / "records.jsonl") as f:
+        assert len([json.loads(line) for line in f]) == len(records)

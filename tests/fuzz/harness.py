@@ -30,6 +30,7 @@ that fail alone are the culprits; when none does, every case of the unit is reco
 from __future__ import annotations
 
 import itertools
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -40,7 +41,7 @@ from collections import Counter, deque
 from multiprocessing.connection import wait
 
 FAILING = ("hang", "crash", "hang_in_sequence", "crash_in_sequence", "untyped_error", "good_failed",
-           "unaccounted", "nonfinite")
+           "unaccounted", "nonfinite", "not_run")
 OK = ("decoded", "decoded_damaged", "typed_error", "skipped")
 
 # backend -> the case kinds it takes
@@ -515,8 +516,14 @@ def good_case(family, seeds, kind):
                 damage="good_after_bad", detail="", expect="good")  # fmt: skip
 
 
-def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=True):
-    """Run the units; returns one record per (backend, case) run."""
+def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=True,
+              budget_s=None):
+    """Run the units; returns one record per (backend, case) run.
+
+    ``budget_s``: wall seconds for the whole run; past it the workers are killed and every case
+    not yet recorded gets the failing outcome ``not_run`` (a run that cannot finish says so,
+    and which cases it did not reach, instead of blocking its caller). ``log_dir`` also gets
+    ``records.jsonl``, one line per record as it is made (what a killed run had reached)."""
     ctx = mp.get_context("spawn")
     workers = max(1, int(workers or os.cpu_count() or 1))
     queue = deque(units)
@@ -531,12 +538,17 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
     t0 = time.monotonic()
     last_print = 0.0
 
+    journal = open(os.path.join(log_dir, "records.jsonl"), "a") if log_dir else None
+
     def record(backend, case, r):
         nonlocal done
         done += 1
         rec = dict(backend=backend, id=case["id"], family=case["family"], damage=case["damage"],
                    detail=case.get("detail", ""), path=case["path"], **r)  # fmt: skip
         records.append(rec)
+        if journal is not None:
+            journal.write(json.dumps(rec, default=str) + "\n")
+            journal.flush()
 
     def assign(slot):
         if confirm:
@@ -556,6 +568,7 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
         else:
             return False
         slot.current, slot.started = None, time.monotonic()
+        slot.done_idx = set()
         slot.parent.send(slot.unit[:3])
         return True
 
@@ -614,7 +627,11 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
     for s in slots:
         if not assign(s):
             s.unit = None
+    over_budget = False
     while any(s.unit is not None for s in slots):
+        if budget_s is not None and time.monotonic() - t0 > budget_s:
+            over_budget = True
+            break
         busy = [s for s in slots if s.unit is not None]
         now = time.monotonic()
         nearest = min(case_timeout - (now - s.started) for s in busy)
@@ -630,6 +647,7 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
                     elif msg[0] == "done":
                         backend, cases, goods, conf = s.unit
                         r = msg[2]
+                        s.done_idx.add(msg[1])
                         if conf is not None:
                             conclude(backend, cases[msg[1]], r, conf)
                         else:
@@ -666,6 +684,9 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
             print(f"  {done}/{total} cases, {time.monotonic() - t0:.0f} s", file=sys.stderr,
                   flush=True)  # fmt: skip
     for s in slots:
+        if over_budget and s.unit is not None:
+            s.kill()
+            continue
         try:
             s.parent.send(None)
         except OSError:
@@ -673,6 +694,19 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
         s.proc.join(2)
         if s.proc.is_alive():
             s.kill()
+    if over_budget:  # every case not recorded: not run within the budget
+        pending = [(b, cs) for b, cs, _ in queue]
+        pending += [(s.unit[0], [c for i, c in enumerate(s.unit[1]) if i not in s.done_idx])
+                    for s in slots if s.unit is not None]
+        pending += [(c[0], [c[1]]) for c in confirm]
+        pending += [(next(u[0] for u in units if c in u[1]), [c])
+                    for _, got in groups.values() for c, _ in got]  # run, not concluded
+        for backend, cases in pending:
+            for c in cases:
+                record(backend, c, {"outcome": "not_run",
+                                    "error": f"not reached within the run's {budget_s:g} s budget"})
+    if journal is not None:
+        journal.close()
     return records
 
 

@@ -63,6 +63,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds per case (default 60; 180 with --gpu: CUDA start, kernel builds)")
     ap.add_argument("--backends", default=None, help="comma-separated subset of backends")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="wall seconds for the decoder and feed runs; cases not reached by then "
+                         "are failing 'not_run' records (default: no limit)")
     ap.add_argument("--no-extract", action="store_true")
     a = ap.parse_args(argv)
     cpu = a.cpu or not a.gpu
@@ -104,7 +107,8 @@ def main(argv=None) -> int:
     units = harness.make_units(cases, backends, seeds, sequences=seqs)
     logs = os.path.join(a.out, "logs")
     os.makedirs(logs, exist_ok=True)
-    records = harness.run_units(units, workers=a.workers, case_timeout=a.timeout, log_dir=logs)
+    records = harness.run_units(units, workers=a.workers, case_timeout=a.timeout, log_dir=logs,
+                                budget_s=a.budget)
     if not a.no_extract:
         for dev in (["cpu"] if cpu else []) + (["cuda"] if a.gpu else []):
             ex = os.path.join(a.out, f"extract_{dev}")
