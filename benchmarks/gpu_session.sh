@@ -5,8 +5,10 @@
 #   bash benchmarks/gpu_session.sh audio|image
 #   bash benchmarks/gpu_session.sh anchors    # the anchors, same data            -> $OUT/anchors
 #   bash benchmarks/gpu_session.sh fuzz       # the full fuzz corpus, GPU backends -> $OUT/fuzz*
+#   bash benchmarks/gpu_session.sh quicktests # the gpu tests without the fuzz runs (first: fast)
 #   bash benchmarks/gpu_session.sh reliability  # gpu tests, the full GPU fuzz corpus and a GPU
-#                                             # soak (SOAK_MIN minutes), all three at once
+#                                             # soak (SOAK_MIN minutes), all three at once (on
+#                                             # 2026-12-01 this took 590 s and finished none)
 #   bash benchmarks/gpu_session.sh feeds|augment|extract   # feeds / augmentation / extraction
 #                                             # vs DALI (+ the RNN-T anchor)      -> $OUT/bench_*
 # Each step fits one device call (10 minutes).
@@ -31,14 +33,22 @@ for step in "$@"; do
            anchors_only soundfile_decode_aps,dali_logmel_aps,torch_logmel_aps ;;
     image) data; python3 benchmarks/bench_image.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25
            anchors_only dali_jpeg_ips,dali_png_ips,dali_tiff_ips,dali_jp2_ips,pil_jpeg_ips ;;
-    fuzz) python3 -m tests.fuzz.run --gpu --out /tmp/fuzz_gpu 2>&1 | tail -40 | tee "$OUT/fuzz_gpu.txt"
+    fuzz) python3 -m tests.fuzz.run --gpu --out /tmp/fuzz_gpu --budget "${FUZZ_BUDGET:-540}" 2>&1 \
+            | tail -40 | tee "$OUT/fuzz_gpu.txt"
+          cp /tmp/fuzz_gpu/logs/records.jsonl "$OUT/fuzz_gpu_records.jsonl" 2>/dev/null
           cp /tmp/fuzz_gpu/summary.json "$OUT/fuzz_gpu_summary.json" 2>/dev/null ;;
+    quicktests)
+      python3 -m avpipe info 2>&1 | tee "$OUT/info.txt"
+      python3 -m pytest -m "gpu and not fuzz" -v -rfE --durations=15 -p no:cacheprovider tests \
+        >"$OUT/gpu_tests.log" 2>&1; grep -E "^(FAILED|ERROR)| passed| failed" "$OUT/gpu_tests.log" | tail -30 ;;
     reliability)
       python3 -m avpipe info >"$OUT/info.txt" 2>&1
       python3 benchmarks/soak.py --out "$OUT/soak" --device cuda --parallel --minutes "${SOAK_MIN:-6}" \
         --interval 5 >"$OUT/soak.log" 2>&1 &
       python3 -m pytest -m gpu -q -rf --durations=10 -p no:cacheprovider tests >"$OUT/gpu_tests.log" 2>&1 &
-      python3 -m tests.fuzz.run --gpu --out /tmp/fuzz_gpu >"$OUT/fuzz_gpu.txt" 2>&1
+      python3 -m tests.fuzz.run --gpu --out /tmp/fuzz_gpu --budget "${FUZZ_BUDGET:-480}" \
+        >"$OUT/fuzz_gpu.txt" 2>&1
+      cp /tmp/fuzz_gpu/logs/records.jsonl "$OUT/fuzz_gpu_records.jsonl" 2>/dev/null
       cp /tmp/fuzz_gpu/summary.json "$OUT/fuzz_gpu_summary.json" 2>/dev/null
       wait
       tail -n 25 "$OUT/fuzz_gpu.txt"; tail -n 30 "$OUT/gpu_tests.log"; tail -n 15 "$OUT/soak.log" ;;
