@@ -95,6 +95,19 @@ def _mask_time(x, lengths_dev):
 # --------------------------------------------------------------------------------------------
 
 
+def _normal(xp, seed, shape):
+    """float32 standard normal noise from a generator made for this call: numpy's PCG64
+    (ziggurat) on the CPU, cuRAND's Philox4x32-10 on the GPU (its set-up is one seed, where the
+    default XORWOW generator initialises thousands of states: milliseconds per call). The two
+    devices draw different values from the same seed."""
+    if xp is np:
+        return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+    from cupy.cuda import curand
+
+    rs = xp.random.RandomState(seed, method=curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
+    return rs.standard_normal(shape, dtype=xp.float32)
+
+
 def dither(signals, lengths=None, *, scale=1e-5, seed=None):
     """Add white Gaussian noise of standard deviation ``scale`` inside each item's length.
 
@@ -108,9 +121,7 @@ def dither(signals, lengths=None, *, scale=1e-5, seed=None):
     if scale == 0:
         out = _mask_time(x, lens)
     else:
-        rs = xp.random.RandomState(seed) if seed is not None else xp.random.RandomState()
-        noise = rs.standard_normal(x.shape, dtype=xp.float32) if xp is not np else (
-            rs.standard_normal(x.shape).astype(np.float32))
+        noise = _normal(xp, seed, x.shape)
         out = _mask_time(x + x.dtype.type(scale) * noise.astype(x.dtype), lens)
     return out[0] if single else out
 
