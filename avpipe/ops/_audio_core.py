@@ -104,7 +104,8 @@ def _normal(xp, seed, shape):
         return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
     from cupy.cuda import curand
 
-    rs = xp.random.RandomState(seed, method=curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
+    philox = getattr(curand, "CURAND_RNG_PSEUDO_PHILOX4_32_10", 161)  # curand.h's value
+    rs = xp.random.RandomState(seed, method=philox)
     return rs.standard_normal(shape, dtype=xp.float32)
 
 
