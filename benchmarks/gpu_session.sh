@@ -5,6 +5,8 @@
 #   bash benchmarks/gpu_session.sh audio|image
 #   bash benchmarks/gpu_session.sh anchors    # the anchors, same data            -> $OUT/anchors
 #   bash benchmarks/gpu_session.sh fuzz       # the full fuzz corpus, GPU backends -> $OUT/fuzz*
+#   bash benchmarks/gpu_session.sh profile    # each step of the RNN-T collate and the video train
+#                                             # transform, timed alone      -> $OUT/profile_stages.json
 #   bash benchmarks/gpu_session.sh quicktests # the gpu tests without the fuzz runs (first: fast)
 #   bash benchmarks/gpu_session.sh reliability  # gpu tests, the full GPU fuzz corpus and a GPU
 #                                             # soak (SOAK_MIN minutes), all three at once (on
@@ -54,6 +56,7 @@ for step in "$@"; do
       tail -n 25 "$OUT/fuzz_gpu.txt"; tail -n 30 "$OUT/gpu_tests.log"; tail -n 15 "$OUT/soak.log" ;;
     feeds) data; python3 benchmarks/bench_feeds.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25
            anchors_only dali_rnnt_feed_aps,dali_video_reader_cps ;;
+    profile) data; python3 benchmarks/profile_stages.py --data /tmp/bench --out "$OUT" 2>&1 | tail -14 ;;
     augment) python3 benchmarks/bench_augment.py --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25 ;;
     extract) data; python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT" --profile 2>&1 | tail -25 ;;
     anchors) data; python3 "$ANCHORS" --data /tmp/bench --out "$OUT/anchors" --budget "$BUDGET" 2>&1 | tail -25 ;;

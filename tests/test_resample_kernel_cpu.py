@@ -103,3 +103,16 @@ def test_kernel_compiles_for_the_gpu(tmp_path):
     subprocess.run([nvcc, "-arch=sm_90", "--ptx", R.KERNEL_FILE, "-o", str(tmp_path / "k.ptx")],
                    check=True)  # fmt: skip
     assert "avpipe_resample_rows" in (tmp_path / "k.ptx").read_text()
+
+
+@pytest.mark.parametrize("rates", [(13900, 16000), (44100, 16000), (8000, 16000), (16000, 11025)])
+def test_block_gemm_equals_phase_by_phase(rates, monkeypatch):
+    """The array-module resample's two routes (the block-filter GEMM, and phase by phase for
+    rate pairs whose block filter would be too large) give the same output."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4001)).astype(np.float32)
+    a = R.resample(x, *rates, quality="high")
+    monkeypatch.setattr(R, "_BLOCK_FILTER_MAX", 0)
+    b = R.resample(x, *rates, quality="high")
+    assert a.shape == b.shape == (3, -(-4001 * rates[1] // rates[0]))
+    np.testing.assert_allclose(a, b, atol=2e-6, rtol=0)

@@ -8,6 +8,11 @@ unit DC gain. Quality ("high"): 32 zero crossings each side, rolloff 0.945, Kais
 passband ripple well under 0.1 dB below ``0.9 * min(rate) / 2``, stopband attenuation about
 -85 dB. "fast": 12 zero crossings, rolloff 0.9, beta 7.0 (about -60 dB).
 
+The array-module code computes blocks of ``up`` outputs at once: block ``k`` reads the input
+from ``k * down`` on, so a strided view of the input (a window every ``down`` samples) times a
+dense ``[L, up]`` block filter is one GEMM for all of them (rate pairs with a large ``up`` go
+phase by phase instead, one strided matrix-vector product per phase).
+
 On cupy, float32 input runs as one CUDA kernel (``_resample.cu``: one thread per output sample,
 the taps accumulated in float32 in order), for one rate (:func:`resample`) or a batch of rows at
 their own rates (:func:`resample_rows`, speed perturbation). The array-module code here is its
@@ -47,6 +52,23 @@ def _taps(up, down, quality):
     return h, W
 
 
+# the block filter's size limit (entries): rate pairs beyond it go phase by phase
+_BLOCK_FILTER_MAX = 1 << 22
+
+
+@functools.lru_cache(maxsize=16)
+def _block_filter(up, down, quality):
+    """float64 ``[L, up]``: column ``m0`` holds the taps of output ``m0`` (phase ``m0 * down mod
+    up``) at rows ``floor(m0 * down / up) ..`` + K; ``L = floor((up - 1) down / up) + K``."""
+    h, W = _taps(up, down, quality)
+    K = 2 * W
+    F = np.zeros(((up - 1) * down // up + K, up))
+    for m0 in range(up):
+        b0 = (m0 * down) // up
+        F[b0 : b0 + K, m0] = h[(m0 * down) % up]
+    return F
+
+
 def resample(signal, orig_sr, target_sr, *, quality="high", axis=-1):
     """Resample ``signal`` (numpy or cupy, any shape) from ``orig_sr`` to ``target_sr`` Hz.
 
@@ -79,22 +101,40 @@ def resample(signal, orig_sr, target_sr, *, quality="high", axis=-1):
                            np.full(rows, down, np.int64), np.full(rows, n_out, np.int64),
                            n_out, quality)
         return xp.moveaxis(out.reshape(*lead, n_out), -1, axis)
-    h = xp.asarray(h_np, dtype=x.dtype)  # [up, 2W]
     K = 2 * W
-    xpad = xp.concatenate(
-        [xp.zeros((x2.shape[0], W), x.dtype), x2, xp.zeros((x2.shape[0], W + 1), x.dtype)], axis=1
-    )
-    out = xp.empty((x2.shape[0], n_out), dtype=x.dtype)
-    chunk = max(1, (1 << 22) // K)  # bound the [chunk, K] gather
-    ar = xp.arange(K)
-    for s in range(0, n_out, chunk):
-        m = xp.arange(s, min(n_out, s + chunk))
-        base = (m * down) // up  # floor of the input time
-        phase = (m * down) % up
-        idx = base[:, None] + ar[None, :] + 1  # xpad offset: j = base + i - (W-1), +W
-        taps = h[phase]  # [c, K]
-        vals = xpad[:, idx]  # [rows, c, K]
-        out[:, s : s + m.shape[0]] = (vals * taps[None]).sum(axis=-1)
+    rows = x2.shape[0]
+    as_strided = xp.lib.stride_tricks.as_strided
+    if up * ((up - 1) * down // up + K) <= _BLOCK_FILTER_MAX:
+        # blocks of `up` outputs: block k's outputs read the input from k * down on, so one
+        # GEMM of a strided view of the input (a window of L samples every `down`) by the
+        # dense [L, up] block filter gives them all (its column m0 holds output m0's taps)
+        F = xp.asarray(_block_filter(up, down, quality), dtype=x.dtype)
+        L = F.shape[0]
+        nk = -(-n_out // up)
+        tail = max(W + 1, (nk - 1) * down + 1 + L - n - W)
+        xpad = xp.concatenate([xp.zeros((rows, W), x.dtype), x2, xp.zeros((rows, tail), x.dtype)],
+                              axis=1)  # fmt: skip
+        rs, es = xpad.strides
+        out = xp.empty((rows, nk * up), dtype=x.dtype)
+        step = max(1, (1 << 24) // max(1, rows * L))  # blocks per GEMM: bounds its copy
+        for k0 in range(0, nk, step):
+            k1 = min(nk, k0 + step)
+            view = as_strided(xpad[:, k0 * down + 1 :], shape=(rows, k1 - k0, L),
+                              strides=(rs, down * es, es))  # xpad offset: j = base + i + 1
+            out[:, k0 * up : k1 * up] = xp.matmul(view, F).reshape(rows, (k1 - k0) * up)
+        out = out[:, :n_out]
+    else:  # a large `up` (an odd rate pair): phase by phase, strided matrix-vector products
+        h = xp.asarray(h_np, dtype=x.dtype)  # [up, K]
+        xpad = xp.concatenate([xp.zeros((rows, W), x.dtype), x2,
+                               xp.zeros((rows, W + 1), x.dtype)], axis=1)  # fmt: skip
+        rs, es = xpad.strides
+        out = xp.empty((rows, n_out), dtype=x.dtype)
+        for m0 in range(min(up, n_out)):
+            nk = -(-(n_out - m0) // up)
+            base0 = (m0 * down) // up
+            view = as_strided(xpad[:, base0 + 1 :], shape=(rows, nk, K),
+                              strides=(rs, down * es, es))
+            out[:, m0::up] = xp.matmul(view, h[(m0 * down) % up])
     out = out.reshape(*lead, n_out)
     return xp.moveaxis(out, -1, axis)
 

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Where a training batch's time goes: each step of the RNN-T feed's collate and of the video
+feed's per-clip train transform, timed alone (a device synchronize around each step, after a
+warm-up), on data already in memory.
+
+    python3 benchmarks/profile_stages.py --data /tmp/bench --out DIR [--iters 20] [--cpu]
+
+RNN-T (64 utterances of the anchor's FLAC set, the feed's training settings): the padded copy
+of 64 rows (as ``RnntTask.collate`` builds it), the speed-perturbation draws, the resampling,
+the dither seed, ``log_mel`` with and without the dither, SpecAugment. Video (one clip of 16
+frames 360x640, as a decoder hands it): the draws (clip start, crop box, flip), the crop +
+fused resize + normalize, the flip copy, and the whole ``VideoTask._train_transform``.
+
+Prints a table of median milliseconds per step and writes DIR/profile_stages.json. A step that
+costs more alone than its share of the feed's batch time is where to look first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+
+SR = 16000
+
+
+def timer(xp, iters):
+    """``run(name, fn)``: median ms of ``fn()`` over ``iters`` runs after one warm-up, with a
+    device synchronize before and after each run on a GPU."""
+    sync = (lambda: None) if xp is np else xp.cuda.runtime.deviceSynchronize
+    table = {}
+
+    def run(name, fn):
+        fn()
+        sync()
+        ts = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            ts.append(time.perf_counter() - t0)
+        table[name] = round(float(np.median(ts)) * 1e3, 3)
+        print(f"  {name:42s} {table[name]:9.3f} ms", flush=True)
+
+    return run, table
+
+
+def rnnt(args, xp, run):
+    import bench_audio
+
+    from avpipe import load_audio
+    from avpipe.ops import audio_augment as aug
+    from avpipe.ops.audio import log_mel
+    from avpipe.recipes.rnnt import SPEC_AUGMENT, _dither_seed
+
+    files, _ = bench_audio.ensure_data(args.data, count=64)
+    rows = [xp.asarray(load_audio(f, sample_rate=SR).samples) for f in files[:64]]
+    lens = np.array([r.shape[0] for r in rows], np.int64)
+    ids = np.arange(len(rows), dtype=np.int64)
+    n = int(lens.max())
+
+    def pad():
+        x = xp.zeros((len(rows), n), xp.float32)
+        for r, v in enumerate(rows):
+            x[r, : v.shape[0]] = v
+        return x
+
+    x = pad()
+    speed = {"factor_range": (0.85, 1.15), "step": 0.01}
+    params = aug.sample_speed_params(0, 1, ids, **speed)
+    y, ylens = aug.apply_speed_perturb(x, lens, params, sample_rate=SR, quality="fast")
+    feats, fl = log_mel(y, ylens, preset="nemo")
+    run("rnnt: pad 64 rows into a batch", pad)
+    run("rnnt: speed draws", lambda: aug.sample_speed_params(0, 1, ids, **speed))
+    run("rnnt: speed perturbation (resample)", lambda: aug.apply_speed_perturb(
+        x, lens, params, sample_rate=SR, quality="fast"))
+    run("rnnt: dither seed", lambda: _dither_seed(0, 1, ids))
+    run("rnnt: log-mel, no dither", lambda: log_mel(y, ylens, preset="nemo"))
+    run("rnnt: log-mel with dither", lambda: log_mel(y, ylens, preset="nemo", training=True,
+                                                     seed=123))
+    run("rnnt: SpecAugment", lambda: aug.spec_augment(feats, fl, seed=0, epoch=1, ids=ids,
+                                                      **SPEC_AUGMENT))
+
+
+def video(args, xp, run, device):
+    from avpipe.ops import image_augment as aug
+    from avpipe.ops import random as R
+    from avpipe.ops.image import crop, resize_crop_normalize
+    from avpipe.recipes.video import VideoTask
+
+    rng = np.random.default_rng(0)
+    frames = xp.asarray(rng.integers(0, 256, (16, 360, 640, 3), dtype=np.uint8))
+    task = VideoTask(labels=[0], clip_length=16, stride=4, crop_size=224, train=True, seed=0,
+                     device=device)  # fmt: skip
+
+    def draws():
+        R.integers(0, "clip", 1, [7], high=200)
+        aug.sample_resized_crop_params(0, 1, [7], 360, 640)
+        aug.sample_flip_params(0, 1, [7])
+
+    p = aug.sample_resized_crop_params(0, 1, [7], 360, 640)
+    box = [int(p[k][0]) for k in ("top", "left", "height", "width")]
+
+    def fused():
+        return resize_crop_normalize(crop(frames, *box), size=(224, 224), short_side=None,
+                                     crop_size=None, dtype="float16", layout="NCHW")
+
+    y = fused()
+    run("video: draws (start, crop box, flip)", draws)
+    run("video: crop + fused resize + normalize", fused)
+    run("video: flip copy", lambda: xp.ascontiguousarray(y[..., ::-1]))
+    run("video: whole train transform", lambda: task._train_transform(frames, 7, 1))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="/tmp/bench")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--cpu", action="store_true")
+    args = ap.parse_args()
+    from avpipe.device import resolve_device
+
+    device = resolve_device("cpu" if args.cpu else "cuda")
+    xp = device.xp
+    run, table = timer(xp, args.iters)
+    with device.activate():
+        rnnt(args, xp, run)
+        video(args, xp, run, device)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "profile_stages.json")
+    with open(path, "w") as f:
+        json.dump({"device": str(device), "iters": args.iters, "median_ms": table}, f, indent=1)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
