@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
+from cpp_kernels import build
 from flac_media import pack, reference, write_ffmpeg_cases, write_soundfile_cases
 
 from avpipe.decoding.audio import _flac_cuda as fc
@@ -55,17 +54,9 @@ extern "C" void run_to_float(long long n, const i32* pcm, const i64* ipcm, const
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no C++ compiler to build the kernels for the CPU")
-    d = tmp_path_factory.mktemp("flac_kernels")
-    src = d / "k.cpp"
     with open(fc.KERNEL_FILE) as f:
-        src.write_text(PRELUDE + f.read() + LAUNCHERS)
-    so = d / "k.so"
-    subprocess.run([cxx, "-O2", "-std=c++14", "-shared", "-fPIC", "-Wall", "-Werror",
-                    "-Wno-unused-function", "-Wno-unknown-pragmas", str(src), "-o", str(so)], check=True)
-    return ctypes.CDLL(str(so))
+        return build(PRELUDE + f.read() + LAUNCHERS, tmp_path_factory.mktemp("flac_kernels"),
+                     flags=("-std=c++14", "-Wno-unused-function", "-Wno-unknown-pragmas"))
 
 
 def _p(a):

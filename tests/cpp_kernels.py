@@ -1,0 +1,37 @@
+"""Build a CUDA kernel source as plain C++ for a CPU test (the kernels' numpy-reference checks),
+and compile-check it for the GPU with nvcc: the one place the tests do either."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+
+
+def build(source: str, folder, *, flags=()):
+    """``source`` (C++: a prelude standing in for CUDA's keywords, the kernels, extern "C"
+    launchers) compiled with g++ / clang++ (-O2 -Wall -Werror, then ``flags``) into a shared
+    library in ``folder``; the test is skipped where no C++ compiler is found."""
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the kernels for the CPU")
+    src = folder / "k.cpp"
+    src.write_text(source)
+    so = folder / "k.so"
+    subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-Wall", "-Werror", *flags, str(src), "-o",
+                    str(so)], check=True)  # fmt: skip
+    return ctypes.CDLL(str(so))
+
+
+def ptx(source: str, folder) -> str:
+    """``source`` (CUDA) compiled by nvcc for sm_90; the PTX text. Skipped without nvcc."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc here")
+    src = folder / "k.cu"
+    src.write_text(source)
+    out = folder / "k.ptx"
+    subprocess.run([nvcc, "-arch=sm_90", "--ptx", str(src), "-o", str(out)], check=True)
+    return out.read_text()
