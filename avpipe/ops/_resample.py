@@ -189,19 +189,16 @@ def resample_rows(x, lengths, orig_rates, target_sr, *, quality="high"):
 
 # --- the CUDA kernel -------------------------------------------------------------------------------
 
-_KERNELS: dict = {}
 _TABLES: dict = {}
 _LOCK = threading.Lock()
 
 
-def _kernel(cupy):
-    dev = cupy.cuda.Device().id
-    with _LOCK:
-        k = _KERNELS.get(dev)
-        if k is None:
-            with open(KERNEL_FILE) as f:
-                k = _KERNELS[dev] = cupy.RawKernel(f.read(), "avpipe_resample_rows")
-    return k
+@functools.cache
+def _kernel(device_id: int):
+    import cupy
+
+    with open(KERNEL_FILE) as f, cupy.cuda.Device(device_id):
+        return cupy.RawKernel(f.read(), "avpipe_resample_rows")
 
 
 def table(pairs, quality):
@@ -253,7 +250,7 @@ def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
     out = cupy.empty((B, int(width)), cupy.float32)
     total = B * int(width)
     threads = 256
-    _kernel(cupy)(((total + threads - 1) // threads,), (threads,),
+    _kernel(cupy.cuda.Device().id)(((total + threads - 1) // threads,), (threads,),
                   (x, np.int64(n), ln, u, d, half, ktaps, toff, taps, n_out, out,
                    np.int64(width), np.int64(total)))
     return out

@@ -21,6 +21,8 @@ hashed (FNV-1a, 32 bits) into the key, so adding a new stream never shifts anoth
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 __all__ = [
@@ -58,16 +60,13 @@ for (int r = 0; r < rounds; ++r) {
 }
 o0 = a0; o1 = a1; o2 = a2; o3 = a3;
 """
-_KERNELS: dict = {}
+@functools.cache
+def _philox_kernel():
+    import cupy
 
-
-def _philox_kernel(cupy):
-    k = _KERNELS.get("philox")
-    if k is None:
-        k = _KERNELS["philox"] = cupy.ElementwiseKernel(
-            "uint32 c0, uint32 c1, uint32 c2, uint32 c3, uint32 k0, uint32 k1, int32 rounds",
-            "uint32 o0, uint32 o1, uint32 o2, uint32 o3", PHILOX_BODY, "avpipe_philox4x32")
-    return k
+    return cupy.ElementwiseKernel(
+        "uint32 c0, uint32 c1, uint32 c2, uint32 c3, uint32 k0, uint32 k1, int32 rounds",
+        "uint32 o0, uint32 o1, uint32 o2, uint32 o3", PHILOX_BODY, "avpipe_philox4x32")
 
 
 def philox4x32(c0, c1, c2, c3, k0: int, k1: int, rounds: int = 10):
@@ -79,7 +78,7 @@ def philox4x32(c0, c1, c2, c3, k0: int, k1: int, rounds: int = 10):
     c0, c1, c2, c3 = (xp.asarray(c, dtype=u32) for c in (c0, c1, c2, c3))
     k0, k1 = int(k0) & _MASK32, int(k1) & _MASK32
     if xp is not np:
-        return _philox_kernel(xp)(c0, c1, c2, c3, np.uint32(k0), np.uint32(k1),
+        return _philox_kernel()(c0, c1, c2, c3, np.uint32(k0), np.uint32(k1),
                                   np.int32(rounds))
     m0, m1 = u64(_M0), u64(_M1)
     s32 = u64(32)
