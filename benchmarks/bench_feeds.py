@@ -84,12 +84,16 @@ def video_data(args):
     files = bench_video.find_files(args.data)
     if args.cpu:
         files = files[:2]
-    csv = os.path.join(args.out, "bench_videos.csv")
+    return _write_csv(os.path.join(args.out, "bench_videos.csv"), files), files
+
+
+def _write_csv(csv, files):
+    """A ``path,label`` list of ``files`` (four classes in turn); returns ``csv``."""
     with open(csv, "w") as f:
         f.write("path,label\n")
         for i, p in enumerate(files):
             f.write(f"{os.path.abspath(p)},class{i % 4}\n")
-    return csv, files
+    return csv
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,32 +230,15 @@ def run_dali_rnnt(args, idle=False):
 
 
 def run_avpipe_video_cold(args, idle=False, copies=512):
-    """The video feed over ``copies``+ distinct paths (hard links, or copies)."""
-    import shutil
-    import tempfile
+    """The video feed over ``copies``+ distinct paths (``bench_video.distinct_paths``)."""
+    import bench_video
 
     _, files = video_data(args)
-    d = tempfile.mkdtemp(prefix="cold_feed_", dir=os.path.dirname(os.path.abspath(files[0])))
-    try:
-        many = []
-        for k in range(max(1, -(-copies // len(files)))):
-            for f in files:
-                p = os.path.join(d, f"{k:03d}_{os.path.basename(f)}")
-                try:
-                    os.link(f, p)
-                except OSError:
-                    shutil.copyfile(f, p)
-                many.append(p)
-        csv = os.path.join(args.out, "bench_videos_cold.csv")
-        with open(csv, "w") as fh:
-            fh.write("path,label\n")
-            for i, p in enumerate(many):
-                fh.write(f"{os.path.abspath(p)},class{i % 4}\n")
+    with bench_video.distinct_paths(files, copies) as many:
+        csv = _write_csv(os.path.join(args.out, "bench_videos_cold.csv"), many)
         out = run_avpipe_video(args, idle=idle, csv=csv, files=many)
-        out["distinct_paths"] = len(many)
-        return out
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    out["distinct_paths"] = len(many)
+    return out
 
 
 def run_avpipe_video(args, idle=False, csv=None, files=None):

@@ -23,6 +23,7 @@ Each measurement is isolated by try/except; results go to DIR/bench_video.json, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -265,31 +266,40 @@ def bench_dali(files, budget):
     return clips / secs, {"clips": clips, "seconds": round(secs, 3), "iters": iters, "batch": batch}
 
 
+@contextlib.contextmanager
+def distinct_paths(files, copies=512):
+    """At least ``copies`` distinct paths to ``files`` (hard links, or copies where links cannot
+    be made) in a temporary folder beside them, removed afterwards: opening them all misses
+    every per-path cache, as an epoch over a real dataset does."""
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="cold_", dir=os.path.dirname(os.path.abspath(files[0])))
+    try:
+        many = []
+        for k in range(max(1, -(-copies // len(files)))):
+            for f in files:
+                p = os.path.join(d, f"{k:03d}_{os.path.basename(f)}")
+                try:
+                    os.link(f, p)
+                except OSError:
+                    shutil.copyfile(f, p)
+                many.append(p)
+        yield many
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def _cold(bench, copies=512):
-    """``bench`` on at least ``copies`` distinct paths (hard links to the files, or copies where
-    links cannot be made), so that every open in a pass misses the 256-entry scan cache: what a
-    dataset of more than a few hundred videos sees."""
+    """``bench`` on at least ``copies`` distinct paths (:func:`distinct_paths`), so that every
+    open in a pass misses the 256-entry scan cache: what a dataset of more than a few hundred
+    videos sees."""
 
     def run(files, budget):
-        import shutil
-        import tempfile
-
-        d = tempfile.mkdtemp(prefix="cold_", dir=os.path.dirname(files[0]))
-        many = []
-        try:
-            for k in range(max(1, -(-copies // len(files)))):
-                for f in files:
-                    p = os.path.join(d, f"{k:03d}_{os.path.basename(f)}")
-                    try:
-                        os.link(f, p)
-                    except OSError:
-                        shutil.copyfile(f, p)
-                    many.append(p)
+        with distinct_paths(files, copies) as many:
             cps, extra = bench(many, budget)
-            extra["distinct_paths"] = len(many)
-            return cps, extra
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
+        extra["distinct_paths"] = len(many)
+        return cps, extra
 
     return run
 
