@@ -173,8 +173,7 @@ def apply_speed_perturb(signals, lengths, params, *, sample_rate, quality="high"
 
     # one launch for the whole batch on cupy (each row at its own rate); on numpy one batched
     # resample per distinct rate
-    out, new = resample_rows(x, lens, src, sr, quality=quality)
-    out = out.astype(x.dtype, copy=False)
+    out, new = resample_rows(x, lens, src, sr, quality=quality)  # x's float dtype
     new_lens = _like(lengths, new)
     if one:
         return out[0], new_lens
