@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu_session.sh fuzz       # the full fuzz corpus, GPU backends -> $OUT/fuzz*
 #   bash benchmarks/gpu_session.sh profile    # each step of the RNN-T collate and the video train
 #                                             # transform, timed alone      -> $OUT/profile_stages.json
+#   bash benchmarks/gpu_session.sh feedprof   # the RNN-T and video feeds run synchronously under
+#                                             # cProfile              -> $OUT/profile_feeds_*.txt
 #   bash benchmarks/gpu_session.sh quicktests # the gpu tests without the fuzz runs (first: fast)
 #   bash benchmarks/gpu_session.sh reliability  # gpu tests, the full GPU fuzz corpus and a GPU
 #                                             # soak (SOAK_MIN minutes), all three at once (on
@@ -57,6 +59,7 @@ for step in "$@"; do
     feeds) data; python3 benchmarks/bench_feeds.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25
            anchors_only dali_rnnt_feed_aps,dali_video_reader_cps ;;
     profile) data; python3 benchmarks/profile_stages.py --data /tmp/bench --out "$OUT" 2>&1 | tail -14 ;;
+    feedprof) data; python3 benchmarks/profile_stages.py --feeds --data /tmp/bench --out "$OUT" 2>&1 | tail -6 ;;
     augment) python3 benchmarks/bench_augment.py --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25 ;;
     extract) data; python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT" --profile 2>&1 | tail -25 ;;
     anchors) data; python3 "$ANCHORS" --data /tmp/bench --out "$OUT/anchors" --budget "$BUDGET" 2>&1 | tail -25 ;;

@@ -4,6 +4,12 @@ feed's per-clip train transform, timed alone (a device synchronize around each s
 warm-up), on data already in memory.
 
     python3 benchmarks/profile_stages.py --data /tmp/bench --out DIR [--iters 20] [--cpu]
+    python3 benchmarks/profile_stages.py --feeds --data /tmp/bench --out DIR [--batches 30]
+
+``--feeds``: the RNN-T and video feeds of ``bench_feeds.py`` run synchronously (``prefetch=0``,
+so collating runs on this thread) under cProfile, with a device synchronize after each batch:
+the serial milliseconds per batch, and the 25 functions with the most own time and the most
+cumulative time, in DIR/profile_feeds_{rnnt,video}.txt.
 
 RNN-T (64 utterances of the anchor's FLAC set, the feed's training settings): the padded copy
 of 64 rows (as ``RnntTask.collate`` builds it), the speed-perturbation draws, the resampling,
@@ -120,6 +126,63 @@ def video(args, xp, run, device):
     run("video: whole train transform", lambda: task._train_transform(frames, 7, 1))
 
 
+def feeds(args):
+    import cProfile
+    import io
+    import pstats
+    from types import SimpleNamespace
+
+    import bench_feeds
+
+    import avpipe
+
+    dev = "cpu" if args.cpu else "cuda"
+    ns = SimpleNamespace(data=args.data, out=args.out, cpu=args.cpu, threads=16)
+    os.makedirs(args.out, exist_ok=True)
+    man = bench_feeds.audio_data(ns)[0]
+    csv = bench_feeds.video_data(ns)[0]
+    made = {
+        "rnnt": lambda: avpipe.recipes.rnnt_feed(man, batch_size=bench_feeds.BATCH, seed=0,
+                                                 training=True, device=dev, prefetch=0,
+                                                 threads=16),
+        "video": lambda: avpipe.recipes.video_classification(
+            csv, clip_length=bench_feeds.CLIP, stride=bench_feeds.STRIDE,
+            crop_size=bench_feeds.CROP, batch_size=bench_feeds.VBATCH, seed=0, device=dev,
+            threads=16, prefetch=0),
+    }
+    sync = (lambda: None) if args.cpu else __import__("cupy").cuda.runtime.deviceSynchronize
+    out = {}
+    for name, make in made.items():
+        feed = make()
+        it = bench_feeds.epochs(feed)
+        for _ in range(3):  # warm-up: kernels compiled, loaders started
+            next(it)
+        sync()
+        prof = cProfile.Profile()
+        ts = []
+        for _ in range(args.batches):
+            t0 = time.perf_counter()
+            prof.enable()
+            next(it)
+            sync()
+            prof.disable()
+            ts.append(time.perf_counter() - t0)
+        st = feed.stats()
+        feed.close()
+        buf = io.StringIO()
+        ps = pstats.Stats(prof, stream=buf)
+        ps.sort_stats("tottime").print_stats(25)
+        ps.sort_stats("cumulative").print_stats(25)
+        path = os.path.join(args.out, f"profile_feeds_{name}.txt")
+        with open(path, "w") as f:
+            f.write(f"{name}: {args.batches} batches, median {np.median(ts) * 1e3:.1f} ms "
+                    f"serial per batch\nstats: {json.dumps(st, default=str)}\n")
+            f.write(buf.getvalue())
+        out[name] = round(float(np.median(ts)) * 1e3, 2)
+        print(f"  {name}: median {out[name]} ms serial per batch -> {path}", flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,7 +190,12 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--feeds", action="store_true")
+    ap.add_argument("--batches", type=int, default=30)
     args = ap.parse_args()
+    if args.feeds:
+        feeds(args)
+        return 0
     from avpipe.device import resolve_device
 
     device = resolve_device("cpu" if args.cpu else "cuda")
