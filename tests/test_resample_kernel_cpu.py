@@ -102,3 +102,31 @@ def test_block_gemm_equals_phase_by_phase(rates, monkeypatch):
     b = R.resample(x, *rates, quality="high")
     assert a.shape == b.shape == (3, -(-4001 * rates[1] // rates[0]))
     np.testing.assert_allclose(a, b, atol=2e-6, rtol=0)
+
+
+def test_upload_packs_arrays_at_aligned_offsets():
+    """The GPU runner's one-copy upload (``_upload``), run with numpy as the array module: each
+    array comes back equal, with its dtype, from an offset aligned to 8 bytes."""
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(-9, 9, 5).astype(np.int64), rng.integers(0, 9, 3).astype(np.int32),
+              rng.standard_normal(7).astype(np.float32), np.zeros(0, np.int32),
+              np.array([2**40], np.int64)]
+    got = R._upload(np, arrays)
+    assert len(got) == len(arrays)
+    for a, g in zip(arrays, got):
+        assert g.dtype == a.dtype
+        np.testing.assert_array_equal(g, a)
+        assert g.ctypes.data % 8 == 0 or a.size == 0
+
+
+def test_taps_cache_holds_a_speed_perturbation_grid():
+    """Speed perturbation on a 0.01 grid over (0.85, 1.15) uses 31 rate pairs every batch: the
+    tap cache holds them all (a smaller cache recomputed the Kaiser windows every batch)."""
+    R._taps32.cache_clear()
+    rates = [round(16000 * (0.85 + 0.01 * k)) for k in range(31)]
+    for _ in range(2):
+        for r in rates:
+            g = np.gcd(r, 16000)
+            R._taps32(16000 // g, r // g, "fast")
+    info = R._taps32.cache_info()
+    assert info.misses == 31 and info.hits == 31

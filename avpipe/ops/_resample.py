@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import threading
 
 import numpy as np
 
@@ -35,7 +34,7 @@ QUALITIES = {"high": (32, 0.945, 9.0), "fast": (12, 0.90, 7.0)}
 KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_resample.cu")
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=256)  # speed perturbation: a few dozen rate pairs, used every batch
 def _taps(up, down, quality):
     zeros, rolloff, beta = QUALITIES[quality]
     fc = 0.5 * rolloff * min(1.0, up / down)  # cycles per input sample
@@ -56,7 +55,7 @@ def _taps(up, down, quality):
 _BLOCK_FILTER_MAX = 1 << 22
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=64)
 def _block_filter(up, down, quality):
     """float64 ``[L, up]``: column ``m0`` holds the taps of output ``m0`` (phase ``m0 * down mod
     up``) at rows ``floor(m0 * down / up) ..`` + K; ``L = floor((up - 1) down / up) + K``."""
@@ -189,9 +188,6 @@ def resample_rows(x, lengths, orig_rates, target_sr, *, quality="high"):
 
 # --- the CUDA kernel -------------------------------------------------------------------------------
 
-_TABLES: dict = {}
-_LOCK = threading.Lock()
-
 
 @functools.cache
 def _kernel(device_id: int):
@@ -201,16 +197,26 @@ def _kernel(device_id: int):
         return cupy.RawKernel(f.read(), "avpipe_resample_rows")
 
 
+@functools.lru_cache(maxsize=256)
+def _taps32(up, down, quality):
+    """The kernel's taps of one rate pair: float32 ``[up * K]`` (read-only), ``W``, ``K``.
+    The same rate gets the identity (one tap of 1), as :func:`resample` returns its input
+    unchanged."""
+    h, W = (np.ones((1, 1)), 1) if up == down else _taps(up, down, quality)
+    t = np.ascontiguousarray(h, np.float32).reshape(-1)
+    t.setflags(write=False)
+    return t, W, h.shape[1]
+
+
 def table(pairs, quality):
     """Host float32 taps of every ``(up, down)`` in ``pairs`` concatenated, and per pair its
-    ``(offset, half width W, taps per phase K)``. The same rate gets the identity (one tap of
-    1), as :func:`resample` returns its input unchanged."""
+    ``(offset, half width W, taps per phase K)``."""
     parts, meta, off = [], {}, 0
     for u, d in pairs:
-        h, W = (np.ones((1, 1)), 1) if u == d else _taps(int(u), int(d), quality)
-        parts.append(h.astype(np.float32).reshape(-1))
-        meta[(u, d)] = (off, W, h.shape[1])
-        off += h.size
+        t, W, K = _taps32(int(u), int(d), quality)
+        parts.append(t)
+        meta[(u, d)] = (off, W, K)
+        off += t.size
     return np.concatenate(parts), meta
 
 
@@ -222,20 +228,18 @@ def row_args(lens, up, down, new, meta):
             np.array([r[0] for r in rows], np.int64), np.asarray(new, np.int64))
 
 
-def _tables(cupy, pairs, quality):
-    """:func:`table` on the device, cached per device."""
-    key = (cupy.cuda.Device().id, pairs, quality)
-    with _LOCK:
-        hit = _TABLES.get(key)
-    if hit is not None:
-        return hit
-    taps, meta = table(pairs, quality)
-    hit = (cupy.asarray(taps), meta)
-    with _LOCK:
-        if len(_TABLES) > 64:
-            _TABLES.clear()
-        _TABLES[key] = hit
-    return hit
+def _upload(cupy, arrays):
+    """``arrays`` (host numpy) on the device in one copy: one buffer, each array at an offset
+    aligned to 8 bytes; returns device views of the same dtypes and sizes."""
+    offs, pos = [], 0
+    for a in arrays:
+        offs.append(pos)
+        pos += -(-a.nbytes // 8) * 8
+    buf = np.empty(max(pos, 8), np.uint8)
+    for a, o in zip(arrays, offs):
+        buf[o : o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+    dev = cupy.asarray(buf)
+    return [dev[o : o + a.nbytes].view(a.dtype) for a, o in zip(arrays, offs)]
 
 
 def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
@@ -244,9 +248,10 @@ def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
     x = cupy.ascontiguousarray(x)
     B, n = x.shape
     pairs = tuple(sorted({(int(u), int(d)) for u, d in zip(up, down)}))
-    taps, meta = _tables(cupy, pairs, quality)
-    ln, u, d, half, ktaps, toff, n_out = (cupy.asarray(a) for a in
-                                          row_args(lens, up, down, new, meta))
+    taps, meta = table(pairs, quality)  # the pairs' taps cached on the host (_taps32)
+    # the taps and the seven per-row arrays in one host-to-device copy
+    ln, u, d, half, ktaps, toff, n_out, taps = _upload(
+        cupy, [*row_args(lens, up, down, new, meta), taps])
     out = cupy.empty((B, int(width)), cupy.float32)
     total = B * int(width)
     threads = 256
