@@ -126,6 +126,33 @@ def video(args, xp, run, device):
     run("video: whole train transform", lambda: task._train_transform(frames, 7, 1))
 
 
+def image_rebuild(args, run):
+    """What a bad image costs on the GPU: DALI invalidates a pipeline that raised, so the next
+    decode builds a new one. Times a "mixed" pipeline build (the hardware JPEG decoder share
+    at its default and at 0, 16 and 2 CPU threads) and decode_image_batch of [good, bad, good]
+    against [good, good, good]."""
+    import glob
+
+    from avpipe.decoding.image import _dali, decode_image_batch
+
+    root = os.path.join(os.path.dirname(HERE), "samples", "images")
+    good = sorted(glob.glob(os.path.join(root, "**", "*.jp*g"), recursive=True))[0]
+    data = open(good, "rb").read()
+    bad = data[:200] + bytes(b ^ 0x5A for b in data[200:600]) + data[600:]
+    for load in (None, 0.0):
+        for th in ("16", "2"):
+            os.environ["AVPIPE_DALI_THREADS"] = th
+            if load is not None:
+                os.environ["AVPIPE_JPEG_HW_LOAD"] = str(load)
+            run(f"image: mixed pipeline build, {th} threads, hw load "
+                f"{'default' if load is None else load}", lambda: _dali.DaliDecoder(0, 1, False))
+    os.environ.pop("AVPIPE_JPEG_HW_LOAD", None)
+    os.environ.pop("AVPIPE_DALI_THREADS", None)
+    run("image: decode [good, good, good]", lambda: decode_image_batch([data] * 3, device="cuda"))
+    run("image: decode [good, bad, good]", lambda: decode_image_batch([data, bad, data],
+                                                                     device="cuda"))
+
+
 def feeds(args):
     import cProfile
     import io
@@ -204,6 +231,8 @@ def main():
     with device.activate():
         rnnt(args, xp, run)
         video(args, xp, run, device)
+        if not args.cpu:
+            image_rebuild(args, run)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "profile_stages.json")
     with open(path, "w") as f:

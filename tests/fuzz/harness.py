@@ -440,8 +440,12 @@ def _good_rule(case, r, t0):
     return r
 
 
-def _worker(conn, log_path):
-    """Worker loop: units in, ("start", i) / ("done", i, result) / ("end",) out."""
+def _worker(conn, log_path, dali_threads=None):
+    """Worker loop: units in, ("start", i) / ("done", i, result) / ("end",) out.
+    ``dali_threads``: DALI CPU threads per pipeline in this worker (the workers share the
+    machine's cores: DALI's default, one per core, in every worker oversubscribes them)."""
+    if dali_threads and "AVPIPE_DALI_THREADS" not in os.environ:
+        os.environ["AVPIPE_DALI_THREADS"] = str(dali_threads)
     if log_path:  # native libraries' chatter goes to the worker's log, not the console
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 2)
@@ -472,10 +476,11 @@ def _worker(conn, log_path):
 
 
 class _Slot:
-    def __init__(self, ctx, log_dir, k):
+    def __init__(self, ctx, log_dir, k, dali_threads=None):
         self.parent, child = ctx.Pipe()
+        self.dali_threads = dali_threads
         log = os.path.join(log_dir, f"worker{k}.log") if log_dir else None
-        self.proc = ctx.Process(target=_worker, args=(child, log), daemon=False)
+        self.proc = ctx.Process(target=_worker, args=(child, log, dali_threads), daemon=False)
         self.proc.start()
         child.close()
         self.unit = None
@@ -526,6 +531,7 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
     ``records.jsonl``, one line per record as it is made (what a killed run had reached)."""
     ctx = mp.get_context("spawn")
     workers = max(1, int(workers or os.cpu_count() or 1))
+    dali_threads = max(1, (os.cpu_count() or 1) // workers)  # the cores shared among workers
     queue = deque(units)
     confirm = deque()  # (backend, case, goods, how, reason, group) to re-run alone
     groups: dict = {}  # a failed feed unit's cases re-run alone: group -> (n, [(case, r)])
@@ -560,7 +566,7 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
                 slot.parent.send(None)
                 slot.proc.join(5)
                 slot.kill()
-                slot.__init__(ctx, log_dir, next(counter))
+                slot.__init__(ctx, log_dir, next(counter), slot.dali_threads)
             backend, cases, goods = queue[pick or 0]
             del queue[pick or 0]
             slot.unit = (backend, cases, goods, None)
@@ -622,7 +628,7 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
             record(backend, c, x if culprit else finish_confirm(backend, c, x, conf))
 
     for _ in range(min(workers, len(units))):
-        slots.append(_Slot(ctx, log_dir, k))
+        slots.append(_Slot(ctx, log_dir, k, dali_threads))
         k += 1
     for s in slots:
         if not assign(s):
@@ -661,7 +667,7 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
                             s.parent.send(None)
                             s.proc.join(5)
                             s.kill()
-                            s.__init__(ctx, log_dir, k)
+                            s.__init__(ctx, log_dir, k, dali_threads)
                             k += 1
                         break
             except (EOFError, OSError):
@@ -676,7 +682,7 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
                 fail(s, "hang")
             else:
                 continue
-            s.__init__(ctx, log_dir, k)
+            s.__init__(ctx, log_dir, k, dali_threads)
             k += 1
             assign(s)
         if progress and time.monotonic() - last_print > 10:
