@@ -33,7 +33,9 @@ the signal's peak (float32 arithmetic, different summation order / FFT).
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 
 import numpy as np
 
@@ -502,12 +504,16 @@ def sample_spec_augment_params(seed, epoch, ids, lengths, n_mels, *, freq_masks=
 def apply_spec_augment(features, lengths, params, *, mask_value=0.0):
     """Set the masked cells of ``features [B, n_mels, T]`` to ``mask_value``: frequency masks
     over the item's valid frames, time masks over all channels; frames at or past an item's
-    length are untouched. Vectorized (boolean masks ``[B, K, F]`` / ``[B, K, T]``)."""
+    length are untouched. Vectorized (boolean masks ``[B, K, F]`` / ``[B, K, T]``); float32
+    features on a GPU go through one CUDA kernel (``_spec_augment.cu``, this code its
+    reference; equal exactly)."""
     xp = array_module(features)
     x = xp.asarray(features)
     if x.ndim != 3:
         raise ValueError(f"features must be [B, n_mels, T], got shape {tuple(x.shape)}")
     B, F, T = x.shape
+    if xp is not np and x.dtype == xp.float32 and x.size:
+        return _spec_augment_kernel(xp, x, _lengths(lengths, B, T), params, mask_value)
     lens = xp.asarray(_lengths(lengths, B, T))[:, None]
     f = xp.arange(F)[None, None, :]
     t = xp.arange(T)[None, None, :]
@@ -520,6 +526,43 @@ def apply_spec_augment(features, lengths, params, *, mask_value=0.0):
     tmask = ((t >= ts) & (t < xp.minimum(ts + tw, lens[:, :, None]))).any(axis=1) & valid
     m = (fmask[:, :, None] & valid[:, None, :]) | tmask[:, None, :]
     return xp.where(m, xp.asarray(mask_value, dtype=x.dtype), x)
+
+
+SPEC_AUGMENT_KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_spec_augment.cu")
+
+
+def spec_augment_table(lengths, params):
+    """The kernel's per-item table: int64 ``[B, 1 + 2 kf + 2 kt]`` (length, frequency starts,
+    widths, time starts, widths), on the params' device (host lengths)."""
+    parts = [params[k] for k in ("freq_start", "freq_width", "time_start", "time_width")]
+    xp = array_module(parts[0])
+    lens = xp.asarray(np.asarray(lengths, np.int64).reshape(-1, 1))
+    return xp.ascontiguousarray(xp.concatenate(
+        [lens] + [xp.asarray(a, dtype=xp.int64).reshape(lens.shape[0], -1) for a in parts],
+        axis=1))
+
+
+@functools.cache
+def _spec_kernel(device_id: int):
+    import cupy
+
+    with open(SPEC_AUGMENT_KERNEL) as f, cupy.cuda.Device(device_id):
+        return cupy.RawKernel(f.read(), "avpipe_spec_augment")
+
+
+def _spec_augment_kernel(cupy, x, lens_host, params, mask_value):
+    kf = int(np.shape(params["freq_start"])[1]) if np.ndim(params["freq_start"]) == 2 else 0
+    kt = int(np.shape(params["time_start"])[1]) if np.ndim(params["time_start"]) == 2 else 0
+    table = cupy.asarray(spec_augment_table(lens_host, params))  # one copy from host params
+    x = cupy.ascontiguousarray(x)
+    B, F, T = x.shape
+    out = cupy.empty_like(x)
+    total = B * F * T
+    threads = 256
+    _spec_kernel(x.device.id)(((total + threads - 1) // threads,), (threads,),
+                              (x, out, table, np.int32(kf), np.int32(kt), np.int64(F),
+                               np.int64(T), np.int64(total), np.float32(mask_value)))
+    return out
 
 
 def spec_augment(features, lengths=None, *, freq_masks=2, freq_width=27, time_masks=10,
@@ -536,12 +579,16 @@ def spec_augment(features, lengths=None, *, freq_masks=2, freq_width=27, time_ma
     xp = array_module(features)
     B, F, T = features.shape
     lens = _lengths(lengths, B, T)
+    # drawn on the host (the same draws as on the device: ops.random), applied on the device
+    # with the few parameters copied once
     params = sample_spec_augment_params(
-        seed, epoch, as_ids(ids, B, xp), lens, F, freq_masks=freq_masks, freq_width=freq_width,
-        time_masks=time_masks, time_width=time_width, adaptive_time_masks=adaptive_time_masks,
-        xp=xp)  # fmt: skip
+        seed, epoch, as_ids(None if ids is None else host(ids), B, np), lens, F,
+        freq_masks=freq_masks, freq_width=freq_width, time_masks=time_masks,
+        time_width=time_width, adaptive_time_masks=adaptive_time_masks, xp=np)  # fmt: skip
     out = apply_spec_augment(features, lens, params, mask_value=mask_value)
-    return (out, params) if return_params else out
+    if return_params:
+        return out, {k: xp.asarray(v) for k, v in params.items()}
+    return out
 
 
 # --- ops for chains ------------------------------------------------------------------------------

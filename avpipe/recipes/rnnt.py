@@ -55,7 +55,7 @@ from ..device import array_module, resolve_device
 from ..errors import CorruptDataError, DecodeError
 from ..ops import audio_augment as _aug
 from ..ops import random as _rnd
-from ..ops.audio import log_mel, resample
+from ..ops.audio import log_mel, log_mel_frame_lengths, resample
 from ..pipeline.feed import Feed, Task
 from ..pipeline.sources import read_manifest
 
@@ -306,7 +306,11 @@ class RnntTask(Task):
             feats, fl = log_mel(x, lens, preset=self.preset, training=self.training,
                                 seed=_dither_seed(self.seed, epoch, ids))
             if self.training and self.spec_augment is not None:
-                feats = _aug.spec_augment(feats, fl, seed=self.seed, epoch=epoch, ids=ids,
+                # the frame lengths from the host lengths (log_mel's rule): no wait on the
+                # device for its copy of them
+                fl_host = np.minimum(log_mel_frame_lengths(lens, preset=self.preset),
+                                     feats.shape[-1])
+                feats = _aug.spec_augment(feats, fl_host, seed=self.seed, epoch=epoch, ids=ids,
                                           **self.spec_augment)
         else:
             feats, fl = xp.zeros((0, 0, 0), xp.float32), xp.zeros(0, xp.int64)
