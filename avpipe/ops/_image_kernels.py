@@ -243,9 +243,10 @@ def sparse_taps(idx: np.ndarray, w: np.ndarray) -> AxisTaps:
         return AxisTaps(np.zeros((0, 2), np.int32), np.zeros((0, 1), np.float32))
     lo = idx.min(axis=1)
     width = int((idx.max(axis=1) - lo).max()) + 1
-    dense = np.zeros((n, width), np.float64)
-    np.add.at(dense, (np.repeat(np.arange(n), idx.shape[1]), (idx - lo[:, None]).reshape(-1)),
-              w.reshape(-1))  # fmt: skip
+    # add the taps into their rows' windows, in tap order (bincount adds in input order, as
+    # np.add.at does, in float64)
+    flat = (np.arange(n)[:, None] * width + (idx - lo[:, None])).reshape(-1)
+    dense = np.bincount(flat, weights=w.reshape(-1), minlength=n * width).reshape(n, width)
     dense = dense.astype(np.float32)
     nz = dense != 0
     has = nz.any(axis=1)
@@ -253,9 +254,10 @@ def sparse_taps(idx: np.ndarray, w: np.ndarray) -> AxisTaps:
     last = np.where(has, width - 1 - nz[:, ::-1].argmax(axis=1), -1)
     count = (last - first + 1).astype(np.int64)
     taps = max(int(count.max()), 1)
-    weights = np.zeros((n, taps), np.float32)
-    for i in range(n):
-        weights[i, : count[i]] = dense[i, first[i] : first[i] + count[i]]
+    k = np.arange(taps)
+    src = np.minimum(first[:, None] + k, width - 1)
+    weights = np.where(k < count[:, None], dense[np.arange(n)[:, None], src], 0.0)
+    weights = np.ascontiguousarray(weights, np.float32)
     start = np.where(has, lo + first, 0)
     table = np.ascontiguousarray(np.stack([start, count], axis=1).astype(np.int32))
     table.setflags(write=False)

@@ -45,27 +45,36 @@ _SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
 
 
 def _aa_weights(in_size: int, out_size: int, interpolation: str):
-    """PIL's precompute_coeffs, in float64."""
+    """PIL's precompute_coeffs, in float64, for all output pixels at once.
+
+    Row ``i`` holds the taps ``xmin .. xmax - 1`` around ``center = (i + 0.5) * scale`` (padded
+    with the last index and zero weights), normalized by their sum. Every step is the
+    elementwise float64 operation of the per-pixel loop it replaces, and each row's sum is numpy's
+    sum over exactly its ``n`` taps (rows grouped by ``n``): a sum over a zero-padded row can
+    differ in the last bit (numpy's pairwise summation blocks by 8)."""
     scale = in_size / out_size
     fscale = max(scale, 1.0)
     support = _SUPPORT[interpolation] * fscale
     ksize = int(math.ceil(support)) * 2 + 1
-    idx = np.zeros((out_size, ksize), np.int64)
-    w = np.zeros((out_size, ksize), np.float64)
-    for i in range(out_size):
-        center = (i + 0.5) * scale
-        xmin = max(int(center - support + 0.5), 0)
-        xmax = min(int(center + support + 0.5), in_size)
-        xs = np.arange(xmin, xmax)
-        t = (xs - center + 0.5) / fscale
-        k = _triangle(t) if interpolation == "bilinear" else _cubic(t, -0.5)
-        total = k.sum()
-        if total != 0.0:
-            k = k / total
-        n = len(xs)
-        idx[i, :n] = xs
-        idx[i, n:] = xs[-1] if n else 0
-        w[i, :n] = k
+    center = (np.arange(out_size, dtype=np.float64) + 0.5) * scale
+    # int() of the loop truncates toward zero, as astype does
+    xmin = np.maximum((center - support + 0.5).astype(np.int64), 0)
+    xmax = np.minimum((center + support + 0.5).astype(np.int64), in_size)
+    n = np.maximum(xmax - xmin, 0)
+    col = np.arange(ksize)
+    xs = xmin[:, None] + col
+    t = (xs - center[:, None] + 0.5) / fscale
+    k = _triangle(t) if interpolation == "bilinear" else _cubic(t, -0.5)
+    total = np.zeros(out_size, np.float64)
+    for m in range(int(n.min()), int(n.max()) + 1):  # a few tap counts (by 1 apart)
+        rows = np.flatnonzero(n == m)
+        if rows.size:
+            total[rows] = k[rows, :m].sum(axis=1)
+    valid = col < n[:, None]
+    # rows summing to 0 stay as they are (divided by 1); +0.0 past each row's taps
+    w = np.where(valid, k / np.where(total != 0.0, total, 1.0)[:, None], 0.0)
+    last = np.where(n > 0, xmin + n - 1, 0)
+    idx = np.where(valid, xs, last[:, None])
     return idx, w
 
 
@@ -118,10 +127,11 @@ _DEVICE_CACHE: dict = {}
 
 
 def _dense(idx, w, in_size):
-    """The [out, in] matrix of a tap list (duplicate taps add up)."""
+    """The [out, in] matrix of a tap list (duplicate taps add up, in tap order)."""
     m = np.zeros((idx.shape[0], in_size), np.float32)
-    np.add.at(m, (np.repeat(np.arange(idx.shape[0]), idx.shape[1]), idx.reshape(-1)),
-              w.reshape(-1))  # fmt: skip
+    rows = np.arange(idx.shape[0])
+    for k in range(idx.shape[1]):  # one tap per row each time: no repeated element in one +=
+        m[rows, idx[:, k]] += w[:, k]
     return m
 
 
