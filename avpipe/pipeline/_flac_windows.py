@@ -26,6 +26,13 @@ class GpuFlacBatches:
     ``read_threads`` threads read upcoming windows' bytes (no decoding on the CPU) into
     ``prefetch`` page-locked staging buffers; files the GPU does not cover exactly are decoded by
     libFLAC on the CPU. Errors are per item (``{index: message}``, length 0), never per batch.
+
+    The kernels run on a stream of their own: they occupy few threads for long, so the
+    caller's work on its batches (its current stream: the feature kernels) runs beside them on
+    the GPU instead of queueing behind the next window's decode. Events order the two streams:
+    the caller's stream waits for a window's decode before its batches are handed out, and the
+    decode stream waits for the caller's reads of a window before that window's memory is
+    reused.
     """
 
     def __init__(self, sizes: dict, *, max_samples: int, prefetch: int = 2, read_threads: int = 8,
@@ -112,10 +119,12 @@ class GpuFlacBatches:
         return x, lengths, errors
 
     def run(self, groups):
-        """Yield ``(signals, lengths, group, errors)`` for each group (batch) of paths."""
+        """Yield ``(signals, lengths, group, errors)`` for each group (batch) of paths, ready on
+        the caller's current stream (read the batches of one window on one stream)."""
         cupy = self._cupy
         groups = iter(groups)
         pending = []
+        dstream = cupy.cuda.Stream(non_blocking=True)  # the decode kernels (class docstring)
         with ThreadPoolExecutor(self.prefetch, thread_name_prefix="avpipe-flac-window") as ex, \
                 ThreadPoolExecutor(self.read_threads, thread_name_prefix="avpipe-flac-read") as io:
 
@@ -144,7 +153,8 @@ class GpuFlacBatches:
                 win, paths, fut = pending.pop(0)
                 buf, offsets, read_errors, plan = fut.result()
                 try:
-                    job = _flac.launch(buf, offsets, plan)
+                    with dstream:
+                        job = _flac.launch(buf, offsets, plan)
                 except Exception as e:  # noqa: BLE001 - e.g. no NVRTC: libFLAC decodes them all
                     self._warn(e)
                     job = None
@@ -156,28 +166,39 @@ class GpuFlacBatches:
                 # so the GPU never waits for the host between windows
                 nxt = start()
                 win, paths, read_errors, plan, job = cur
-                try:
-                    if job is None:
-                        raise RuntimeError("launch failed")
-                    x, plan, left = _flac.collect(job)
-                except Exception as e:  # noqa: BLE001
-                    if job is not None:
-                        self._warn(e)
-                    x = cupy.zeros((len(paths), max(plan.max_len, 1)), cupy.float32)
-                    left = {i: "GPU decoder failed" for i in range(len(paths))}
+                with dstream:
+                    try:
+                        if job is None:
+                            raise RuntimeError("launch failed")
+                        x, plan, left = _flac.collect(job)
+                    except Exception as e:  # noqa: BLE001
+                        if job is not None:
+                            self._warn(e)
+                        x = cupy.zeros((len(paths), max(plan.max_len, 1)), cupy.float32)
+                        left = {i: "GPU decoder failed" for i in range(len(paths))}
                 submit()  # this window's staging buffer has been uploaded: read ahead into it
                 if nxt is None:  # nothing was read ahead (prefetch 1)
                     nxt = start()
-                x, lengths, errors = self._finish(x, plan, left, paths, read_errors)
+                with dstream:
+                    x, lengths, errors = self._finish(x, plan, left, paths, read_errors)
+                # the caller's reads after the decode
+                cupy.cuda.get_current_stream().wait_event(dstream.record())
                 r0 = 0
-                for g in win:
-                    r1 = r0 + len(g)
-                    lens = lengths[r0:r1]
-                    max_len = int(lens.max()) if len(lens) else 0
-                    xg = cupy.ascontiguousarray(x[r0:r1, :max_len])
-                    errs = {i - r0: m for i, m in errors.items() if r0 <= i < r1}
-                    yield xg, lens.copy(), g, errs
-                    r0 = r1
+                try:
+                    for g in win:
+                        r1 = r0 + len(g)
+                        lens = lengths[r0:r1]
+                        max_len = int(lens.max()) if len(lens) else 0
+                        # a copy, never a view of x: x's memory belongs to the decode stream
+                        xg = x[r0:r1, :max_len].copy()
+                        errs = {i - r0: m for i, m in errors.items() if r0 <= i < r1}
+                        yield xg, lens.copy(), g, errs
+                        r0 = r1
+                finally:
+                    # x's memory goes back to the decode stream's pool: reused there only
+                    # after the caller's copies out of it
+                    dstream.wait_event(cupy.cuda.get_current_stream().record())
+                del x
                 cur = nxt
 
     def _warn(self, e):
