@@ -235,6 +235,7 @@ class RnntTask(Task):
         import time
 
         ld = self._loader
+        gpu = ld.decoder == "gpu"
         src_sr = int(ld.sample_rate or self.sample_rate)
         pending = []
 
@@ -249,14 +250,16 @@ class RnntTask(Task):
             g = pending.pop(0)
             x, lens, errs = batch.signals, batch.lengths, dict(batch.errors)
             # the rows' peaks, one reduction and one copy per batch (the loaders check neither
-            # NaN nor magnitude)
-            peaks = _peaks(x, lens)
+            # NaN nor magnitude). Not for the GPU FLAC loader: FLAC holds integer PCM, decoded
+            # to [-1, 1] (the check's copy would make the producer wait for the GPU's work on
+            # the previous batch, every batch)
+            peaks = None if gpu else _peaks(x, lens)
             out = []
             for r, (_, it) in enumerate(g):
                 if r in errs:
                     out.append(errs[r])
                     continue
-                bad = _signal_problem(float(peaks[r]))
+                bad = None if peaks is None else _signal_problem(float(peaks[r]))
                 if bad is not None:
                     out.append(CorruptDataError(it.path, bad))
                     continue
@@ -271,11 +274,7 @@ class RnntTask(Task):
             if self.timings is not None:
                 self.timings("decode", now - t_last)
             t_last = now
-            if self.device.is_cuda:
-                import cupy
-
-                with cupy.cuda.Device(self.device.index):
-                    cupy.cuda.get_current_stream().synchronize()  # rows ready for the producer
+            # GPU rows: ready in order on the producer's stream, where collate reads them
             yield out
 
     # -- batch -----------------------------------------------------------------------------
