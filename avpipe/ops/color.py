@@ -156,6 +156,22 @@ def nv12_to_rgb_device(
     nv12_planes_to_rgb(base, base + crow * pitch, pitch, height, width, coeffs, out, chw=chw)
 
 
+_BLOCK = (32, 8, 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _launch_consts(pitch, height, width, chw, coeffs):
+    """The grid and the kernel's scalar arguments that stay the same from frame to frame of a
+    stream: ``(grid, (pitch, height, width), (chw, ys, y0, rv, gu, gv, bu))`` as the kernel's C
+    types (built once, not per frame)."""
+    grid = ((width + 31) // 32, (height + 7) // 8, 1)
+    dims = (np.int64(pitch), np.int32(height), np.int32(width))
+    tail = (np.int32(1 if chw else 0),) + tuple(np.float32(c) for c in coeffs)
+    if len(tail) != 7:
+        raise ValueError(f"coeffs must be the 6 values of yuv_coefficients, got {coeffs!r}")
+    return grid, dims, tail
+
+
 def nv12_planes_to_rgb(
     luma_ptr: int, chroma_ptr: int, pitch: int, height: int, width: int, coeffs, out, *,
     chw: bool = False,
@@ -164,26 +180,10 @@ def nv12_planes_to_rgb(
     around it): the luma plane at ``luma_ptr`` and the interleaved chroma plane at
     ``chroma_ptr``, both ``pitch`` bytes per row; the caller keeps the memory alive and ordered
     before the current stream."""
-    ys, y0, rv, gu, gv, bu = (np.float32(c) for c in coeffs)
-    k = _kernel(int(out.device.id))
-    k(
-        ((width + 31) // 32, (height + 7) // 8, 1),
-        (32, 8, 1),
-        (
-            np.uint64(luma_ptr),
-            np.uint64(chroma_ptr),
-            np.int64(pitch),
-            np.int32(height),
-            np.int32(width),
-            out,
-            np.int32(1 if chw else 0),
-            ys,
-            y0,
-            rv,
-            gu,
-            gv,
-            bu,
-        ),
+    grid, dims, tail = _launch_consts(int(pitch), int(height), int(width), bool(chw),
+                                      tuple(coeffs))  # fmt: skip
+    _kernel(int(out.device.id))(
+        grid, _BLOCK, (np.uint64(luma_ptr), np.uint64(chroma_ptr)) + dims + (out,) + tail
     )
 
 
