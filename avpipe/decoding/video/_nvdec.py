@@ -195,6 +195,11 @@ class NvdecBackend:
             raise NvdecRefused(f"NVDEC on this GPU does not decode {scan.codec}")
         self._coeffs = yuv_coefficients(scan.color_space, scan.color_range, scan.pix_fmt)
         self._stream = thread_stream(device.index)
+        import cupy
+
+        # what every frame's write uses, looked up once
+        self._hw = (int(scan.height), int(scan.width))
+        self._rt = cupy.cuda.runtime
         self._stream_ptr = int(self._stream.ptr)
         self._source = source
         self._nvc = nvc
@@ -326,15 +331,12 @@ class NvdecBackend:
 
     def _write(self, frame, rows, output, chw, out):
         """Convert one decoded NV12 frame into ``out[rows]`` on this backend's stream."""
-        first = rows[0]
-        if not (
-            _raw_planes["enabled"]
-            and not self._dlpack
-            and self._write_raw(frame, out[first], output, chw)
-        ):
-            self._write_dlpack(frame, out[first], output, chw)
+        dst = out[rows[0]]
+        if not (_raw_planes["enabled"] and not self._dlpack
+                and self._write_raw(frame, dst, output, chw)):  # fmt: skip
+            self._write_dlpack(frame, dst, output, chw)
         for r in rows[1:]:
-            out[r] = out[first]
+            out[r] = dst
 
     def _write_raw(self, frame, dst, output, chw) -> bool:
         """The frame's planes by their device pointers, without a DLPack round trip (a DLPack
@@ -342,10 +344,7 @@ class NvdecBackend:
         ``benchmarks/README.md``).
         The kernel or copies are ordered after the decoder's event on this backend's stream.
         False where the frame does not expose its planes; the caller then uses DLPack."""
-        import cupy
-
-        scan = self.scan
-        H, W = scan.height, scan.width
+        H, W = self._hw
         planes = frame_planes(frame, H, W)
         if planes is None or not dst.flags.c_contiguous:
             return False
@@ -353,9 +352,9 @@ class NvdecBackend:
         try:
             ev = int(getattr(frame, "decoder_stream_event", 0) or 0)
             if ev:
-                cupy.cuda.runtime.streamWaitEvent(self._stream_ptr, ev, 0)
+                self._rt.streamWaitEvent(self._stream_ptr, ev, 0)
             if output == "nv12":
-                rt, d = cupy.cuda.runtime, int(dst.data.ptr)
+                rt, d = self._rt, int(dst.data.ptr)
                 d2d = rt.memcpyDeviceToDevice
                 rt.memcpy2DAsync(d, W, luma, pitch, W, H, d2d, self._stream_ptr)
                 ch = (H + 1) // 2
