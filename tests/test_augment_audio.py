@@ -486,3 +486,18 @@ def test_banks_from_files_and_a_manifest(tmp_path):
     assert rb is not None
     with pytest.raises(TypeError, match="noise_bank"):
         A.NoiseBank([str(tmp_path / "n0.wav")])
+
+
+def test_chain_keeps_host_lengths_on_the_host():
+    """Host lengths stay host lengths through the chain (log-mel's frame lengths too, equal to
+    log_mel's own), so a GPU chain never waits for a device copy of them."""
+    x, lens = _batch(lens=(16000, 23000, 8000, 3000))
+    chain = A.train_chain()
+    (f, fl), params = chain((x, lens), seed=3, return_params=True)
+    assert isinstance(fl, np.ndarray)
+    y, ylens = A.apply_speed_perturb(x, lens, params[0], sample_rate=16000)
+    from avpipe.ops.audio import log_mel
+
+    _, ref_fl = log_mel(y, ylens, preset="nemo")
+    np.testing.assert_array_equal(fl, ref_fl)
+    assert all(isinstance(v, np.ndarray) for p in params for v in p.values())

@@ -608,6 +608,17 @@ def _ids_for(x, ids):
     return xp, as_ids(ids, n, xp)
 
 
+def _host_ids(x, ids):
+    """Sample ids on the host (for draws whose parameters are read on the host)."""
+    n = 1 if x.ndim == 1 else x.shape[0]
+    return as_ids(None if ids is None else host(ids), n, np)
+
+
+def _on_host(lens):
+    """Whether lengths are held on the host (None: the full length, known on the host)."""
+    return lens is None or isinstance(lens, (np.ndarray, list, tuple, int, np.integer))
+
+
 def _lens_for(x, lens):
     xb = x[None] if x.ndim == 1 else x
     return _lengths(lens, xb.shape[0], xb.shape[-1])
@@ -628,11 +639,12 @@ class SpeedPerturb(Augment):
         self.sample_rate, self.step, self.p, self.quality = sample_rate, step, p, quality
 
     def sample(self, data, *, seed, epoch=0, ids=None):
+        # drawn on the host: the resampler reads the factors there (the same draws as on the
+        # device: ops.random), so a GPU batch waits for no device copy
         x, _ = _data(data)
-        xp, ids = _ids_for(x, ids)
-        return sample_speed_params(seed, epoch, ids, factors=self.factors,
+        return sample_speed_params(seed, epoch, _host_ids(x, ids), factors=self.factors,
                                    factor_range=self.factor_range, step=self.step, p=self.p,
-                                   stream=self.stream, xp=xp)  # fmt: skip
+                                   stream=self.stream, xp=np)  # fmt: skip
 
     def apply(self, data, params):
         x, lens = _data(data)
@@ -752,10 +764,15 @@ class LogMel(Augment):
         self.preset = preset
 
     def apply(self, data, params):
-        from .audio import log_mel
+        from .audio import log_mel, log_mel_frame_lengths
 
         x, lens = _data(data)
-        return log_mel(x, lens, preset=self.preset)
+        feats, fl = log_mel(x, lens, preset=self.preset)
+        if _on_host(lens):  # frame lengths where the lengths were: the next op reads them
+            n = np.full(1 if x.ndim == 1 else x.shape[0], x.shape[-1]) if lens is None else lens
+            fl = np.minimum(log_mel_frame_lengths(np.asarray(n).reshape(-1),
+                                                  preset=self.preset), feats.shape[-1])
+        return feats, fl
 
 
 @register
@@ -772,13 +789,14 @@ class SpecAugment(Augment):
         self.adaptive_time_masks, self.mask_value = adaptive_time_masks, mask_value
 
     def sample(self, data, *, seed, epoch=0, ids=None):
+        # drawn on the host (the same draws as on the device), copied once by the mask kernel
         x, lens = _data(data)
-        xp, ids = _ids_for(x, ids)
         B, F, T = x.shape
         return sample_spec_augment_params(
-            seed, epoch, ids, _lengths(lens, B, T), F, freq_masks=self.freq_masks,
-            freq_width=self.freq_width, time_masks=self.time_masks, time_width=self.time_width,
-            adaptive_time_masks=self.adaptive_time_masks, stream=self.stream, xp=xp)  # fmt: skip
+            seed, epoch, _host_ids(x, ids), _lengths(lens, B, T), F,
+            freq_masks=self.freq_masks, freq_width=self.freq_width, time_masks=self.time_masks,
+            time_width=self.time_width, adaptive_time_masks=self.adaptive_time_masks,
+            stream=self.stream, xp=np)  # fmt: skip
 
     def apply(self, data, params):
         x, lens = _data(data)
