@@ -90,3 +90,45 @@ def test_philox_kernel_body_as_cpp_equals_numpy(tmp_path):
                 ctypes.c_int(rounds), *p[4:])
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
+
+
+def test_small_draws_in_python_integers_equal_numpy(monkeypatch):
+    """Draws of up to ``_SMALL`` counters run Philox in Python integers; they equal the numpy
+    rounds bit for bit, for edge counters, keys, seeds, ids and epochs."""
+    edge32 = [0, 1, 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1]
+    rng = np.random.default_rng(5)
+    cases = []
+    for k in [(0, 0), (2**32 - 1, 2**32 - 1), (0, 2**32 - 1), (2**64 - 1, 2**64 + 5),
+              R.stream_key(2**64 - 1, "crop"), R.stream_key(0, 2**32 - 1)]:  # fmt: skip
+        for size in (1, 2, 3, 4, 7, 8, R._SMALL):
+            c = [rng.choice(edge32, size).astype(np.uint32) for _ in range(4)]
+            cases.append((c, k))
+    for _ in range(200):
+        size = int(rng.integers(1, R._SMALL + 1))
+        c = [rng.integers(0, 2**32, size, dtype=np.uint64).astype(np.uint32) for _ in range(4)]
+        cases.append((c, tuple(int(v) for v in rng.integers(0, 2**63, 2))))
+    fast = [[R.philox4x32(*c, *k, rounds=r) for r in (10, 7, 0)] for c, k in cases]
+    fast.append(R.philox4x32(*(np.array(v, np.uint32) for v in (5, 6, 7, 8)), 1, 2))
+    shaped = [np.arange(6, dtype=np.uint32).reshape(2, 3) + i for i in range(4)]
+    fast.append(R.philox4x32(*shaped, 3, 4))
+    draws = [(seed, stream, epoch, ids, n)
+             for seed in (0, 1, 2**32 - 1, 2**64 - 1, -1)
+             for stream in ("clip", "random_resized_crop", 0, 2**32 - 1)
+             for epoch in (0, 3, 2**32 - 1, 2**40 + 1, -1)
+             for ids, n in (([0], 1), ([2**63 - 1], 4), ([-1, -(2**63)], 5),
+                            ([2**32 - 1, 2**32, 7], 12), ([17], 40), ([3, 4], 0))]  # fmt: skip
+    fast_words = [R.words(*d) for d in draws]
+    monkeypatch.setattr(R, "_SMALL", 0)  # the numpy rounds from here on
+    slow = [[R.philox4x32(*c, *k, rounds=r) for r in (10, 7, 0)] for c, k in cases]
+    slow.append(R.philox4x32(*(np.array(v, np.uint32) for v in (5, 6, 7, 8)), 1, 2))
+    slow.append(R.philox4x32(*shaped, 3, 4))
+    for f, s in zip(fast, slow):
+        for fr, sr in zip(f, s):
+            for a, b in zip(fr, sr) if isinstance(fr, tuple) else [(fr, sr)]:
+                a, b = np.asarray(a), np.asarray(b)
+                assert a.dtype == b.dtype == np.uint32 and a.shape == b.shape
+                np.testing.assert_array_equal(a, b)
+    for d, f in zip(draws, fast_words):
+        s = R.words(*d)
+        assert f.dtype == s.dtype == np.uint32 and f.shape == s.shape
+        np.testing.assert_array_equal(f, s)

@@ -69,6 +69,31 @@ def _philox_kernel():
         "uint32 o0, uint32 o1, uint32 o2, uint32 o3", PHILOX_BODY, "avpipe_philox4x32")
 
 
+# Up to this many counters a draw runs Philox in Python integers (a few microseconds per counter)
+# instead of numpy, whose ~140 operations on tiny arrays cost ~80 us whatever the size: the
+# per-item draws of a batch (a clip's start, crop box and flip: 1 to 10 counters each). Both
+# give the same words bit for bit (tests/test_random.py compares them).
+_SMALL = 12
+
+
+def _philox_ints(counters, k0: int, k1: int, rounds: int) -> list:
+    """Philox4x32 of each ``(c0, c1, c2, c3)`` tuple of Python ints (each below 2**32) under the
+    key ``(k0, k1)``: a list of 4-tuples of ints, the numpy rounds' integer steps one by one."""
+    keys = []
+    for _ in range(rounds):
+        keys.append((k0, k1))
+        k0, k1 = (k0 + _W0) & _MASK32, (k1 + _W1) & _MASK32
+    out = []
+    for a0, a1, a2, a3 in counters:
+        for key0, key1 in keys:
+            p0 = a0 * 0xD2511F53  # _M0 (literals: no global lookups in the inner loop)
+            p1 = a2 * 0xCD9E8D57  # _M1
+            a0, a1, a2, a3 = ((p1 >> 32) ^ a1 ^ key0, p1 & 0xFFFFFFFF,
+                              (p0 >> 32) ^ a3 ^ key1, p0 & 0xFFFFFFFF)  # fmt: skip
+        out.append((a0, a1, a2, a3))
+    return out
+
+
 def philox4x32(c0, c1, c2, c3, k0: int, k1: int, rounds: int = 10):
     """Philox4x32 on four uint32 counter arrays (numpy or cupy, same shape) and a 64-bit key
     given as two Python ints; returns four uint32 arrays (the random words). On cupy: one
@@ -80,6 +105,11 @@ def philox4x32(c0, c1, c2, c3, k0: int, k1: int, rounds: int = 10):
     if xp is not np:
         return _philox_kernel()(c0, c1, c2, c3, np.uint32(k0), np.uint32(k1),
                                   np.int32(rounds))
+    shape = c0.shape
+    if 0 < c0.size <= _SMALL and shape == c1.shape == c2.shape == c3.shape:
+        r = _philox_ints(zip(*(c.ravel().tolist() for c in (c0, c1, c2, c3))), k0, k1,
+                         rounds)  # fmt: skip
+        return tuple(np.array(col, np.uint32).reshape(shape) for col in zip(*r))
     m0, m1 = u64(_M0), u64(_M1)
     s32 = u64(32)
     for _ in range(rounds):
@@ -92,14 +122,21 @@ def philox4x32(c0, c1, c2, c3, k0: int, k1: int, rounds: int = 10):
     return c0, c1, c2, c3
 
 
+@functools.lru_cache(maxsize=1024)
+def _fnv1a(stream: str) -> int:
+    """FNV-1a (32 bits) of a stream name's UTF-8 bytes."""
+    h = 0x811C9DC5
+    for b in stream.encode():
+        h = ((h ^ b) * 0x01000193) & _MASK32
+    return h
+
+
 def stream_key(seed: int, stream: str | int) -> tuple[int, int]:
     """The Philox key for ``(seed, stream)``: ``stream`` a name (hashed) or an int."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be an int, got {seed!r}")
     if isinstance(stream, str):
-        h = 0x811C9DC5
-        for b in stream.encode():
-            h = ((h ^ b) * 0x01000193) & _MASK32
+        h = _fnv1a(stream)
     else:
         h = int(stream) & _MASK32
     s = int(seed) & 0xFFFFFFFFFFFFFFFF
@@ -116,6 +153,11 @@ def words(seed, stream, epoch, ids, n: int, *, xp=np):
         raise ValueError(f"n must be >= 0, got {n}")
     blocks = (n + 3) // 4
     k0, k1 = stream_key(seed, stream)
+    if xp is np and 0 < ids.shape[0] * blocks <= _SMALL:  # a few counters: Python integers
+        e = int(epoch) & _MASK32
+        r = _philox_ints([(i & _MASK32, (i >> 32) & _MASK32, e, b)
+                          for i in ids.tolist() for b in range(blocks)], k0, k1, 10)  # fmt: skip
+        return np.array(r, np.uint32).reshape(ids.shape[0], blocks * 4)[:, :n]
     idv = ids[:, None]
     blk = xp.arange(blocks, dtype=xp.int64)[None, :]
     shape = (ids.shape[0], blocks)
