@@ -426,3 +426,72 @@ def test_random_configs_resume_exact_and_cover(mode):
         left = n - len(seen) - len(bad & set(range(n)) - set(seen))
         if n >= max(W0, W1) and left >= W1:  # else the documented wrap-padding
             assert len(allids) == len(set(allids)), (trial, n, B, W0, W1, k, left)
+
+
+# --- between epochs: the producer runs ahead into the next epoch ----------------------------
+
+
+def test_next_epoch_decoded_ahead_is_taken_over_and_equal():
+    ref = make(50, seed=5, prefetch=0)
+    want = [epoch_ids(ref) for _ in range(3)]
+    f = make(50, seed=5)
+    it = iter(f)
+    got = [[b.ids.tolist() for b in it]]
+    parked = f._ahead
+    assert parked is not None and parked.thread.is_alive()  # epoch 1 already under way
+    it2 = iter(f)
+    assert it2._thread is parked.thread and f._ahead is None  # taken over, not restarted
+    got.append([b.ids.tolist() for b in it2])
+    got.append(epoch_ids(f))
+    assert got == want
+    f.close()
+    assert not parked.thread.is_alive()
+
+
+def test_set_epoch_or_load_state_elsewhere_drops_the_batches_ahead():
+    ref = make(50, seed=5, prefetch=0)
+    ref.set_epoch(7)
+    e7 = epoch_ids(ref)
+    f = make(50, seed=5)
+    epoch_ids(f)
+    parked = f._ahead
+    f.set_epoch(7)
+    assert epoch_ids(f) == e7
+    assert not parked.thread.is_alive()
+    # a loaded mid-epoch state after a full epoch: exact, from the loaded position
+    g = make(50, seed=5)
+    part = []
+    for b in g:
+        part.append(b.ids.tolist())
+        if len(part) == 3:
+            break
+    st = g.state_dict()
+    h = make(50, seed=5)
+    epoch_ids(h)  # its producer parks at epoch 1
+    h.load_state_dict(st)
+    assert part + epoch_ids(h) == epoch_ids(make(50, seed=5))
+
+
+def test_batches_ahead_are_dropped_when_not_taken(monkeypatch):
+    from avpipe.pipeline import feed as F
+
+    monkeypatch.setattr(F, "AHEAD_IDLE_S", 0.2)
+    f = make(50, seed=2)
+    e0 = epoch_ids(f)
+    parked = f._ahead
+    parked.thread.join(timeout=5)
+    assert not parked.thread.is_alive()  # stopped itself: nothing held
+    ref = make(50, seed=2, prefetch=0)
+    assert e0 == epoch_ids(ref)
+    assert epoch_ids(f) == epoch_ids(ref)  # a fresh producer gives the next epoch
+
+
+def test_a_dropped_feed_stops_its_producer_ahead():
+    f = make(200, batch_size=2)
+    epoch_ids(f)
+    thread = f._ahead.thread
+    assert thread.is_alive()
+    del f
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()

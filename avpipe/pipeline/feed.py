@@ -40,6 +40,14 @@ batch, the previous batch's arrays go back to the producer with an event recorde
 consumer's stream; the producer's stream waits on it before they are dropped, so their memory
 (from the producer stream's pool) is reused only after the consumer's work on them. A batch
 the consumer keeps past the next ``next()`` and uses later: synchronize before dropping it.
+
+Between epochs the producer does not stop: past an epoch's last batch it goes on with the next
+epoch's first ``prefetch`` batches, and the next ``iter(feed)`` takes them over when it starts
+where they start (the next epoch from its beginning, as after a full epoch or ``set_epoch`` of
+that epoch), so an epoch starts without waiting for its first batches to decode. Any other
+start (``set_epoch`` of another epoch, ``load_state_dict``) drops them; so does
+``feed.close()``, and the producer drops them itself when no ``iter`` takes them within
+:data:`AHEAD_IDLE_S` seconds (a feed that is not iterated again holds no thread or memory).
 """
 
 from __future__ import annotations
@@ -61,6 +69,9 @@ from . import _order
 __all__ = ["Feed", "Task", "Batch", "dataset_class", "map_with_deadline"]  # + FeedDataset (lazy)
 
 _STAGES = ("read", "decode", "gpu", "wait", "step")
+
+# seconds the next epoch's first batches, decoded ahead, wait for an ``iter`` to take them
+AHEAD_IDLE_S = 10.0
 
 
 def _start(epoch):
@@ -263,6 +274,7 @@ class Feed:
         self._next_epoch = 0
         self._plans: dict = {}
         self._active = None
+        self._ahead = None  # the next epoch's producer, ahead (_Shared of a live producer)
         self._stream = None
         self._times = {k: collections.deque(maxlen=2048) for k in _STAGES}
         self._steps = collections.deque(maxlen=2048)  # (consumer work, wait) per batch
@@ -402,9 +414,26 @@ class Feed:
         if not self._pending:
             self._pos = _start(self._next_epoch)
         self._pending = False
-        it = _EpochIterator(self, dict(self._pos))
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and not ahead.adopt(self._pos):
+            self._discard(ahead)
+            ahead = None
+        it = _EpochIterator(self, dict(self._pos), ahead=ahead)
         self._active = weakref.ref(it)
         return it
+
+    def _drop_ahead(self):
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            self._discard(ahead)
+
+    def _discard(self, ahead):
+        """Stop a parked producer; the batches the consumer had are dropped after the
+        producer stream waits on the consumer's events (as the producer would have)."""
+        ahead.drop()
+        stream = _stream_of(self)
+        with _on(self.device, stream):
+            _retire(ahead, stream)
 
     def _advance(self, pos, finished):
         if finished:
@@ -424,6 +453,7 @@ class Feed:
             it = self._active()
             if it is not None:
                 it.close()
+        self._drop_ahead()
         self.task.close()
 
     # -- telemetry ---------------------------------------------------------------------------
@@ -502,11 +532,55 @@ class _Recorder:
 
 
 class _Shared:
+    """What a producer thread and its consumer share (one per producer thread, kept across the
+    epochs it runs ahead into)."""
+
     def __init__(self):
         self.stop = threading.Event()
         # batches handed over, each with an event recorded on the consumer's stream when the
         # next batch was asked for: the producer's stream waits on it before dropping them
         self.retire = collections.deque()
+        self.lock = threading.Lock()
+        self.ahead = None  # (start position, monotonic time) while waiting to be taken over
+        self.q = None
+        self.thread = None
+        self.gone = None  # finalizer of the feed while parked (watch)
+
+    def park(self, pos):
+        """The consumer finished an epoch: the producer's next epoch (from ``pos``) waits for
+        an ``iter`` to take it over. False if the producer has stopped."""
+        with self.lock:
+            if self.stop.is_set() or self.thread is None or not self.thread.is_alive():
+                return False
+            self.ahead = (dict(pos), time.monotonic())
+            return True
+
+    def watch(self, feed):
+        """Stop the parked producer when ``feed`` is collected."""
+        self.gone = weakref.finalize(feed, self.stop.set)
+
+    def adopt(self, pos) -> bool:
+        """Take the parked producer over for an epoch starting at ``pos`` (False: it does not
+        start there, or it has stopped)."""
+        with self.lock:
+            if self.ahead is None or self.ahead[0] != pos or self.stop.is_set() \
+                    or not self.thread.is_alive():
+                return False
+            self.ahead = None
+            if self.gone is not None:
+                self.gone.detach()
+                self.gone = None
+            return True
+
+    def expired(self) -> bool:
+        """Producer side: parked for longer than AHEAD_IDLE_S (then it stops itself)."""
+        with self.lock:
+            if self.ahead is not None and time.monotonic() - self.ahead[1] > AHEAD_IDLE_S:
+                self.stop.set()
+            return self.stop.is_set()
+
+    def drop(self):
+        _stop(self, self.q, self.thread)
 
 
 def _stream_of(feed):
@@ -549,9 +623,10 @@ def _retire(shared, stream):
 
 def _produce(feed, pos, q, shared):
     """Producer: decode, handle errors, collate; put ("batch", batch, pos_after, event,
-    gpu_timing), ("end", pos) or ("error", exc) into ``q`` (bounded: blocks when full)."""
+    gpu_timing), ("end", pos) or ("error", exc) into ``q`` (bounded: blocks when full). Past an
+    epoch's end it goes on with the next epoch (the module docstring: between epochs)."""
     def put(msg):
-        while not shared.stop.is_set():
+        while not shared.expired():
             try:
                 q.put(msg, timeout=0.1)
                 return True
@@ -559,15 +634,23 @@ def _produce(feed, pos, q, shared):
                 continue
         return False
 
-    gen = _batches(feed, pos, shared)
-    try:
-        for msg in gen:
-            if not put(msg):
-                return
-    except BaseException as e:  # noqa: BLE001 - handed to the consumer
-        put(("error", e))
-    finally:
-        gen.close()
+    while True:
+        gen = _batches(feed, pos, shared)
+        ended = None
+        try:
+            for msg in gen:
+                if not put(msg):
+                    return
+                if msg[0] == "end":
+                    ended = msg[1]
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            put(("error", e))
+            return
+        finally:
+            gen.close()
+        if ended is None or shared.stop.is_set():
+            return
+        pos = _start(ended["epoch"] + 1)
 
 
 def _batches(feed, pos, shared):
@@ -679,24 +762,31 @@ def _fail(feed, i, exc):
 class _EpochIterator:
     """One epoch's batches; closing (or dropping) it stops and joins the producer thread."""
 
-    def __init__(self, feed: Feed, pos: dict):
+    def __init__(self, feed: Feed, pos: dict, ahead: _Shared | None = None):
         self._feed = feed
-        self._shared = _Shared()
         self._done = False
         self._last = None
         self._pending_gpu = collections.deque()
         self._held = None  # the last batch's device arrays (see _Shared.retire)
         self._sync = feed.prefetch <= 0
-        if self._sync:
+        if ahead is not None:  # the producer already running this epoch (taken over)
+            self._shared, self._gen = ahead, None
+            self._q, self._thread = ahead.q, ahead.thread
+        elif self._sync:
+            self._shared = _Shared()
             self._gen = _batches(feed, pos, self._shared)
             self._thread = None
             self._q = None
         else:
+            self._shared = _Shared()
             self._gen = None
             self._q = queue.Queue(maxsize=feed.prefetch)
+            # the producer holds the feed weakly: a feed dropped while its producer is parked
+            # between epochs is collected, and its finalizer stops the producer
             self._thread = threading.Thread(
-                target=_produce, args=(feed, pos, self._q, self._shared),
+                target=_produce, args=(weakref.proxy(feed), pos, self._q, self._shared),
                 name="avpipe-feed-producer", daemon=True)
+            self._shared.q, self._shared.thread = self._q, self._thread
             self._thread.start()
         self._finalizer = weakref.finalize(self, _stop, self._shared, self._q, self._thread)
 
@@ -734,8 +824,16 @@ class _EpochIterator:
             self._finish()
             raise msg[1]
         if kind == "end":
-            self._finish()
             feed._advance(msg[1], finished=True)
+            if self._thread is not None and self._shared.park(feed._pos):
+                # the producer goes on into the next epoch: the next iter takes it over
+                self._finalizer.detach()
+                self._done = True
+                feed._drop_ahead()
+                feed._ahead = self._shared
+                self._shared.watch(feed)
+                raise StopIteration
+            self._finish()
             raise StopIteration
         _, batch, after, event, gpu_timing = msg
         if event is not None:
