@@ -15,6 +15,7 @@
 #                                             # 2026-12-01 this took 590 s and finished none)
 #   bash benchmarks/gpu_session.sh feeds|augment|extract   # feeds / augmentation / extraction
 #                                             # vs DALI (+ the RNN-T anchor)      -> $OUT/bench_*
+#   EXTRACT_ARGS="--dtype float16 --only avpipe_nemo,dali_nemo" bash ... extract  # options
 # Each step fits one device call (10 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,7 +62,8 @@ for step in "$@"; do
     profile) data; python3 benchmarks/profile_stages.py --data /tmp/bench --out "$OUT" 2>&1 | tail -14 ;;
     feedprof) data; python3 benchmarks/profile_stages.py --feeds --data /tmp/bench --out "$OUT" 2>&1 | tail -6 ;;
     augment) python3 benchmarks/bench_augment.py --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25 ;;
-    extract) data; python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT" --profile 2>&1 | tail -25 ;;
+    extract) data; python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT" --profile \
+               ${EXTRACT_ARGS:-} 2>&1 | tail -25 ;;
     anchors) data; python3 "$ANCHORS" --data /tmp/bench --out "$OUT/anchors" --budget "$BUDGET" 2>&1 | tail -25 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
