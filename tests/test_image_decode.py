@@ -429,6 +429,50 @@ def test_stream_of_paths_with_a_bad_file(files, tmp_path):
     np.testing.assert_array_equal(batches[2].images[0], files["img"])
 
 
+def test_stream_goes_back_to_prefetching_after_a_bad_image(files, tmp_path, monkeypatch):
+    """A failed batch is decoded by the per-batch path and the prefetching path starts again
+    after it; the r-th failure keeps 2**(r-1) - 1 more batches on the per-batch path."""
+    from avpipe.pipeline import image_stream as S
+
+    data = open(files["jpg"], "rb").read()
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(data[: len(data) // 3])
+    png, tif, b = files["png"], files["tif"], str(bad)
+    srcs = [png] * 3 + [b, tif, tif] + [tif, png, png] + [png, b, png] + [png] * 6
+    slow, fast = [], []
+    real_batch, real_fast = S.decode_image_batch, S._fast_run
+
+    def spy_batch(chunk, **kw):
+        slow.append([srcs_index[id(s)] for s in chunk])
+        return real_batch(chunk, **kw)
+
+    def spy_fast(chunks, *a):
+        fast.append(len(chunks))
+        return real_fast(chunks, *a)
+
+    monkeypatch.setattr(S, "decode_image_batch", spy_batch)
+    monkeypatch.setattr(S, "_fast_run", spy_fast)
+    srcs_index = {}
+    orig_open = S.open_source
+
+    def spy_open(s, param=None):
+        src = orig_open(s, param=param)
+        srcs_index[id(src)] = int(param.split("[")[1].rstrip("]"))
+        return src
+
+    monkeypatch.setattr(S, "open_source", spy_open)
+    batches = list(S.decode_image_stream(srcs, batch_size=3, device="cpu"))
+    assert [len(x.images) for x in batches] == [3] * 6
+    assert slow == [[3, 4, 5], [9, 10, 11], [12, 13, 14]]  # chunks 1, 3 and (pause) 4
+    assert fast == [6, 4, 1]  # from chunks 0, 2 and 5
+    assert [(i, e.source) for i, e in batches[1].errors] == [(0, b)]
+    assert [(i, e.source) for i, e in batches[3].errors] == [(1, b)]
+    for k, x in enumerate(batches):
+        for j, im in enumerate(x.images):
+            if srcs[3 * k + j] != b:
+                np.testing.assert_array_equal(im, files["img"])
+
+
 @pytest.mark.gpu
 def test_gpu_stream_matches_cpu(files):
     import cupy

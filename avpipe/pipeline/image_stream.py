@@ -2,7 +2,8 @@
 
 :func:`decode_image_stream` keeps DALI reading and decoding the next batches while the caller
 works on the current one, and hands out views of DALI's buffers (no copies). A batch that fails
-falls back to :func:`avpipe.decoding.image.decode_image_batch` for it and every later batch.
+is decoded by :func:`avpipe.decoding.image.decode_image_batch` (which reports the bad images),
+and the prefetching path starts again after it.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def decode_image_stream(
     one); with an older DALI (or ``AVPIPE_DALI_STREAM_OUTPUTS=0``) the pixels are ready on the
     host instead and asking for the next batch first waits for the work queued on the current
     stream. ``stacked`` is set when a batch's images all have one shape. A batch that fails (a
-    bad image) and every batch after it are decoded again with :func:`decode_image_batch`, so
-    bad images show up in ``errors`` and the rest still come back.
+    bad image) is decoded again with :func:`decode_image_batch`, so bad images show up in
+    ``errors`` and the rest still come back; the prefetching path then starts again after it
+    (after the ``r``-th failure, ``2**(r-1) - 1`` batches later, at most 63).
     A missing path raises ``FileNotFoundError`` before anything is decoded.
     """
     batch_size = pos_int("batch_size", batch_size)
@@ -118,32 +120,69 @@ def _cut_j2k(s) -> bool:
 
 
 def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False, margin=0.0):
+    """The fast path (DALI reading and decoding ahead) over runs of chunks; a chunk that fails
+    there (a bad image) is decoded by :func:`decode_image_batch`, which reports its bad
+    images, and the fast path starts again after it. Each restart builds a pipeline, so the
+    ``r``-th failure sends that chunk and the ``2**(r-1) - 1`` after it (64 in all at most) to
+    the per-batch path: data with many bad images spends its time decoding, not rebuilding."""
     if not chunks:
         return
+    # the fast path never takes a chunk holding a JPEG 2000 cut short (the per-batch path
+    # decodes, and reports, it)
+    cut = [any(_cut_j2k(s) for s in c) for c in chunks]
+    k, failures = 0, 0
+    while k < len(chunks):
+        end = k
+        while end < len(chunks) and not cut[end]:
+            end += 1
+        done = 0
+        if end > k:
+            fast = _fast_run(chunks[k:end], dev, batch_size, exact_jpeg, prefetch, square,
+                             margin)  # fmt: skip
+            try:
+                for batch in fast:
+                    if batch is None:  # the fast path failed at this chunk
+                        break
+                    yield batch
+                    done += 1
+            finally:
+                fast.close()
+        failed = done < end - k
+        k += done
+        if k >= len(chunks):
+            return
+        # a failed chunk (then a pause of the fast path) or a cut JPEG 2000: the per-batch path
+        slow = 1
+        if failed:
+            failures += 1
+            slow = min(2 ** (failures - 1), 64)
+        for chunk in chunks[k : k + slow]:
+            b = decode_image_batch(chunk, device=dev, exact_jpeg=exact_jpeg)
+            yield _center_squares(b, margin) if square else b
+        k += slow
+
+
+def _fast_run(chunks, dev, batch_size, exact_jpeg, prefetch, square, margin):
+    """The chunks' batches from a DALI stream; yields None (and stops) where it fails."""
     idx = dev.index if dev.is_cuda else None
     done = 0
-    # the fast path stops before a batch holding a JPEG 2000 cut short (decoded, and reported,
-    # by the per-batch path below)
-    n_fast = next((k for k, c in enumerate(chunks) if any(_cut_j2k(s) for s in c)), len(chunks))
-    # items DALI cannot even start on (empty / unknown) make the fast path fall back at once
     with dev.activate():
-        paths = [s.path for c in chunks[:n_fast] for s in c]
+        paths = [s.path for c in chunks for s in c]
         try:
-            if not n_fast:
-                raise ValueError("no batch for the fast path")
             with native_stderr():
                 dec = StreamDecoder(
-                    lambda i: _load_chunk(chunks[i]), n_fast, idx, batch_size, exact_jpeg,
+                    lambda i: _load_chunk(chunks[i]), len(chunks), idx, batch_size, exact_jpeg,
                     prefetch, files=paths if all(p is not None for p in paths) else None,
                     square=square, margin=margin,
                 )  # fmt: skip
-        except Exception:  # noqa: BLE001 - no fast path: the per-batch path below
-            dec = None
+        except Exception:  # noqa: BLE001 - no fast path (items DALI cannot start on)
+            yield None
+            return
         cupy = None
         if dev.is_cuda:
             import cupy
         try:
-            while dec is not None and done < n_fast:
+            while done < len(chunks):
                 stream = None
                 if cupy is not None:
                     if dec.stream_outputs:
@@ -160,10 +199,9 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False,
                         outs = dec.run(stream)
                 except StopIteration:
                     break
-                except Exception:  # noqa: BLE001 - a bad image: redo from this batch on
-                    dec.close()
-                    dec = None
-                    break
+                except Exception:  # noqa: BLE001 - a bad image: the caller redoes this chunk
+                    yield None
+                    return
                 items, dense = _dali.views(outs[0], idx)
                 k = len(chunks[done])  # the reader pads the last batch
                 if len(items) > k:
@@ -177,12 +215,8 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False,
                 yield ImageBatch(images=items, errors=(), device=str(dev), stacked=dense,
                                  windows=windows)  # fmt: skip
                 done += 1
-        finally:  # the pipeline's threads and buffers go when the stream ends or is dropped
-            if dec is not None:
-                dec.close()
-    for chunk in chunks[done:]:
-        b = decode_image_batch(chunk, device=dev, exact_jpeg=exact_jpeg)
-        yield _center_squares(b, margin) if square else b
+        finally:  # the pipeline's threads and buffers go when the run ends or is dropped
+            dec.close()
 
 
 def _center_squares(b: ImageBatch, margin: float) -> ImageBatch:
