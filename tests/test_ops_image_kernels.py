@@ -558,3 +558,26 @@ def test_gpu_window_of_the_image_matches_numpy(interp, antialias, monkeypatch):
             got = I.resize_crop_normalize(part, window=(top, left, h, w), **opts)
             _check(got, I.resize_crop_normalize(x, **opts), dtype)
 
+
+
+def test_a_plans_tables_go_up_in_one_copy(fake_cupy, monkeypatch):
+    """A new plan (a random resized crop makes one per clip) costs one host->device copy: the
+    four tables are views of one buffer, equal to the host tables."""
+    copies = []
+    real = _FakeCupy.asarray.__func__
+
+    def counting(cls, a):
+        copies.append(np.asarray(a).shape)
+        return real(cls, a)
+
+    monkeypatch.setattr(_FakeCupy, "asarray", classmethod(counting))
+    for h, w, interp, aa in ((300, 520, "bilinear", True), (91, 67, "bicubic", False)):
+        p = K.plan(h, w, 224, 224, (0, 224), (0, 224), interp, aa)
+        copies.clear()
+        tabs = K._device_tables(_FakeCupy, p, 0)
+        assert len(copies) == 1 and len(copies[0]) == 1  # one flat buffer
+        host = (p.x.table, p.x.weights, p.y.table, p.y.weights)
+        for d, ref in zip(tabs, host):
+            assert d.dtype == ref.dtype and d.shape == ref.shape and d.flags.c_contiguous
+            assert np.asarray(d).tobytes() == ref.tobytes()
+        assert K._device_tables(_FakeCupy, p, 0) is tabs and len(copies) == 1  # cached
