@@ -71,6 +71,39 @@ def test_feed_skips_disposable_packets(files):
     assert scan.disposable.any() and len(feed) < span
 
 
+def _annexb_reference(data, length_size):
+    """to_annexb as the NAL-by-NAL loop it was (one part per NAL unit)."""
+    parts, pos, n = [], 0, len(data)
+    while pos + length_size <= n:
+        size = int.from_bytes(data[pos : pos + length_size], "big")
+        if size <= 0 or pos + length_size + size > n:
+            return None
+        parts.append(b"\x00\x00\x00\x01" + data[pos + length_size : pos + length_size + size])
+        pos += length_size + size
+    if pos != n:
+        return None
+    return b"".join(parts) if parts or length_size == 4 else None
+
+
+def test_annexb_equals_the_nal_by_nal_loop():
+    """One NAL unit, several, none, zero or overrunning prefixes, trailing bytes; bytes,
+    bytearray and memoryview input (the packet path passes views of one file read)."""
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        ls = int(rng.choice([1, 2, 3, 4, 4, 4]))
+        data = b"".join(int(sz).to_bytes(ls, "big") + rng.bytes(int(sz))
+                        for sz in rng.integers(0, 40, int(rng.integers(0, 4))))  # fmt: skip
+        r = rng.random()
+        if r < 0.2 and data:
+            data = data[: int(rng.integers(0, len(data)))]
+        elif r < 0.3:
+            data += rng.bytes(int(rng.integers(1, 6)))
+        want = _annexb_reference(data, ls)
+        for got in (to_annexb(data, ls), to_annexb(bytearray(data), ls),
+                    to_annexb(memoryview(b"xy" + data)[2:], ls)):  # fmt: skip
+            assert got == want and type(got) is type(want), (ls, data)
+
+
 def test_annexb_conversion_and_parameter_sets():
     nal1, nal2 = b"\x65\x88\x84\x00", b"\x06\x05\x01"
     four = len(nal1).to_bytes(4, "big") + nal1 + len(nal2).to_bytes(4, "big") + nal2

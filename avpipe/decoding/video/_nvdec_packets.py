@@ -189,8 +189,9 @@ def packet_feed(path: str, scan: StreamScan, targets):
     if len(span) != hi - lo:
         raise PacketPathError("the file is shorter than its packet index")
     feed = []
+    view = memoryview(span)  # packets as views of the one read: to_annexb copies each once
     for k, a, n in zip(ks, at.tolist(), size.tolist()):
-        data = to_annexb(span[a - lo : a - lo + n], scan.nal_size)
+        data = to_annexb(view[a - lo : a - lo + n], scan.nal_size)
         if data is None:
             raise PacketPathError(f"packet {k}: NAL length prefixes do not add up")
         if not feed:
