@@ -127,9 +127,19 @@ def to_annexb(data: bytes, length_size: int) -> bytes | None:
     """One length-prefixed packet (bytes or any bytes-like, e.g. a memoryview of a larger read) as
     Annex B (start codes); None when its prefixes do not add up."""
     n = len(data)
+    if length_size == 4:  # same length: overwrite the prefixes
+        if n > 4 and int.from_bytes(data[:4], "big") == n - 4:  # one NAL unit (most packets)
+            return b"".join((START_CODE, memoryview(data)[4:]))  # one copy
+        buf = bytearray(data)
+        pos = 0
+        while pos + 4 <= n:
+            size = int.from_bytes(buf[pos : pos + 4], "big")
+            if size <= 0 or pos + 4 + size > n:
+                return None
+            buf[pos : pos + 4] = START_CODE
+            pos += 4 + size
+        return bytes(buf) if pos == n else None
     mv = memoryview(data)
-    if length_size == 4 and n > 4 and int.from_bytes(mv[:4], "big") == n - 4:
-        return b"".join((START_CODE, mv[4:]))  # one NAL unit (most packets): one copy
     parts, pos = [], 0
     while pos + length_size <= n:
         size = int.from_bytes(mv[pos : pos + length_size], "big")
@@ -137,6 +147,4 @@ def to_annexb(data: bytes, length_size: int) -> bytes | None:
             return None
         parts += (START_CODE, mv[pos + length_size : pos + length_size + size])
         pos += length_size + size
-    if pos != n or not (parts or length_size == 4):  # an empty packet: b"" with 4-byte prefixes
-        return None
-    return b"".join(parts)
+    return b"".join(parts) if pos == n and parts else None
