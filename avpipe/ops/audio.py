@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _resample
+from . import _log_mel, _resample
 from ._audio_core import (
     _as_batch,
     _as_lengths,
     _mask_time,
+    _normal,
     dct_matrix,
     dither,
     get_window,
@@ -143,6 +144,17 @@ def log_mel(signals, lengths=None, *, preset="nemo", training=False, sample_rate
     xp, x, _ = _as_batch(signals)
     B, n = x.shape
     lens_host, lens = _as_lengths(xp, lengths, B, n)
+    if xp is not np and _log_mel.supported(cfg, x):  # a GPU: the same steps in few launches
+        hop = cfg.hop_length
+        T = int(stft_frame_lengths([n], n_fft=cfg.n_fft, hop_length=hop, center=cfg.center)[0])
+        T = max(T, int(stft_frame_lengths(lens_host, n_fft=cfg.n_fft, hop_length=hop,
+                                          center=cfg.center).max()))  # fmt: skip
+        if T > 0:
+            noise = _normal(xp, seed, x.shape) if training and cfg.dither > 0 else None
+            fl_host = np.minimum(log_mel_frame_lengths(lens_host, preset=cfg), T)
+            got = _log_mel.log_mel(x, lens_host, fl_host, T, cfg, noise)
+            if got is not None:
+                return got
     if xp is np:
         x = x.astype(np.float64)   # CPU: filter and FFT in float64 (see stft's compute_dtype)
     if training and cfg.dither > 0:

@@ -1,0 +1,135 @@
+"""``log_mel`` on a GPU in a few launches (private; :func:`avpipe.ops.audio.log_mel` calls it).
+
+The array-module code of :mod:`avpipe.ops._audio_core` runs a log-mel batch as about seventy
+cupy operations, each a launch and a Python call: on an H200 the host's time to issue them
+(about 4 ms for 64 utterances) exceeded the GPU's time to run them, and bounded the RNN-T feed.
+Here the same steps run as: one kernel for the windowed frames (dither, preemphasis, centring
+pad and window; ``_log_mel.cu``), cupy's rFFT, one elementwise kernel for ``|X|^2``, one GEMM
+with the mel filterbank, and one kernel for the log, the per-feature normalization, the mask
+past each item's length and the transpose. The array-module code stays the reference (and
+the path for everything this does not cover: reflect padding, other powers, "all_features"
+normalization, float64 input); the two agree within float32 rounding (tests/test_log_mel_
+kernels_cpu.py runs the kernels as C++ against it; the GPU tests compare with the CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import numpy as np
+
+KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_log_mel.cu")
+
+log = logging.getLogger("avpipe")
+_WARNED: list = []
+
+
+def supported(cfg, x) -> bool:
+    """Whether the fused path computes ``cfg`` for the cupy batch ``x``."""
+    return (
+        x.dtype.name == "float32"
+        and x.ndim == 2
+        and x.shape[0] > 0
+        and x.shape[1] > 0
+        and (cfg.pad_mode == "constant" or not cfg.center)
+        and cfg.power in (1, 1.0, 2, 2.0)
+        and cfg.normalize in (None, "per_feature")
+        and int(cfg.norm_ddof) >= 0
+        and cfg.log_guard in ("add", "clamp")
+    )
+
+
+@functools.cache
+def _kernels(device_id: int):
+    """(frames, finish, power) on ``device_id``, or None where they do not compile (warned
+    once; log_mel then runs the array-module code)."""
+    import cupy
+
+    try:
+        with open(KERNEL_FILE) as f, cupy.cuda.Device(device_id):
+            mod = cupy.RawModule(code=f.read())
+            frames = mod.get_function("avpipe_log_mel_frames")
+            finish = mod.get_function("avpipe_log_mel_finish")
+            power = cupy.ElementwiseKernel(
+                "complex64 X, int32 p", "float32 P",
+                "float a = X.real(), b = X.imag();"
+                "P = __fadd_rn(__fmul_rn(a, a), __fmul_rn(b, b));"
+                "if (p == 1) P = sqrtf(P);",
+                "avpipe_log_mel_power")
+            return frames, finish, power
+    except Exception as e:  # noqa: BLE001 - any compile / load failure: the array-module path
+        if not _WARNED:
+            _WARNED.append(True)
+            log.warning("avpipe: log-mel kernels failed to compile (%s: %s); using the slower "
+                        "array-module path", type(e).__name__, e)  # fmt: skip
+        return None
+
+
+@functools.lru_cache(maxsize=16)
+def _tables(device_id, window, win_length, periodic, n_fft, sample_rate, n_mels, fmin, fmax,
+            htk, norm):
+    """The window (float32 [n_fft]) and the transposed filterbank (float32 [F, n_mels]) on
+    the device, built once per configuration."""
+    import cupy
+
+    from ._audio_core import _window_np, mel_filterbank
+
+    w = _window_np(window, win_length, bool(periodic), n_fft).astype(np.float32)
+    fb = mel_filterbank(sample_rate=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin,
+                        fmax=fmax, htk=htk, norm=norm)  # fmt: skip
+    with cupy.cuda.Device(device_id):
+        return cupy.asarray(w), cupy.asarray(np.ascontiguousarray(fb.T))
+
+
+def log_mel(x, lens_host, fl_host, T, cfg, noise):
+    """Features ``[B, n_mels, T_out]`` of the cupy float32 batch ``x [B, n]`` (``lens_host``
+    samples; ``fl_host`` valid frames, at most ``T`` STFT frames; ``noise``: the dither's
+    standard normal draws ``[B, n]`` or None), or None where the kernels are unavailable."""
+    import cupy
+
+    dev = x.device.id
+    ks = _kernels(dev)
+    if ks is None:
+        return None
+    frames_k, finish_k, power_k = ks
+    B, n = x.shape
+    n_fft, hop = int(cfg.n_fft), int(cfg.hop_length)
+    win = n_fft if cfg.win_length is None else int(cfg.win_length)
+    w, fbT = _tables(dev, cfg.window, win, bool(cfg.periodic), n_fft, int(cfg.sample_rate),
+                     int(cfg.n_mels), float(cfg.fmin), cfg.fmax, bool(cfg.mel_htk),
+                     cfg.mel_norm)  # fmt: skip
+    x = cupy.ascontiguousarray(x)
+    meta = cupy.asarray(np.concatenate([np.asarray(lens_host, np.int64),
+                                        np.asarray(fl_host, np.int64)]))  # one copy
+    lens, fl = meta[:B], meta[B:]
+    pad = n_fft // 2 if cfg.center else 0
+    frames = cupy.empty((B, T, n_fft), cupy.float32)
+    total = B * T * n_fft
+    threads = 256
+    has_noise = noise is not None
+    frames_k(((total + threads - 1) // threads,), (threads,),
+             (x, cupy.ascontiguousarray(noise) if has_noise else np.uint64(0),
+              np.float32(cfg.dither if has_noise else 0.0), np.int64(n), lens,
+              np.float32(cfg.preemph if cfg.preemph is not None else 0.0),
+              np.int32(cfg.preemph is not None), w, np.int32(n_fft), np.int32(hop),
+              np.int32(pad), np.int64(T), frames, np.int64(total)))  # fmt: skip
+    X = cupy.fft.rfft(frames, axis=-1)  # [B, T, F] complex64
+    del frames
+    P = power_k(X, np.int32(1 if cfg.power in (1, 1.0) else 2))
+    del X
+    F = P.shape[-1]
+    mel = cupy.matmul(P.reshape(B * T, F), fbT)  # [B * T, n_mels]
+    del P
+    M = mel.shape[1]
+    pad_to = int(cfg.pad_to or 0)
+    T_out = T + ((-T) % pad_to if pad_to > 1 else 0)
+    out = cupy.empty((B, M, T_out), cupy.float32)
+    rows = B * M
+    finish_k(((rows + 127) // 128,), (128,),
+             (mel, np.int64(B), np.int64(T), np.int32(M), fl, np.int32(cfg.log_guard == "add"),
+              np.float32(cfg.log_guard_value), np.int32(cfg.normalize == "per_feature"),
+              np.int32(cfg.norm_ddof), np.float32(cfg.norm_eps), out,
+              np.int64(T_out)))  # fmt: skip
+    return out, fl

@@ -1,0 +1,136 @@
+"""The log-mel kernels (``avpipe/ops/_log_mel.cu``), compiled as plain C++ and run here on the
+CPU, against their numpy reference (the array-module code of ``avpipe.ops._audio_core``): the
+windowed frames equal it exactly (the same float32 operations in the same order), the log +
+per-feature normalization + transpose within float32 rounding of a different summation order.
+The same source compiles for the GPU with nvcc where it is installed; the GPU tests
+(test_ops_audio_gpu.py) run the whole fused path through NVRTC against the CPU and against
+the array-module path on the GPU."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+from cpp_kernels import build, ptx
+
+from avpipe.ops import _audio_core as C
+from avpipe.ops import _log_mel as K
+from avpipe.ops.audio import NEMO
+
+PRELUDE = r"""
+#include <math.h>
+#define __global__
+struct Dim3 { unsigned x; };
+static Dim3 threadIdx, blockIdx, blockDim;
+static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
+static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+static inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
+"""
+
+LAUNCHER = r"""
+extern "C" void frames(long long total, const float* x, const float* noise, float dither,
+        long long n, const long long* lens, float preemph, int has_preemph, const float* window,
+        int n_fft, int hop, int pad, long long T, float* out) {
+    blockDim.x = 1; threadIdx.x = 0;
+    for (long long t = 0; t < total; ++t) { blockIdx.x = (unsigned)t;
+        avpipe_log_mel_frames(x, noise, dither, n, lens, preemph, has_preemph, window, n_fft,
+                              hop, pad, T, out, total); }
+}
+extern "C" void finish(const float* mel, long long B, long long T, int M, const long long* fl,
+        int guard_add, float guard, int norm, int ddof, float eps, float* out, long long T_out) {
+    blockDim.x = 1; threadIdx.x = 0;
+    for (long long r = 0; r < B * M; ++r) { blockIdx.x = (unsigned)r;
+        avpipe_log_mel_finish(mel, B, T, M, fl, guard_add, guard, norm, ddof, eps, out, T_out); }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    with open(K.KERNEL_FILE) as f:
+        return build(PRELUDE + f.read() + LAUNCHER, tmp_path_factory.mktemp("log_mel_kernels"))
+
+
+def _p(a):
+    return ctypes.c_void_p(0 if a is None else a.ctypes.data)
+
+
+def _frames_ref(x, lens, noise, scale, coeff, w, n_fft, hop, pad, T):
+    """The array-module code's frames (float32 throughout, as on a GPU)."""
+    xd = x if noise is None else x + np.float32(scale) * noise
+    xd = C._mask_time(xd, lens).astype(np.float32)
+    y = C.preemphasis(xd, lens, coeff=coeff) if coeff is not None else xd
+    padded = C._pad_items(np, y.astype(np.float32), lens, lens, pad, "constant")
+    return C._frames(np, padded, n_fft, hop, T).astype(np.float32) * w
+
+
+@pytest.mark.parametrize("dither", [False, True])
+@pytest.mark.parametrize("center", [True, False])
+def test_frames_equal_the_reference_exactly(lib, dither, center):
+    rng = np.random.default_rng(1)
+    B, n, n_fft, hop = 4, 3000, 512, 160
+    lens = np.array([3000, 1777, 100, 0])
+    x = rng.standard_normal((B, n)).astype(np.float32)
+    x[1, 1777:] = 9.0  # junk past a length is never read
+    noise = rng.standard_normal((B, n)).astype(np.float32) if dither else None
+    pad = n_fft // 2 if center else 0
+    T = int(C.stft_frame_lengths([n], n_fft=n_fft, hop_length=hop, center=center)[0])
+    w = C._window_np("hann", 400, False, n_fft).astype(np.float32)
+    ref = _frames_ref(x, lens, noise, 1e-5, 0.97, w, n_fft, hop, pad, T)
+    out = np.full((B, T, n_fft), np.nan, np.float32)
+    lens64 = lens.astype(np.int64)
+    lib.frames(ctypes.c_longlong(out.size), _p(x), _p(noise), ctypes.c_float(1e-5),
+               ctypes.c_longlong(n), _p(lens64), ctypes.c_float(0.97), ctypes.c_int(1), _p(w),
+               ctypes.c_int(n_fft), ctypes.c_int(hop), ctypes.c_int(pad), ctypes.c_longlong(T),
+               _p(out))
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("norm,guard", [("per_feature", "add"), (None, "add"),
+                                        ("per_feature", "clamp")])
+def test_finish_equals_log_normalize_and_mask(lib, norm, guard):
+    rng = np.random.default_rng(2)
+    B, T, M, ddof, eps, gv = 5, 70, 80, 1, 1e-5, 2.0**-24
+    mel = (rng.random((B, T, M)) ** 4).astype(np.float32)
+    mel[0, :, 3] = 0.0  # a silent band: the guard
+    fl = np.array([70, 33, 1, 0, 2], np.int64)
+    feats = C.log_guarded(np.ascontiguousarray(mel.transpose(0, 2, 1)), guard=guard,
+                          guard_value=gv)
+    if norm:
+        ref = C.normalize(feats, fl, mode=norm, eps=eps, ddof=ddof)
+        # a constant band (the silent one): (v - mean) / (0 + eps) is the float32 sum's rounding
+        # residue, blown up (here -0.28); the kernel's shifted mean gives the exact 0
+        ref[0, 3] = 0.0
+    else:
+        ref = C._mask_time(feats, fl)
+    T_out = 80  # pad_to: zeros after T
+    out = np.full((B, M, T_out), np.nan, np.float32)
+    lib.finish(_p(mel), ctypes.c_longlong(B), ctypes.c_longlong(T), ctypes.c_int(M), _p(fl),
+               ctypes.c_int(guard == "add"), ctypes.c_float(gv), ctypes.c_int(norm is not None),
+               ctypes.c_int(ddof), ctypes.c_float(eps), _p(out), ctypes.c_longlong(T_out))
+    assert np.all(out[:, :, T:] == 0)
+    np.testing.assert_allclose(out[:, :, :T], ref, rtol=2e-5, atol=2e-5)
+    for b, k in enumerate(fl):  # exactly 0 past each length (a single frame normalizes to 0)
+        assert np.all(out[b, :, k:] == 0)
+    if norm:
+        assert np.all(out[2] == 0)
+        assert np.all(out[0, 3] == 0)  # the silent band: constant, normalized to exactly 0
+
+
+def test_supported_covers_the_nemo_presets_only_where_it_can():
+    x = np.zeros((2, 10), np.float32)
+    assert K.supported(NEMO, x)
+    assert K.supported(NEMO.replace(name="v1", frame_rule="floor_plus_one", pad_to=16), x)
+    assert not K.supported(NEMO.replace(name="r", pad_mode="reflect"), x)
+    assert not K.supported(NEMO.replace(name="a", normalize="all_features"), x)
+    assert not K.supported(NEMO.replace(name="p", power=1.5), x)
+    assert not K.supported(NEMO, x.astype(np.float64))
+    assert not K.supported(NEMO, np.zeros((0, 10), np.float32))
+
+
+def test_kernels_compile_for_the_gpu(tmp_path):
+    with open(K.KERNEL_FILE) as f:
+        text = ptx(f.read(), tmp_path)
+    assert "avpipe_log_mel_frames" in text and "avpipe_log_mel_finish" in text
