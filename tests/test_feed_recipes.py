@@ -486,7 +486,8 @@ def test_stats_say_whether_input_bound():
         pass
     st = feed.stats()
     assert {"read", "decode", "gpu", "wait"} <= set(st)
-    assert st["decode"]["n"] >= 1 and st["read"]["n"] == 6 and st["gpu"]["p50"] is not None
+    # 6 items read in the epoch (and maybe some of the next: the producer runs ahead)
+    assert st["decode"]["n"] >= 1 and st["read"]["n"] >= 6 and st["gpu"]["p50"] is not None
     assert isinstance(st["input_bound"], bool) and "input" in st["verdict"]
 
 

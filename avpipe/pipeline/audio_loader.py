@@ -43,9 +43,45 @@ _RATES = (1000, 768000)  # sample rates outside this are damaged headers, not au
 _SAMPLES_PER_BYTE = 512  # no file holds more samples per byte (FLAC's constant frames: ~400)
 
 
+class _Ring:
+    """The loader's shared ring: an anonymous shared-memory file (``memfd``: sized by memory,
+    not by ``/dev/shm``'s mount) that the workers map through the parent's ``/proc`` entry."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = max(int(nbytes), 1)
+        self.fd = os.memfd_create("avpipe-audio-ring")
+        os.ftruncate(self.fd, self.nbytes)
+        self.mm = mmap.mmap(self.fd, self.nbytes, flags=mmap.MAP_SHARED)
+        self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
+
+    def close(self):
+        try:
+            self.mm.close()
+        except BufferError:  # a caller still holds a view of it: freed when the views go
+            pass
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 def _init_worker(state):
     _WORKER.clear()
-    _WORKER.update(state)
+    fd = os.open(state["ring"], os.O_RDWR)
+    try:
+        mm = mmap.mmap(fd, state["nbytes"], flags=mmap.MAP_SHARED)
+    finally:
+        os.close(fd)
+    _WORKER.update(state, mm=mm)
+
+
+def _context():
+    """Worker processes come from a fork server (a clean single-threaded process), never from a
+    fork of this one: a fork copies whatever locks this process's other threads hold at that
+    instant (a feed's decoding threads, a producer running ahead), and a worker that needs one
+    of them hangs."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["avpipe.pipeline.audio_loader", "soundfile"])
+    return ctx
 
 
 def _plausible(path, info):
@@ -157,14 +193,12 @@ def _decode_into(task):
         return 0, f"{type(e).__name__}: {e}"
 
 
-def _shutdown(pool, mm):
+def _shutdown(pool, ring):
     if pool is not None:
         pool.terminate()
         pool.join()
-    try:
-        mm.close()
-    except BufferError:  # a caller still holds a view of it: the OS frees it at exit
-        pass
+    if ring is not None:
+        ring.close()
 
 
 def _decode_many(tasks):
@@ -193,7 +227,7 @@ class AudioBatchLoader:
 
     ``num_workers`` processes (default: the CPU count), ``prefetch`` batches decoded ahead.
     ``transport``: "int16" (exact for 16-bit PCM sources) or "float32".
-    Create it before heavy GPU work in the process (its workers are forked at construction).
+    Its workers start from a fork server at construction (never forks of this process).
 
     ``decoder``: "cpu" (libsndfile in the worker processes), "gpu" (FLAC frames decoded on the
     GPU, bit-exact to libFLAC: threads only read the files' bytes; any file the GPU does not
@@ -253,7 +287,7 @@ class AudioBatchLoader:
         if decoder == "gpu":
             self._init_gpu(max_samples)
             return
-        ctx = mp.get_context("fork")
+        ctx = _context()
         if max_samples is None:
             with ctx.Pool(min(self.num_workers, 16)) as p:
                 self._take_infos(p.map(_frames_of, self.paths, chunksize=16))
@@ -263,26 +297,29 @@ class AudioBatchLoader:
         self.max_samples = int(max_samples)
         self.n_slots = self.prefetch + 1
         nbytes = self.n_slots * self.batch * self.max_samples * self.dtype.itemsize
-        self._mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED)
-        self._host = np.frombuffer(self._mm, dtype=self.dtype).reshape(
+        # the ring the workers map (they are not forks of this process: _context)
+        self._mm = _Ring(nbytes)
+        count = nbytes // self.dtype.itemsize
+        self._host = np.frombuffer(self._mm.mm, dtype=self.dtype, count=count).reshape(
             self.n_slots, self.batch, self.max_samples
         )
         self._host[:] = 0  # touch every page once, here, in the parent
         self._state = dict(
-            mm=self._mm, dtype=self.dtype, max_samples=self.max_samples, batch=self.batch,
-            sample_rate=self.sample_rate,
+            ring=self._mm.path, nbytes=self._mm.nbytes, dtype=self.dtype,
+            max_samples=self.max_samples, batch=self.batch, sample_rate=self.sample_rate,
         )  # fmt: skip
+        # workers and the shared segment go away with the loader, also without close()
+        self._finalizer = weakref.finalize(self, _shutdown, None, self._mm)
         self._pool = self._new_pool()
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._mm)
         self._registered = False
         self._events = [None] * self.n_slots
-        # workers and the shared buffer go away with the loader, also without close()
-        self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._mm)
 
     def _new_pool(self):
-        """Worker processes forked with this loader's own buffer (the pool's initializer)."""
-        return mp.get_context("fork").Pool(
-            self.num_workers, initializer=_init_worker, initargs=(self._state,)
-        )
+        """Worker processes attached to this loader's own ring (the pool's initializer)."""
+        return _context().Pool(self.num_workers, initializer=_init_worker,
+                               initargs=(self._state,))
 
     def _take_infos(self, infos):
         """Per-file ``(frames, sample rate, channels)`` (frames -1: unreadable) -> ``frames`` and
