@@ -143,7 +143,7 @@ def log_mel(signals, lengths=None, *, preset="nemo", training=False, sample_rate
         )
     xp, x, _ = _as_batch(signals)
     B, n = x.shape
-    lens_host, lens = _as_lengths(xp, lengths, B, n)
+    lens_host, _ = _as_lengths(np, lengths, B, n)
     if xp is not np and _log_mel.supported(cfg, x):  # a GPU: the same steps in few launches
         hop = cfg.hop_length
         T = int(stft_frame_lengths([n], n_fft=cfg.n_fft, hop_length=hop, center=cfg.center)[0])
