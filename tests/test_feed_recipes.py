@@ -540,3 +540,25 @@ def test_video_eval_skips_a_bad_video_view_by_view(tmp_path):
     pairs = [(v, k) for vi, ks in got for v, k in zip(vi, ks)]
     assert sorted(pairs) == [(v, k) for v in range(2) for k in range(3)]
     assert [os.path.basename(p) for p, _ in feed.errors] == ["bad.mp4"] * 3
+
+
+def test_rnnt_collate_takes_the_loaders_batch_only_when_rows_are_its_rows():
+    """The GPU collate uses the loader's padded batch as is only when the values are its rows
+    0..B-1 in order (views); any other list (a refill, a dropped item, host arrays) is copied."""
+    from types import SimpleNamespace
+
+    from avpipe.recipes.rnnt import _rows_of_one_batch
+
+    class Fake:  # the attributes of a cupy array the check reads
+        def __init__(self, base, ptr, shape, strides):
+            self.base, self.data = base, SimpleNamespace(ptr=ptr)
+            self.shape, self.strides, self.ndim = shape, strides, len(shape)
+
+    batch = Fake(None, 1000, (3, 50), (200, 4))
+    rows = [Fake(batch, 1000 + 200 * r, (n,), (4,)) for r, n in enumerate((50, 20, 7))]
+    assert _rows_of_one_batch(rows) is batch
+    assert _rows_of_one_batch(rows[:2]) is None  # not every row
+    assert _rows_of_one_batch([rows[1], rows[0], rows[2]]) is None  # out of order
+    other = Fake(None, 5000, (3, 50), (200, 4))
+    assert _rows_of_one_batch(rows[:2] + [Fake(other, 5400, (7,), (4,))]) is None  # a refill
+    assert _rows_of_one_batch([np.zeros(3)] * 3) is None  # host arrays: always copied

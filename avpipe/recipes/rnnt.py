@@ -284,7 +284,10 @@ class RnntTask(Task):
         xp = self.device.xp
         lens = np.array([int(v.shape[0]) for v in values], np.int64)
         n = int(lens.max()) if len(lens) else 0
-        if any(not isinstance(v, np.ndarray) for v in values):  # GPU rows (+ host refills)
+        whole = None if self.signal_augment else _rows_of_one_batch(values)
+        if whole is not None:  # the loader's padded batch itself: no copy per row
+            x = whole[:, :n]
+        elif any(not isinstance(v, np.ndarray) for v in values):  # GPU rows (+ host refills)
             x = xp.zeros((len(values), n), xp.float32)
             for r, v in enumerate(values):
                 x[r, : v.shape[0]] = xp.asarray(v)
@@ -331,6 +334,22 @@ class RnntTask(Task):
             self._loader = None
         self._loader_tried = False
 
+
+
+def _rows_of_one_batch(values):
+    """The ``[B, m]`` device array whose rows ``0 .. B-1`` begin the values, in order (a batch
+    the loader decoded, every item kept), or None. What lies past a value's length in its row
+    is never read: every step after takes the lengths."""
+    base = getattr(values[0], "base", None) if values else None
+    if base is None or isinstance(base, np.ndarray) or getattr(base, "ndim", 0) != 2 \
+            or base.shape[0] != len(values):
+        return None
+    p0, stride = base.data.ptr, base.strides[0]
+    for r, v in enumerate(values):
+        if getattr(v, "base", None) is not base or v.ndim != 1 or v.strides[0] != base.strides[1] \
+                or v.data.ptr != p0 + r * stride or v.shape[0] > base.shape[1]:
+            return None
+    return base
 
 
 def _peaks(x, lengths):
