@@ -166,8 +166,8 @@ def feeds(args):
     dev = "cpu" if args.cpu else "cuda"
     ns = SimpleNamespace(data=args.data, out=args.out, cpu=args.cpu, threads=16)
     os.makedirs(args.out, exist_ok=True)
-    man = bench_feeds.audio_data(ns)[0]
-    csv = bench_feeds.video_data(ns)[0]
+    man = bench_feeds.audio_data(ns)[0] if "rnnt" in args.parts else None
+    csv = bench_feeds.video_data(ns)[0] if "video" in args.parts else None
     made = {
         "rnnt": lambda: avpipe.recipes.rnnt_feed(man, batch_size=bench_feeds.BATCH, seed=0,
                                                  training=True, device=dev, prefetch=0,
@@ -180,6 +180,8 @@ def feeds(args):
     sync = (lambda: None) if args.cpu else __import__("cupy").cuda.runtime.deviceSynchronize
     out = {}
     for name, make in made.items():
+        if name not in args.parts:
+            continue
         feed = make()
         it = bench_feeds.epochs(feed)
         for _ in range(3):  # warm-up: kernels compiled, loaders started
@@ -219,7 +221,11 @@ def main():
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--feeds", action="store_true")
     ap.add_argument("--batches", type=int, default=30)
+    ap.add_argument("--parts", default="rnnt,video,image",
+                    help="comma-separated: rnnt, video, image (the image part builds DALI "
+                         "pipelines for about 3 minutes)")
     args = ap.parse_args()
+    args.parts = set(args.parts.split(","))
     if args.feeds:
         feeds(args)
         return 0
@@ -229,9 +235,11 @@ def main():
     xp = device.xp
     run, table = timer(xp, args.iters)
     with device.activate():
-        rnnt(args, xp, run)
-        video(args, xp, run, device)
-        if not args.cpu:
+        if "rnnt" in args.parts:
+            rnnt(args, xp, run)
+        if "video" in args.parts:
+            video(args, xp, run, device)
+        if not args.cpu and "image" in args.parts:
             image_rebuild(args, run)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "profile_stages.json")
