@@ -179,6 +179,22 @@ def to_device(x, device: Any = None):
     return to_numpy(x)
 
 
+def upload_many(xp, arrays) -> list:
+    """Host numpy ``arrays`` on ``xp``'s device in one copy: packed into one byte buffer, each at
+    an offset aligned to 8 bytes; returns views of it with the arrays' dtypes and shapes (for
+    kernels' small per-call tables: one transfer instead of one each)."""
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    offs, pos = [], 0
+    for a in arrays:
+        offs.append(pos)
+        pos += -(-a.nbytes // 8) * 8
+    buf = np.zeros(max(pos, 8), np.uint8)
+    for a, o in zip(arrays, offs):
+        buf[o : o + a.nbytes] = a.view(np.uint8).reshape(-1)
+    dev = xp.asarray(buf)
+    return [dev[o : o + a.nbytes].view(a.dtype).reshape(a.shape) for a, o in zip(arrays, offs)]
+
+
 @contextlib.contextmanager
 def stream(device: Any = None, *, non_blocking: bool = True):
     """A CUDA stream for the ``with`` block on ``device`` (a no-op on the CPU).

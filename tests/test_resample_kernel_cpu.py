@@ -104,17 +104,20 @@ def test_block_gemm_equals_phase_by_phase(rates, monkeypatch):
     np.testing.assert_allclose(a, b, atol=2e-6, rtol=0)
 
 
-def test_upload_packs_arrays_at_aligned_offsets():
-    """The GPU runner's one-copy upload (``_upload``), run with numpy as the array module: each
-    array comes back equal, with its dtype, from an offset aligned to 8 bytes."""
+def test_upload_many_packs_arrays_at_aligned_offsets():
+    """The kernels' one-copy upload (``avpipe.device.upload_many``, used by the resampling and
+    resize runners), with numpy as the array module: each array comes back equal, with its
+    dtype and shape, from an offset aligned to 8 bytes, out of one buffer."""
+    from avpipe.device import upload_many
+
     rng = np.random.default_rng(0)
-    arrays = [rng.integers(-9, 9, 5).astype(np.int64), rng.integers(0, 9, 3).astype(np.int32),
+    arrays = [rng.integers(-9, 9, 5).astype(np.int64), rng.integers(0, 9, (3, 2)).astype(np.int32),
               rng.standard_normal(7).astype(np.float32), np.zeros(0, np.int32),
               np.array([2**40], np.int64)]
-    got = R._upload(np, arrays)
+    got = upload_many(np, arrays)
     assert len(got) == len(arrays)
     for a, g in zip(arrays, got):
-        assert g.dtype == a.dtype
+        assert g.dtype == a.dtype and g.shape == a.shape
         np.testing.assert_array_equal(g, a)
         assert g.ctypes.data % 8 == 0 or a.size == 0
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import settings
+from ..device import upload_many
 from . import _image_resize as _rs
 
 log = logging.getLogger("avpipe")
@@ -317,30 +318,12 @@ def _kernels(device_id: int):
         return None
 
 
-def _packed_tables(p: Plan):
-    """The plan's four tables (x table, x weights, y table, y weights) as one int32 buffer (the
-    weights as their float32 bits) and each one's ``(offset, shape, dtype)`` in it: one
-    host-to-device copy per plan (a random resized crop makes a new plan for every clip)."""
-    parts = (p.x.table, p.x.weights, p.y.table, p.y.weights)
-    buf = np.concatenate([np.ascontiguousarray(a).view(np.int32).reshape(-1) for a in parts])
-    layout, off = [], 0
-    for a in parts:
-        layout.append((off, a.shape, a.dtype))
-        off += a.size
-    return buf, layout
-
-
 def _device_tables(cupy, p: Plan, device_id: int):
     key = (p.key, device_id)
     hit = _TABLES.get(key)
     if hit is None:
-        buf, layout = _packed_tables(p)
-        dev = cupy.asarray(buf)  # one copy; the four tables are views of it
-        views = []
-        for o, shape, dt in layout:
-            v = dev[o : o + shape[0] * shape[1]]
-            views.append((v if dt == np.int32 else v.view(dt)).reshape(shape))
-        hit = tuple(views)
+        # one copy per plan (a random resized crop makes one per clip): views of one buffer
+        hit = tuple(upload_many(cupy, (p.x.table, p.x.weights, p.y.table, p.y.weights)))
         if len(_TABLES) > 256:
             _TABLES.clear()
         _TABLES[key] = hit

@@ -28,7 +28,7 @@ import os
 import numpy as np
 
 from .._validate import pos_int
-from ..device import array_module
+from ..device import array_module, upload_many
 
 QUALITIES = {"high": (32, 0.945, 9.0), "fast": (12, 0.90, 7.0)}
 KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_resample.cu")
@@ -228,20 +228,6 @@ def row_args(lens, up, down, new, meta):
             np.array([r[0] for r in rows], np.int64), np.asarray(new, np.int64))
 
 
-def _upload(cupy, arrays):
-    """``arrays`` (host numpy) on the device in one copy: one buffer, each array at an offset
-    aligned to 8 bytes; returns device views of the same dtypes and sizes."""
-    offs, pos = [], 0
-    for a in arrays:
-        offs.append(pos)
-        pos += -(-a.nbytes // 8) * 8
-    buf = np.empty(max(pos, 8), np.uint8)
-    for a, o in zip(arrays, offs):
-        buf[o : o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
-    dev = cupy.asarray(buf)
-    return [dev[o : o + a.nbytes].view(a.dtype) for a, o in zip(arrays, offs)]
-
-
 def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
     """``out [B, width]`` float32 by the kernel (host int64 ``lens``, ``up``, ``down``,
     ``new`` per row; ``x`` a float32 cupy ``[B, n]``)."""
@@ -250,7 +236,7 @@ def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
     pairs = tuple(sorted({(int(u), int(d)) for u, d in zip(up, down)}))
     taps, meta = table(pairs, quality)  # the pairs' taps cached on the host (_taps32)
     # the taps and the seven per-row arrays in one host-to-device copy
-    ln, u, d, half, ktaps, toff, n_out, taps = _upload(
+    ln, u, d, half, ktaps, toff, n_out, taps = upload_many(
         cupy, [*row_args(lens, up, down, new, meta), taps])
     out = cupy.empty((B, int(width)), cupy.float32)
     total = B * int(width)
