@@ -495,3 +495,14 @@ def test_a_dropped_feed_stops_its_producer_ahead():
     gc.collect()
     thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+def test_errors_of_the_epoch_ahead_appear_only_when_it_is_iterated():
+    f = make(20, batch_size=4, task=Synth(bad={0, 1, 2, 3, 5, 8, 13}))
+    epoch_ids(f)
+    n = len(f.errors)
+    assert n == 7
+    time.sleep(0.3)  # the producer has run ahead into epoch 1 (its failures not reported yet)
+    assert len(f.errors) == n
+    epoch_ids(f)
+    assert len(f.errors) == 2 * n  # each failure once per epoch

@@ -690,9 +690,10 @@ def _batches(feed, pos, shared):
             # the group was pulled before later replacements were taken: keep its live prefix
             planned = live(s)
             good_ids, good_vals = [], []
+            failed = []  # (path, message): reported when the consumer takes this batch
             for i, v in zip(planned, group_vals):
                 if isinstance(v, BaseException):
-                    _fail(feed, i, v)
+                    _fail(feed, i, v, failed)
                 else:
                     good_ids.append(i)
                     good_vals.append(v)
@@ -717,7 +718,7 @@ def _batches(feed, pos, shared):
                     vals = task.decode_items(cand)
                 for (i, _), v in zip(cand, vals):
                     if isinstance(v, BaseException):
-                        _fail(feed, i, v)
+                        _fail(feed, i, v, failed)
                     else:
                         good_ids.append(i)
                         good_vals.append(v)
@@ -741,7 +742,7 @@ def _batches(feed, pos, shared):
             batch = Batch(**fields, ids=np.array(good_ids, np.int64), epoch=epoch, step=s)
             after = {"epoch": epoch, "step": s + 1, "borrowed": state["borrowed"],
                      "rebase": rebase}
-            yield ("batch", batch, after, event, gpu_timing)
+            yield ("batch", batch, after, event, gpu_timing, failed)
         yield ("end", {"epoch": epoch})
     finally:
         close = getattr(decoded, "close", None)
@@ -749,14 +750,15 @@ def _batches(feed, pos, shared):
             close()
 
 
-def _fail(feed, i, exc):
+def _fail(feed, i, exc, failed):
+    """Item ``i`` failed: raise (``on_error="raise"``) or note it in ``failed``, the batch's
+    list, which goes into ``feed.errors`` when the consumer takes the batch (so a producer
+    running ahead into the next epoch reports nothing before that epoch is iterated)."""
     it = feed.items[i]
     path = getattr(it, "path", str(it))
     if feed.on_error == "raise":
         raise exc
-    msg = f"{type(exc).__name__}: {exc}"
-    with feed._lock:
-        feed.errors.append((path, msg))
+    failed.append((path, f"{type(exc).__name__}: {exc}"))
 
 
 class _EpochIterator:
@@ -835,7 +837,10 @@ class _EpochIterator:
                 raise StopIteration
             self._finish()
             raise StopIteration
-        _, batch, after, event, gpu_timing = msg
+        _, batch, after, event, gpu_timing, failed = msg
+        if failed:
+            with feed._lock:
+                feed.errors.extend(failed)
         if event is not None:
             self._held = [getattr(batch, k, None) for k in feed.task.array_fields]
             self._wait_on(event)
