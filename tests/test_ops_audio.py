@@ -385,3 +385,15 @@ def test_ops_all_lists_every_public_name_once():
     assert avpipe.ops.Chain is AA.Chain is IA.Chain
     with pytest.raises(AttributeError, match="ambiguous"):
         avpipe.ops.normalize  # noqa: B018
+
+
+def test_log_mel_frame_lengths_on_the_host_equal_log_mels():
+    """log_mel_frame_lengths(..., frames=T) is log_mel's frame_lengths, computed on the host."""
+    rng = np.random.default_rng(4)
+    lens = np.array([16000, 12345, 159, 0])
+    x = rng.standard_normal((4, 16000)).astype(np.float32)
+    for preset in ("nemo", "nemo_v1", "mlperf_rnnt"):
+        feats, fl = A.log_mel(x, lens, preset=preset)
+        got = A.log_mel_frame_lengths(lens, preset=preset, frames=feats.shape[-1])
+        np.testing.assert_array_equal(got, fl)
+    assert A.log_mel_frame_lengths([1600, 800], preset="nemo", frames=6).tolist() == [6, 5]

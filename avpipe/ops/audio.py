@@ -98,8 +98,10 @@ def _resolve_preset(preset):
         ) from None
 
 
-def log_mel_frame_lengths(lengths, *, preset="nemo"):
-    """Valid frames per item for ``lengths`` samples under ``preset`` (host int64 numpy)."""
+def log_mel_frame_lengths(lengths, *, preset="nemo", frames=None):
+    """Valid frames per item for ``lengths`` samples under ``preset`` (host int64 numpy):
+    :func:`log_mel`'s ``frame_lengths``, computed on the host. ``frames``: the features' frame
+    count ``T`` (no item gets more), as ``log_mel`` clips them."""
     cfg = _resolve_preset(preset)
     n = np.asarray(lengths, dtype=np.int64)
     hop = cfg.hop_length
@@ -113,6 +115,8 @@ def log_mel_frame_lengths(lengths, *, preset="nemo"):
         raise ValueError(f"frame_rule must be 'floor_plus_one', 'ceil' or 'floor', got {cfg.frame_rule!r}")
     if not cfg.center:
         fl = np.minimum(fl, stft_frame_lengths(n, n_fft=cfg.n_fft, hop_length=hop, center=False))
+    if frames is not None:
+        fl = np.minimum(fl, int(frames))
     return np.where(n > 0, fl, 0)
 
 
@@ -151,7 +155,7 @@ def log_mel(signals, lengths=None, *, preset="nemo", training=False, sample_rate
                                           center=cfg.center).max()))  # fmt: skip
         if T > 0:
             noise = _normal(xp, seed, x.shape) if training and cfg.dither > 0 else None
-            fl_host = np.minimum(log_mel_frame_lengths(lens_host, preset=cfg), T)
+            fl_host = log_mel_frame_lengths(lens_host, preset=cfg, frames=T)
             got = _log_mel.log_mel(x, lens_host, fl_host, T, cfg, noise)
             if got is not None:
                 return got
@@ -169,8 +173,7 @@ def log_mel(signals, lengths=None, *, preset="nemo", training=False, sample_rate
     mel = mel_spectrogram(spec, filterbank=fb)
     del spec
     feats = log_guarded(mel, guard=cfg.log_guard, guard_value=cfg.log_guard_value)
-    fl_host = log_mel_frame_lengths(lens_host, preset=cfg)
-    fl_host = np.minimum(fl_host, feats.shape[-1])
+    fl_host = log_mel_frame_lengths(lens_host, preset=cfg, frames=feats.shape[-1])
     fl = xp.asarray(fl_host)
     if cfg.normalize:
         feats = normalize(feats, fl_host, mode=cfg.normalize, eps=cfg.norm_eps, ddof=cfg.norm_ddof)

@@ -582,7 +582,7 @@ def spec_augment(features, lengths=None, *, freq_masks=2, freq_width=27, time_ma
     # drawn on the host (the same draws as on the device: ops.random), applied on the device
     # with the few parameters copied once
     params = sample_spec_augment_params(
-        seed, epoch, as_ids(None if ids is None else host(ids), B, np), lens, F,
+        seed, epoch, _host_ids(features, ids), lens, F,
         freq_masks=freq_masks, freq_width=freq_width, time_masks=time_masks,
         time_width=time_width, adaptive_time_masks=adaptive_time_masks, xp=np)  # fmt: skip
     out = apply_spec_augment(features, lens, params, mask_value=mask_value)
@@ -770,8 +770,8 @@ class LogMel(Augment):
         feats, fl = log_mel(x, lens, preset=self.preset)
         if _on_host(lens):  # frame lengths where the lengths were: the next op reads them
             n = np.full(1 if x.ndim == 1 else x.shape[0], x.shape[-1]) if lens is None else lens
-            fl = np.minimum(log_mel_frame_lengths(np.asarray(n).reshape(-1),
-                                                  preset=self.preset), feats.shape[-1])
+            fl = log_mel_frame_lengths(np.asarray(n).reshape(-1), preset=self.preset,
+                                       frames=feats.shape[-1])
         return feats, fl
 
 

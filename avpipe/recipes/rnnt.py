@@ -310,8 +310,8 @@ class RnntTask(Task):
             if self.training and self.spec_augment is not None:
                 # the frame lengths from the host lengths (log_mel's rule): no wait on the
                 # device for its copy of them
-                fl_host = np.minimum(log_mel_frame_lengths(lens, preset=self.preset),
-                                     feats.shape[-1])
+                fl_host = log_mel_frame_lengths(lens, preset=self.preset,
+                                                frames=feats.shape[-1])
                 feats = _aug.spec_augment(feats, fl_host, seed=self.seed, epoch=epoch, ids=ids,
                                           **self.spec_augment)
         else:
