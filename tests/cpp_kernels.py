@@ -9,6 +9,15 @@ import subprocess
 
 import pytest
 
+# C++ stand-ins for what a kernel launched one thread per block needs (the launchers set
+# blockIdx.x in a loop): the prelude of the one-thread-per-element kernels' CPU tests
+ELEMENTWISE_PRELUDE = r"""
+#include <math.h>
+#define __global__
+struct Dim3 { unsigned x; };
+static Dim3 threadIdx, blockIdx, blockDim;
+"""
+
 
 def build(source: str, folder, *, flags=()):
     """``source`` (C++: a prelude standing in for CUDA's keywords, the kernels, extern "C"

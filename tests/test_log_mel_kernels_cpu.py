@@ -12,17 +12,13 @@ import ctypes
 
 import numpy as np
 import pytest
-from cpp_kernels import build, ptx
+from cpp_kernels import ELEMENTWISE_PRELUDE, build, ptx
 
 from avpipe.ops import _audio_core as C
 from avpipe.ops import _log_mel as K
 from avpipe.ops.audio import NEMO
 
-PRELUDE = r"""
-#include <math.h>
-#define __global__
-struct Dim3 { unsigned x; };
-static Dim3 threadIdx, blockIdx, blockDim;
+PRELUDE = ELEMENTWISE_PRELUDE + r"""
 static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
 static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }

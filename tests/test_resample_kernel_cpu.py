@@ -9,15 +9,11 @@ import ctypes
 
 import numpy as np
 import pytest
-from cpp_kernels import build, ptx
+from cpp_kernels import ELEMENTWISE_PRELUDE, build, ptx
 
 from avpipe.ops import _resample as R
 
-PRELUDE = r"""
-#define __global__
-struct Dim3 { unsigned x; };
-static Dim3 threadIdx, blockIdx, blockDim;
-"""
+PRELUDE = ELEMENTWISE_PRELUDE
 
 LAUNCHER = r"""
 extern "C" void run(long long total, const float* x, long long n_in, const long long* lens,
