@@ -85,3 +85,33 @@ def test_bitflipped_hevc_then_good_files(tmp_path, packets):
     goods = [ln for ln in lines if " " + str(tmp_path / "g26") in ln]
     assert len(goods) == 2 * len(flips), lines
     assert all(ln.startswith("ok ") and "backend=nvdec" in ln for ln in goods), goods
+
+
+def test_mislabelled_frames_session_is_not_reused(tmp_path):
+    """The fuzz corpus's case h264_mp4-0022 (seed 11): its H.264 seed with 359 bytes zeroed at
+    byte 2195. PyNvVideoCodec's SimpleDecoder prints "Decode Error occurred for picture N" on it
+    and labels a frame wrongly (that frame is decoded on the CPU). That session, cached and
+    reconfigured for the feed's next file, crashed the process (SIGSEGV). Run as the fuzz
+    harness runs it: one video feed epoch over [damaged, clean], in its own process."""
+    sys.path.insert(0, HERE)
+    from fuzz import corpus
+
+    seeds = corpus.make_seeds(tmp_path / "seeds")
+    data = bytearray(open(seeds["h264_mp4"], "rb").read())
+    data[2195 : 2195 + 359] = bytes(359)
+    bad = tmp_path / "zero_fill.mp4"
+    bad.write_bytes(bytes(data))
+    case = dict(id="zero_fill", family="h264_mp4", kind="video", path=str(bad),
+                damage="zero_fill", detail="at=2195 len=359", expect="any")  # fmt: skip
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from fuzz import harness; "
+        "print(harness.run_feed_unit('video_feed_cuda', [eval(sys.argv[2])], "
+        "{'h264_mp4': sys.argv[3]}), flush=True); print('DONE', flush=True)"
+    )
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([ROOT, e.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", code, HERE, repr(case), seeds["h264_mp4"]],
+                       capture_output=True, text=True, timeout=240, env=e)  # fmt: skip
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert r.stdout.splitlines()[-1] == "DONE", r.stdout[-3000:]
+    assert "'outcome': 'decoded" in r.stdout or "'outcome': 'skipped'" in r.stdout, r.stdout

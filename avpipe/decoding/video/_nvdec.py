@@ -306,6 +306,7 @@ class NvdecBackend:
         if missing is None:
             with cupy.cuda.Device(self.device.index), self._stream:
                 frames, missing = self._batch(list(targets))
+                mislabelled = False
                 if self._packet_failure is not None:  # the SimpleDecoder serves what it did not
                     _packet_path_failed(self.scan.source_name, self._packet_failure)
                     self._packet_failure = None
@@ -315,9 +316,21 @@ class NvdecBackend:
                         self._pts_offset = "none"  # no pts exposed: trust its index
                     if not self._pts_ok(got, int(t)):
                         missing.append(t)
+                        mislabelled = True
                         continue
                     self._write(fr, rows, output, chw, out)
                 self._stream.synchronize()  # frames' surfaces are reused by the next call
+                if mislabelled and self.scan.codec != "mjpeg":
+                    # the session handed out a wrong picture: it met bad data (PyNvVideoCodec
+                    # then prints "Decode Error occurred for picture N" and goes on). Such a
+                    # session, cached and reconfigured for the next file, has crashed the
+                    # process (SIGSEGV, a damaged H.264 MP4 then any file): never reused. (A
+                    # tail PyNvVideoCodec refused to seek to was refused by a session already
+                    # dropped, see _batch; the fresh one that served the rest is healthy.)
+                    # MJPEG is left out: its pictures are independent, and its sessions
+                    # mislabel frames of clean AVI files; dropping them made which frames NVDEC
+                    # serves (and which the CPU) differ from one open of a file to the next.
+                    self._drop_failed()
         if missing:
             self.pts_mismatches += len(missing)
             log.warning(
