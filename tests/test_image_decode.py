@@ -339,6 +339,53 @@ def test_gpu_bad_file_is_typed_and_batch_survives(files, tmp_path):
     assert res.images[0] is not None and res.images[2] is not None
 
 
+def _png_with_bad_idat(path, out):
+    """A PNG whose header parses but whose pixel data (IDAT) is garbage with a wrong CRC: it
+    reaches the decoder and fails there."""
+    data = bytearray(open(path, "rb").read())
+    at = data.index(b"IDAT")
+    n = int.from_bytes(data[at - 4 : at], "big")
+    data[at + 4 : at + 4 + n] = np.random.default_rng(3).integers(0, 256, n, np.uint8).tobytes()
+    out.write_bytes(bytes(data))
+    return str(out)
+
+
+def test_png_with_bad_idat_fails_on_the_cpu(files, tmp_path):
+    bad = _png_with_bad_idat(files["png"], tmp_path / "idat.png")
+    res = decode_image_batch([files["png"], bad, files["png"]], device="cpu")
+    assert [i for i, _ in res.errors] == [1]
+    assert isinstance(res.errors[0][1], CorruptDataError) and "PNG" in str(res.errors[0][1])
+
+
+@pytest.mark.gpu
+def test_gpu_bad_images_keep_the_decoder(files, tmp_path, capfd):
+    """A bad image on the GPU costs one failed decode: the decoder is kept (not rebuilt), the
+    images around it decode as the CPU decodes them, and the error is a sentence naming the
+    file, with the decoder's own lines in it instead of on stderr."""
+    import cupy
+
+    from avpipe.decoding.image import _nvimgcodec
+
+    bad = _png_with_bad_idat(files["png"], tmp_path / "idat.png")
+    junk = tmp_path / "junk.png"  # a PNG signature, then nothing that parses
+    junk.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40 + b"IEND")
+    srcs = [files["jpg"], bad, files["png"], str(junk), files["tif"]]
+    ref = avpipe.decode_images(srcs, device="cpu", on_error="skip")
+    decode_image_batch([files["jpg"]], device="cuda")
+    decoders = list(_nvimgcodec._CACHE.values())
+    capfd.readouterr()
+    for _ in range(3):
+        res = decode_image_batch(srcs, device="cuda")
+        assert [i for i, _ in res.errors] == [1, 3]
+        for i, e in res.errors:
+            assert isinstance(e, CorruptDataError) and e.source == srcs[i] and "PNG" in str(e)
+        for k in (0, 2, 4):
+            got = cupy.asnumpy(res.images[k])
+            assert np.abs(got.astype(int) - ref[k]).max() <= GPU_JPEG_TOL
+    assert list(_nvimgcodec._CACHE.values()) == decoders  # nothing was rebuilt
+    assert "png" not in capfd.readouterr().err.lower()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("load", ["0", "0.5", "1"])
 def test_gpu_jpeg_hardware_share_matches_cpu(tmp_path, monkeypatch, load):

@@ -66,6 +66,8 @@ def decode_image_stream(
     bad image) is decoded again with :func:`decode_image_batch`, so bad images show up in
     ``errors`` and the rest still come back; the prefetching path then starts again after it
     (after the ``r``-th failure, ``2**(r-1) - 1`` batches later, at most 63).
+    On a GPU a stream of one batch has nothing to read ahead: it is decoded by
+    :func:`decode_image_batch` (its own arrays; no pipeline to build, about 2 s).
     A missing path raises ``FileNotFoundError`` before anything is decoded.
     """
     batch_size = pos_int("batch_size", batch_size)
@@ -126,6 +128,11 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False,
     ``r``-th failure sends that chunk and the ``2**(r-1) - 1`` after it (64 in all at most) to
     the per-batch path: data with many bad images spends its time decoding, not rebuilding."""
     if not chunks:
+        return
+    if dev.is_cuda and len(chunks) == 1:
+        # one batch: nothing to read ahead, so no stream pipeline to build (~2 s on a GPU)
+        b = decode_image_batch(chunks[0], device=dev, exact_jpeg=exact_jpeg)
+        yield _center_squares(b, margin) if square else b
         return
     # the fast path never takes a chunk holding a JPEG 2000 cut short (the per-batch path
     # decodes, and reports, it)
@@ -231,4 +238,11 @@ def _center_squares(b: ImageBatch, margin: float) -> ImageBatch:
         top, left, ch, cw = square_window(h, w, margin)
         out.append(im[top : top + ch, left : left + cw])
         windows.append((top, left, h, w))
-    return ImageBatch(images=out, errors=b.errors, device=b.device, windows=tuple(windows))
+    stacked = None
+    if b.stacked is not None and len(set(windows)) == 1:  # one box for all: a view of the stack
+        top, left, h, w = windows[0]
+        _, _, ch, cw = square_window(h, w, margin)
+        stacked = b.stacked[:, top : top + ch, left : left + cw]
+        out = [stacked[i] for i in range(len(out))]
+    return ImageBatch(images=out, errors=b.errors, device=b.device, stacked=stacked,
+                      windows=tuple(windows))  # fmt: skip

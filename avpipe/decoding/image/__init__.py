@@ -1,9 +1,9 @@
-"""Still-image decoding through DALI (nvImageCodec).
+"""Still-image decoding: nvImageCodec on a GPU, DALI's CPU decoders on the CPU.
 
-On a GPU (``device="cuda"``) DALI's ``"mixed"`` decoder uses nvJPEG (with the hardware JPEG
-engine where the GPU has one), nvJPEG2000 and nvTIFF; on the CPU its CPU decoders
-(libjpeg-turbo, libpng, libtiff, OpenJPEG, libwebp, ...). Formats: JPEG, PNG, TIFF, JPEG 2000,
-BMP, WebP, PNM.
+On a GPU (``device="cuda"``) nvImageCodec (the library inside DALI's ``"mixed"`` decoder, called
+directly: ``_nvimgcodec.py`` says why) uses nvJPEG (with the hardware JPEG engine where the GPU
+has one), nvJPEG2000 and nvTIFF; on the CPU DALI's CPU decoders (libjpeg-turbo, libpng,
+libtiff, OpenJPEG, libwebp, ...). Formats: JPEG, PNG, TIFF, JPEG 2000, BMP, WebP, PNM.
 
 Output is always ``[H, W, 3]`` uint8 RGB:
 
@@ -13,16 +13,18 @@ Output is always ``[H, W, 3]`` uint8 RGB:
 * EXIF orientation is honoured (the pixels come back upright, as
   ``PIL.ImageOps.exif_transpose`` gives them).
 
-Decoding is batched: one DALI pipeline per (device, batch capacity, ROI or not) is built once and
-fed through ``fn.external_source``. With ``roi=`` each image is decoded only inside its box
-(``fn.decoders.image_slice``: nvJPEG and libjpeg-turbo skip the rest of the picture).
+Decoding is batched. On the CPU one DALI pipeline per (batch capacity, ROI or not) is built once
+and fed through ``fn.external_source``; with ``roi=`` each image is decoded only inside its box
+(``fn.decoders.image_slice``: libjpeg-turbo skips the rest of the picture). On a GPU one
+nvImageCodec decoder per GPU decodes each batch; a box is cut from the decoded picture.
 
 Errors: a missing path raises ``FileNotFoundError``; unrecognised bytes raise
 :class:`~avpipe.errors.UnsupportedFormatError`, empty, truncated or corrupt images
-:class:`~avpipe.errors.CorruptDataError` — both name the file. DALI fails a whole batch when one
-image is bad, so a failed batch is decoded again item by item to find the culprits; with
-``on_error="skip"`` the good images still come back (``None`` in place of each bad one) and
-:func:`decode_image_batch` reports the errors.
+:class:`~avpipe.errors.CorruptDataError` — both name the file. nvImageCodec marks each image it
+cannot decode and goes on; DALI (the CPU path) fails a whole batch when one image is bad, so a
+failed batch is decoded again item by item to find the culprits. With ``on_error="skip"`` the
+good images still come back (``None`` in place of each bad one) and :func:`decode_image_batch`
+reports the errors.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from ..._source import open_source
 from ..._validate import check_on_error
 from ...device import Device, gpu_available, resolve_device
 from ...errors import CorruptDataError, DecodeError, UnsupportedFormatError
-from . import _dali
+from . import _dali, _nvimgcodec
 
 __all__ = [
     "decode_images",
@@ -264,11 +266,10 @@ def _check_rois(rois, n):
 
 
 def _run(dev: Device, encoded: list, rois, fancy: bool = True):
-    """Decode one chunk; returns (list of arrays, stacked or None). Raises DALI's error."""
-    idx = dev.index if dev.is_cuda else None
+    """Decode one chunk on the CPU (DALI); returns (list of arrays, None). Raises DALI's error."""
     use_roi = rois is not None
     cap = _dali.capacity_for(len(encoded), MAX_BATCH)
-    dec = _dali.get(idx, cap, use_roi, fancy)
+    dec = _dali.get(None, cap, use_roi, fancy)
     try:
         with native_stderr() as log:
             try:
@@ -282,10 +283,87 @@ def _run(dev: Device, encoded: list, rois, fancy: bool = True):
         except AttributeError:
             pass
         raise
-    if dev.is_cuda:
-        return _dali.to_cupy_list(out, dev.index)
-    items = _dali.to_host_list(out)
-    return items, None
+    return _dali.to_host_list(out), None
+
+
+class _NotDecoded(RuntimeError):
+    """nvImageCodec returned no image (it says why only on stderr: ``native_log``)."""
+
+
+def _clip_box(box, h: int, w: int):
+    """``(top, left, height, width)`` clipped to an ``h x w`` picture, as DALI's slice does it:
+    the corner inside the picture, at least one pixel."""
+    top, left = min(box[0], h - 1), min(box[1], w - 1)
+    return top, left, max(min(box[2], h - top), 1), max(min(box[3], w - left), 1)
+
+
+def _gpu_chunk(dev: Device, chunk, datas, srcs, rois, fancy, images, errors):
+    """Decode one chunk with nvImageCodec on the GPU: a bad image is ``None`` in its result, and
+    the decoder stays usable (no rebuild); each failed one is decoded once more alone, to put
+    the decoder's own words for it into its error. Fills ``images``/``errors``; returns the
+    chunk stacked ``[N, H, W, 3]`` when every image decoded with one shape (the images are views
+    of it), else None (each image its own array)."""
+    import cupy
+
+    load = _dali.hw_decoder_load()
+    cuda_stream = cupy.cuda.get_current_stream().ptr
+    arrays = [np.frombuffer(datas[i], np.uint8) for i in chunk]
+    parsed, where, failed = [], [], {}
+    with native_stderr() as log:
+        dec = _nvimgcodec.get(dev.index, fancy, load)  # its set-up warnings stay off stderr
+        for j, a in enumerate(arrays):
+            try:
+                parsed.append(dec.code_stream(a))
+                where.append(j)
+            except Exception as e:  # noqa: BLE001 - nvImageCodec raises RuntimeError
+                failed[j] = e
+        try:
+            outs = dec.decode(parsed, cuda_stream) if parsed else []
+        except Exception:  # noqa: BLE001 - the whole call refused: each alone below
+            outs = [None] * len(parsed)
+    got = {}
+    for j, img in zip(where, outs):
+        if img is None:
+            failed.setdefault(j, None)
+        else:
+            got[j] = img
+    for j in sorted(failed):
+        if failed[j] is None:  # decode it alone: its own native lines and exception, if any
+            with native_stderr() as log:
+                try:
+                    img = dec.decode([parsed[where.index(j)]], cuda_stream)[0]
+                    err = None if img is not None else _NotDecoded("nvImageCodec: not decoded")
+                except Exception as e:  # noqa: BLE001
+                    img, err = None, e
+            if img is not None:  # decoded alone after all
+                got[j] = img
+                continue
+            failed[j] = err
+        e = failed[j]
+        try:
+            e.native_log = log[0] if log else ""
+        except AttributeError:
+            pass
+        i = chunk[j]
+        errors.append((i, _classify(srcs[i].name, datas[i], e)))
+    views = {}
+    for j, img in got.items():
+        a = _nvimgcodec.to_cupy(img)
+        if rois is not None:
+            top, left, h, w = _clip_box(rois[j], a.shape[0], a.shape[1])
+            a = a[top : top + h, left : left + w]
+        views[j] = a
+    shapes = {tuple(a.shape) for a in views.values()}
+    if len(views) == len(chunk) and len(shapes) == 1:
+        dense = cupy.empty((len(chunk), *shapes.pop()), cupy.uint8)
+        for j, a in views.items():
+            dense[j] = a
+        for j, i in enumerate(chunk):
+            images[i] = dense[j]
+        return dense
+    for j, a in views.items():
+        images[chunk[j]] = a.copy()  # its own C-ordered array, free of the decoder's Image
+    return None
 
 
 def decode_image_batch(
@@ -338,16 +416,19 @@ def decode_image_batch(
     with dev.activate():
         for c0 in range(0, len(todo), MAX_BATCH):
             chunk = todo[c0 : c0 + MAX_BATCH]
-            enc = [np.frombuffer(datas[i], np.uint8) for i in chunk]
             crs = None
             if rois is not None:
                 crs = [rois[i] if rois[i] is not None else (0, 0, 1 << 30, 1 << 30) for i in chunk]
-            try:
-                items, dense = _run(dev, enc, crs, exact_jpeg)
-                for i, a in zip(chunk, items):
-                    images[i] = a
+            if dev.is_cuda:
+                dense = _gpu_chunk(dev, chunk, datas, srcs, crs, exact_jpeg, images, errors)
                 if len(chunk) == len(srcs):
                     stacked = dense
+                continue
+            enc = [np.frombuffer(datas[i], np.uint8) for i in chunk]
+            try:
+                items, _ = _run(dev, enc, crs, exact_jpeg)
+                for i, a in zip(chunk, items):
+                    images[i] = a
             except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError
                 if len(chunk) == 1:  # the culprit is known: no second decode of bad data
                     errors.append((chunk[0], _classify(srcs[chunk[0]].name, datas[chunk[0]], e)))
