@@ -389,6 +389,18 @@ def mel_filterbank(*, sample_rate=16000, n_fft=512, n_mels=80, fmin=0.0, fmax=No
     return _mel_fb_np(sample_rate, n_fft, n_mels, float(fmin), fmax, bool(htk), norm).astype(dtype)
 
 
+def _weights_times(xp, w, s):
+    """``w[None] @ s`` (``[K, F] x [B, F, T] -> [B, K, T]``) float32, the same whatever the
+    number of BLAS threads. OpenBLAS sums in an order that depends on its thread count (a
+    float32 product differs by ~1e-7 between 1 and 2 threads), and extraction must write the
+    same bytes in any process (``--engine ray`` workers run one BLAS thread). On the CPU the
+    product is taken in float64, where the orders agree to ~1e-16, then rounded to float32.
+    cupy's matmul does not depend on threads: float32 there."""
+    if xp is np:
+        return np.matmul(w.astype(np.float64)[None], s.astype(np.float64)).astype(np.float32)
+    return xp.matmul(w[None], s)
+
+
 def mel_spectrogram(power_spec, frame_lengths=None, *, filterbank=None, sample_rate=16000,
                     n_mels=80, fmin=0.0, fmax=None, htk=False, norm="slaney"):
     """Mel energies ``filterbank @ power_spec``: ``[B, F, T] -> [B, n_mels, T]`` float32."""
@@ -399,7 +411,7 @@ def mel_spectrogram(power_spec, frame_lengths=None, *, filterbank=None, sample_r
     fb = xp.asarray(fb, dtype=xp.float32)
     if fb.shape[1] != s.shape[1]:
         raise ValueError(f"filterbank has {fb.shape[1]} bins, power_spec {s.shape[1]}")
-    out = xp.matmul(fb[None], s)
+    out = _weights_times(xp, fb, s)
     if frame_lengths is not None:
         _, fl = _as_lengths(xp, frame_lengths, out.shape[0], out.shape[2], "frame_lengths")
         out = _mask_time(out, fl)
@@ -472,7 +484,7 @@ def mfcc(log_mel_db, frame_lengths=None, *, n_mfcc=20, norm="ortho"):
     """
     xp, s, single = _as_batch3(log_mel_db, "log_mel_db", "n_mels, T")
     D = xp.asarray(dct_matrix(n_mfcc, s.shape[1], norm=norm))
-    out = xp.matmul(D[None], s)
+    out = _weights_times(xp, D, s)
     if frame_lengths is not None:
         _, fl = _as_lengths(xp, frame_lengths, out.shape[0], out.shape[2], "frame_lengths")
         out = _mask_time(out, fl)
