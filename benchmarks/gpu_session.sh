@@ -10,6 +10,8 @@
 #   bash benchmarks/gpu_session.sh feedprof   # the RNN-T and video feeds run synchronously under
 #                                             # cProfile              -> $OUT/profile_feeds_*.txt
 #   bash benchmarks/gpu_session.sh quicktests # the gpu tests without the fuzz runs (first: fast)
+#   bash benchmarks/gpu_session.sh fuzztests  # the fuzz-marked gpu tests (quicktests + fuzztests
+#                                             # = every gpu test, in two calls) -> $OUT/gpu_fuzz_tests.log
 #   bash benchmarks/gpu_session.sh reliability  # gpu tests, the full GPU fuzz corpus and a GPU
 #                                             # soak (SOAK_MIN minutes), all three at once (on
 #                                             # 2026-12-01 this took 590 s and finished none)
@@ -46,6 +48,9 @@ for step in "$@"; do
       python3 -m avpipe info 2>&1 | tee "$OUT/info.txt"
       python3 -m pytest -m "gpu and not fuzz" -v -rfE --durations=15 -p no:cacheprovider tests \
         >"$OUT/gpu_tests.log" 2>&1; grep -E "^(FAILED|ERROR)| passed| failed" "$OUT/gpu_tests.log" | tail -30 ;;
+    fuzztests)
+      python3 -m pytest -m "gpu and fuzz" -v -rfE --durations=5 -p no:cacheprovider tests \
+        >"$OUT/gpu_fuzz_tests.log" 2>&1; grep -E "^(FAILED|ERROR)| passed| failed" "$OUT/gpu_fuzz_tests.log" | tail -30 ;;
     reliability)
       python3 -m avpipe info >"$OUT/info.txt" 2>&1
       python3 benchmarks/soak.py --out "$OUT/soak" --device cuda --parallel --minutes "${SOAK_MIN:-6}" \
