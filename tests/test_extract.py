@@ -155,6 +155,30 @@ def test_audio_features_are_nemo_log_mel(quick):
                                rtol=0, atol=1e-5)
 
 
+def test_stereo_pcm16_features_are_log_mel_of_load_audio(tmp_path):
+    """A stereo 16-bit WAV beside a mono one (one loader group): the channels' mean is not an
+    integer, so it must not travel as int16; both equal ops.log_mel of load_audio."""
+    import soundfile as sf
+
+    rng = np.random.default_rng(0)
+    t = np.arange(32000) / 16000
+    left = 0.3 * np.sin(2 * np.pi * 440 * t) + 0.05 * rng.standard_normal(t.size)
+    right = 0.2 * np.sin(2 * np.pi * 660 * t + 0.3) + 0.05 * rng.standard_normal(t.size)
+    d = tmp_path / "in"
+    d.mkdir()
+    sf.write(d / "stereo.wav", np.stack([left, right], 1), 16000, subtype="PCM_16")
+    sf.write(d / "mono.wav", left, 16000, subtype="PCM_16")
+    out = tmp_path / "o"
+    s = run_extract(d, preset="nemo", out_dir=out, device="cpu")
+    assert s.written == {"audio": 2}
+    got = load_outputs(out)
+    for name in ("stereo.wav", "mono.wav"):
+        a = avpipe.load_audio(str(d / name), sample_rate=16000)
+        ref, n = avpipe.ops.log_mel(a.samples[None], preset="nemo")
+        np.testing.assert_allclose(got[name][0], ref[0, :, : int(n[0])], rtol=0, atol=1e-5,
+                                   err_msg=name)
+
+
 def test_video_features_are_uniform_frames(quick):
     out, _ = quick
     got, _ = load_outputs(out)["video/squares_vp8.webm"]

@@ -165,16 +165,17 @@ def _ordered_map(fn, items, threads: int) -> Iterator:
 
 
 def _probe_audio(item: Item):
-    """``(frames, sample rate, subtype)`` or None. FLAC: its STREAMINFO (one small read)."""
+    """``(frames, sample rate, subtype, channels)`` or None. FLAC: its STREAMINFO (one small
+    read)."""
     import soundfile as sf
 
     if item.path.lower().endswith(".flac"):
         h = _deps.flac_header_info(item.path)
         if h is not None and h[2] == 1:
-            return int(h[0]), int(h[1]), "FLAC"
+            return int(h[0]), int(h[1]), "FLAC", 1
     try:
         i = sf.info(item.path)
-        return int(i.frames), int(i.samplerate), str(i.subtype)
+        return int(i.frames), int(i.samplerate), str(i.subtype), int(i.channels)
     except Exception:
         return None
 
@@ -274,7 +275,9 @@ class _AudioStream:
             with timed("audio warm-up wait"):
                 self.join_warm_up()
             group = groups["other"]
-            pcm16 = all(p[2] == "PCM_16" for _, p in group)  # int16 transport is exact for them
+            # int16 transport is exact for mono 16-bit PCM only: a downmix (the channels'
+            # mean) is not an integer, and rounding it to int16 would change the features
+            pcm16 = all(p[2] == "PCM_16" and p[3] == 1 for _, p in group)
             kwargs = dict(batch_size=batch, device=str(dev) if dev.is_cuda else "cpu",
                           max_samples=max(p[0] for _, p in group), prefetch=4, decoder="cpu",
                           num_workers=max(1, workers), transport="int16" if pcm16 else "float32")
