@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
-__all__ = ["pos_int", "check_choice", "check_on_error"]
+__all__ = ["pos_int", "pos_float", "nonneg_int", "nonneg_float", "check_choice", "check_on_error"]
 
 
 def pos_int(name: str, value) -> int:
@@ -13,6 +14,30 @@ def pos_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return int(value)
+
+
+def pos_float(name: str, value, unit: str = "") -> float:
+    """``value`` as a float when it is a finite number > 0 (bools not); else ``ValueError``
+    naming ``name`` (``unit``, e.g. ``" seconds"``, goes into the message)."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not math.isfinite(value) or value <= 0):
+        raise ValueError(f"{name} must be a positive number{unit}, got {value!r}")
+    return float(value)
+
+
+def nonneg_int(name: str, value) -> int:
+    """``value`` as an int when it is an integer >= 0 (bools not); else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return int(value)
+
+
+def nonneg_float(name: str, value, unit: str = "") -> float:
+    """``value`` as a float when it is a finite number >= 0 (bools not); else ``ValueError``."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not math.isfinite(value) or value < 0):
+        raise ValueError(f"{name} must be a non-negative number{unit}, got {value!r}")
+    return float(value)
 
 
 def check_choice(name: str, value, choices) -> object:
@@ -25,6 +50,4 @@ def check_choice(name: str, value, choices) -> object:
 
 def check_on_error(on_error) -> str:
     """``"raise"`` or ``"skip"`` (the ``on_error=`` of every batch API)."""
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    return on_error
+    return check_choice("on_error", on_error, ("raise", "skip"))

@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 
+from .._validate import check_choice, pos_float
 from .._validate import pos_int as _pos_int
 from ..device import array_module
 
@@ -153,8 +154,7 @@ _WINDOWS = ("hann", "hamming", "blackman", "ones", "rectangular")
 @functools.lru_cache(maxsize=64)
 def _window_np(name, win_length, periodic, n_fft):
     """The window (float64), zero-padded on both sides to ``n_fft`` (centred as torch.stft)."""
-    if name not in _WINDOWS:
-        raise ValueError(f"window must be one of {list(_WINDOWS)}, got {name!r}")
+    check_choice("window", name, list(_WINDOWS))
     N = win_length
     if name in ("ones", "rectangular"):
         w = np.ones(N)
@@ -293,8 +293,6 @@ def stft(signals, lengths=None, *, n_fft=512, hop_length=160, win_length=None, w
         if cdt not in (np.float32, np.float64):
             raise ValueError(f"compute_dtype must be float32, float64 or None, got {compute_dtype!r}")
     w = xp.asarray(_window_np(window, win, bool(periodic), n_fft).astype(cdt))
-    if window not in _WINDOWS:
-        raise ValueError(f"window must be one of {list(_WINDOWS)}, got {window!r}")
     X = xp.fft.rfft(frames.astype(cdt) * w, axis=-1)                   # [B, T, F]
     if power is None:
         out = X.astype(xp.complex64)
@@ -425,10 +423,8 @@ def mel_spectrogram(power_spec, frame_lengths=None, *, filterbank=None, sample_r
 
 def log_guarded(x, frame_lengths=None, *, guard="add", guard_value=2.0 ** -24):
     """Natural log with a zero guard: ``ln(x + v)`` (guard="add") or ``ln(max(x, v))`` ("clamp")."""
-    if guard not in ("add", "clamp"):
-        raise ValueError(f"guard must be 'add' or 'clamp', got {guard!r}")
-    if not (isinstance(guard_value, (int, float)) and guard_value > 0):
-        raise ValueError(f"guard_value must be a positive number, got {guard_value!r}")
+    check_choice("guard", guard, ("add", "clamp"))
+    pos_float("guard_value", guard_value)
     xp = array_module(x)
     x = xp.asarray(x, dtype=xp.float32)
     v = xp.float32(guard_value)
@@ -444,8 +440,7 @@ def log_guarded(x, frame_lengths=None, *, guard="add", guard_value=2.0 ** -24):
 def power_to_db(x, *, ref=1.0, amin=1e-10, top_db=80.0, multiplier=10.0):
     """``multiplier * log10(max(x, amin) / ref)``, floored at ``max - top_db`` (per item) when
     ``top_db`` is not None (``librosa.power_to_db``; use multiplier 20 for amplitudes)."""
-    if not (isinstance(amin, (int, float)) and amin > 0):
-        raise ValueError(f"amin must be a positive number, got {amin!r}")
+    pos_float("amin", amin)
     xp = array_module(x)
     x = xp.asarray(x, dtype=xp.float32)
     db = xp.float32(multiplier) * xp.log10(xp.maximum(x, xp.float32(amin)))

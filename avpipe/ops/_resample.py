@@ -27,7 +27,7 @@ import os
 
 import numpy as np
 
-from .._validate import pos_int
+from .._validate import check_choice, pos_int
 from ..device import array_module, upload_many
 
 QUALITIES = {"high": (32, 0.945, 9.0), "fast": (12, 0.90, 7.0)}
@@ -75,8 +75,7 @@ def resample(signal, orig_sr, target_sr, *, quality="high", axis=-1):
     stays float64). Same rate: returned unchanged.
     """
     orig_sr, target_sr = pos_int("orig_sr", orig_sr), pos_int("target_sr", target_sr)
-    if quality not in QUALITIES:
-        raise ValueError(f"quality must be one of {sorted(QUALITIES)}, got {quality!r}")
+    check_choice("quality", quality, sorted(QUALITIES))
     xp = array_module(signal)
     x = xp.asarray(signal)
     if x.dtype.kind != "f":
@@ -163,8 +162,7 @@ def resample_rows(x, lengths, orig_rates, target_sr, *, quality="high"):
         raise ValueError(f"lengths must be in [0, {n}], got {lens.min()}..{lens.max()}")
     if B and rates.min() <= 0:
         raise ValueError(f"orig_rates must be positive, got {rates.min()}")
-    if quality not in QUALITIES:
-        raise ValueError(f"quality must be one of {sorted(QUALITIES)}, got {quality!r}")
+    check_choice("quality", quality, sorted(QUALITIES))
     g = np.gcd(rates, target_sr)
     up, down = target_sr // g, rates // g
     new = -(-lens * up // down)

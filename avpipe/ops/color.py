@@ -29,6 +29,7 @@ import math
 
 import numpy as np
 
+from .._validate import check_choice
 from ..device import array_module
 
 __all__ = [
@@ -243,8 +244,7 @@ def nv12_to_rgb(y, uv, *, matrix: str = "bt601", full_range: bool = False):
     On the same planes it equals PyAV's output exactly (the tests allow 2 levels, for builds
     whose swscale takes its C path). Integer xp arithmetic: numpy and cupy give the same bytes.
     """
-    if matrix not in MATRICES:
-        raise ValueError(f"matrix must be one of {sorted(MATRICES)}, got {matrix!r}")
+    check_choice("matrix", matrix, sorted(MATRICES))
     xp = array_module(y, uv)
     if y.ndim < 2:
         raise ValueError(f"y must be [..., H, W], got shape {tuple(y.shape)}")

@@ -39,7 +39,7 @@ import operator
 
 import numpy as np
 
-from .._validate import pos_int
+from .._validate import check_choice, pos_int
 from ..device import array_module
 from . import _image_kernels as _kern
 from . import _image_resize as _rs
@@ -109,8 +109,7 @@ def _dtype(dtype, param="dtype"):
 
 
 def _check_interp(interpolation):
-    if interpolation not in _INTERP:
-        raise ValueError(f"interpolation must be one of {list(_INTERP)}, got {interpolation!r}")
+    check_choice("interpolation", interpolation, list(_INTERP))
 
 
 def resize_short_side_size(height: int, width: int, short_side: int) -> tuple[int, int]:

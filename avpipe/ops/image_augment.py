@@ -53,6 +53,7 @@ import math
 
 import numpy as np
 
+from .._validate import check_choice
 from ..device import array_module
 from . import _augment_kernels as _ak
 from . import _image_resize as _rs
@@ -119,8 +120,7 @@ def _canon(x, layout):
         layout = {5: "BTHWC", 4: "BHWC", 3: "HWC"}.get(x.ndim)
         if layout is None:
             raise ValueError(f"x must be [B, T, H, W, C], [B, H, W, C] or [H, W, C], got {x.shape}")
-    if layout not in _LAYOUTS:
-        raise ValueError(f"layout must be one of {list(_LAYOUTS)}, got {layout!r}")
+    check_choice("layout", layout, list(_LAYOUTS))
     if x.ndim != len(layout):
         raise ValueError(f"layout {layout!r} needs a {len(layout)}-D array, got shape {x.shape}")
     if layout == "BTCHW":

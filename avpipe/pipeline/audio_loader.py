@@ -30,6 +30,9 @@ import numpy as np
 
 from .. import settings
 from .._results import BatchResult
+from .._source import open_source
+from .._validate import pos_float
+from ..decoding.audio import _header_damage
 from ..decoding.audio._flac_cuda import header_info
 from ..device import resolve_device
 from ..errors import CorruptDataError, DecodeTimeoutError, EmptyMediaError
@@ -148,9 +151,6 @@ def _frames_of(path):
 
 def _cut_short(path):
     """Why a file that decoded is damaged (a WAV whose data chunk runs past its end), or None."""
-    from .._source import open_source
-    from ..decoding.audio import _header_damage
-
     try:
         return _header_damage(open_source(path))
     except Exception:  # noqa: BLE001 - a report only
@@ -266,9 +266,7 @@ class AudioBatchLoader:
         self.device = resolve_device(device)
         self.decode_only = bool(decode_only)
         self.dtype = np.dtype(transport)
-        if not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        self.timeout = float(timeout)
+        self.timeout = pos_float("timeout", timeout, " of seconds")
         self.strict = bool(strict)
         self.damaged: dict = {}  # path -> why, for files that decoded though damaged
         on_gpu = self.device.is_cuda

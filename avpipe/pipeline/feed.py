@@ -63,7 +63,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from .._validate import check_choice, check_on_error, pos_float, pos_int
 from ..device import export, resolve_device
+from ..errors import DecodeTimeoutError
 from . import _order
 
 __all__ = ["Feed", "Task", "Batch", "dataset_class", "map_with_deadline"]  # + FeedDataset (lazy)
@@ -177,8 +179,6 @@ def _collect(futs, deadline):
     """Results of ``[(future, pair)]`` and the span (first start to last end, seconds); an
     item running longer than ``deadline`` seconds (from when a thread started it) becomes a
     :class:`~avpipe.DecodeTimeoutError` (its thread is left to finish in the background)."""
-    from ..errors import DecodeTimeoutError
-
     out = [None] * len(futs)
     started = {}
     t_first, t_last = None, None
@@ -240,14 +240,12 @@ class Feed:
         if (batch_size is None) == (max_duration is None):
             raise ValueError("give exactly one of batch_size and max_duration, got "
                              f"batch_size={batch_size!r}, max_duration={max_duration!r}")
-        if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) <= 0):
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if max_duration is not None and not float(max_duration) > 0:
-            raise ValueError(f"max_duration must be > 0 seconds, got {max_duration!r}")
-        if on_error not in ("skip", "raise"):
-            raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
-        if framework not in (None, "numpy", "cupy", "torch", "jax"):
-            raise ValueError(f"framework must be None, 'torch' or 'jax', got {framework!r}")
+        if batch_size is not None:
+            batch_size = pos_int("batch_size", batch_size)
+        if max_duration is not None:
+            max_duration = pos_float("max_duration", max_duration, " of seconds")
+        check_on_error(on_error)
+        check_choice("framework", framework, (None, "numpy", "cupy", "torch", "jax"))
         world_size, rank = int(world_size), int(rank)
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, "

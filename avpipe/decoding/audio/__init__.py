@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..._source import open_source
+from ..._validate import check_choice, nonneg_float, nonneg_int, pos_int
 from ...device import resolve_device
 from ...errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
 from ...ops._resample import QUALITIES, resample
@@ -58,34 +59,14 @@ class Audio:
 
 
 def _check_args(sample_rate, offset, duration, channel, quality):
-    if sample_rate is not None and (
-        isinstance(sample_rate, bool)
-        or not isinstance(sample_rate, (int, np.integer))
-        or sample_rate <= 0
-    ):
-        raise ValueError(f"sample_rate must be None or a positive int, got {sample_rate!r}")
-    if (
-        not isinstance(offset, (int, float))
-        or isinstance(offset, bool)
-        or not np.isfinite(offset)
-        or offset < 0
-    ):
-        raise ValueError(f"offset must be a non-negative number of seconds, got {offset!r}")
-    if duration is not None and (
-        not isinstance(duration, (int, float))
-        or isinstance(duration, bool)
-        or not np.isfinite(duration)
-        or duration < 0
-    ):
-        raise ValueError(
-            f"duration must be None or a non-negative number of seconds, got {duration!r}"
-        )
-    if channel is not None and (
-        isinstance(channel, bool) or not isinstance(channel, (int, np.integer)) or channel < 0
-    ):
-        raise ValueError(f"channel must be None or a non-negative int, got {channel!r}")
-    if quality not in QUALITIES:
-        raise ValueError(f"resample_quality must be one of {sorted(QUALITIES)}, got {quality!r}")
+    if sample_rate is not None:
+        pos_int("sample_rate", sample_rate)
+    nonneg_float("offset", offset, " of seconds")
+    if duration is not None:
+        nonneg_float("duration", duration, " of seconds")
+    if channel is not None:
+        nonneg_int("channel", channel)
+    check_choice("resample_quality", quality, sorted(QUALITIES))
 
 
 def _span(sr, total, offset, duration, name):

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..._results import BatchResult
 from ..._source import open_source
-from ..._validate import pos_int
+from ..._validate import check_choice, pos_int
 from ...device import resolve_device
 from ...errors import CorruptDataError, MemoryCapError, UnsupportedFormatError
 from ._backend import BackendRefused, VideoBackend
@@ -172,18 +172,12 @@ class VideoDecoder:
         index=None,
         strict: bool = False,
     ):
-        if output not in ("rgb", "nv12"):
-            raise ValueError(f"output must be 'rgb' or 'nv12', got {output!r}")
-        if layout not in ("HWC", "CHW"):
-            raise ValueError(f"layout must be 'HWC' or 'CHW', got {layout!r}")
+        check_choice("output", output, ("rgb", "nv12"))
+        check_choice("layout", layout, ("HWC", "CHW"))
         if output == "nv12" and (rotate or layout != "HWC"):
             raise ValueError("output='nv12' takes neither rotate=True nor layout='CHW'")
-        if memory_cap_bytes is not None and (
-            not isinstance(memory_cap_bytes, int) or memory_cap_bytes <= 0
-        ):
-            raise ValueError(
-                f"memory_cap_bytes must be a positive int or None, got {memory_cap_bytes!r}"
-            )
+        if memory_cap_bytes is not None:
+            pos_int("memory_cap_bytes", memory_cap_bytes)
         self._closed = True
         self.device = resolve_device(device)
         self._src = open_source(source)
