@@ -7,7 +7,8 @@ plus their indices and pts.
 * :func:`sample_uniform` — N frames spread evenly over the video (:func:`uniform_indices`: the
   centres of N equal segments, the one uniform rule in avpipe; ``avpipe extract`` uses it too).
 * :func:`sample_random_clips` — clips of T frames with a stride at random starts.
-* :func:`sample_regular_clips` — clips starting at regular intervals.
+* :func:`sample_regular_clips` — clips starting at regular intervals
+  (:func:`clip_indices_regular`; every clip's frames laid out by :func:`clip_indices_at`).
 * :func:`sample_clips_at` — clips starting at given times (seconds).
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .._results import BatchResult
-from .._validate import pos_int
+from .._validate import check_choice, pos_int
 
 __all__ = [
     "Clips",
@@ -30,6 +31,7 @@ __all__ = [
     "sample_clips_at",
     "clip_indices_random",
     "clip_indices_regular",
+    "clip_indices_at",
 ]
 
 
@@ -75,7 +77,17 @@ def clip_indices_random(
             f"more than the video's {num_frames}"
         )
     starts = _rng(seed).integers(0, num_frames - span + 1, size=num_clips)
-    return starts[:, None] + np.arange(clip_length)[None, :] * stride
+    return clip_indices_at(num_frames, starts, clip_length=clip_length, stride=stride)
+
+
+def clip_indices_at(num_frames: int, starts, *, clip_length: int = 16, stride: int = 1) -> np.ndarray:
+    """``[..., clip_length]`` indices of clips starting at frame(s) ``starts``, ``stride``
+    apart; an index past the last frame is the last frame (a clip longer than the video
+    repeats its last frame). The one clip-layout rule: the samplers, the video recipe and
+    ``avpipe extract`` build clips with it."""
+    clip_length, stride = pos_int("clip_length", clip_length), pos_int("stride", stride)
+    idx = np.asarray(starts, np.int64)[..., None] + np.arange(clip_length, dtype=np.int64) * stride
+    return np.minimum(idx, max(int(num_frames) - 1, 0))
 
 
 def clip_indices_regular(
@@ -85,12 +97,16 @@ def clip_indices_regular(
     stride: int = 1,
     num_clips: int | None = None,
     interval: int | None = None,
+    short_video: str = "raise",
 ) -> np.ndarray:
-    """Clips starting every ``interval`` frames, or ``num_clips`` clips spread evenly
-    (exactly one of the two)."""
+    """Clips starting every ``interval`` frames, or ``num_clips`` clips spread evenly from the
+    first frame to the last start that fits (exactly one of the two). A video shorter than one
+    clip raises ValueError with ``short_video="raise"``; with ``"repeat_last"`` each clip
+    starts at frame 0 and repeats the last frame (:func:`clip_indices_at`)."""
     clip_length, stride = pos_int("clip_length", clip_length), pos_int("stride", stride)
+    check_choice("short_video", short_video, ("raise", "repeat_last"))
     span = _span(clip_length, stride)
-    if span > num_frames:
+    if span > num_frames and short_video == "raise":
         raise ValueError(
             f"clip_length={clip_length} with stride={stride} spans {span} frames, "
             f"more than the video's {num_frames}"
@@ -99,12 +115,12 @@ def clip_indices_regular(
         raise ValueError(
             f"give exactly one of num_clips and interval, got {num_clips!r} and {interval!r}"
         )
-    last = num_frames - span
+    last = max(num_frames - span, 0)
     if interval is not None:
         starts = np.arange(0, last + 1, pos_int("interval", interval))
     else:
         starts = np.round(np.linspace(0, last, pos_int("num_clips", num_clips))).astype(np.int64)
-    return starts[:, None] + np.arange(clip_length)[None, :] * stride
+    return clip_indices_at(num_frames, starts, clip_length=clip_length, stride=stride)
 
 
 def uniform_indices(num_frames: int, count: int) -> np.ndarray:

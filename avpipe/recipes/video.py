@@ -51,7 +51,8 @@ from ..ops import image_augment as _aug
 from ..ops import random as _rnd
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, crop, normalize, resize_crop_normalize
 from ..pipeline.clips import ThreadStreams, decode_clip
-from ..pipeline.feed import Feed, Task
+from ..pipeline.feed import Feed, Task, _collect, _timed
+from ..pipeline.samplers import clip_indices_at, clip_indices_regular
 from ..pipeline.sources import class_index, read_csv
 
 __all__ = ["video_classification", "VideoTask", "eval_views"]
@@ -101,11 +102,6 @@ def eval_views(videos, views):
             for v, it in enumerate(videos) for k in range(int(views))]
 
 
-def _clip_indices(n, clip_length, stride, start):
-    idx = np.asarray(start, np.int64)[..., None] + np.arange(clip_length, dtype=np.int64) * stride
-    return np.minimum(idx, max(n - 1, 0))
-
-
 class VideoTask(Task):
     array_fields = ("clips", "labels", "video_index", "view")
 
@@ -142,7 +138,7 @@ class VideoTask(Task):
         """The training clip's frame indices [T] for a video of ``n`` frames."""
         span = (self.T - 1) * self.stride + 1
         start = int(_rnd.integers(self.seed, "clip", epoch, [i], high=max(1, n - span + 1))[0, 0])
-        idx = _clip_indices(n, self.T, self.stride, start)
+        idx = clip_indices_at(n, start, clip_length=self.T, stride=self.stride)
         if self.temporal_jitter > 0:
             p = _aug.sample_temporal_jitter_params(self.seed, epoch, [i], self.T,
                                                    max_jitter=self.temporal_jitter)
@@ -151,9 +147,9 @@ class VideoTask(Task):
 
     def _eval_indices(self, n, clips):
         """[len(clips), T] frame indices of eval clips ``clips`` (spread evenly)."""
-        span = (self.T - 1) * self.stride + 1
-        starts = np.round(np.linspace(0, max(0, n - span), self.num_clips)).astype(np.int64)
-        return _clip_indices(n, self.T, self.stride, starts[np.asarray(clips, np.int64)])
+        idx = clip_indices_regular(n, clip_length=self.T, stride=self.stride,
+                                   num_clips=self.num_clips, short_video="repeat_last")
+        return idx[np.asarray(clips, np.int64)]
 
     # -- transforms ----------------------------------------------------------------------------
     def _train_transform(self, frames, i, epoch):
@@ -252,8 +248,6 @@ class VideoTask(Task):
         """Eval: one job per video of the group (its views decoded together)."""
         if self.train:
             return super()._submit(pairs)
-        from ..pipeline.feed import _collect, _timed
-
         rows = {}
         for k, (_, it) in enumerate(pairs):
             rows.setdefault(it.extra["video"], []).append(k)

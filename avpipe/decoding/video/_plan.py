@@ -25,12 +25,19 @@ class PacketPathError(RuntimeError):
     """The packet path cannot serve this request; use the SimpleDecoder path instead."""
 
 
+def _skipped(decode_pts: np.ndarray, disposable: np.ndarray, want) -> np.ndarray:
+    """The rule, per packet in decode order: skipped when disposable and not a target (``want``:
+    the targets' pts)."""
+    return disposable & ~np.isin(decode_pts, np.fromiter(want, np.int64, len(want)))
+
+
 def skippable_pts(scan: StreamScan, targets) -> frozenset:
-    """Pts of the disposable packets that are not among the display indices ``targets``."""
+    """Pts of the disposable packets that are not among the display indices ``targets``
+    (the packets :meth:`DecodePlan.needed` leaves out)."""
     if scan.disposable is None or not scan.disposable.any():
         return frozenset()
     wanted = {int(scan.pts[t]) for t in targets}
-    return frozenset(int(p) for p in scan.decode_pts[scan.disposable].tolist()) - wanted
+    return frozenset(scan.decode_pts[_skipped(scan.decode_pts, scan.disposable, wanted)].tolist())
 
 
 @dataclass(frozen=True)
@@ -43,13 +50,11 @@ class DecodePlan:
     last: int
     want: dict
     decode_pts: np.ndarray
-    disposable: np.ndarray
+    skipped: np.ndarray  # per packet in decode order: disposable and not a target
 
     def needed(self, k: int) -> bool:
         """Whether packet ``k`` (decode order, at or after ``start``) is decoded."""
-        return (
-            k == self.start or not self.disposable[k] or int(self.decode_pts[k]) in self.want
-        )
+        return k == self.start or not self.skipped[k]
 
     @property
     def packets(self) -> list[int]:
@@ -69,4 +74,5 @@ def plan_request(scan: StreamScan, targets) -> DecodePlan:
     if start is None:
         raise PacketPathError("keyframe not found in the packet order")
     last = max(order[p] for p in want)
-    return DecodePlan(start=start, last=last, want=want, decode_pts=dpts, disposable=disp)
+    return DecodePlan(start=start, last=last, want=want, decode_pts=dpts,
+                      skipped=_skipped(dpts, disp, want))  # fmt: skip
