@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["AUDIO_EXTENSIONS", "VIDEO_EXTENSIONS", "IMAGE_EXTENSIONS", "EXTENSIONS", "kind_of"]
+__all__ = [
+    "AUDIO_EXTENSIONS", "VIDEO_EXTENSIONS", "IMAGE_EXTENSIONS", "EXTENSIONS", "kind_of",
+    "MP4_EXTENSIONS", "NON_MP4_CONTAINER_EXTENSIONS",
+]  # fmt: skip
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3")
 VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mkv", ".webm", ".avi", ".mov")
 IMAGE_EXTENSIONS = (
     ".jpg", ".jpeg", ".jpe", ".png", ".tif", ".tiff", ".jp2", ".j2k", ".jpx",
     ".bmp", ".webp", ".pnm", ".ppm", ".pgm", ".pbm",
+)  # fmt: skip
+
+# The ISO base media family, whose first open reads its sample tables (decoding/video/_mp4.py),
+# and names of other containers, whose files are never sniffed for an MP4 ``ftyp`` box.
+MP4_EXTENSIONS = (".mp4", ".mov", ".m4v")
+NON_MP4_CONTAINER_EXTENSIONS = (
+    ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".flv", ".mpg", ".mpeg", ".ogv",
 )  # fmt: skip
 
 # extension -> "audio" | "video" | "image"

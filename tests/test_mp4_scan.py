@@ -532,3 +532,19 @@ def test_vector_nal_walk_equals_the_scalar_walk(tmp_path, codec, options, monkey
     np.testing.assert_array_equal(fast.disposable, slow.disposable)
     np.testing.assert_array_equal(fast.key, slow.key)
     assert fast.disposable.any() and fast.key.any() and not fast.key.all()
+
+
+def test_mp4_reader_takes_its_extensions_from_the_registry(tmp_path):
+    """The MP4 family's names (and the other containers', never sniffed) live in avpipe.formats:
+    an MP4 under another container's name is not read as MP4, one under an unknown name is."""
+    from avpipe.decoding.video._mp4 import looks_like_mp4
+    from avpipe.formats import MP4_EXTENSIONS, NON_MP4_CONTAINER_EXTENSIONS, VIDEO_EXTENSIONS
+
+    assert set(MP4_EXTENSIONS) <= set(VIDEO_EXTENSIONS)
+    assert not set(MP4_EXTENSIONS) & set(NON_MP4_CONTAINER_EXTENSIONS)
+    head = b"\x00\x00\x00\x18ftypisom" + bytes(16)
+    for ext in (".bin", ".MKV", ".ts", ".M4V"):
+        (tmp_path / f"a{ext}").write_bytes(head)
+    assert looks_like_mp4(str(tmp_path / "a.bin"))
+    assert looks_like_mp4(str(tmp_path / "a.M4V"))
+    assert not looks_like_mp4(str(tmp_path / "a.MKV")) and not looks_like_mp4(str(tmp_path / "a.ts"))

@@ -29,8 +29,8 @@ Where each field comes from (all in decode order unless said):
 * byte offsets and sizes: ``stsc`` x ``stco`` / ``co64`` and ``stsz`` / ``stz2``.
 * disposable: each sample's NAL headers (the first NAL unit of every sample is gathered from an
   mmap of the file in one numpy indexing step; samples with several NAL units are walked).
-  Measured: about a third of the reader's time (0.12 of 0.38 ms on a 250-frame 640x360 clip),
-  so it is computed at open rather than lazily.
+  It is about a third of the reader's time (benchmarks/README.md), so it is computed at open
+  rather than lazily.
 * width / height: the sample entry (checked against the SPS with its cropping); pixel format,
   colour space and range: the SPS (chroma format, bit depth, VUI) and, for H.264 only, a ``colr``
   box where the SPS says nothing (HEVC's decoder overrides the container); the pixel format as
@@ -53,11 +53,11 @@ from fractions import Fraction
 
 import numpy as np
 
+from ...formats import MP4_EXTENSIONS, NON_MP4_CONTAINER_EXTENSIONS
+
 __all__ = ["Unsupported", "Mp4Video", "looks_like_mp4", "read_video_track"]
 
 CONTAINER_NAME = "mov,mp4,m4a,3gp,3g2,mj2"
-_MP4_EXT = (".mp4", ".mov", ".m4v")
-_OTHER_EXT = (".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".flv", ".mpg", ".mpeg", ".ogv")
 _CODECS = {b"avc1": "h264", b"avc3": "h264", b"hvc1": "hevc", b"hev1": "hevc"}
 _MAX_MOOV = 1 << 30
 
@@ -97,9 +97,9 @@ def looks_like_mp4(path: str) -> bool:
     """Whether to try the reader: the name ends in .mp4 / .mov / .m4v, or (for names that are not
     another container's) the file's first box is ``ftyp``."""
     low = path.lower()
-    if low.endswith(_MP4_EXT):
+    if low.endswith(MP4_EXTENSIONS):
         return True
-    if low.endswith(_OTHER_EXT):
+    if low.endswith(NON_MP4_CONTAINER_EXTENSIONS):
         return False
     try:
         with open(path, "rb", buffering=0) as f:
