@@ -1,8 +1,8 @@
 """``log_mel`` on a GPU in a few launches (private; :func:`avpipe.ops.audio.log_mel` calls it).
 
 The array-module code of :mod:`avpipe.ops._audio_core` runs a log-mel batch as about seventy
-cupy operations, each a launch and a Python call: on an H200 the host's time to issue them
-(about 4 ms for 64 utterances) exceeded the GPU's time to run them, and bounded the RNN-T feed.
+cupy operations, each a launch and a Python call: the host's time to issue them exceeded the
+GPU's time to run them, and bounded the RNN-T feed (figures: benchmarks/README.md).
 Here the same steps run as: one kernel for the windowed frames (dither, preemphasis, centring
 pad and window; ``_log_mel.cu``), cupy's rFFT, one elementwise kernel for ``|X|^2``, one GEMM
 with the mel filterbank, and one kernel for the log, the per-feature normalization, the mask

@@ -69,10 +69,10 @@ def _philox_kernel():
         "uint32 o0, uint32 o1, uint32 o2, uint32 o3", PHILOX_BODY, "avpipe_philox4x32")
 
 
-# Up to this many counters a draw runs Philox in Python integers (a few microseconds per counter)
-# instead of numpy, whose ~140 operations on tiny arrays cost ~80 us whatever the size: the
-# per-item draws of a batch (a clip's start, crop box and flip: 1 to 10 counters each). Both
-# give the same words bit for bit (tests/test_random.py compares them).
+# Up to this many counters a draw runs Philox in Python integers instead of numpy, whose ~140
+# operations on tiny arrays cost more than a few counters' Python arithmetic whatever the size
+# (benchmarks/README.md): the per-item draws of a batch (a clip's start, crop box and flip: 1 to
+# 10 counters each). Both give the same words bit for bit (tests/test_random.py compares them).
 _SMALL = 12
 
 

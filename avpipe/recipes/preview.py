@@ -116,7 +116,7 @@ def _draw(rows, captions, out, width):
 
 
 def preview_video(labels_csv, out, *, items=4, frames=8, seed=0, train=True, clip_length=16,
-                  stride=4, crop_size=224, device="cpu", **feed_kwargs):
+                  stride=4, crop_size=224, device=None, **feed_kwargs):
     """A contact sheet of the first ``items`` items of :func:`video_classification` (module
     docstring). ``frames``: frames shown per clip (at most ``clip_length``). In eval the items
     are views (the first video's views first). ``feed_kwargs`` go to the recipe."""
@@ -160,7 +160,7 @@ def _ramp(v):
     return np.rint(np.stack([r, g, b], axis=-1) * 255).astype(np.uint8)
 
 
-def preview_rnnt(manifest, out, *, items=4, seed=0, train=True, device="cpu", **feed_kwargs):
+def preview_rnnt(manifest, out, *, items=4, seed=0, train=True, device=None, **feed_kwargs):
     """A contact sheet of the first ``items`` items of :func:`rnnt_feed` (module docstring).
     ``train``: the feed's ``training`` (speed perturbation, dither, SpecAugment); a cell is
     drawn as masked where SpecAugment set it to exactly 0 inside the item's length."""

@@ -15,10 +15,9 @@ without offsets, of one sample rate; resampled to ``sample_rate`` after): on a G
 sources its GPU FLAC decoder (frames decoded on the GPU, bit-exact to libFLAC, whole windows of
 files read ahead); on the CPU with ``decoder="processes"`` its worker processes (libsndfile
 into a shared ring). Otherwise ``avpipe.load_audio`` (offset / duration honoured, resampled to
-``sample_rate``) in a thread pool, which also decodes the replacements of failed items. (On a
-2-core machine the worker processes decoded the sample files 1.2-1.8x faster than the threads,
-but a whole CPU feed, log-mel included, was no faster with them: "auto" keeps the threads on
-the CPU.) Features: ``avpipe.ops.audio.log_mel`` with the ``preset``. A decoded item holding
+``sample_rate``) in a thread pool, which also decodes the replacements of failed items. (The
+worker processes decode faster than the threads, but a whole CPU feed, log-mel included, was
+no faster with them, benchmarks/README.md: "auto" keeps the threads on the CPU.) Features: ``avpipe.ops.audio.log_mel`` with the ``preset``. A decoded item holding
 NaN / infinite samples, or samples beyond :data:`MAX_SAMPLE` in magnitude (damaged float data),
 fails as :class:`~avpipe.CorruptDataError` (skipped and reported with ``on_error="skip"``).
 
@@ -56,6 +55,7 @@ from ..errors import CorruptDataError, DecodeError
 from ..ops import audio_augment as _aug
 from ..ops import random as _rnd
 from ..ops.audio import log_mel, log_mel_frame_lengths, resample
+from ..pipeline.audio_loader import AudioBatchLoader
 from ..pipeline.feed import Feed, Task
 from ..pipeline.sources import read_manifest
 
@@ -211,8 +211,6 @@ class RnntTask(Task):
     def _make_loader(self, kind):
         # the batch loader over every path of the feed (known up front: sizes and lengths come
         # from the headers once)
-        from ..pipeline.audio_loader import AudioBatchLoader
-
         paths = sorted({it.path for it in self._all_items})
         try:
             if kind == "gpu":

@@ -1,8 +1,8 @@
 """nvImageCodec's decoder, called directly (private): the GPU path of ``decode_image_batch``.
 
 DALI's ``"mixed"`` image decoder is nvImageCodec inside a DALI pipeline, and a DALI pipeline is
-invalid after any operator error: every bad image cost a rebuild (1.9 s on the H200, most of it
-the decoders' set-up). nvImageCodec's own ``Decoder.decode`` returns ``None`` for an image it
+invalid after any operator error: every bad image cost a rebuild (seconds, most of it the
+decoders' set-up; figures: benchmarks/README.md). nvImageCodec's own ``Decoder.decode`` returns ``None`` for an image it
 cannot decode and stays usable, so a bad image costs one failed decode, nothing more. The
 decoder is the same library DALI runs (a DALI dependency: no new package), built once per
 (GPU, chroma rule, hardware share) with the same settings as DALI's mixed decoder: the

@@ -26,6 +26,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from ..._source import open_source
 from ...errors import DecodeError
 from ._scan import StreamScan, scan_stream
 
@@ -44,8 +45,6 @@ def _stat(path: str):
 
 def _scan_one(path: str):
     """(path, size, mtime_ns, scan fields) or (path, error text); run in a worker."""
-    from ..._source import open_source
-
     try:
         size, mtime = _stat(path)
         src = open_source(path)
