@@ -12,7 +12,7 @@ import os
 
 __all__ = [
     "AUDIO_EXTENSIONS", "VIDEO_EXTENSIONS", "IMAGE_EXTENSIONS", "EXTENSIONS", "kind_of",
-    "MP4_EXTENSIONS", "NON_MP4_CONTAINER_EXTENSIONS",
+    "MP4_EXTENSIONS", "NON_MP4_CONTAINER_EXTENSIONS", "is_flac",
 ]  # fmt: skip
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3")
@@ -40,3 +40,8 @@ EXTENSIONS = {
 def kind_of(path) -> str | None:
     """``"audio"``, ``"video"``, ``"image"`` or None, from ``path``'s extension."""
     return EXTENSIONS.get(os.path.splitext(os.fspath(path))[1].lower())
+
+
+def is_flac(path) -> bool:
+    """Whether ``path`` is named as a FLAC file (the GPU FLAC decoder's files)."""
+    return os.path.splitext(os.fspath(path))[1].lower() == ".flac"

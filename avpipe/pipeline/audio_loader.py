@@ -36,6 +36,7 @@ from ..decoding.audio import _header_damage
 from ..decoding.audio._flac_cuda import header_info
 from ..device import resolve_device
 from ..errors import CorruptDataError, DecodeTimeoutError, EmptyMediaError
+from ..formats import is_flac
 from ._flac_windows import GpuFlacBatches
 
 # In a worker process only: its own loader's buffer and layout, set by the pool's initializer
@@ -278,7 +279,7 @@ class AudioBatchLoader:
             on_gpu = False  # the CPU decoder: nothing is handed to a device
         if decoder == "auto":
             decoder = (
-                "gpu" if on_gpu and all(p.lower().endswith(".flac") for p in self.paths) else "cpu"
+                "gpu" if on_gpu and all(is_flac(p) for p in self.paths) else "cpu"
             )
         self.decoder = decoder
         self._registered = False

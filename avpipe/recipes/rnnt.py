@@ -52,6 +52,7 @@ import numpy as np
 from ..decoding.audio import load_audio
 from ..device import array_module, resolve_device
 from ..errors import CorruptDataError, DecodeError
+from ..formats import is_flac
 from ..ops import audio_augment as _aug
 from ..ops import random as _rnd
 from ..ops.audio import log_mel, log_mel_frame_lengths, resample
@@ -182,7 +183,7 @@ class RnntTask(Task):
         if self.device.is_cuda:
             if self.decoder in ("threads",):
                 return None
-            ok = plain and all(it.path.lower().endswith(".flac") for it in items)
+            ok = plain and all(is_flac(it.path) for it in items)
             if self.decoder == "gpu" and not ok:
                 raise ValueError("decoder='gpu' takes FLAC files without offsets only")
             return "gpu" if ok else None
