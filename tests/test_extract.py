@@ -362,6 +362,26 @@ def test_toml_preset(tmp_path):
     assert r.returncode == 2 and "--preset" in r.stderr
 
 
+@pytest.mark.parametrize("ops, names", [
+    ('[{op = "log_mel", preset = "bogus"}]', ("ops[0] (log_mel)", "preset", "'bogus'")),
+    ('[{op = "log_mel"}, {op = "normalize", mode = "per_frame"}]',
+     ("ops[1] (normalize)", "mode", "'per_frame'")),
+])
+def test_toml_preset_values_are_checked_before_anything_is_written(tmp_path, ops, names):
+    """A bad operator value fails the command when the preset is read (naming the operator,
+    the argument and the value), not every input at run time with exit status 0."""
+    p = tmp_path / "bad_value.toml"
+    p.write_text(f"[audio]\nops = {ops}\n")
+    with pytest.raises(PresetError, match="must be"):
+        resolve_preset(str(p))
+    out = tmp_path / "o"
+    r = cli("extract", SAMPLES / "speech", "--preset", p, "--out", out, "--devices", "cpu")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    err = " ".join(r.stderr.split())  # click wraps the message
+    assert "--preset" in err and all(n in err for n in names), r.stderr
+    assert not out.exists()
+
+
 def test_help_lists_every_preset():
     r = cli("extract", "--help")
     assert r.returncode == 0, r.stderr

@@ -30,10 +30,12 @@ Only the kinds present are extracted (their files are picked by extension). Oper
 * video frames and images (uint8 RGB ``[N, H, W, 3]``): ``resize`` (short_side, or size
   [h, w]; interpolation, antialias), ``center_crop`` (size).
 
-The full, normalized preset is stored in the output's ``extract.json`` and each kind's part in
-every index line (``params``). The audio ``dtype`` appears there only when it is not the
-default float32 (so a float32 job's files are what they were before the option existed); each
-index line's ``dtype`` is the stored array's either way.
+Values are checked when the preset is read (the audio operators run once on a short signal),
+so a bad one stops the command before anything is written. The full, normalized preset is
+stored in the output's ``extract.json`` and each kind's part in every index line (``params``).
+The audio ``dtype`` appears there only when it is not the default float32 (so a float32 job's
+files are what they were before the option existed); each index line's ``dtype`` is the stored
+array's either way.
 """
 
 from __future__ import annotations
@@ -42,7 +44,11 @@ import copy
 import json
 import os
 
+import numpy as np
+
 from ...formats import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS  # noqa: E402
+from ...ops import audio as audio_ops
+from ._process import apply_audio_ops
 
 EXTENSIONS = {"audio": AUDIO_EXTENSIONS, "video": VIDEO_EXTENSIONS, "image": IMAGE_EXTENSIONS}
 KINDS = ("audio", "video", "image")
@@ -212,7 +218,102 @@ def normalize_preset(cfg: dict, *, name: str, where: str = "preset") -> dict:
         if im:
             raise PresetError(f"{where}: [image] unknown key(s) {sorted(im)}")
         out["image"] = {"ops": ops}
+    _check_values(out, where)
     return out
+
+
+def _bad(where, kind, i, op, e) -> PresetError:
+    return PresetError(f"{where}: [{kind}] ops[{i}] ({op['op']}): {e}")
+
+
+def _pos_int(name, v):
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+def _size(name, v):
+    """An int or [h, w] of positive ints."""
+    if isinstance(v, list) and len(v) == 2:
+        for x in v:
+            _pos_int(name, x)
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"{name} must be a positive int or [height, width], got {v!r}")
+
+
+_INTERPOLATIONS = ("bilinear", "bicubic")
+
+
+def _check_values(cfg: dict, where: str) -> None:
+    """Check the operators' values as a run would use them, so that a bad one fails when the
+    preset is read (naming the operator, its argument and the value), before anything is
+    written, instead of failing every input. The audio chain runs once on a short signal on
+    the CPU (its operators check their own arguments); pixel operators and video samplers are
+    checked here (a dry run would depend on the image size)."""
+    if "audio" in cfg:
+        a = cfg["audio"]
+        ops = a["ops"]
+        for i, op in enumerate(ops):
+            if op["op"] == "log_mel" and op.get("preset", "nemo") not in audio_ops.PRESETS:
+                raise _bad(where, "audio", i, op, f"preset must be one of "
+                           f"{', '.join(audio_ops.PRESETS)}, got {op['preset']!r}")
+        sr = a["sample_rate"]
+        n = sr  # 1 s, or longer for the windows the preset names
+        for op in ops:
+            for k in ("n_fft", "win_length"):
+                v = op.get(k)
+                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                    n = max(n, 4 * v)
+
+        def run(chain):
+            x = np.zeros((1, n), dtype=np.float32)
+            x[0, ::97] = 0.25  # not all zeros: some operators branch on silence
+            apply_audio_ops(x, np.array([n], dtype=np.int64), sr, chain)
+
+        try:
+            run(ops)
+        except Exception:  # noqa: BLE001 - find the operator that fails, and say why
+            for i in range(len(ops)):
+                try:
+                    run(ops[: i + 1])
+                except Exception as e:  # noqa: BLE001
+                    raise _bad(where, "audio", i, ops[i], e) from None
+    for kind in ("video", "image"):
+        if kind not in cfg:
+            continue
+        for i, op in enumerate(cfg[kind]["ops"]):
+            try:
+                if op["op"] == "resize":
+                    if ("size" in op) == ("short_side" in op):
+                        raise ValueError("give exactly one of size or short_side")
+                    if "size" in op:
+                        _size("size", op["size"])
+                    else:
+                        _pos_int("short_side", op["short_side"])
+                    interp = op.get("interpolation", "bilinear")
+                    if interp not in _INTERPOLATIONS:
+                        raise ValueError(f"interpolation must be one of "
+                                         f"{', '.join(_INTERPOLATIONS)}, got {interp!r}")
+                    if not isinstance(op.get("antialias", True), bool):
+                        raise ValueError(f"antialias must be true or false, "
+                                         f"got {op['antialias']!r}")
+                elif op["op"] == "center_crop":
+                    if "size" not in op:
+                        raise ValueError("size is required")
+                    _size("size", op["size"])
+            except ValueError as e:
+                raise _bad(where, kind, i, op, e) from None
+    if "video" in cfg:
+        v = cfg["video"]
+        try:
+            for k in ("num_frames", "clip_length", "num_clips", "stride"):
+                if k in v:
+                    _pos_int(k, v[k])
+            m = v.get("max_frames")
+            if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
+                raise ValueError(f"max_frames must be an int >= 0 (0: no limit), got {m!r}")
+        except ValueError as e:
+            raise PresetError(f"{where}: [video] {e}") from None
 
 
 def load_preset_file(path: str) -> dict:
