@@ -1,4 +1,4 @@
-"""The README's three jobs run as written (on the CPU, from the repository's root)."""
+"""The README's job examples (the three jobs, images beside video) run as written (on the CPU, from the repository's root)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ def _job_blocks():
     return re.findall(r"```python\n(.*?)```", jobs, re.S)
 
 
-@pytest.mark.parametrize("i", range(3))
+@pytest.mark.parametrize("i", range(4))
 def test_readme_job_examples_run(i):
     blocks = _job_blocks()
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     env = dict(os.environ, AVPIPE_DISABLE_GPU="1", PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", blocks[i]], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
