@@ -49,6 +49,15 @@ def make(n=50, task=None, **kw):
     return Feed(items(n), task or Synth(), **kw)
 
 
+def synth_feed(n=24, *, batch_size=2, bad=(), rank=0, world_size=1, **kw):
+    """A Synth feed with a spec (replicas for torch's DataLoader workers)."""
+    kw.setdefault("device", "cpu")
+    spec = (synth_feed, dict(n=n, batch_size=batch_size, bad=tuple(bad), rank=rank,
+                             world_size=world_size, **kw))
+    return Feed(items(n), Synth(bad=bad), batch_size=batch_size, rank=rank,
+                world_size=world_size, spec=spec, **kw)
+
+
 def epoch_ids(feed):
     return [b.ids.tolist() for b in feed]
 
@@ -506,3 +515,45 @@ def test_errors_of_the_epoch_ahead_appear_only_when_it_is_iterated():
     assert len(f.errors) == n
     epoch_ids(f)
     assert len(f.errors) == 2 * n  # each failure once per epoch
+
+
+# --- torch DataLoader workers ---------------------------------------------------------------
+
+
+def _loader_epoch(dl):
+    return [b.ids.tolist() for b in dl]
+
+
+def test_torch_persistent_workers_run_the_next_epoch_and_set_epoch_still_works():
+    torch = pytest.importorskip("torch")
+    n, nw = 24, 2
+    # the DataLoader's round robin over 2 workers = the feed with 2 ranks, in global order
+    ref = [synth_feed(n, seed=3, rank=r, world_size=nw) for r in range(nw)]
+    want = [[b for pair in zip(*[epoch_ids(f) for f in ref]) for b in pair] for _ in range(3)]
+    assert want[0] != want[1] != want[2]
+    ds = synth_feed(n, seed=3).torch_dataset()
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=nw,
+                                     persistent_workers=True)
+    got = [_loader_epoch(dl) for _ in range(3)]  # no set_epoch: the workers advance
+    for e in got:
+        assert sorted(flat(e)) == list(range(n))  # each epoch: every item exactly once
+    assert got == want
+    del dl
+    # in the main process (no workers): the same, each iter the next epoch
+    ds = synth_feed(n, seed=3).torch_dataset()
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
+    one = [flat(_loader_epoch(dl)) for _ in range(2)]
+    assert one[0] != one[1] and sorted(one[0]) == sorted(one[1]) == list(range(n))
+    # workers started anew each epoch: set_epoch picks the epoch, as before
+    ds = synth_feed(n, seed=3).torch_dataset()
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=nw)
+    for e in (0, 2, 1):
+        ds.set_epoch(e)
+        assert _loader_epoch(dl) == want[e]
+    # persistent workers started after set_epoch(1): epochs 1, 2
+    ds = synth_feed(n, seed=3).torch_dataset()
+    ds.set_epoch(1)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=nw,
+                                     persistent_workers=True)
+    assert [_loader_epoch(dl) for _ in range(2)] == want[1:]
+    del dl

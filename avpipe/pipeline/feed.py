@@ -55,6 +55,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import contextlib
+import os
 import queue
 import threading
 import time
@@ -958,14 +959,27 @@ class _FeedDataset:
     ``rank * N + w`` of ``world_size * N``: the workers split the same global permutation
     (disjoint, equal counts), and the DataLoader's in-order round robin yields the global
     batches in the same order as ``N * world_size`` ranks would. ``len(ds)``: batches per
-    epoch over all workers of this rank. Call ``set_epoch(e)`` each epoch (as with torch's
-    ``DistributedSampler``) unless the workers are persistent. ``load_state_dict(state)``
-    before building the DataLoader resumes from a feed state (rebased for the workers)."""
+    epoch over all workers of this rank.
+
+    Epochs: each process that iterates the dataset (a worker, or the main process with
+    ``num_workers=0``) keeps its replica on its copy of the dataset, and each ``iter`` runs
+    the replica's next epoch (the feed's own advance). ``set_epoch`` / ``load_state_dict``
+    apply once, to the next ``iter`` of each process's replica, and reach a worker only when
+    the worker starts (it copies the dataset then). Persistent workers need no ``set_epoch``:
+    they start where the main process's dataset says (epoch 0, or what ``set_epoch`` /
+    ``load_state_dict`` gave before their first epoch) and go on with the next epochs. Workers
+    started anew each epoch (not persistent) copy the main process's dataset each epoch: call
+    ``set_epoch(e)`` before each epoch (as with torch's ``DistributedSampler``), else every
+    epoch repeats the first. ``load_state_dict(state)`` before building the DataLoader resumes
+    from a feed state (rebased for the workers)."""
 
     def __init__(self, feed: Feed):
         self.feed = feed
         self._epoch = None
         self._state = None
+        self._order = 0  # counts set_epoch / load_state_dict calls
+        # this process's replica: ((pid, worker id, workers), the _order it applied, feed)
+        self._replica = None
 
     def _workers(self):
         import torch.utils.data as tud
@@ -976,9 +990,11 @@ class _FeedDataset:
     def set_epoch(self, epoch: int):
         self._epoch = int(epoch)
         self._state = None
+        self._order += 1
 
     def load_state_dict(self, state):
         self._state = state
+        self._order += 1
 
     def state_dict(self, batches_consumed: int, num_workers: int) -> dict:
         """The feed state after ``batches_consumed`` batches of this epoch from a DataLoader
@@ -998,14 +1014,23 @@ class _FeedDataset:
 
     def __iter__(self):
         wid, nw = self._workers()
-        f = self.feed
-        if nw > 1 or f.framework != "torch":
-            f = f.replica(rank=f.rank * nw + wid, world_size=f.world_size * nw,
-                          framework="torch", **({"device": "cpu"} if nw > 1 else {}))
-        if self._epoch is not None:
-            f.set_epoch(self._epoch)
-        if self._state is not None:
-            f.load_state_dict(self._state)
+        me = (os.getpid(), wid, nw)
+        rep = self._replica
+        if rep is None or rep[0] != me:
+            # this process's first iter (a worker's copy of the dataset may hold the main
+            # process's replica: not this process's)
+            f = self.feed
+            if nw > 1 or f.framework != "torch":
+                f = f.replica(rank=f.rank * nw + wid, world_size=f.world_size * nw,
+                              framework="torch", **({"device": "cpu"} if nw > 1 else {}))
+            rep = (me, None, f)
+        f = rep[2]
+        if rep[1] != self._order:  # a set_epoch / load_state_dict not applied here yet
+            if self._epoch is not None:
+                f.set_epoch(self._epoch)
+            if self._state is not None:
+                f.load_state_dict(self._state)
+        self._replica = (me, self._order, f)
         return iter(f)
 
 
