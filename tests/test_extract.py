@@ -503,6 +503,52 @@ def test_progress_is_sent_per_batch():
     assert sent == [(3, 1, 3.0, 0.0), (1, 0, 1.5, 0.0)]
 
 
+@pytest.mark.parametrize("inp, preset, unit, total", [
+    # audio only, durations from the folder's manifest: hours, known before the first file
+    ("speech", "nemo", "audio-h", "manifest"),
+    # audio only, no durations known: hours, the total estimated from the files done
+    ("speech/*.ogg", "nemo", "audio-h", "estimated"),
+    ("video/squares_vp8.webm", "quickstart", "frame", 8),  # 8 uniform frames per video
+    ("video/squares_vp8.webm", "clips", "frame", 64),  # 4 clips of 16
+    ("images", "thumbnails", "file", 6),  # images are not frames
+    ("video/squares_vp8.webm", "frames", "file", 1),  # --fps: frames per video not known
+])
+def test_progress_bar_unit_fits_the_inputs(tmp_path, monkeypatch, capsys, inp, preset, unit,
+                                           total):
+    import avpipe.recipes.extract as ex
+
+    bars = []
+
+    class Recorded(ex._Progress):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            bars.append(self)
+            self.first_total = self.bar.total
+
+    monkeypatch.setattr(ex, "_Progress", Recorded)
+    s = run_extract(str(SAMPLES / inp), preset=preset, out_dir=tmp_path / "o", device="cpu",
+                    progress=True)
+    assert s.complete and s.errors == 0
+    (bar,) = bars
+    err = capsys.readouterr().err
+    assert bar.unit == unit, bar.unit
+    assert f" {unit}/s" in err or f"s/ {unit}" in err, err[-300:]  # tqdm inverts rates < 1
+    if unit != "file":
+        assert "file/s" not in err
+    if total == "manifest":
+        durations = [r["duration"] for r in jsonl(SAMPLES / "speech" / "manifest.jsonl")]
+        assert bar.first_total == pytest.approx(sum(durations) / 3600)
+        assert bar.bar.n == pytest.approx(bar.first_total, rel=1e-3)
+    elif total == "estimated":
+        assert bar.first_total is None
+        assert bar.bar.total == pytest.approx(s.audio_seconds / 3600) and s.audio_seconds > 1
+        assert bar.bar.n == pytest.approx(bar.bar.total)
+    else:
+        assert bar.first_total == total and bar.bar.n == total
+    if preset == "thumbnails":
+        assert s.frames == 0 and "frames/s" not in s.format()
+
+
 @pytest.mark.parametrize("preset", ["nemo", "nemo_v1", "mlperf_rnnt", "mfcc"])
 def test_audio_warm_up_runs_the_presets_operators(preset, monkeypatch):
     """The warm-up (run in a thread on a GPU while the loader opens the files) goes through the

@@ -231,13 +231,41 @@ class _Lock:
 
 
 class _Progress:
-    def __init__(self, total: int, cfg: dict, enabled):
+    """The progress bar (tqdm, on stderr), in the unit that fits the inputs to do: audio hours
+    when they are all audio (total: their manifest durations, the rest estimated from the mean
+    duration of the files done so far, so the ETA is in audio), frames when they are all video
+    and the preset samples a fixed number of frames per video, else files. Fed ``(files,
+    errors, audio seconds, video frames)`` payloads."""
+
+    def __init__(self, items, cfg: dict, enabled):
         from tqdm import tqdm
 
         disable = (not sys.stderr.isatty()) if enabled is None else not enabled
-        self.audio_only = set(cfg) & {"audio", "video", "image"} == {"audio"}
-        self.bar = tqdm(total=total, file=sys.stderr, disable=disable, unit="file",
-                        desc="extract", dynamic_ncols=True, smoothing=0.1)
+        kinds = {it.kind for it in items}
+        self.files_total = len(items)
+        self.frames_per_file = None
+        self.known_seconds = 0.0  # audio: manifest durations of the inputs to do
+        self.unknown_files = 0  # ... and how many have none
+        if kinds == {"audio"}:
+            self.unit = "audio-h"
+            for it in items:
+                d = _duration_of(it)
+                if d is None:
+                    self.unknown_files += 1
+                else:
+                    self.known_seconds += d
+            total = self.known_seconds / 3600 if not self.unknown_files else None
+        elif kinds == {"video"} and _frames_per_video(cfg["video"]) is not None:
+            self.unit = "frame"
+            self.frames_per_file = _frames_per_video(cfg["video"])
+            total = self.files_total * self.frames_per_file
+        else:
+            self.unit = "file"
+            total = self.files_total
+        self.total = total
+        self.bar = tqdm(total=total, file=sys.stderr, disable=disable, unit=" " + self.unit,
+                        unit_scale=self.unit != "file", desc="extract", dynamic_ncols=True,
+                        smoothing=0.1)
         self.t0 = time.perf_counter()
         self.files = self.errors = 0
         self.seconds = self.frames = 0.0
@@ -249,15 +277,30 @@ class _Progress:
         self.errors += errors
         self.seconds += seconds
         self.frames += frames
-        self.bar.update(files)
+        if self.unit == "audio-h":
+            if self.unknown_files and self.files > self.errors:
+                # the files without a known duration: as long as the mean of those done
+                mean = self.seconds / (self.files - self.errors)
+                self.total = (self.known_seconds + self.unknown_files * mean) / 3600
+                self.bar.total = self.total
+            n = self.bar.n + seconds / 3600
+            if self.bar.total is not None and n > self.bar.total:
+                self.bar.total = n  # the manifest's durations fell a little short
+            self.bar.update(seconds / 3600)
+        elif self.unit == "frame":  # a failed video counts its frames too: the bar ends full
+            self.bar.update(files * self.frames_per_file)
+        else:
+            self.bar.update(files)
         now = time.perf_counter()
         if now - self._last > 0.5:
             self._last = now
             dt = max(now - self.t0, 1e-9)
             parts = []
-            if self.seconds:
+            if self.unit != "file":
+                parts.append(f"{self.files / dt:.1f} files/s")
+            if self.seconds and self.unit != "audio-h":
                 parts.append(f"{self.seconds / 3600 / dt:.3g} audio-h/s")
-            if self.frames:
+            if self.frames and self.unit != "frame":
                 parts.append(f"{self.frames / dt:.1f} frames/s")
             if self.errors:
                 parts.append(f"{self.errors} err")
@@ -265,6 +308,26 @@ class _Progress:
 
     def close(self):
         self.bar.close()
+
+
+def _duration_of(item) -> float | None:
+    """An input's duration in seconds from its manifest fields, or None."""
+    d = item.fields.get("duration")
+    try:
+        d = float(d)
+    except (TypeError, ValueError):
+        return None
+    return d if d >= 0 and d == d and d != float("inf") else None
+
+
+def _frames_per_video(vcfg: dict) -> int | None:
+    """The frames the video sampler takes from every video, or None (``fps``: it depends on
+    the video's duration)."""
+    if vcfg["sampler"] == "uniform":
+        return int(vcfg["num_frames"])
+    if vcfg["sampler"] == "clips":
+        return int(vcfg["num_clips"]) * int(vcfg["clip_length"])
+    return None
 
 
 def run_extract(
@@ -366,7 +429,8 @@ def _run_extract(input_path, preset, out_dir, device, devices, format, shard_siz
 
         duplicated = frozenset(s for s, n in Counter(it.source for it in inp.items).items()
                                if n > 1)
-        bar = _Progress(sum(s.end - s.start for s in todo), cfg, progress)
+        bar = _Progress([inp.items[i] for s in todo for i in range(s.start, s.end)], cfg,
+                        progress)
         written: dict[str, int] = {}
 
         try:

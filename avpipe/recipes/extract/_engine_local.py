@@ -34,10 +34,8 @@ def _progress_payload(r: Result) -> tuple:
     if r.ok:
         if r.item.kind == "audio":
             seconds = float(r.info.get("seconds", 0.0))
-        elif r.item.kind == "video":
+        elif r.item.kind == "video":  # images are not frames
             frames = float(len(r.info.get("times", ())))
-        else:
-            frames = 1.0
     return (1, 0 if r.ok else 1, seconds, frames)
 
 
