@@ -243,6 +243,45 @@ def test_resume_across_world_size(W0, W1, bad):
     assert got + epoch_ids(h) == rest[0]
 
 
+def test_resume_refuses_states_that_cannot_be_exact():
+    n, B, bad = 40, 4, (0, 1, 4)
+
+    def mk(r, W):
+        return make(n, task=Synth(bad=bad), batch_size=B, rank=r, world_size=W, seed=4,
+                    shuffle=False)
+
+    states, seen = [], []
+    for r in range(2):
+        f = mk(r, 2)
+        got, it = _take(f, 1)
+        seen += flat(got)
+        states.append(json.loads(json.dumps(f.state_dict())))
+        it.close()
+    assert [s["borrowed"] for s in states] == [2, 1]  # rank 0 replaced 2 items, rank 1 one
+    # the same world size: this rank's own state, alone or in a list
+    with pytest.raises(ValueError, match=r"no state of rank 1 \(world_size=2\)"):
+        mk(1, 2).load_state_dict(states[0])
+    with pytest.raises(ValueError, match=r"no state of rank 1 \(world_size=2\)"):
+        mk(1, 2).load_state_dict([states[0]])
+    full1 = epoch_ids(mk(1, 2))
+    g = mk(1, 2)
+    g.load_state_dict(states[::-1])
+    assert epoch_ids(g) == full1[1:]
+    # another world size: every old rank's state (rank 1's borrowed items are not rank 0's)
+    with pytest.raises(ValueError, match=r"world_size=2 .*missing rank\(s\) \[1\]"):
+        mk(0, 3).load_state_dict(states[0])
+    new = [mk(r, 3) for r in range(3)]
+    for f in new:
+        f.load_state_dict([[states[0]], [states[1]]])  # lists of lists: flattened
+    allids = seen + flat(flat(epoch_ids(f) for f in new))
+    assert len(allids) == len(set(allids)) and set(allids) == set(range(n)) - set(bad)
+    # ranks that are not ranks of the world size, two different states of one rank
+    with pytest.raises(ValueError, match="rank 2 is not a rank of world_size=2"):
+        mk(0, 2).load_state_dict([states[0], dict(states[1], rank=2)])
+    with pytest.raises(ValueError, match="two different states of rank 0"):
+        mk(0, 2).load_state_dict([states[0], dict(states[0], borrowed=0)])
+
+
 def test_state_from_other_feed_refused():
     f = make(50, seed=1)
     with pytest.raises(ValueError, match="seed"):
@@ -557,3 +596,19 @@ def test_torch_persistent_workers_run_the_next_epoch_and_set_epoch_still_works()
                                      persistent_workers=True)
     assert [_loader_epoch(dl) for _ in range(2)] == want[1:]
     del dl
+
+
+def test_torch_dataset_state_is_its_workers_states_and_resumes_its_workers():
+    torch = pytest.importorskip("torch")
+    ref = [epoch_ids(synth_feed(24, seed=5, rank=r, world_size=2)) for r in range(2)]
+    want = [b for pair in zip(*ref) for b in pair]
+    st = json.loads(json.dumps(synth_feed(24, seed=5).torch_dataset().state_dict(
+        batches_consumed=4, num_workers=2)))
+    assert [(s["rank"], s["world_size"], s["step"]) for s in st] == [(0, 2, 2), (1, 2, 2)]
+    ds = synth_feed(24, seed=5).torch_dataset()
+    ds.load_state_dict(st)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    assert _loader_epoch(dl) == want[4:]
+    g = synth_feed(24, seed=5)  # a plain feed of the saving world size (1): all its ranks
+    g.load_state_dict(st)
+    assert epoch_ids(g) == want[4:]  # the rest of the global order, re-cut for 1 rank

@@ -23,13 +23,18 @@ missed under load may not).
 Resume: ``feed.state_dict()`` holds the position as ``(epoch, step)`` in one global order -
 ``consumed = step * world_size * batch_size`` items of the epoch's permutation (fixed batch
 size; with ``max_duration``, ``step * world_size`` global batches) - plus ``borrowed``, the
-number of replacement items this rank took from the end of its share. A feed built with the
-same arguments that loads it yields exactly the batches the uninterrupted one would have.
-With a different ``world_size`` (or torch DataLoader worker count) the rest of the epoch,
-``plan[step * W_old:]`` minus the replacements already used, is re-cut for the new world size
-(ranks disjoint, all remaining items); the rule is recorded in the state (``rebase``), so later
-resumes stay exact. Pass every rank's state (a list) to carry all ranks' replacements over; one
-rank's state carries only its own (without errors there are none).
+number of replacement items this rank took from the end of its share. Each rank loads its
+own state (or a list of the ranks' states that holds it): a feed built with the same arguments
+that loads it yields exactly the batches the uninterrupted one would have. With a different
+``world_size`` (or torch DataLoader worker count) the rest of the epoch, ``plan[step * W_old:]``
+minus the replacements already used, is re-cut for the new world size (ranks disjoint, all
+remaining items); the rule is recorded in the state (``rebase``), so later resumes stay exact.
+That needs every old rank's state (a list: their ``borrowed`` counts say which items the old
+ranks already took as replacements; ``FeedDataset.state_dict`` gives its workers' states as
+such a list). Anything else - a list without this rank's state at the
+same world size, or an old rank's state missing on a world size change - raises ``ValueError``
+naming the missing rank(s) and the world size (another rank's count would make the resume
+inexact: items lost or repeated).
 
 Execution: a background thread decodes and collates up to ``prefetch`` batches ahead into a
 bounded queue; dropping (or ``close()``-ing) the iterator mid-epoch stops and joins it. On a GPU
@@ -79,6 +84,13 @@ AHEAD_IDLE_S = 10.0
 
 def _start(epoch):
     return {"epoch": int(epoch), "step": 0, "borrowed": 0, "rebase": []}
+
+
+def _flat_states(state) -> list:
+    """A state, or a list of states (or of lists of states): the states, in order."""
+    if isinstance(state, (list, tuple)):
+        return [s for x in state for s in _flat_states(x)]
+    return [state]
 
 
 class Batch(SimpleNamespace):
@@ -377,8 +389,11 @@ class Feed:
         return flat[len(flat) - b:].tolist()
 
     def load_state_dict(self, state) -> None:
-        """Resume at ``state`` (one rank's state, or a list of every rank's states)."""
-        states = list(state) if isinstance(state, (list, tuple)) else [state]
+        """Resume at ``state``: one rank's state, or a list of ranks' states (lists of lists are
+        flattened). With the saving feed's ``world_size`` it must hold this rank's state; with
+        another ``world_size`` every saving rank's state (module docstring: the resume rule).
+        Anything else is a ``ValueError`` naming the missing ranks."""
+        states = _flat_states(state)
         if not states:
             raise ValueError("state: empty list")
         fp = self._fingerprint()
@@ -392,15 +407,34 @@ class Feed:
             if (s["epoch"], s["step"], s["world_size"], s["rebase"]) != \
                     (s0["epoch"], s0["step"], s0["world_size"], s0["rebase"]):
                 raise ValueError("state: the ranks' states are not at the same step")
+        old_w = int(s0["world_size"])
+        by_rank = {}
+        for s in states:
+            r = int(s["rank"])
+            if not 0 <= r < old_w:
+                raise ValueError(f"state: rank {r} is not a rank of world_size={old_w}")
+            if r in by_rank and int(by_rank[r]["borrowed"]) != int(s["borrowed"]):
+                raise ValueError(f"state: two different states of rank {r} "
+                                 f"(world_size={old_w})")
+            by_rank[r] = s
         rebase = [dict(r) for r in s0["rebase"]]
-        if int(s0["world_size"]) == self.world_size:
-            mine = [s for s in states if int(s["rank"]) == self.rank] or [s0]
+        if old_w == self.world_size:
+            if self.rank not in by_rank:
+                raise ValueError(
+                    f"state: no state of rank {self.rank} (world_size={old_w}) among the "
+                    f"given ranks {sorted(by_rank)}; each rank resumes from its own state "
+                    "(it holds the rank's replacement count)")
             self._pos = {"epoch": int(s0["epoch"]), "step": int(s0["step"]),
-                         "borrowed": int(mine[0]["borrowed"]), "rebase": rebase}
+                         "borrowed": int(by_rank[self.rank]["borrowed"]), "rebase": rebase}
         else:
-            exclude = sorted({i for s in states for i in self._borrowed_ids(s)})
-            rebase.append({"world_size": int(s0["world_size"]), "step": int(s0["step"]),
-                           "exclude": exclude})
+            missing = sorted(set(range(old_w)) - set(by_rank))
+            if missing:
+                raise ValueError(
+                    f"state: resuming world_size={old_w} with world_size={self.world_size} "
+                    f"needs every rank's state of world_size={old_w} (they hold the ranks' "
+                    f"replacement counts); missing rank(s) {missing}")
+            exclude = sorted({i for s in by_rank.values() for i in self._borrowed_ids(s)})
+            rebase.append({"world_size": old_w, "step": int(s0["step"]), "exclude": exclude})
             self._pos = {"epoch": int(s0["epoch"]), "step": 0, "borrowed": 0, "rebase": rebase}
         self._pending = True
 
@@ -996,18 +1030,22 @@ class _FeedDataset:
         self._state = state
         self._order += 1
 
-    def state_dict(self, batches_consumed: int, num_workers: int) -> dict:
+    def state_dict(self, batches_consumed: int, num_workers: int) -> list:
         """The feed state after ``batches_consumed`` batches of this epoch from a DataLoader
-        with ``num_workers`` workers; exact at multiples of ``num_workers`` (the round robin's
-        full rounds) and when no item was replaced."""
+        with ``num_workers`` workers: a list of the workers' states (ranks ``rank * N + w`` of
+        ``world_size * N``, as ``load_state_dict`` of a feed or of this dataset takes them);
+        exact at multiples of ``num_workers`` (the round robin's full rounds) and when no item
+        was replaced (the workers' replacement counts stay in the workers: 0 here)."""
         f = self.feed
         nw = max(1, int(num_workers))
-        st = f.state_dict()
-        st.update(world_size=f.world_size * nw, rank=f.rank * nw,
-                  step=int(batches_consumed) // nw, borrowed=0)
+        base = f.state_dict()
+        W = f.world_size * nw
+        step = int(batches_consumed) // nw
         unit = (f.batch_size or 1) if f.mode == "fixed" else 1
-        st["consumed"] = st["step"] * st["world_size"] * unit
-        return st
+        return [dict(base, world_size=W, rank=f.rank * nw + w, step=step, borrowed=0,
+                     consumed=step * W * unit,
+                     rebase=[dict(r, exclude=list(r["exclude"])) for r in base["rebase"]])
+                for w in range(nw)]
 
     def __len__(self):
         return len(self.feed)
