@@ -339,6 +339,15 @@ class _AudioStream:
         for t in self.warm:
             t.join()
 
+    def close(self) -> None:
+        """End the streams: the loaders' worker processes and their queues' semaphores (a
+        stream left suspended at its last item would keep them until the interpreter's
+        tear-down, which a worker process skips)."""
+        self.join_warm_up()
+        for stream in self.streams.values():
+            stream.close()
+        self.streams.clear()
+
     def next_for(self, item: Item):
         got = next(self.streams[self.route[item.index]])
         assert got[0].index == item.index, (got[0].index, item.index)
@@ -487,6 +496,19 @@ def _shard_results(shards, items, cfg, dev, batch, audio, video, image, on_resul
             on_result(r)
         return r
 
+    try:
+        yield from _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit,
+                                     blocked)
+    finally:  # every shard given, or the caller stopped: the decoders' processes end here
+        if audio is not None:
+            audio.close()
+        for stream in (video, image):
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+
+
+def _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit, blocked):
     for s in shards:
         results: dict[int, Result] = {}
         pending: list = []  # decoded audio waiting for its batch: (item, signal)
