@@ -12,6 +12,7 @@ when the data is on a GPU, since host memory is the only place numpy can see).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
@@ -182,17 +183,51 @@ def to_device(x, device: Any = None):
 def upload_many(xp, arrays) -> list:
     """Host numpy ``arrays`` on ``xp``'s device in one copy: packed into one byte buffer, each at
     an offset aligned to 8 bytes; returns views of it with the arrays' dtypes and shapes (for
-    kernels' small per-call tables: one transfer instead of one each)."""
+    kernels' small per-call tables: one transfer instead of one each).
+
+    On a GPU the buffer is pinned host memory and the copy is queued on the current stream
+    without waiting: a copy from pageable memory first waits for all the work queued on the
+    stream, which would hold the caller (a feed's producer) to the GPU's pace every batch. The
+    pinned buffer is kept until the copy is done (:func:`_keep_until_copied`)."""
     arrays = [np.ascontiguousarray(a) for a in arrays]
     offs, pos = [], 0
     for a in arrays:
         offs.append(pos)
         pos += -(-a.nbytes // 8) * 8
-    buf = np.zeros(max(pos, 8), np.uint8)
+    size = max(pos, 8)
+    if xp is np:
+        buf = np.zeros(size, np.uint8)
+    else:
+        mem = xp.cuda.alloc_pinned_memory(1 << max(12, (size - 1).bit_length()))
+        buf = np.frombuffer(mem, np.uint8, size)
     for a, o in zip(arrays, offs):
         buf[o : o + a.nbytes] = a.view(np.uint8).reshape(-1)
-    dev = xp.asarray(buf)
+    if xp is np:
+        dev = buf
+    else:
+        dev = xp.empty(size, xp.uint8)
+        st = xp.cuda.get_current_stream()
+        rt = xp.cuda.runtime
+        rt.memcpyAsync(dev.data.ptr, buf.ctypes.data, size, rt.memcpyHostToDevice, st.ptr)
+        _keep_until_copied(st.record(), mem)
     return [dev[o : o + a.nbytes].view(a.dtype).reshape(a.shape) for a, o in zip(arrays, offs)]
+
+
+_IN_FLIGHT: collections.deque = collections.deque()  # (event, pinned memory) of queued copies
+
+
+def _keep_until_copied(event, mem) -> None:
+    """Hold ``mem`` (a copy's pinned source) until ``event`` (recorded after the copy) is done;
+    the copies already done let go of theirs."""
+    _IN_FLIGHT.append((event, mem))
+    while _IN_FLIGHT:
+        try:
+            ev, _ = _IN_FLIGHT[0]
+            if not ev.done:
+                break
+            _IN_FLIGHT.popleft()
+        except IndexError:  # another thread took it
+            break
 
 
 @contextlib.contextmanager

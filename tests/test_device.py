@@ -125,3 +125,60 @@ def test_gpu_to_jax_roundtrip():
     assert np.asarray(j).tolist() == list(range(6))
     if jax.default_backend() == "gpu":  # a GPU JAX keeps it on the GPU
         assert all(d.platform == "gpu" for d in j.devices())
+
+
+@pytest.mark.gpu
+def test_gpu_upload_many_is_queued_on_the_stream_and_exact():
+    """On a GPU ``upload_many`` copies from pinned memory on the current stream without waiting
+    for it: copies queued behind other work arrive exact, in order with that work, and the
+    pinned buffers of finished copies are let go."""
+    import cupy as cp
+
+    rng = np.random.default_rng(1)
+    s = cp.cuda.Stream(non_blocking=True)
+    sent, got = [], []
+    with s:
+        big = cp.zeros(1 << 24, cp.float32)
+        for k in range(40):
+            arrays = [rng.integers(-9, 9, 64).astype(np.int64), rng.standard_normal(33)
+                      .astype(np.float32), np.full((3, 5), k, np.int32)]  # fmt: skip
+            big += 1.0  # work queued ahead of each copy
+            sent.append(arrays)
+            got.append(D.upload_many(cp, arrays))
+        s.synchronize()
+    assert float(big[0]) == 40.0
+    for arrays, views in zip(sent, got):
+        for a, v in zip(arrays, views):
+            assert v.dtype == a.dtype and v.shape == a.shape
+            np.testing.assert_array_equal(cp.asnumpy(v), a)
+    with s:
+        D.upload_many(cp, [np.arange(3)])
+    assert len(D._IN_FLIGHT) <= 2
+
+
+@pytest.mark.gpu
+def test_gpu_resampling_tap_bank_grows_and_equals_the_reference(monkeypatch):
+    """The kernel's taps stay on the device across batches (a bank that grows when a batch
+    brings new rate pairs); past the bank's size a batch uploads its own. Either way the rows
+    equal the array-module reference."""
+    import cupy as cp
+
+    from avpipe.ops import _resample as R
+
+    banks = {}
+    monkeypatch.setattr(R, "_bank", lambda dev, q: banks.setdefault((dev, q), R._TapBank(dev, q)))
+    monkeypatch.setattr(R._TapBank, "MAX_PAIRS", 6)
+    rng = np.random.default_rng(5)
+    for rates in ([13600, 16000, 17000, 16000], [13600, 18400, 14400, 16000],
+                  [8000, 11025, 22050, 44100, 12000, 13000, 15000]):  # the last: past 6 pairs
+        B = len(rates)
+        lens = rng.integers(1000, 6000, B)
+        x = np.zeros((B, int(lens.max())), np.float32)
+        for b, m in enumerate(lens):
+            x[b, :m] = rng.standard_normal(m)
+        ref, new_ref = R.resample_rows(x, lens, np.array(rates), 16000, quality="fast")
+        out, new = R.resample_rows(cp.asarray(x), lens, np.array(rates), 16000, quality="fast")
+        np.testing.assert_array_equal(np.asarray(new), new_ref)
+        np.testing.assert_allclose(cp.asnumpy(out), ref, atol=2e-6, rtol=2e-6)
+    bank = banks[(0, "fast")]
+    assert len(bank.pairs) == 5 and len(bank.retired) == 1  # grown once; the third batch: its own

@@ -20,6 +20,8 @@ import os
 
 import numpy as np
 
+from ..device import upload_many
+
 KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_log_mel.cu")
 
 log = logging.getLogger("avpipe")
@@ -101,9 +103,8 @@ def log_mel(x, lens_host, fl_host, T, cfg, noise):
                      int(cfg.n_mels), float(cfg.fmin), cfg.fmax, bool(cfg.mel_htk),
                      cfg.mel_norm)  # fmt: skip
     x = cupy.ascontiguousarray(x)
-    meta = cupy.asarray(np.concatenate([np.asarray(lens_host, np.int64),
-                                        np.asarray(fl_host, np.int64)]))  # one copy
-    lens, fl = meta[:B], meta[B:]
+    lens, fl = upload_many(cupy, [np.asarray(lens_host, np.int64),
+                                  np.asarray(fl_host, np.int64)])  # one copy, not waited for
     pad = n_fft // 2 if cfg.center else 0
     frames = cupy.empty((B, T, n_fft), cupy.float32)
     total = B * T * n_fft

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 
 import numpy as np
 
@@ -226,16 +227,60 @@ def row_args(lens, up, down, new, meta):
             np.array([r[0] for r in rows], np.int64), np.asarray(new, np.int64))
 
 
+class _TapBank:
+    """Every rate pair's taps met so far on one device, in one device buffer with its
+    ``(offset, W, K)`` per pair (:func:`table`'s layout): uploaded again only when a batch
+    brings a pair not seen before (a speed-perturbation grid has a few dozen), so a batch
+    copies only its per-row arrays. A replaced buffer is kept (a kernel queued on another
+    stream may still read it); past :data:`MAX_PAIRS` pairs the bank says no and the caller
+    uploads its batch's taps itself."""
+
+    MAX_PAIRS = 64
+
+    def __init__(self, device_id: int, quality: str):
+        self.device_id, self.quality = device_id, quality
+        self.pairs: tuple = ()
+        self.taps, self.meta = None, {}
+        self.retired: list = []
+        self.lock = threading.Lock()
+
+    def get(self, cupy, pairs):
+        """(device taps, meta) covering ``pairs``, or None past ``MAX_PAIRS``."""
+        with self.lock:
+            if self.taps is None or not pairs <= self.meta.keys():
+                grown = tuple(sorted(set(self.pairs) | pairs))
+                if len(grown) > self.MAX_PAIRS:
+                    return None
+                host, meta = table(grown, self.quality)
+                with cupy.cuda.Device(self.device_id):
+                    (taps,) = upload_many(cupy, [host])
+                    cupy.cuda.get_current_stream().synchronize()  # complete for every stream
+                if self.taps is not None:
+                    self.retired.append(self.taps)
+                self.pairs, self.taps, self.meta = grown, taps, meta
+            return self.taps, self.meta
+
+
+@functools.cache
+def _bank(device_id: int, quality: str) -> _TapBank:
+    return _TapBank(device_id, quality)
+
+
 def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
     """``out [B, width]`` float32 by the kernel (host int64 ``lens``, ``up``, ``down``,
     ``new`` per row; ``x`` a float32 cupy ``[B, n]``)."""
     x = cupy.ascontiguousarray(x)
     B, n = x.shape
-    pairs = tuple(sorted({(int(u), int(d)) for u, d in zip(up, down)}))
-    taps, meta = table(pairs, quality)  # the pairs' taps cached on the host (_taps32)
-    # the taps and the seven per-row arrays in one host-to-device copy
-    ln, u, d, half, ktaps, toff, n_out, taps = upload_many(
-        cupy, [*row_args(lens, up, down, new, meta), taps])
+    pairs = {(int(u), int(d)) for u, d in zip(up, down)}
+    banked = _bank(cupy.cuda.Device().id, quality).get(cupy, pairs)  # taps on the device
+    if banked is not None:  # the seven per-row arrays in one host-to-device copy
+        taps, meta = banked
+        ln, u, d, half, ktaps, toff, n_out = upload_many(cupy, row_args(lens, up, down, new,
+                                                                          meta))
+    else:  # many distinct rates: this batch's taps travel with its rows, in one copy
+        host, meta = table(tuple(sorted(pairs)), quality)
+        ln, u, d, half, ktaps, toff, n_out, taps = upload_many(
+            cupy, [*row_args(lens, up, down, new, meta), host])
     out = cupy.empty((B, int(width)), cupy.float32)
     total = B * int(width)
     threads = 256

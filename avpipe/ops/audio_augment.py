@@ -39,7 +39,7 @@ import os
 
 import numpy as np
 
-from ..device import array_module
+from ..device import array_module, upload_many
 from . import random as R
 from ._augment_base import (
     Augment,
@@ -553,7 +553,7 @@ def _spec_kernel(device_id: int):
 def _spec_augment_kernel(cupy, x, lens_host, params, mask_value):
     kf = int(np.shape(params["freq_start"])[1]) if np.ndim(params["freq_start"]) == 2 else 0
     kt = int(np.shape(params["time_start"])[1]) if np.ndim(params["time_start"]) == 2 else 0
-    table = cupy.asarray(spec_augment_table(lens_host, params))  # one copy from host params
+    (table,) = upload_many(cupy, [spec_augment_table(lens_host, params)])  # one copy, not waited for
     x = cupy.ascontiguousarray(x)
     B, F, T = x.shape
     out = cupy.empty_like(x)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...device import upload_many
+
 KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_flac_kernels.cu")
 PAD = 64  # bytes after a batch's data: the bit reader may look this far ahead
 
@@ -278,10 +280,12 @@ def launch(buf: np.ndarray, offsets: np.ndarray, plan: Plan | None = None) -> La
         data.data.ptr, buf.ctypes.data, nb, cupy.cuda.runtime.memcpyHostToDevice, stream.ptr
     )
     b = len(plan.infos)
-    meta = np.concatenate([plan.istart, plan.iend, plan.itotal, plan.ipcm, plan.iclaim])
-    meta = cupy.asarray(meta).reshape(5, b)
-    istart, iend, itotal, ipcm, iclaim = meta
-    imeta = cupy.asarray(plan.imeta)
+    # the per-file tables in one copy from pinned memory, queued without waiting for the
+    # stream (a pageable copy would wait for the previous window's decode)
+    meta, imeta = upload_many(cupy, [
+        np.concatenate([plan.istart, plan.iend, plan.itotal, plan.ipcm, plan.iclaim]),
+        plan.imeta])  # fmt: skip
+    istart, iend, itotal, ipcm, iclaim = meta.reshape(5, b)
     flags = cupy.zeros(nb, cupy.uint8)
     cand = cupy.empty(plan.cap, cupy.int64)
     n_cand = cupy.zeros(1, cupy.int32)
