@@ -57,6 +57,19 @@ def test_rnnt_offset_and_duration_honoured(tmp_path):
     (b,) = list(feed)
     # nemo preset (current NeMo): hop 160, frames = samples // 160
     assert b.feature_lengths.tolist() == [16000 // 160, 32000 // 160]
+    # the features are those of the samples cut by hand: the whole file, then the slices
+    whole = avpipe.load_audio(str(tmp_path / "a.wav"), sample_rate=16000).samples
+    assert whole.shape[0] >= 32000 + 8000
+
+    def feats(rows):
+        x = np.zeros((2, 32000), np.float32)
+        for r, v in enumerate(rows):
+            x[r, : v.shape[0]] = v
+        return avpipe.ops.audio.log_mel(x, np.array([16000, 32000]), preset="nemo")[0]
+
+    np.testing.assert_array_equal(b.features, feats([whole[8000:24000], whole[:32000]]))
+    at0 = feats([whole[:16000], whole[:32000]])
+    assert not np.allclose(b.features[0], at0[0])  # not the file's first second
 
 
 def test_rnnt_max_duration_and_too_long_items():

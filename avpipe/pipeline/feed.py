@@ -36,22 +36,24 @@ same world size, or an old rank's state missing on a world size change - raises 
 naming the missing rank(s) and the world size (another rank's count would make the resume
 inexact: items lost or repeated).
 
-Execution: a background thread decodes and collates up to ``prefetch`` batches ahead into a
-bounded queue; dropping (or ``close()``-ing) the iterator mid-epoch stops and joins it. On a GPU
-the producer works on its own CUDA stream and records an event after each batch; the consumer's
+Execution: a background thread decodes and collates batches ahead into a queue of ``prefetch``
+batches; while the queue is full it holds one more, so at most ``prefetch + 1`` collated
+batches are ahead of the consumer (decoding reads further ahead by :meth:`Task.decode_groups`'
+rule). Dropping (or ``close()``-ing) the iterator mid-epoch stops and joins it. On a GPU the
+producer works on its own CUDA stream and records an event after each batch; the consumer's
 current stream (cupy's, or torch's with ``framework="torch"``) waits on it, so batches arrive
 ordered on the consumer's stream without a host sync. When the consumer asks for the next
 batch, the previous batch's arrays go back to the producer with an event recorded on the
 consumer's stream; the producer's stream waits on it before they are dropped, so their memory
-(from the producer stream's pool) is reused only after the consumer's work on them. A batch
-the consumer keeps past the next ``next()`` and uses later: synchronize before dropping it.
+(from the producer stream's pool) is reused only after the consumer's work on them. A batch the
+consumer keeps past the next ``next()`` and uses later: synchronize before dropping it.
 
 Between epochs the producer does not stop: past an epoch's last batch it goes on with the next
-epoch's first ``prefetch`` batches, and the next ``iter(feed)`` takes them over when it starts
-where they start (the next epoch from its beginning, as after a full epoch or ``set_epoch`` of
-that epoch), so an epoch starts without waiting for its first batches to decode. Any other
-start (``set_epoch`` of another epoch, ``load_state_dict``) drops them; so does
-``feed.close()``, and the producer drops them itself when no ``iter`` takes them within
+epoch's first batches (the same bound: ``prefetch + 1``), and the next ``iter(feed)`` takes
+them over when it starts where they start (the next epoch from its beginning, as after a full
+epoch or ``set_epoch`` of that epoch), so an epoch starts without waiting for its first batches
+to decode. Any other start (``set_epoch`` of another epoch, ``load_state_dict``) drops them; so
+does ``feed.close()``, and the producer drops them itself when no ``iter`` takes them within
 :data:`AHEAD_IDLE_S` seconds (a feed that is not iterated again holds no thread or memory).
 """
 
