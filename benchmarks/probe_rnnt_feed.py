@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Where the RNN-T training feed's time goes while it runs pipelined (prefetch on, as a user runs
+it), not stepped one batch at a time as ``profile_stages.py --feeds`` does.
+
+    python3 benchmarks/probe_rnnt_feed.py --data /tmp/bench --out DIR [--budget 4]
+
+Each variant of ``rnnt_feed`` (bench_feeds.py's RNN-T settings: batch 64, speed perturbation
+U(0.85, 1.15), dither, SpecAugment, GPU FLAC) runs in its own child process for ``--budget``
+seconds after a warm-up, and reports audio-s/s: ``full`` (the benchmark's feed), ``eval``
+(``training=False``: no speed perturbation, dither or SpecAugment), ``no_speed``, ``no_spec``,
+``prefetch4``, ``threads4``. ``full`` also samples every thread's Python stack every 2 ms and
+writes the functions the feed's producer thread and the other threads were in most often
+(own and cumulative samples) to DIR/probe_rnnt_feed.txt: a sampling profile of the real,
+pipelined run (samples are taken when the sampling thread holds the GIL, so time spent outside
+Python, in a kernel launch or a read, is charged to the function that made the call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+VARIANTS = {
+    "full": {},
+    "eval": {"training": False},
+    "no_speed": {"speed_perturb": None},
+    "no_spec": {"spec_augment": None},
+    "prefetch4": {"prefetch": 4},
+    "threads4": {"threads": 4},
+}
+
+
+class Sampler:
+    """Counts, per thread name, the functions on every thread's stack every ``interval`` s."""
+
+    def __init__(self, interval=0.002):
+        self.interval, self.stop = interval, threading.Event()
+        self.own = collections.defaultdict(collections.Counter)
+        self.cum = collections.defaultdict(collections.Counter)
+        self.samples = collections.Counter()
+        self.thread = threading.Thread(target=self._run, name="probe-sampler", daemon=True)
+
+    def _run(self):
+        me = threading.get_ident()
+        while not self.stop.wait(self.interval):
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                name = names.get(ident, "?")
+                group = name if name.startswith(("avpipe-feed-producer", "Main")) else "other"
+                self.samples[group] += 1
+                seen = set()
+                f, top = frame, True
+                while f is not None:
+                    co = f.f_code
+                    key = f"{os.path.basename(co.co_filename)}:{co.co_firstlineno} {co.co_name}"
+                    if top:
+                        self.own[group][key] += 1
+                        top = False
+                    if key not in seen:
+                        self.cum[group][key] += 1
+                        seen.add(key)
+                    f = f.f_back
+
+    def report(self, n=25) -> str:
+        lines = []
+        for group in sorted(self.samples):
+            total = self.samples[group]
+            lines.append(f"== thread {group}: {total} samples")
+            for title, table in (("own", self.own[group]), ("cumulative", self.cum[group])):
+                lines.append(f"  -- {title}")
+                for key, c in table.most_common(n):
+                    lines.append(f"  {100 * c / total:6.1f} %  {key}")
+        return "\n".join(lines)
+
+
+def child(name, args):
+    import bench_feeds
+    import cupy
+
+    import avpipe
+
+    man, files, durs, _ = bench_feeds.audio_data(args)
+    dmap = dict(zip([os.path.abspath(f) for f in files], durs))
+    kw = dict(batch_size=bench_feeds.BATCH, seed=0, training=True, device="cuda",
+              speed_perturb=(0.85, 1.15), threads=16)
+    kw.update(VARIANTS[name])
+    feed = avpipe.recipes.rnnt_feed(man, **kw)
+    it = bench_feeds.epochs(feed)
+    for _ in range(4):
+        next(it)
+    cupy.cuda.runtime.deviceSynchronize()
+    sampler = Sampler() if name == "full" else None
+    if sampler:
+        sampler.thread.start()
+    t0, audio, n = time.perf_counter(), 0.0, 0
+    while time.perf_counter() - t0 < args.budget or n < 3:
+        b = next(it)
+        audio += sum(dmap[p] for p in b.paths)
+        n += 1
+    cupy.cuda.runtime.deviceSynchronize()
+    secs = time.perf_counter() - t0
+    if sampler:
+        sampler.stop.set()
+        sampler.thread.join()
+        with open(os.path.join(args.out, "probe_rnnt_feed.txt"), "w") as f:
+            f.write(f"full: {audio / secs:.0f} audio-s/s, {n} batches in {secs:.2f} s\n")
+            f.write(f"stats: {json.dumps(feed.stats(), default=str)}\n")
+            f.write(sampler.report())
+    feed.close()
+    print("RESULT " + json.dumps({"value": round(audio / secs, 1), "batches": n,
+                                  "seconds": round(secs, 2)}), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="/tmp/bench")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget", type=float, default=4.0)
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--child", default=None)
+    args = ap.parse_args()
+    args.cpu, args.threads = False, 16
+    os.makedirs(args.out, exist_ok=True)
+    if args.child:
+        child(args.child, args)
+        return 0
+    names = args.only.split(",") if args.only else list(VARIANTS)
+    results = {}
+    for name in names:
+        cmd = [sys.executable, __file__, "--child", name, "--data", args.data, "--out", args.out,
+               "--budget", str(args.budget)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget * 4 + 120)
+        got = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+        results[name] = json.loads(got[-1][7:]) if got else {"error": r.stderr[-800:]}
+        print(f"{name:10s} {results[name]}", flush=True)
+    with open(os.path.join(args.out, "probe_rnnt_feed.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
