@@ -145,6 +145,23 @@ def test_skip_fills_batches_and_reports_the_file():
         assert b.paths == [f"/data/item{i:04d}.bin" for i in b.ids]
 
 
+def test_skip_replaces_with_the_ranks_last_unused_item():
+    """The documented rule: a failed item's replacement is the rank's last unused item of the
+    epoch (from the end backwards, appended to the batch), not the next item."""
+    f = make(20, task=Synth(bad={1, 6}), shuffle=False)
+    assert epoch_ids(f) == [[0, 2, 3, 19], [4, 5, 7, 18], [8, 9, 10, 11], [12, 13, 14, 15],
+                            [16, 17]]
+    f = make(20, task=Synth(bad={1, 19}), shuffle=False)  # the replacement fails: the next one
+    assert epoch_ids(f)[0] == [0, 2, 3, 18] and len(f.errors) == 2
+    f = make(20, task=Synth(bad={1, 2, 3, 5, 6, 7, 9}), shuffle=False)
+    assert epoch_ids(f) == [[0, 19, 18, 17], [4, 16, 15, 14], [8, 10, 11, 13], [12], []]
+    # each rank from its own share's end (global batch k goes to rank k % 2)
+    got = [epoch_ids(make(24, task=Synth(bad={1, 4}), shuffle=False, rank=r, world_size=2))
+           for r in range(2)]
+    assert got == [[[0, 2, 3, 19], [8, 9, 10, 11], [16, 17, 18]],
+                   [[5, 6, 7, 23], [12, 13, 14, 15], [20, 21, 22]]]
+
+
 def test_skip_with_ranks_keeps_them_disjoint():
     bad = {1, 2, 5, 8, 13, 21, 34}
     W = 3

@@ -11,14 +11,17 @@ is in :mod:`avpipe.pipeline._order`.
 
 Errors (``on_error="skip"``): an item that fails (decode error, missing file, past the
 ``deadline``) is reported in ``feed.errors`` as ``(path, message)`` and, with a fixed batch
-size, replaced by the *last not yet used item of the same rank's epoch* (the rank's own items
-are its batches in order; replacements are taken from the end, one by one): ranks stay
-disjoint, no good item is lost, batches stay full and only the rank's last batch(es) of the
-epoch come out shorter. With ``max_duration`` the same rule applies while the replacement fits
-the batch's budget (``count * longest <= max_duration``); the first one that does not fit ends
-the refill (the batch is then shorter). ``on_error="raise"`` raises the item's error. Exact
-resume assumes an item that failed fails again (a missing or corrupt file does; a deadline
-missed under load may not).
+size, replaced by the *last not yet used item of the same rank's epoch*, not by the next one:
+the rank's items are its batches in order, and replacements are taken from the end of that
+sequence backwards (its last item, then the one before, ...), never from the failing batch
+itself or an earlier one, and go at the end of the batch; a replacement that fails is reported
+and replaced the same way. So ranks stay disjoint, no good item is lost, batches stay full, and
+only the rank's last batch(es) of the epoch come out shorter (or empty: every rank still gets
+``len(feed)`` batches); a batch whose rank has no unused item left after it stays short. With
+``max_duration`` the same rule applies while the replacement fits the batch's budget (``count *
+longest <= max_duration``); the first one that does not fit ends the refill (the batch is then
+shorter). ``on_error="raise"`` raises the item's error. Exact resume assumes an item that failed
+fails again (a missing or corrupt file does; a deadline missed under load may not).
 
 Resume: ``feed.state_dict()`` holds the position as ``(epoch, step)`` in one global order -
 ``consumed = step * world_size * batch_size`` items of the epoch's permutation (fixed batch
