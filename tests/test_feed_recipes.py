@@ -87,6 +87,20 @@ def test_rnnt_max_duration_and_too_long_items():
     assert all("max_duration" in m for _, m in feed.errors)
 
 
+def test_rnnt_max_duration_is_manifest_seconds_before_speed_perturbation():
+    """The documented behaviour: the budget holds on manifest seconds; speed perturbation at
+    0.85 stretches the padded batch up to max_duration / 0.85, past max_duration."""
+    kw = dict(max_duration=9.0, seed=0, device="cpu", training=True, spec_augment=None)
+    padded = {}
+    for sp in ([0.85], None):
+        padded[sp is None] = []
+        for b in rnnt_feed(MANIFEST, speed_perturb=sp, **kw):
+            assert len(b.paths) * max(b.durations) <= 9.0  # manifest seconds
+            padded[sp is None].append(b.features.shape[0] * b.features.shape[2] * 160 / 16000)
+    assert max(padded[True]) <= 9.0 + 0.01  # unperturbed: within a frame of the budget
+    assert 9.0 < max(padded[False]) <= 9.0 / 0.85 + 0.02  # perturbed: over, by at most 1/0.85
+
+
 def test_rnnt_shards_and_resume_with_dither():
     W = 2
     feeds = [rnnt_feed(MANIFEST, batch_size=1, seed=3, rank=r, world_size=W, device="cpu")

@@ -80,7 +80,12 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
 
     ``batch_size`` items per batch, or ``max_duration`` seconds of padded audio per batch
     (duration buckets; items longer than ``max_duration`` are left out and listed in
-    ``feed.errors``). Batch fields: ``features [B, n_mels, T]`` float32, ``feature_lengths
+    ``feed.errors``). ``max_duration`` is in manifest seconds (the ``duration`` fields), checked
+    before speed perturbation: with ``training=True`` a factor ``f`` makes an item
+    ``duration / f`` long, so a batch's padded audio can reach ``max_duration / low`` for
+    ``speed_perturb=(low, high)`` (the smallest factor of a list), about 1.18x
+    ``max_duration`` at the default 0.85 (give ``max_duration * low`` if memory must hold the
+    bound after augmentation). Batch fields: ``features [B, n_mels, T]`` float32, ``feature_lengths
     [B]``, ``transcripts``, ``paths`` (absolute), ``durations`` (manifest seconds), ``ids``.
     ``deadline``: seconds one item may take to decode (None: no limit). ``decoder``: "gpu"
     (GPU FLAC windows; FLAC files of one sample rate, no offsets), "processes" (the loader's
