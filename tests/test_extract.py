@@ -485,6 +485,41 @@ def test_tar_header_is_tarfiles():
             assert _tar_header(name, size) == _tar_header_slow(name, size), (name, size)
 
 
+def test_extract_modules_import_at_module_level():
+    """The recipe's modules import what they use at their top (it all loads with the package
+    anyway): no lazy import table, no avpipe or light standard module imported inside a
+    function; only the engine chosen at run time and optional or heavy libraries are."""
+    import ast
+
+    lazy_ok = {"avpipe.recipes.extract._engine_local", "avpipe.recipes.extract._engine_ray"}
+    light = {"collections", "fcntl", "json", "multiprocessing", "os", "sys", "time",
+             "threading", "dataclasses", "importlib"}
+    bad = []
+    for path in sorted((ROOT / "avpipe" / "recipes" / "extract").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if fn.name == "__getattr__":
+                bad.append(f"{path.name}: a module __getattr__")
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom):
+                    mod = ("avpipe.recipes.extract." if node.level == 1 else
+                           "avpipe." if node.level else "") + (node.module or "")
+                    names = [mod.rstrip(".") + "." + a.name if node.level and not node.module
+                             else mod for a in node.names]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                else:
+                    continue
+                for n in names:
+                    if n in lazy_ok:
+                        continue
+                    if n.startswith("avpipe") or n.split(".")[0] in light:
+                        bad.append(f"{path.name}:{node.lineno}: {n} imported in {fn.name}()")
+    assert not bad, "\n".join(bad)
+
+
 def test_progress_is_sent_per_batch():
     from avpipe.recipes.extract._engine_local import _Tally
     from avpipe.recipes.extract._inputs import Item

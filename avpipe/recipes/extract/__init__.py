@@ -22,13 +22,19 @@ refused.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
+from ..._version import __version__
+from ...device import _gpu_count as gpu_count
+from ...device import resolve_device
+from ...pipeline.samplers import uniform_indices
 from ._inputs import EmptyInputError, Inputs, resolve_inputs
 from ._presets import BUILTIN, PresetError, describe_builtins, extensions_of, resolve_preset
 from ._writers import (
@@ -67,7 +73,6 @@ __all__ = [
 ]
 
 PRESETS = BUILTIN
-from ...pipeline.samplers import uniform_indices  # noqa: E402 — the one uniform rule
 
 DEFAULT_SHARD_SIZE = 512
 ENGINES = ("local", "ray")
@@ -145,22 +150,20 @@ class ExtractSummary:
 def parse_devices(devices) -> list[str]:
     """``None`` (every GPU, else the CPU), ``"cpu"``, ``"cuda"`` (every GPU), ``"cuda:0,cuda:1"``
     or a list; one entry may repeat (two workers on it). Returns canonical names."""
-    from . import _deps
-
     if devices is None:
-        n = _deps.gpu_count()
+        n = gpu_count()
         return [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
     if isinstance(devices, str):
         devices = [d for d in devices.replace(" ", "").split(",") if d]
     out = []
     for d in devices:
         if str(d) == "cuda":
-            n = _deps.gpu_count()
+            n = gpu_count()
             if n == 0:
                 raise RuntimeError("devices='cuda': no usable CUDA GPU (is cupy installed?)")
             out.extend(f"cuda:{i}" for i in range(n))
         else:
-            out.append(str(_deps.resolve_device(d, param="devices")))
+            out.append(str(resolve_device(d, param="devices")))
     if not out:
         raise ValueError("devices: give at least one device (cpu, cuda, cuda:N)")
     return out
@@ -212,8 +215,6 @@ class _Lock:
         self.f = None
 
     def __enter__(self):
-        import fcntl
-
         self.f = open(self.path, "a")
         try:
             fcntl.flock(self.f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -408,8 +409,6 @@ def _run_extract(input_path, preset, out_dir, device, devices, format, shard_siz
         "input": {"root": inp.root, "form": inp.form, "count": total,
                   "sha256": _fingerprint(inp)},
     }
-    from ..._version import __version__
-
     meta["avpipe"] = __version__  # recorded, not compared
     with _Lock(out_dir):
         _check_meta(out_dir, meta)
@@ -425,8 +424,6 @@ def _run_extract(input_path, preset, out_dir, device, devices, format, shard_siz
             else:
                 done_ok += sum(r.get("status") == "ok" for r in rows)
                 done_err += sum(r.get("status") != "ok" for r in rows)
-        from collections import Counter
-
         duplicated = frozenset(s for s, n in Counter(it.source for it in inp.items).items()
                                if n > 1)
         bar = _Progress([inp.items[i] for s in todo for i in range(s.start, s.end)], cfg,

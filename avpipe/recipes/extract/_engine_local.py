@@ -10,6 +10,7 @@ costs the input that caused it, not the run.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import queue
 import sys
@@ -18,10 +19,10 @@ import time
 from collections.abc import Callable
 
 from ... import settings
-from . import _deps
+from ...device import resolve_device
 from ._inputs import Item
 from ._process import Result, Shard, iter_shards, mark, profile_report, profiling, timed
-from ._writers import write_shard
+from ._writers import read_part, write_shard
 
 # shards are written by WRITERS threads (default 4; a shard's files are its own, so any order
 # is fine), with at most WRITE_QUEUE computed shards waiting for them
@@ -81,7 +82,7 @@ def run_worker(
     every batch of inputs and at the end of each shard."""
     t0 = time.perf_counter()
     with timed("start: device"):
-        dev = _deps.resolve_device(device)
+        dev = resolve_device(device)
         if dev.is_cuda:
             import cupy
 
@@ -182,8 +183,6 @@ class Standby:
     first group of shards. :meth:`stop` ends it when it was not used (nothing to do, an error)."""
 
     def __init__(self):
-        import multiprocessing as mp
-
         ctx = mp.get_context("spawn")
         self.pq = ctx.Queue()
         recv, self._send = ctx.Pipe(duplex=False)
@@ -215,11 +214,9 @@ class Standby:
 
 def _child_standby(parent, recv, pq):
     _die_with_parent(parent)
-    # what a worker needs, imported ahead; not CuPy (CUDA_VISIBLE_DEVICES, set by _child_full
-    # for the device it is given, must come first)
-    from . import _process, _writers  # noqa: F401
-    from ._deps import audio_ops  # noqa: F401
-
+    # what a worker needs came with this module's imports (the decoders and operators, through
+    # _process), ahead of the work; not CuPy (CUDA_VISIBLE_DEVICES, set by _child_full for the
+    # device it is given, must come first)
     try:
         args = recv.recv()
     except EOFError:  # not needed
@@ -232,8 +229,6 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
               report, standby: Standby | None = None) -> list[str]:
     """Run ``shards`` over ``devices``, one worker process each; returns the workers' failures
     (empty when all ran). ``standby``: a started :class:`Standby`, used for the first worker."""
-    from ._writers import read_part
-
     groups = [g for g in split_shards(shards, len(devices)) if g]
     todo = list(zip(devices, groups))
     crashes: dict[int, int] = {}  # shard start -> workers it ended
@@ -272,8 +267,6 @@ def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, re
     """One spawned worker per ``(device, shards)`` (the first: ``standby`` when given);
     returns ``(device, shards, why)`` for each, ``why`` None when it finished, ``"signal N"``
     when a signal ended it, else the error."""
-    import multiprocessing as mp
-
     ctx = mp.get_context("spawn")
     pq = standby.pq if standby is not None else ctx.Queue()
     procs = []
@@ -316,8 +309,6 @@ def _probe(dev, shard, items, cfg, workers, blocked) -> dict[int, str]:
     decoded in their own processes (nothing written), halving the groups that crash, so one
     culprit among n inputs costs about 2 log2(n) processes. A crash that does not come back when
     its group is decoded again (a flaky one) blocks nothing."""
-    import multiprocessing as mp
-
     ctx = mp.get_context("spawn")
     vis = _visible_for(dev)
     out: dict[int, str] = {}
@@ -352,7 +343,7 @@ def _child_probe(parent, device, visible, tasks, cfg, workers):
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
         device = "cuda:0"
     items = {i: Item.from_task(t) for i, t in tasks.items()}
-    dev = _deps.resolve_device(device)
+    dev = resolve_device(device)
     try:
         for _ in iter_shards([Shard(i, i + 1) for i in sorted(items)], items, cfg, dev,
                              workers=workers):

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
+from ...device import resolve_device
+from ._engine_local import _progress_payload
 from ._inputs import Item
-from ._process import Shard
+from ._process import Shard, iter_shards
+from ._writers import write_shard
 
 log = logging.getLogger("avpipe.extract")
 
@@ -26,12 +30,7 @@ class _ShardActor:
         self.device = "cuda:0" if gpu else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES per actor
 
     def __call__(self, batch):
-        from . import _deps
-        from ._engine_local import _progress_payload
-        from ._process import iter_shards
-        from ._writers import write_shard
-
-        dev = _deps.resolve_device(self.device)
+        dev = resolve_device(self.device)
         out = {"start": [], "files": [], "errors": [], "seconds": [], "frames": []}
         for start, end, tasks in zip(batch["start"], batch["end"], batch["tasks"]):
             start, end = int(start), int(end)
@@ -64,7 +63,6 @@ def run_ray(devices, shards, items, cfg, out_dir, fmt, total, workers, duplicate
         import ray.data
     except ImportError:
         raise RuntimeError("--engine ray needs Ray Data: pip install 'avpipe[ray]'") from None
-    import os
 
     started = False
     if not ray.is_initialized():

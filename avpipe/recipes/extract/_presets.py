@@ -43,6 +43,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from dataclasses import fields
 
 import numpy as np
 
@@ -141,9 +142,7 @@ def _check_ops(kind, ops, table, where):
         args = {k: v for k, v in op.items() if k != "op"}
         allowed = table[name]
         if name == "log_mel":
-            from dataclasses import fields
-
-            allowed = {f.name for f in fields(_log_mel_config_cls())} - {"name"} | {"preset"}
+            allowed = {f.name for f in fields(audio_ops.LogMelConfig)} - {"name"} | {"preset"}
         extra = set(args) - allowed
         if extra:
             raise PresetError(
@@ -152,12 +151,6 @@ def _check_ops(kind, ops, table, where):
             )
         out.append({"op": name, **args})
     return out
-
-
-def _log_mel_config_cls():
-    from . import _deps
-
-    return _deps.audio_ops.LogMelConfig
 
 
 def normalize_preset(cfg: dict, *, name: str, where: str = "preset") -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,17 @@ from typing import Any
 import numpy as np
 
 from ... import settings
-from . import _deps
+from ...decoding.audio import load_audio
+from ...decoding.audio._flac_cuda import compile_kernels as flac_compile_kernels
+from ...decoding.audio._flac_cuda import header_info as flac_header_info
+from ...decoding.image import decode_image_batch
+from ...decoding.video import VideoDecoder
+from ...device import to_numpy
+from ...ops import audio as audio_ops
+from ...ops import image as image_ops
+from ...pipeline.audio_loader import AudioBatchLoader
+from ...pipeline.image_stream import decode_image_stream
+from ...pipeline.samplers import clip_indices_regular, uniform_indices
 from ._inputs import Item
 
 
@@ -41,14 +52,10 @@ class timed:
 
     def __enter__(self):
         if profiling():
-            import time
-
             self.t = time.perf_counter()
 
     def __exit__(self, *exc):
         if profiling():
-            import time
-
             _times[self.name] = _times.get(self.name, 0.0) + time.perf_counter() - self.t
 
 
@@ -94,7 +101,7 @@ def _fail(item: Item, e: BaseException | str) -> Result:
 def apply_audio_ops(x, lengths, sample_rate: int, ops: list[dict]):
     """``x [B, n]`` (numpy or cupy, zero-padded), ``lengths`` host int64 -> ``(features
     [B, C, T], frame_lengths host int64)``."""
-    A = _deps.audio_ops
+    A = audio_ops
     feats, fl = None, None
     for op in ops:
         name = op["op"]
@@ -122,13 +129,13 @@ def apply_audio_ops(x, lengths, sample_rate: int, ops: list[dict]):
             feats, fl = A.stack_frames(feats, fl, **args)
         else:  # checked when the preset was read
             raise ValueError(f"unknown audio operator {name!r}")
-    fl = np.asarray(_deps.to_numpy(fl), dtype=np.int64).reshape(-1)
+    fl = np.asarray(to_numpy(fl), dtype=np.int64).reshape(-1)
     return feats, fl
 
 
 def apply_pixel_ops(x, ops: list[dict]):
     """``x [H, W, 3]`` or ``[N, H, W, 3]`` uint8 -> the same after resize / center_crop."""
-    im = _deps.image_ops
+    im = image_ops
     for op in ops:
         args = {k: v for k, v in op.items() if k != "op"}
         if op["op"] == "resize":
@@ -170,7 +177,7 @@ def _probe_audio(item: Item):
     import soundfile as sf
 
     if item.path.lower().endswith(".flac"):
-        h = _deps.flac_header_info(item.path)
+        h = flac_header_info(item.path)
         if h is not None and h[2] == 1:
             return int(h[0]), int(h[1]), "FLAC", 1
     try:
@@ -204,7 +211,7 @@ def warm_up_audio(acfg: dict, dev, *, flac: bool = False) -> list[threading.Thre
     def flac_kernels():
         try:
             with dev.activate():  # a new thread's current device is not the caller's
-                _deps.flac_compile_kernels()
+                flac_compile_kernels()
         except Exception:  # noqa: BLE001
             pass
 
@@ -282,7 +289,7 @@ class _AudioStream:
                           max_samples=max(p[0] for _, p in group), prefetch=4, decoder="cpu",
                           num_workers=max(1, workers), transport="int16" if pcm16 else "float32")
             with dev.activate(), timed("audio loader init (cpu)"):
-                loader = _deps.AudioBatchLoader([it.path for it, _ in group], **kwargs)
+                loader = AudioBatchLoader([it.path for it, _ in group], **kwargs)
             self.streams["other"] = self._loader_stream([it for it, _ in group], loader)
         if groups["slow"]:
             self.streams["slow"] = _ordered_map(self._load_one, [it for it, _ in groups["slow"]],
@@ -293,7 +300,7 @@ class _AudioStream:
         rate (then they are probed and routed one by one)."""
         try:
             with self.dev.activate(), timed("audio loader init (gpu flac)"):
-                loader = _deps.AudioBatchLoader([it.path for it in flac], batch_size=batch,
+                loader = AudioBatchLoader([it.path for it in flac], batch_size=batch,
                                                 device=str(self.dev), prefetch=4, decoder="gpu")
         except ValueError:  # several sample rates
             return None
@@ -324,7 +331,7 @@ class _AudioStream:
             offset = float(f.get("offset", 0.0) or 0.0)
             duration = f.get("duration") if "offset" in f else None
             with self.dev.activate():
-                a = _deps.load_audio(it.path, sample_rate=self.sr, offset=offset,
+                a = load_audio(it.path, sample_rate=self.sr, offset=offset,
                                      duration=None if duration is None else float(duration),
                                      device=str(self.dev))
             if a.samples.shape[-1] == 0:
@@ -357,7 +364,7 @@ class _AudioStream:
 def _video_one(item: Item, vcfg: dict, dev):
     try:
         with dev.activate():
-            with _deps.VideoDecoder(item.path, device=str(dev)) as dec:
+            with VideoDecoder(item.path, device=str(dev)) as dec:
                 m = dec.metadata
                 n = int(m.num_frames)
                 if n <= 0:
@@ -371,7 +378,7 @@ def _video_one(item: Item, vcfg: dict, dev):
             lead = data.shape[: idx.ndim]
             px = apply_pixel_ops(data.reshape(-1, *data.shape[idx.ndim:]), vcfg["ops"])
             px = px.reshape(*lead, *px.shape[1:])
-            arr = np.ascontiguousarray(_deps.to_numpy(px))
+            arr = np.ascontiguousarray(to_numpy(px))
         info = {"frame_indices": idx.tolist(),
                 "times": [round(float(t), 6) for t in pts.reshape(-1)],
                 "num_frames": n, "fps": round(float(m.average_fps), 6),
@@ -386,7 +393,7 @@ def video_indices(vcfg: dict, m) -> np.ndarray:
     n = int(m.num_frames)
     s = vcfg["sampler"]
     if s == "uniform":
-        return _deps.uniform_indices(n, int(vcfg["num_frames"]))
+        return uniform_indices(n, int(vcfg["num_frames"]))
     if s == "fps":
         step = 1.0 / float(vcfg["fps"])
         count = max(1, int(np.floor((m.end_seconds - m.begin_seconds) / step - 1e-9)) + 1)
@@ -399,7 +406,7 @@ def video_indices(vcfg: dict, m) -> np.ndarray:
     T, C, st = int(vcfg["clip_length"]), int(vcfg["num_clips"]), int(vcfg["stride"])
     span = (T - 1) * st + 1
     if span <= n:
-        return _deps.clip_indices_regular(n, clip_length=T, stride=st, num_clips=C)
+        return clip_indices_regular(n, clip_length=T, stride=st, num_clips=C)
     # a video shorter than one clip: every clip is the whole video, its last frame repeated
     one = np.minimum(np.arange(T) * st, n - 1)
     return np.repeat(one[None], C, axis=0).astype(np.int64)
@@ -410,14 +417,14 @@ def _image_stream(items: list[Item], icfg: dict, dev, batch: int) -> Iterator[Re
     stream = None
     if present and dev.is_cuda:
         with dev.activate():
-            stream = iter(_deps.decode_image_stream([it.path for it in present],
+            stream = iter(decode_image_stream([it.path for it in present],
                                                     batch_size=batch, device=str(dev)))
     elif present:
         # on the CPU, batch by batch: DALI's CPU decoder behind the prefetching stream crashed
         # the process (SIGSEGV in ImageDecoder<CPUBackend>) on damaged images while the audio
         # loader's worker processes ran beside it; decode_image_batch has not
         stream = (
-            _deps.decode_image_batch([it.path for it in present[i : i + batch]], device="cpu")
+            decode_image_batch([it.path for it in present[i : i + batch]], device="cpu")
             for i in range(0, len(present), batch)
         )
     k = 0
@@ -439,7 +446,7 @@ def _image_stream(items: list[Item], icfg: dict, dev, batch: int) -> Iterator[Re
             with dev.activate():
                 img = imgs[j]
                 h, w = int(img.shape[0]), int(img.shape[1])
-                arr = np.ascontiguousarray(_deps.to_numpy(apply_pixel_ops(img, icfg["ops"])))
+                arr = np.ascontiguousarray(to_numpy(apply_pixel_ops(img, icfg["ops"])))
             yield Result(it, arr, {"height": h, "width": w})
         except Exception as e:  # noqa: BLE001
             yield _fail(it, e)
@@ -556,7 +563,7 @@ def _to_host(x) -> np.ndarray:
     try:
         mem = cupy.cuda.alloc_pinned_memory(max(int(x.nbytes), 1))
     except Exception:  # noqa: BLE001 - no page-locked memory left: a plain copy
-        return _deps.to_numpy(x)
+        return to_numpy(x)
     host = np.frombuffer(mem, x.dtype, x.size).reshape(x.shape)
     x = cupy.ascontiguousarray(x)
     x.get(out=host)
