@@ -180,7 +180,7 @@ def to_device(x, device: Any = None):
     return to_numpy(x)
 
 
-def upload_many(xp, arrays) -> list:
+def upload_many(xp, arrays, *, wait: bool = False) -> list:
     """Host numpy ``arrays`` on ``xp``'s device in one copy: packed into one byte buffer, each at
     an offset aligned to 8 bytes; returns views of it with the arrays' dtypes and shapes (for
     kernels' small per-call tables: one transfer instead of one each).
@@ -188,7 +188,9 @@ def upload_many(xp, arrays) -> list:
     On a GPU the buffer is pinned host memory and the copy is queued on the current stream
     without waiting: a copy from pageable memory first waits for all the work queued on the
     stream, which would hold the caller (a feed's producer) to the GPU's pace every batch. The
-    pinned buffer is kept until the copy is done (:func:`_keep_until_copied`)."""
+    pinned buffer is kept until the copy is done (:func:`_keep_until_copied`). Work on other
+    streams must not read such views; ``wait=True`` (tables cached for every stream) copies on
+    a stream of its own and returns when the copy is done, waiting for nothing else."""
     arrays = [np.ascontiguousarray(a) for a in arrays]
     offs, pos = [], 0
     for a in arrays:
@@ -206,11 +208,21 @@ def upload_many(xp, arrays) -> list:
         dev = buf
     else:
         dev = xp.empty(size, xp.uint8)
-        st = xp.cuda.get_current_stream()
-        rt = xp.cuda.runtime
-        rt.memcpyAsync(dev.data.ptr, buf.ctypes.data, size, rt.memcpyHostToDevice, st.ptr)
-        _keep_until_copied(st.record(), mem)
+        st = _copy_stream(xp, dev.device.id) if wait else xp.cuda.get_current_stream()
+        dev.set(buf, stream=st)  # from pinned memory: queued on st, not waited for
+        if wait:
+            st.synchronize()
+        else:
+            _keep_until_copied(st.record(), mem)
     return [dev[o : o + a.nbytes].view(a.dtype).reshape(a.shape) for a, o in zip(arrays, offs)]
+
+
+@functools.cache
+def _copy_stream(cupy, device_id: int):
+    """A stream of ``upload_many(wait=True)``'s own on ``device_id`` (its copies wait for no
+    other work)."""
+    with cupy.cuda.Device(device_id):
+        return cupy.cuda.Stream(non_blocking=True)
 
 
 _IN_FLIGHT: collections.deque = collections.deque()  # (event, pinned memory) of queued copies

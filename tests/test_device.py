@@ -154,6 +154,15 @@ def test_gpu_upload_many_is_queued_on_the_stream_and_exact():
     with s:
         D.upload_many(cp, [np.arange(3)])
     assert len(D._IN_FLIGHT) <= 2
+    with s:  # wait=True: complete on return, for any stream, while s is still busy
+        big += 1.0
+        (v,) = D.upload_many(cp, [np.arange(7, dtype=np.int64)], wait=True)
+        inflight = len(D._IN_FLIGHT)
+    other = cp.cuda.Stream(non_blocking=True)
+    with other:
+        got2 = cp.asnumpy(v * 2)
+    np.testing.assert_array_equal(got2, 2 * np.arange(7))
+    assert inflight == len(D._IN_FLIGHT)  # nothing held for it
 
 
 @pytest.mark.gpu

@@ -323,7 +323,9 @@ def _device_tables(cupy, p: Plan, device_id: int):
     hit = _TABLES.get(key)
     if hit is None:
         # one copy per plan (a random resized crop makes one per clip): views of one buffer
-        hit = tuple(upload_many(cupy, (p.x.table, p.x.weights, p.y.table, p.y.weights)))
+        # cached for every thread's stream: the copy is complete when it returns
+        hit = tuple(upload_many(cupy, (p.x.table, p.x.weights, p.y.table, p.y.weights),
+                                wait=True))
         if len(_TABLES) > 256:
             _TABLES.clear()
         _TABLES[key] = hit

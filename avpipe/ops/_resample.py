@@ -253,8 +253,7 @@ class _TapBank:
                     return None
                 host, meta = table(grown, self.quality)
                 with cupy.cuda.Device(self.device_id):
-                    (taps,) = upload_many(cupy, [host])
-                    cupy.cuda.get_current_stream().synchronize()  # complete for every stream
+                    (taps,) = upload_many(cupy, [host], wait=True)  # complete for every stream
                 if self.taps is not None:
                     self.retired.append(self.taps)
                 self.pairs, self.taps, self.meta = grown, taps, meta
