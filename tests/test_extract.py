@@ -485,6 +485,48 @@ def test_tar_header_is_tarfiles():
             assert _tar_header(name, size) == _tar_header_slow(name, size), (name, size)
 
 
+def test_device_is_one_device_devices_the_list(speech, tmp_path, monkeypatch):
+    """device= means one device as everywhere in avpipe ("cuda" is cuda:0); devices= is the
+    list ("cuda": every GPU); with neither the job takes every GPU; both is an error. The
+    machine is made to show two GPUs; the workers are not started (their devices recorded)."""
+    import avpipe.device
+    from avpipe.recipes.extract import _engine_local
+
+    monkeypatch.delenv("AVPIPE_DISABLE_GPU", raising=False)
+    monkeypatch.setattr(avpipe.device, "_cuda_device_count", lambda: 2)
+    ran = []
+
+    def run_local(devices, *a, **k):
+        ran.append(devices)
+        return []
+
+    monkeypatch.setattr(_engine_local, "run_local", run_local)
+    for i, (kw, want) in enumerate([
+        ({"device": "cuda"}, ["cuda:0"]),
+        ({"device": "cuda:1"}, ["cuda:1"]),
+        ({"device": "cpu"}, ["cpu"]),
+        ({"devices": "cuda"}, ["cuda:0", "cuda:1"]),
+        ({"devices": ["cuda:1", "cuda:1"]}, ["cuda:1", "cuda:1"]),
+        ({}, ["cuda:0", "cuda:1"]),
+    ]):
+        s = run_extract(speech, preset="nemo", out_dir=tmp_path / str(i), **kw)
+        assert ran[-1] == want and s.devices == want, kw
+    with pytest.raises(ValueError, match=r"device or devices.*device='cpu'.*devices='cpu'"):
+        run_extract(speech, preset="nemo", out_dir=tmp_path / "both", device="cpu",
+                    devices="cpu")
+    assert not (tmp_path / "both").exists()
+    with pytest.raises(ValueError, match="devices="):
+        run_extract(speech, preset="nemo", out_dir=tmp_path / "list", device="cpu,cpu")
+
+
+def test_device_cpu_runs_one_cpu_worker(speech, tmp_path):
+    s = run_extract(speech, preset="nemo", out_dir=tmp_path / "o", device="cpu", shard_size=4)
+    assert s.devices == ["cpu"] and s.complete and s.total_written == 12
+    r = cli("extract", speech, "--preset", "nemo", "--out", tmp_path / "c", "--device", "cpu",
+            "--devices", "cpu")
+    assert r.returncode == 2 and "--devices or --device" in r.stderr
+
+
 def test_extract_modules_import_at_module_level():
     """The recipe's modules import what they use at their top (it all loads with the package
     anyway): no lazy import table, no avpipe or light standard module imported inside a

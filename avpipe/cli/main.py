@@ -62,7 +62,8 @@ class _ExtractCommand(click.Command):
               help="Where to run, one worker process each: cpu, cuda (every GPU), "
                    "cuda:0,cuda:1; repeat one for two workers on it (cuda:0,cuda:0). "
                    "Default: every GPU, else the CPU.")
-@click.option("--device", default=None, hidden=True, help="One device (same as --devices).")
+@click.option("--device", default=None, hidden=True,
+              help="One device: cpu, cuda (cuda:0) or cuda:N.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Decoding processes / threads per device worker (default: CPUs / workers).")
 @click.option("--fps", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -104,7 +105,7 @@ def extract(input_path, preset, out_dir, fmt, shard_size, devices, device, worke
         raise click.UsageError("give --devices or --device, not both")
     try:
         summary = run_extract(
-            input_path, preset=preset, out_dir=out_dir, devices=devices or device,
+            input_path, preset=preset, out_dir=out_dir, device=device, devices=devices,
             format=fmt, shard_size=shard_size, workers=workers, fps=fps, dtype=dtype,
             batch_size=batch_size, engine=engine, ray_address=ray_address,
             retry_errors=retry_errors, progress=progress,

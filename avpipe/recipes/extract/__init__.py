@@ -169,6 +169,20 @@ def parse_devices(devices) -> list[str]:
     return out
 
 
+def job_devices(device=None, devices=None) -> list[str]:
+    """The workers' devices of :func:`run_extract`: ``device`` (one, resolved by
+    :func:`avpipe.device.resolve_device`: "cuda" is cuda:0), else ``devices``
+    (:func:`parse_devices`; None: every GPU, else the CPU)."""
+    if device is not None and devices is not None:
+        raise ValueError(f"give device or devices, not both (device={device!r}, "
+                         f"devices={devices!r})")
+    if device is not None:
+        if isinstance(device, (list, tuple)) or (isinstance(device, str) and "," in device):
+            raise ValueError(f"device is one device, got {device!r}; give a list as devices=")
+        return [str(resolve_device(device, param="device"))]
+    return parse_devices(devices)
+
+
 def _fingerprint(inp: Inputs) -> str:
     h = hashlib.sha256()
     for it in inp.items:
@@ -350,11 +364,18 @@ def run_extract(
     ray_address: str | None = None,
 ) -> ExtractSummary:
     """Extract features from every input of ``input_path`` into ``out_dir`` (see the module
-    docstring). ``device`` is the one-device form of ``devices``. Returns an
-    :class:`ExtractSummary`; bad inputs never raise (they are counted and listed).
+    docstring). Returns an :class:`ExtractSummary`; bad inputs never raise (they are counted
+    and listed).
+    ``device``: one device, named as everywhere in avpipe ("cpu", "cuda" = cuda:0, "cuda:N");
+    ``devices``: the list, one worker each (``--devices``: "cuda:0,cuda:1", "cuda" = every
+    GPU; an entry may repeat). With both None the job runs on every GPU of the machine, else
+    on the CPU; giving both is a ValueError.
     ``dtype``: the audio features' type, "float32" (the preset's, by default) or "float16"
     (half the bytes; computed in float32, then rounded)."""
     t0 = time.perf_counter()
+    if device is not None and devices is not None:
+        raise ValueError(f"give device or devices, not both (device={device!r}, "
+                         f"devices={devices!r})")
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     if engine not in ENGINES:
@@ -389,9 +410,7 @@ def _run_extract(input_path, preset, out_dir, device, devices, format, shard_siz
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         cfg["batch_size"] = batch_size
-    if device is not None and devices is not None:
-        raise ValueError("give device or devices, not both")
-    devs = parse_devices(devices if devices is not None else device)
+    devs = job_devices(device, devices)
     if workers is None:
         workers = max(1, (os.cpu_count() or 1) // len(devs))
     out_dir = os.fspath(out_dir)
