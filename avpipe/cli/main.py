@@ -170,7 +170,8 @@ def index(input_path: str, out_file: str, workers: int | None) -> None:
 @click.option("--clip-length", type=int, default=16, show_default=True, help="video: frames per clip.")
 @click.option("--stride", type=int, default=4, show_default=True, help="video: frame step.")
 @click.option("--crop-size", type=int, default=224, show_default=True, help="video: crop side.")
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--device", default=None,
+              help="cpu, cuda or cuda:N (default: the GPU when one is usable, else the CPU).")
 def preview(kind, input_path, out_file, items, frames, seed, train, clip_length, stride,
             crop_size, device) -> None:
     """Draw a contact sheet of a feed's first items into OUT (PNG), to check a pipeline by eye.
