@@ -31,6 +31,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..._validate import check_choice, pos_int
 from ..._version import __version__
 from ...device import _gpu_count as gpu_count
 from ...device import resolve_device
@@ -376,12 +377,9 @@ def run_extract(
     if device is not None and devices is not None:
         raise ValueError(f"give device or devices, not both (device={device!r}, "
                          f"devices={devices!r})")
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size <= 0:
-        raise ValueError(f"shard_size must be a positive int, got {shard_size!r}")
+    check_choice("format", format, FORMATS)
+    check_choice("engine", engine, ENGINES)
+    pos_int("shard_size", shard_size)
     if format == "parquet":
         try:
             import pyarrow.parquet  # noqa: F401
@@ -407,9 +405,7 @@ def _run_extract(input_path, preset, out_dir, device, devices, format, shard_siz
                  t0, standby) -> ExtractSummary:
     cfg = resolve_preset(preset, fps=fps, dtype=dtype)
     if batch_size is not None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        cfg["batch_size"] = batch_size
+        cfg["batch_size"] = pos_int("batch_size", batch_size)
     devs = job_devices(device, devices)
     if workers is None:
         workers = max(1, (os.cpu_count() or 1) // len(devs))

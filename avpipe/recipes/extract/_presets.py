@@ -47,6 +47,7 @@ from dataclasses import fields
 
 import numpy as np
 
+from ..._validate import pos_int  # noqa: E402
 from ...formats import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS  # noqa: E402
 from ...ops import audio as audio_ops
 from ._process import apply_audio_ops
@@ -219,16 +220,12 @@ def _bad(where, kind, i, op, e) -> PresetError:
     return PresetError(f"{where}: [{kind}] ops[{i}] ({op['op']}): {e}")
 
 
-def _pos_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
-
 
 def _size(name, v):
     """An int or [h, w] of positive ints."""
     if isinstance(v, list) and len(v) == 2:
         for x in v:
-            _pos_int(name, x)
+            pos_int(name, x)
         return
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise ValueError(f"{name} must be a positive int or [height, width], got {v!r}")
@@ -282,7 +279,7 @@ def _check_values(cfg: dict, where: str) -> None:
                     if "size" in op:
                         _size("size", op["size"])
                     else:
-                        _pos_int("short_side", op["short_side"])
+                        pos_int("short_side", op["short_side"])
                     interp = op.get("interpolation", "bilinear")
                     if interp not in _INTERPOLATIONS:
                         raise ValueError(f"interpolation must be one of "
@@ -301,7 +298,7 @@ def _check_values(cfg: dict, where: str) -> None:
         try:
             for k in ("num_frames", "clip_length", "num_clips", "stride"):
                 if k in v:
-                    _pos_int(k, v[k])
+                    pos_int(k, v[k])
             m = v.get("max_frames")
             if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
                 raise ValueError(f"max_frames must be an int >= 0 (0: no limit), got {m!r}")
