@@ -17,19 +17,10 @@ from __future__ import annotations
 
 import threading
 
-from ... import settings
+from ._dali import num_threads
 
 _CACHE: dict = {}
 _LOCK = threading.Lock()
-
-
-def _num_threads() -> int:
-    n = settings.dali_threads()
-    if n is not None:
-        return n
-    import os
-
-    return max(1, min(16, os.cpu_count() or 1))
 
 
 class Decoder:
@@ -48,7 +39,7 @@ class Decoder:
         ]
         self.dec = nv.Decoder(
             device_id=device_index,
-            max_num_cpu_threads=_num_threads(),
+            max_num_cpu_threads=num_threads(),  # as DALI's pipelines
             backends=backends,
             options=":fancy_upsampling=1" if fancy else "",
         )
