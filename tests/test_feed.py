@@ -15,6 +15,10 @@ from avpipe.pipeline import _order
 from avpipe.pipeline.feed import Feed, Task
 from avpipe.pipeline.sources import Item
 
+# DataLoader workers start from a fork server, never as forks of the test process: a fork copies
+# the locks its other threads hold (a feed's producer, BLAS), and such a worker can hang
+CTX = "forkserver"
+
 
 class Synth(Task):
     """Item i decodes to [i, i, i]; items named in ``bad`` raise; ``slow`` ones sleep."""
@@ -642,7 +646,7 @@ def test_torch_persistent_workers_run_the_next_epoch_and_set_epoch_still_works()
     assert want[0] != want[1] != want[2]
     ds = synth_feed(n, seed=3).torch_dataset()
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=nw,
-                                     persistent_workers=True)
+                                     persistent_workers=True, multiprocessing_context=CTX)
     got = [_loader_epoch(dl) for _ in range(3)]  # no set_epoch: the workers advance
     for e in got:
         assert sorted(flat(e)) == list(range(n))  # each epoch: every item exactly once
@@ -655,7 +659,8 @@ def test_torch_persistent_workers_run_the_next_epoch_and_set_epoch_still_works()
     assert one[0] != one[1] and sorted(one[0]) == sorted(one[1]) == list(range(n))
     # workers started anew each epoch: set_epoch picks the epoch, as before
     ds = synth_feed(n, seed=3).torch_dataset()
-    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=nw)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=nw,
+                                     multiprocessing_context=CTX)
     for e in (0, 2, 1):
         ds.set_epoch(e)
         assert _loader_epoch(dl) == want[e]
@@ -663,7 +668,7 @@ def test_torch_persistent_workers_run_the_next_epoch_and_set_epoch_still_works()
     ds = synth_feed(n, seed=3).torch_dataset()
     ds.set_epoch(1)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=nw,
-                                     persistent_workers=True)
+                                     persistent_workers=True, multiprocessing_context=CTX)
     assert [_loader_epoch(dl) for _ in range(2)] == want[1:]
     del dl
 
@@ -677,7 +682,8 @@ def test_torch_dataset_state_is_its_workers_states_and_resumes_its_workers():
     assert [(s["rank"], s["world_size"], s["step"]) for s in st] == [(0, 2, 2), (1, 2, 2)]
     ds = synth_feed(24, seed=5).torch_dataset()
     ds.load_state_dict(st)
-    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                     multiprocessing_context=CTX)
     assert _loader_epoch(dl) == want[4:]
     g = synth_feed(24, seed=5)  # a plain feed of the saving world size (1): all its ranks
     g.load_state_dict(st)

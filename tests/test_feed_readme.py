@@ -55,7 +55,8 @@ import torch
 import avpipe
 
 feed = avpipe.recipes.rnnt_feed("samples/speech/manifest.jsonl", batch_size=2, device="cpu")
-loader = torch.utils.data.DataLoader(feed.torch_dataset(), batch_size=None, num_workers=2)
+loader = torch.utils.data.DataLoader(feed.torch_dataset(), batch_size=None, num_workers=2,
+                                     multiprocessing_context="forkserver")
 for batch in loader:                            # the workers split the epoch's order
     print(type(batch.features).__name__, tuple(batch.features.shape))
 '''

@@ -13,6 +13,10 @@ import pytest
 import avpipe
 from avpipe.recipes import image_classification, rnnt_feed, video_classification
 
+# DataLoader workers start from a fork server, never as forks of the test process: a fork copies
+# the locks its other threads hold (a feed's producer, BLAS), and such a worker can hang
+CTX = "forkserver"
+
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples")
 MANIFEST = os.path.join(ROOT, "speech", "manifest.jsonl")
 LABELS = os.path.join(ROOT, "video", "labels.csv")
@@ -490,7 +494,8 @@ def test_torch_framework_and_dataloader_workers():
     assert isinstance(b.feature_lengths, torch.Tensor)
     ds = rnnt_feed(MANIFEST, batch_size=1, seed=2, device="cpu").torch_dataset()
     assert len(ds) == 6
-    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                     multiprocessing_context=CTX)
     paths = [p for b in dl for p in b.paths]
     assert len(paths) == len(set(paths)) == 6
     # the workers' round robin = the feed with 2x the ranks, in global batch order
@@ -542,7 +547,8 @@ def test_image_skip_bad_and_missing(image_folder):
 def test_torch_workers_state_resumes_in_a_plain_feed():
     torch = pytest.importorskip("torch")
     ds = rnnt_feed(MANIFEST, batch_size=1, seed=8, device="cpu").torch_dataset()
-    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                     multiprocessing_context=CTX)
     it = iter(dl)
     seen = [next(it).paths[0] for _ in range(2)]  # one full round of the 2 workers
     del it

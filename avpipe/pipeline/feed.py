@@ -534,7 +534,11 @@ class Feed:
         return fn(**{**kw, **overrides, "rank": rank, "world_size": world_size})
 
     def torch_dataset(self):
-        """A torch ``IterableDataset`` for ``DataLoader(ds, batch_size=None, num_workers=N)``."""
+        """A torch ``IterableDataset`` for ``DataLoader(ds, batch_size=None, num_workers=N,
+        multiprocessing_context="forkserver")`` ("spawn" works too; both need the usual
+        ``if __name__ == "__main__":`` guard in a script). Torch's default on Linux forks the
+        calling process, and a fork copies the locks its other threads hold (a feed's
+        producer, BLAS threads): such a worker can hang."""
         return dataset_class()(self)
 
     def __getstate__(self):
@@ -1010,7 +1014,9 @@ class _FeedDataset:
     started anew each epoch (not persistent) copy the main process's dataset each epoch: call
     ``set_epoch(e)`` before each epoch (as with torch's ``DistributedSampler``), else every
     epoch repeats the first. ``load_state_dict(state)`` before building the DataLoader resumes
-    from a feed state (rebased for the workers)."""
+    from a feed state (rebased for the workers). Start the workers with
+    ``multiprocessing_context="forkserver"`` (or "spawn"), not by forking the calling process
+    (:meth:`Feed.torch_dataset`)."""
 
     def __init__(self, feed: Feed):
         self.feed = feed
