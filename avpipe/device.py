@@ -17,6 +17,7 @@ import contextlib
 import functools
 import logging
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,9 +208,11 @@ def upload_many(xp, arrays, *, wait: bool = False) -> list:
     if xp is np:
         dev = buf
     else:
-        dev = xp.empty(size, xp.uint8)
-        st = _copy_stream(xp, dev.device.id) if wait else xp.cuda.get_current_stream()
-        dev.set(buf, stream=st)  # from pinned memory: queued on st, not waited for
+        st = (_copy_stream(xp, xp.cuda.Device().id) if wait
+              else xp.cuda.get_current_stream())  # fmt: skip
+        with st:  # the destination from st's pool: no block a kernel queued elsewhere holds
+            dev = xp.empty(size, xp.uint8)
+            dev.set(buf, stream=st)  # from pinned memory: queued on st, not waited for
         if wait:
             st.synchronize()
         else:
@@ -226,20 +229,17 @@ def _copy_stream(cupy, device_id: int):
 
 
 _IN_FLIGHT: collections.deque = collections.deque()  # (event, pinned memory) of queued copies
+_IN_FLIGHT_LOCK = threading.Lock()
 
 
 def _keep_until_copied(event, mem) -> None:
     """Hold ``mem`` (a copy's pinned source) until ``event`` (recorded after the copy) is done;
-    the copies already done let go of theirs."""
-    _IN_FLIGHT.append((event, mem))
-    while _IN_FLIGHT:
-        try:
-            ev, _ = _IN_FLIGHT[0]
-            if not ev.done:
-                break
+    the copies already done let go of theirs (in order, under a lock: the feeds' producers and
+    the video decode threads copy from several threads)."""
+    with _IN_FLIGHT_LOCK:
+        _IN_FLIGHT.append((event, mem))
+        while _IN_FLIGHT and _IN_FLIGHT[0][0].done:
             _IN_FLIGHT.popleft()
-        except IndexError:  # another thread took it
-            break
 
 
 @contextlib.contextmanager

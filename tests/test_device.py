@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import io
 
 import numpy as np
@@ -191,3 +192,39 @@ def test_gpu_resampling_tap_bank_grows_and_equals_the_reference(monkeypatch):
         np.testing.assert_allclose(cp.asnumpy(out), ref, atol=2e-6, rtol=2e-6)
     bank = banks[(0, "fast")]
     assert len(bank.pairs) == 5 and len(bank.retired) == 1  # grown once; the third batch: its own
+
+
+def test_pinned_sources_are_let_go_in_order_and_only_when_copied(monkeypatch):
+    """``upload_many``'s pinned sources (``_keep_until_copied``): a source is let go only once
+    its copy's event is done and every earlier one's is, also with several threads copying."""
+    import threading
+
+    monkeypatch.setattr(D, "_IN_FLIGHT", collections.deque())
+
+    class Ev:
+        def __init__(self, done):
+            self.done = done
+
+    pending = Ev(False)
+    D._keep_until_copied(Ev(True), "a")
+    D._keep_until_copied(pending, "b")
+    D._keep_until_copied(Ev(True), "c")
+    assert [m for _, m in D._IN_FLIGHT] == ["b", "c"]  # "a" let go; "c" waits behind "b"
+    events = [Ev(False) for _ in range(400)]
+
+    def copier(k):
+        for e in events[k::4]:
+            D._keep_until_copied(e, e)
+
+    threads = [threading.Thread(target=copier, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    held = {id(m) for _, m in D._IN_FLIGHT}
+    assert all(id(e) in held for e in events)  # none let go before its copy was done
+    pending.done = True
+    for e in events:
+        e.done = True
+    D._keep_until_copied(Ev(True), "d")
+    assert not D._IN_FLIGHT

@@ -295,6 +295,7 @@ def plan(h, w, out_h, out_w, rows, cols, interpolation, antialias, window=None) 
 
 _WARNED = []
 _TABLES: dict = {}
+_EVICTED: list = []  # the last generation of _TABLES cleared (see _device_tables)
 _VECS: dict = {}
 
 
@@ -326,7 +327,8 @@ def _device_tables(cupy, p: Plan, device_id: int):
         # cached for every thread's stream: the copy is complete when it returns
         hit = tuple(upload_many(cupy, (p.x.table, p.x.weights, p.y.table, p.y.weights),
                                 wait=True))
-        if len(_TABLES) > 256:
+        if len(_TABLES) > 256:  # evicted tables live one more generation: a kernel queued
+            _EVICTED[:] = [dict(_TABLES)]  # on another stream may still read one
             _TABLES.clear()
         _TABLES[key] = hit
     return hit
