@@ -223,7 +223,7 @@ def _bad(where, kind, i, op, e) -> PresetError:
 
 def _size(name, v):
     """An int or [h, w] of positive ints."""
-    if isinstance(v, list) and len(v) == 2:
+    if isinstance(v, (list, tuple)) and len(v) == 2:
         for x in v:
             pos_int(name, x)
         return
