@@ -208,11 +208,14 @@ def upload_many(xp, arrays, *, wait: bool = False) -> list:
     if xp is np:
         dev = buf
     else:
-        st = (_copy_stream(xp, xp.cuda.Device().id) if wait
-              else xp.cuda.get_current_stream())  # fmt: skip
-        with st:  # the destination from st's pool: no block a kernel queued elsewhere holds
+        if wait:  # the destination from the copy stream's pool, where the copy runs: no
+            st = _copy_stream(xp, xp.cuda.Device().id)  # block another stream's work holds
+            with st:
+                dev = xp.empty(size, xp.uint8)
+        else:
+            st = xp.cuda.get_current_stream()
             dev = xp.empty(size, xp.uint8)
-            dev.set(buf, stream=st)  # from pinned memory: queued on st, not waited for
+        dev.set(buf, stream=st)  # from pinned memory: queued on st, not waited for
         if wait:
             st.synchronize()
         else:
