@@ -404,12 +404,9 @@ def video_indices(vcfg: dict, m) -> np.ndarray:
         idx = np.searchsorted(np.asarray(m.pts_seconds), t + 1e-9, side="right") - 1
         return np.clip(idx, 0, n - 1).astype(np.int64)
     T, C, st = int(vcfg["clip_length"]), int(vcfg["num_clips"]), int(vcfg["stride"])
-    span = (T - 1) * st + 1
-    if span <= n:
-        return clip_indices_regular(n, clip_length=T, stride=st, num_clips=C)
     # a video shorter than one clip: every clip is the whole video, its last frame repeated
-    one = np.minimum(np.arange(T) * st, n - 1)
-    return np.repeat(one[None], C, axis=0).astype(np.int64)
+    return clip_indices_regular(n, clip_length=T, stride=st, num_clips=C,
+                                short_video="repeat_last")
 
 
 def _image_stream(items: list[Item], icfg: dict, dev, batch: int) -> Iterator[Result]:
