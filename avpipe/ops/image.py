@@ -64,7 +64,7 @@ __all__ = [
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-_INTERP = ("bilinear", "bicubic")
+INTERPOLATIONS = ("bilinear", "bicubic")  # the resize filters
 _DTYPES = {"float16": np.float16, "float32": np.float32, "uint8": np.uint8}
 
 
@@ -109,7 +109,7 @@ def _dtype(dtype, param="dtype"):
 
 
 def _check_interp(interpolation):
-    check_choice("interpolation", interpolation, list(_INTERP))
+    check_choice("interpolation", interpolation, INTERPOLATIONS)
 
 
 def resize_short_side_size(height: int, width: int, short_side: int) -> tuple[int, int]:

@@ -47,9 +47,10 @@ from dataclasses import fields
 
 import numpy as np
 
-from ..._validate import pos_int  # noqa: E402
+from ..._validate import check_choice, pos_int  # noqa: E402
 from ...formats import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS  # noqa: E402
 from ...ops import audio as audio_ops
+from ...ops import image as image_ops
 from ._process import apply_audio_ops
 
 EXTENSIONS = {"audio": AUDIO_EXTENSIONS, "video": VIDEO_EXTENSIONS, "image": IMAGE_EXTENSIONS}
@@ -220,7 +221,6 @@ def _bad(where, kind, i, op, e) -> PresetError:
     return PresetError(f"{where}: [{kind}] ops[{i}] ({op['op']}): {e}")
 
 
-
 def _size(name, v):
     """An int or [h, w] of positive ints."""
     if isinstance(v, (list, tuple)) and len(v) == 2:
@@ -229,9 +229,6 @@ def _size(name, v):
         return
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise ValueError(f"{name} must be a positive int or [height, width], got {v!r}")
-
-
-_INTERPOLATIONS = ("bilinear", "bicubic")
 
 
 def _check_values(cfg: dict, where: str) -> None:
@@ -280,10 +277,8 @@ def _check_values(cfg: dict, where: str) -> None:
                         _size("size", op["size"])
                     else:
                         pos_int("short_side", op["short_side"])
-                    interp = op.get("interpolation", "bilinear")
-                    if interp not in _INTERPOLATIONS:
-                        raise ValueError(f"interpolation must be one of "
-                                         f"{', '.join(_INTERPOLATIONS)}, got {interp!r}")
+                    check_choice("interpolation", op.get("interpolation", "bilinear"),
+                                 image_ops.INTERPOLATIONS)  # the resize's own filters
                     if not isinstance(op.get("antialias", True), bool):
                         raise ValueError(f"antialias must be true or false, "
                                          f"got {op['antialias']!r}")

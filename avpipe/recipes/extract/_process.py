@@ -28,6 +28,7 @@ from ...decoding.audio._flac_cuda import header_info as flac_header_info
 from ...decoding.image import decode_image_batch
 from ...decoding.video import VideoDecoder
 from ...device import to_numpy
+from ...formats import is_flac
 from ...ops import audio as audio_ops
 from ...ops import image as image_ops
 from ...pipeline.audio_loader import AudioBatchLoader
@@ -176,7 +177,7 @@ def _probe_audio(item: Item):
     read)."""
     import soundfile as sf
 
-    if item.path.lower().endswith(".flac"):
+    if is_flac(item.path):
         h = flac_header_info(item.path)
         if h is not None and h[2] == 1:
             return int(h[0]), int(h[1]), "FLAC", 1
@@ -256,7 +257,7 @@ class _AudioStream:
         if dev.is_cuda:
             # FLAC on a GPU: the loader reads every file's STREAMINFO itself, no probe first
             flac = [it for it in items
-                    if it.path.lower().endswith(".flac") and "offset" not in it.fields]
+                    if is_flac(it.path) and "offset" not in it.fields]
             # the kernels compile in threads meanwhile (joined before any loader forks)
             self.warm = warm_up_audio(cfg, dev, flac=bool(flac))
             loader = self._gpu_loader(flac, batch) if flac else None
