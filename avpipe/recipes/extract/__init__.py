@@ -374,9 +374,6 @@ def run_extract(
     ``dtype``: the audio features' type, "float32" (the preset's, by default) or "float16"
     (half the bytes; computed in float32, then rounded)."""
     t0 = time.perf_counter()
-    if device is not None and devices is not None:
-        raise ValueError(f"give device or devices, not both (device={device!r}, "
-                         f"devices={devices!r})")
     check_choice("format", format, FORMATS)
     check_choice("engine", engine, ENGINES)
     pos_int("shard_size", shard_size)
