@@ -220,7 +220,8 @@ def upload_many(xp, arrays, *, wait: bool = False) -> list:
             st.synchronize()
         else:
             _keep_until_copied(st.record(), mem)
-    return [dev[o : o + a.nbytes].view(a.dtype).reshape(a.shape) for a, o in zip(arrays, offs)]
+    views = [dev[o : o + a.nbytes].view(a.dtype) for a, o in zip(arrays, offs)]
+    return [v if a.ndim == 1 else v.reshape(a.shape) for a, v in zip(arrays, views)]
 
 
 @functools.cache

@@ -8,11 +8,12 @@ Each variant of ``rnnt_feed`` (bench_feeds.py's RNN-T settings: batch 64, speed 
 U(0.85, 1.15), dither, SpecAugment, GPU FLAC) runs in its own child process for ``--budget``
 seconds after a warm-up, and reports audio-s/s: ``full`` (the benchmark's feed), ``eval``
 (``training=False``: no speed perturbation, dither or SpecAugment), ``no_speed``, ``no_spec``,
-``prefetch4``, ``threads4``. ``full`` also samples every thread's Python stack every 2 ms and
-writes the functions the feed's producer thread and the other threads were in most often
-(own and cumulative samples) to DIR/probe_rnnt_feed.txt: a sampling profile of the real,
-pipelined run (samples are taken when the sampling thread holds the GIL, so time spent outside
-Python, in a kernel launch or a read, is charged to the function that made the call).
+``prefetch4``, ``threads4``, ``win2`` (the GPU FLAC loader reading two windows ahead instead
+of four). ``full`` also samples the producer thread's Python stack every 2 ms and writes the
+lines it was on and the functions it was in most often (own and cumulative samples) to
+DIR/probe_rnnt_feed.txt: a sampling profile of the real, pipelined run (samples are taken when
+the sampling thread holds the GIL, so time spent outside Python, in a kernel launch, a read or
+waiting for the GIL, is charged to the line that made the call).
 """
 
 from __future__ import annotations
@@ -37,11 +38,16 @@ VARIANTS = {
     "no_spec": {"spec_augment": None},
     "prefetch4": {"prefetch": 4},
     "threads4": {"threads": 4},
+    "win2": {},
 }
 
 
 class Sampler:
-    """Counts, per thread name, the functions on every thread's stack every ``interval`` s."""
+    """Counts the functions on the feed producer thread's stack every ``interval`` s: per
+    function (cumulative) and per line of the innermost frame (own). Only that thread's stack
+    is walked, so the sampler holds the GIL briefly (walking every thread's stack, as it once
+    did, slowed the feed by a quarter and charged the wait for the GIL to whatever function had
+    just released it)."""
 
     def __init__(self, interval=0.002):
         self.interval, self.stop = interval, threading.Event()
@@ -50,28 +56,37 @@ class Sampler:
         self.samples = collections.Counter()
         self.thread = threading.Thread(target=self._run, name="probe-sampler", daemon=True)
 
+    def _producer(self):
+        for t in threading.enumerate():
+            if t.name.startswith("avpipe-feed-producer"):
+                return t.ident
+        return None
+
     def _run(self):
-        me = threading.get_ident()
+        ident = None
         while not self.stop.wait(self.interval):
-            names = {t.ident: t.name for t in threading.enumerate()}
-            for ident, frame in sys._current_frames().items():
-                if ident == me:
+            if ident is None:
+                ident = self._producer()
+                if ident is None:
                     continue
-                name = names.get(ident, "?")
-                group = name if name.startswith(("avpipe-feed-producer", "Main")) else "other"
-                self.samples[group] += 1
-                seen = set()
-                f, top = frame, True
-                while f is not None:
-                    co = f.f_code
-                    key = f"{os.path.basename(co.co_filename)}:{co.co_firstlineno} {co.co_name}"
-                    if top:
-                        self.own[group][key] += 1
-                        top = False
-                    if key not in seen:
-                        self.cum[group][key] += 1
-                        seen.add(key)
-                    f = f.f_back
+            frame = sys._current_frames().get(ident)
+            if frame is None:
+                ident = None
+                continue
+            group = "avpipe-feed-producer"
+            self.samples[group] += 1
+            co = frame.f_code
+            self.own[group][f"{os.path.basename(co.co_filename)}:{frame.f_lineno} "
+                            f"{co.co_name}"] += 1
+            seen = set()
+            f = frame
+            while f is not None:
+                co = f.f_code
+                key = f"{os.path.basename(co.co_filename)}:{co.co_firstlineno} {co.co_name}"
+                if key not in seen:
+                    self.cum[group][key] += 1
+                    seen.add(key)
+                f = f.f_back
 
     def report(self, n=25) -> str:
         lines = []
@@ -96,6 +111,15 @@ def child(name, args):
     kw = dict(batch_size=bench_feeds.BATCH, seed=0, training=True, device="cuda",
               speed_perturb=(0.85, 1.15), threads=16)
     kw.update(VARIANTS[name])
+    if name == "win2":  # the loader's windows read ahead: 2 (before 2026-12-02) instead of 4
+        from avpipe.pipeline import _flac_windows
+
+        init = _flac_windows.GpuFlacBatches.__init__
+
+        def two(self, *a, **k):
+            init(self, *a, **{**k, "prefetch": 2})
+
+        _flac_windows.GpuFlacBatches.__init__ = two
     feed = avpipe.recipes.rnnt_feed(man, **kw)
     it = bench_feeds.epochs(feed)
     for _ in range(4):

@@ -577,21 +577,46 @@ def test_video_eval_skips_a_bad_video_view_by_view(tmp_path):
 
 def test_rnnt_collate_takes_the_loaders_batch_only_when_rows_are_its_rows():
     """The GPU collate uses the loader's padded batch as is only when the values are its rows
-    0..B-1 in order (views); any other list (a refill, a dropped item, host arrays) is copied."""
-    from types import SimpleNamespace
+    0..B-1 in order (references); any other list (a refill, a dropped item, host arrays) is
+    copied, and a reference slices to its row."""
+    from avpipe.recipes.rnnt import LoaderRow, _rows_of_one_batch
 
-    from avpipe.recipes.rnnt import _rows_of_one_batch
-
-    class Fake:  # the attributes of a cupy array the check reads
-        def __init__(self, base, ptr, shape, strides):
-            self.base, self.data = base, SimpleNamespace(ptr=ptr)
-            self.shape, self.strides, self.ndim = shape, strides, len(shape)
-
-    batch = Fake(None, 1000, (3, 50), (200, 4))
-    rows = [Fake(batch, 1000 + 200 * r, (n,), (4,)) for r, n in enumerate((50, 20, 7))]
+    batch = np.arange(150, dtype=np.float32).reshape(3, 50)
+    rows = [LoaderRow(batch, r, n) for r, n in enumerate((50, 20, 7))]
     assert _rows_of_one_batch(rows) is batch
+    assert [v.shape for v in rows] == [(50,), (20,), (7,)]
+    np.testing.assert_array_equal(rows[2].array(), batch[2, :7])
     assert _rows_of_one_batch(rows[:2]) is None  # not every row
     assert _rows_of_one_batch([rows[1], rows[0], rows[2]]) is None  # out of order
-    other = Fake(None, 5000, (3, 50), (200, 4))
-    assert _rows_of_one_batch(rows[:2] + [Fake(other, 5400, (7,), (4,))]) is None  # a refill
+    other = batch.copy()
+    assert _rows_of_one_batch(rows[:2] + [LoaderRow(other, 2, 7)]) is None  # a refill
+    assert _rows_of_one_batch(rows[:2] + [batch[2, :7]]) is None  # an array among them
     assert _rows_of_one_batch([np.zeros(3)] * 3) is None  # host arrays: always copied
+    assert _rows_of_one_batch([]) is None
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_rnnt_collate_of_loader_rows_equals_collate_of_arrays(training):
+    """The loader's row references collate to the batch its rows' arrays give: whole (the
+    loader's padded batch taken as is) and mixed with a refilled array (each row sliced)."""
+    from avpipe.device import Device
+    from avpipe.pipeline.sources import Item
+    from avpipe.recipes.rnnt import LoaderRow, RnntTask
+
+    rng = np.random.default_rng(0)
+    lens = [16000, 9000, 12345]
+    batch = np.zeros((3, 16000), np.float32)
+    for r, n in enumerate(lens):
+        batch[r, :n] = 0.1 * rng.standard_normal(n)
+    task = RnntTask(preset="nemo", training=training, sample_rate=16000, seed=3,
+                    device=Device("cpu"), speed_perturb=(0.9, 1.1) if training else None,
+                    spec_augment={} if training else None)
+    pairs = [(i, Item(path=f"/d/u{i}.flac", raw_path=f"u{i}.flac")) for i in range(3)]
+    refs = [LoaderRow(batch, r, n) for r, n in enumerate(lens)]
+    arrays = [batch[r, :n].copy() for r, n in enumerate(lens)]
+    mixed = refs[:2] + [arrays[2]]
+    want = task.collate(arrays, pairs, 1, 0)
+    for values in (refs, mixed):
+        got = task.collate(values, pairs, 1, 0)
+        np.testing.assert_array_equal(got["feature_lengths"], want["feature_lengths"])
+        np.testing.assert_allclose(got["features"], want["features"], rtol=0, atol=1e-6)

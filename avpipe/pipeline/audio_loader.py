@@ -357,7 +357,7 @@ class AudioBatchLoader:
             except OSError:
                 sizes[p] = 0  # reported when its batch is read
         self._gpu = GpuFlacBatches(
-            sizes, max_samples=self.max_samples, prefetch=min(self.prefetch, 2),
+            sizes, max_samples=self.max_samples, prefetch=min(self.prefetch, 4),
             window=settings.flac_window(),
         )
         self._pool = None

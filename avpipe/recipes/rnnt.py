@@ -270,10 +270,12 @@ class RnntTask(Task):
                 n = int(lens[r])
                 if it.duration:
                     n = min(n, int(round(it.duration * src_sr)))
-                y = x[r, :n]
                 if src_sr != self.sample_rate:
-                    y = resample(y, src_sr, self.sample_rate)
-                out.append(y)
+                    out.append(resample(x[r, :n], src_sr, self.sample_rate))
+                elif gpu:  # a reference, sliced only if collate cannot take the batch whole
+                    out.append(LoaderRow(x, r, n))
+                else:
+                    out.append(x[r, :n])
             now = time.perf_counter()
             if self.timings is not None:
                 self.timings("decode", now - t_last)
@@ -289,6 +291,8 @@ class RnntTask(Task):
         lens = np.array([int(v.shape[0]) for v in values], np.int64)
         n = int(lens.max()) if len(lens) else 0
         whole = None if self.signal_augment else _rows_of_one_batch(values)
+        if whole is None:
+            values = [v.array() if isinstance(v, LoaderRow) else v for v in values]
         if whole is not None:  # the loader's padded batch itself: no copy per row
             x = whole[:, :n]
         elif any(not isinstance(v, np.ndarray) for v in values):  # GPU rows (+ host refills)
@@ -340,18 +344,36 @@ class RnntTask(Task):
 
 
 
+class LoaderRow:
+    """Row ``row`` of a GPU loader batch ``batch`` (its first ``n`` samples), not sliced yet:
+    a batch's values are usually that batch's rows in order, which :func:`_rows_of_one_batch`
+    tells from these three fields, where 64 cupy views and their checks cost the producer
+    about a millisecond a batch. ``array()`` is the view, for any other list of values."""
+
+    __slots__ = ("batch", "row", "n")
+
+    def __init__(self, batch, row: int, n: int):
+        self.batch, self.row, self.n = batch, int(row), int(n)
+
+    @property
+    def shape(self) -> tuple:
+        return (self.n,)
+
+    def array(self):
+        return self.batch[self.row, : self.n]
+
+
 def _rows_of_one_batch(values):
-    """The ``[B, m]`` device array whose rows ``0 .. B-1`` begin the values, in order (a batch
-    the loader decoded, every item kept), or None. What lies past a value's length in its row
-    is never read: every step after takes the lengths."""
-    base = getattr(values[0], "base", None) if values else None
-    if base is None or isinstance(base, np.ndarray) or getattr(base, "ndim", 0) != 2 \
-            or base.shape[0] != len(values):
+    """The ``[B, m]`` device batch whose rows ``0 .. B-1`` are the values, in order (a batch
+    the loader decoded, every item kept: :class:`LoaderRow` references), or None. What lies
+    past a value's length in its row is never read: every step after takes the lengths."""
+    if not values or type(values[0]) is not LoaderRow:
         return None
-    p0, stride = base.data.ptr, base.strides[0]
+    base = values[0].batch
+    if getattr(base, "ndim", 0) != 2 or base.shape[0] != len(values):
+        return None
     for r, v in enumerate(values):
-        if getattr(v, "base", None) is not base or v.ndim != 1 or v.strides[0] != base.strides[1] \
-                or v.data.ptr != p0 + r * stride or v.shape[0] > base.shape[1]:
+        if type(v) is not LoaderRow or v.batch is not base or v.row != r:
             return None
     return base
 
