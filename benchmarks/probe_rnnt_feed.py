@@ -9,7 +9,11 @@ U(0.85, 1.15), dither, SpecAugment, GPU FLAC) runs in its own child process for 
 seconds after a warm-up, and reports audio-s/s: ``full`` (the benchmark's feed), ``eval``
 (``training=False``: no speed perturbation, dither or SpecAugment), ``no_speed``, ``no_spec``,
 ``prefetch4``, ``threads4``, ``win2`` (the GPU FLAC loader reading two windows ahead instead
-of four). ``full`` also samples the producer thread's Python stack every 2 ms and writes the
+of four), ``switch05`` (the interpreter's thread switch interval 0.5 ms instead of 5 ms: how
+much the producer waits for the GIL). Each variant also reports the GPU's utilisation
+(nvidia-smi, median of 100 ms samples over the timed run: the share of time a kernel ran).
+``--upload`` times ``device.upload_many`` alone (one thread; an idle GPU, then a stream kept
+busy), per call and per step. ``full`` also samples the producer thread's Python stack every 2 ms and writes the
 lines it was on and the functions it was in most often (own and cumulative samples) to
 DIR/probe_rnnt_feed.txt: a sampling profile of the real, pipelined run (samples are taken when
 the sampling thread holds the GIL, so time spent outside Python, in a kernel launch, a read or
@@ -39,6 +43,7 @@ VARIANTS = {
     "prefetch4": {"prefetch": 4},
     "threads4": {"threads": 4},
     "win2": {},
+    "switch05": {},
 }
 
 
@@ -111,6 +116,8 @@ def child(name, args):
     kw = dict(batch_size=bench_feeds.BATCH, seed=0, training=True, device="cuda",
               speed_perturb=(0.85, 1.15), threads=16)
     kw.update(VARIANTS[name])
+    if name == "switch05":
+        sys.setswitchinterval(0.0005)
     if name == "win2":  # the loader's windows read ahead: 2 (before 2026-12-02) instead of 4
         from avpipe.pipeline import _flac_windows
 
@@ -128,6 +135,7 @@ def child(name, args):
     sampler = Sampler() if name == "full" else None
     if sampler:
         sampler.thread.start()
+    smi = _smi()
     t0, audio, n = time.perf_counter(), 0.0, 0
     while time.perf_counter() - t0 < args.budget or n < 3:
         b = next(it)
@@ -135,6 +143,7 @@ def child(name, args):
         n += 1
     cupy.cuda.runtime.deviceSynchronize()
     secs = time.perf_counter() - t0
+    util = _smi_median(smi)
     if sampler:
         sampler.stop.set()
         sampler.thread.join()
@@ -144,7 +153,92 @@ def child(name, args):
             f.write(sampler.report())
     feed.close()
     print("RESULT " + json.dumps({"value": round(audio / secs, 1), "batches": n,
-                                  "seconds": round(secs, 2)}), flush=True)
+                                  "seconds": round(secs, 2), "gpu_util_pct": util}), flush=True)
+
+
+def _smi():
+    try:
+        return subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu",
+                                 "--format=csv,noheader,nounits", "-lms", "100"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    except OSError:
+        return None
+
+
+def _smi_median(smi):
+    if smi is None:
+        return None
+    smi.terminate()
+    vals = [float(v) for v in smi.communicate(timeout=10)[0].split() if v.strip().isdigit()]
+    return float(sorted(vals)[len(vals) // 2]) if vals else None
+
+
+def upload(args):
+    """``upload_many`` alone: per call, and its steps, idle GPU and busy stream."""
+    import cupy
+    import numpy as np
+
+    from avpipe import device as D
+
+    arrays = [np.arange(64, dtype=np.int64), np.ones(64, np.float32), np.zeros((64, 6), np.int32)]
+    out = {}
+    s = cupy.cuda.Stream(non_blocking=True)
+    big = cupy.zeros(1 << 26, cupy.float32)
+    for busy in (False, True):
+        with s:
+            for _ in range(50):
+                D.upload_many(cupy, arrays)
+            s.synchronize()
+            n, t0 = 2000, time.perf_counter()
+            for k in range(n):
+                if busy and k % 20 == 0:
+                    for _ in range(20):
+                        big += 1.0  # about a millisecond of work queued ahead
+                D.upload_many(cupy, arrays)
+            t1 = time.perf_counter()
+            s.synchronize()
+            out[f"upload_many_us_{'busy' if busy else 'idle'}"] = round(1e6 * (t1 - t0) / n, 2)
+            buf = np.frombuffer(cupy.cuda.alloc_pinned_memory(4096), np.uint8, 4096)
+            dev = cupy.empty(4096, cupy.uint8)
+            steps = {
+                "alloc_pinned": lambda: cupy.cuda.alloc_pinned_memory(4096),
+                "empty": lambda: cupy.empty(4096, cupy.uint8),
+                "set": lambda dev=dev, buf=buf: dev.set(buf, stream=s),
+                "memcpyAsync": lambda dev=dev, buf=buf: cupy.cuda.runtime.memcpyAsync(
+                    dev.data.ptr, buf.ctypes.data, 4096,
+                    cupy.cuda.runtime.memcpyHostToDevice, s.ptr),
+                "record": lambda: s.record(),
+                "slice_view": lambda dev=dev: dev[8:520].view(np.int64),
+            }
+            for name, f in steps.items():
+                t0 = time.perf_counter()
+                for k in range(n):
+                    if busy and k % 20 == 0:
+                        for _ in range(20):
+                            big += 1.0
+                    f()
+                t1 = time.perf_counter()
+                s.synchronize()
+                out[f"{name}_us_{'busy' if busy else 'idle'}"] = round(1e6 * (t1 - t0) / n, 2)
+    # cuFFT plans: the log-mel's rfft over [B * T, 512] with T changing every batch (cupy
+    # keeps 16 plans) against the same T every time
+    with s:
+        for label, ts in (("fft_same_T_us", [1500] * 200), ("fft_new_T_us",
+                                                            list(range(1000, 1600, 3)))):
+            frames = cupy.zeros((64 * 1600, 512), cupy.float32)
+            cupy.fft.rfft(frames[: 64 * ts[0]], axis=-1)
+            s.synchronize()
+            t0 = time.perf_counter()
+            for t in ts:
+                cupy.fft.rfft(frames[: 64 * t], axis=-1)
+            t1 = time.perf_counter()
+            s.synchronize()
+            out[label] = round(1e6 * (t1 - t0) / len(ts), 1)
+            out[label.replace("_us", "_with_gpu_us")] = round(
+                1e6 * (time.perf_counter() - t0) / len(ts), 1)
+    with open(os.path.join(args.out, "probe_upload.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print("upload", json.dumps(out), flush=True)
 
 
 def main():
@@ -155,11 +249,15 @@ def main():
     ap.add_argument("--budget", type=float, default=4.0)
     ap.add_argument("--only", default=None)
     ap.add_argument("--child", default=None)
+    ap.add_argument("--upload", action="store_true", help="time upload_many alone, then exit")
     args = ap.parse_args()
     args.cpu, args.threads = False, 16
     os.makedirs(args.out, exist_ok=True)
     if args.child:
         child(args.child, args)
+        return 0
+    if args.upload:
+        upload(args)
         return 0
     names = args.only.split(",") if args.only else list(VARIANTS)
     results = {}
