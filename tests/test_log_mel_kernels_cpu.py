@@ -130,3 +130,15 @@ def test_kernels_compile_for_the_gpu(tmp_path):
     with open(K.KERNEL_FILE) as f:
         text = ptx(f.read(), tmp_path)
     assert "avpipe_log_mel_frames" in text and "avpipe_log_mel_finish" in text
+
+
+def test_fft_rows_rounds_up_by_at_most_an_eighth_to_few_sizes():
+    """The rFFT's row count (B * T) goes up to a size of the form m * 2**k, m in 8..15: never
+    fewer rows, at most an eighth more, and eight sizes an octave (cuFFT plans reused)."""
+    from avpipe.ops._log_mel import fft_rows
+
+    for n in range(1, 5000):
+        r = fft_rows(n)
+        assert n <= r <= n + n // 8 + 1
+    sizes = {fft_rows(n) for n in range(4096, 8192)}
+    assert len(sizes) == 8 and all(fft_rows(s) == s for s in sizes)
