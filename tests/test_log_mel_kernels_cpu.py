@@ -140,5 +140,5 @@ def test_fft_rows_rounds_up_by_at_most_an_eighth_to_few_sizes():
     for n in range(1, 5000):
         r = fft_rows(n)
         assert n <= r <= n + n // 8 + 1
-    sizes = {fft_rows(n) for n in range(4096, 8192)}
+    sizes = {fft_rows(n) for n in range(4097, 8193)}  # (4096, 8192]
     assert len(sizes) == 8 and all(fft_rows(s) == s for s in sizes)
