@@ -161,3 +161,82 @@ def test_truncated_audio_is_left_to_the_cpu(lib, cases):
     buf[: len(cut)] = np.frombuffer(cut, np.uint8)
     _, plan, left, _ = decode_cpu(lib, buf, offsets)
     assert 0 in left and "cover" in left[0]
+
+
+def _plan_one_by_one(buf, offsets):
+    """The plan as it was made before the vectorized scan: each file parsed alone (the
+    reference the batch plan must equal)."""
+    b = len(offsets) - 1
+    istart, iend, itotal, ipcm = (np.zeros(b, np.int64) for _ in range(4))
+    imeta, iclaim = np.zeros((b, 6), np.int32), np.full(b, -1, np.int64)
+    infos, cpu, pcm, claims, cap = [], {}, 0, 0, 64
+    for i in range(b):
+        lo, hi = int(offsets[i]), int(offsets[i + 1])
+        try:
+            si = fc.parse_streaminfo(buf[lo:hi])
+        except ValueError as e:
+            infos.append(None)
+            cpu[i] = str(e)
+            istart[i] = iend[i] = lo
+            continue
+        infos.append(si)
+        istart[i] = iend[i] = lo + si.audio_offset
+        imeta[i, :4] = (si.channels, si.bits_per_sample, max(si.max_block, 1), si.sample_rate)
+        if si.total_samples <= 0:
+            cpu[i] = "STREAMINFO does not give the sample count"
+        elif si.bits_per_sample > fc.MAX_BPS or si.bits_per_sample < 4:
+            cpu[i] = f"{si.bits_per_sample}-bit samples"
+        else:
+            iend[i], itotal[i], ipcm[i] = hi, si.total_samples, pcm
+            pcm += si.channels * si.total_samples
+            if si.min_block == si.max_block >= 16:
+                frames = -(-si.total_samples // si.max_block)
+                imeta[i, 4:] = (1, frames)
+                iclaim[i] = claims
+                claims += frames
+            cap += si.total_samples // max(16, min(si.min_block or 16, si.max_block or 16)) + 2
+    cap += int(offsets[-1]) // 4096
+    return dict(istart=istart, iend=iend, itotal=itotal, ipcm=ipcm, imeta=imeta, iclaim=iclaim,
+                infos=infos, cpu=cpu, pcm_size=max(pcm, 1), claims_size=max(claims, 1),
+                cap=cap, max_len=max([s.total_samples if s else 0 for s in infos], default=0))
+
+
+def test_batch_plan_equals_the_plan_of_each_file_parsed_alone(cases, tmp_path):
+    """The vectorized STREAMINFO scan gives the plan each file parsed alone gives, also for
+    the files it leaves to the per-file parser: an ID3 tag in front, many metadata blocks, a
+    header cut short, not FLAC, empty, no sample count, 32-bit samples."""
+    import struct
+
+    good = [open(p, "rb").read() for p in cases]
+    one = good[0]
+    si_at = 8  # STREAMINFO's body in a plain file ("fLaC" + block header)
+    pad_blocks = one[:4] + bytes([one[4] & 0x7F]) + one[5:8 + 34]  # STREAMINFO, not last
+    rest = one[8 + 34:]
+    many = pad_blocks + b"".join(bytes([1, 0, 0, 3]) + b"\0\0\0" for _ in range(20))
+    many += bytes([0x81, 0, 0, 2]) + b"\0\0" + rest  # 22 blocks: past the scan's 16
+    blocks3 = pad_blocks + bytes([0x81, 0, 0, 5]) + b"\0" * 5 + rest
+    id3 = b"ID3\x04\x00\x00\x00\x00\x00\x0a" + b"\0" * 10 + one
+    x = struct.unpack(">Q", one[si_at + 10 : si_at + 18])[0]
+    no_count = one[: si_at + 10] + struct.pack(">Q", x & ~((1 << 36) - 1)) + one[si_at + 18:]
+    bits32 = one[: si_at + 10] + struct.pack(">Q", x | (31 << 36)) + one[si_at + 18:]
+    odd = [many, blocks3, id3, no_count, bits32, one[:30], b"RIFF" + one[4:], b"", one[:9],
+           one[:4] + bytes([0x7F]) + one[5:]]
+    blobs = good + odd + good[:3]
+    paths = []
+    for k, blob in enumerate(blobs):
+        p = tmp_path / f"f{k}.flac"
+        p.write_bytes(blob)
+        paths.append(str(p))
+    buf, offsets = pack(paths)
+    plan = fc.plan_batch(buf, offsets)
+    want = _plan_one_by_one(buf, offsets)
+    for k in ("istart", "iend", "itotal", "ipcm", "imeta", "iclaim"):
+        np.testing.assert_array_equal(getattr(plan, k), want[k], err_msg=k)
+    for k in ("infos", "cpu", "pcm_size", "claims_size", "cap", "max_len"):
+        assert getattr(plan, k) == want[k], k
+    assert plan.nbytes == int(offsets[-1]) + fc.PAD
+    n = len(good)
+    assert all(i not in plan.cpu for i in range(n))  # every good file goes to the GPU
+    assert set(plan.cpu) >= {n + 3, n + 4, n + 5, n + 6, n + 7, n + 8, n + 9}
+    assert plan.infos[n] is not None and plan.infos[n + 1] is not None  # read one by one
+    assert plan.infos[n + 2] is not None  # the ID3 tag skipped
