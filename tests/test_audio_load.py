@@ -290,3 +290,44 @@ def test_batch_loader_decode_groups_cpu(tmp_path):
         # batches() is decode_groups over the file order
         a = [b.paths for b in L.batches()]
         assert a == [paths[:4], paths[4:]]
+
+
+def test_flac_reader_processes_read_files_into_their_slots(tmp_path):
+    """The GPU FLAC loader's reader processes put each file's bytes at its offset in the
+    slot asked for, leave the other slots alone, and report a file that cannot be read (zeros
+    in its place) or that shrank since it was listed (zeros past its end)."""
+    from avpipe.pipeline._flac_windows import ProcessReaders
+
+    rng = np.random.default_rng(0)
+    blobs = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (1000, 1, 4096, 777)]
+    paths = []
+    for k, b in enumerate(blobs):
+        p = tmp_path / f"f{k}.bin"
+        p.write_bytes(b)
+        paths.append(str(p))
+    sizes = [len(b) for b in blobs]
+    sizes[3] += 23  # listed longer than it is now
+    paths.insert(2, str(tmp_path / "missing.bin"))
+    sizes.insert(2, 50)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    calls = []
+    readers = ProcessReaders(3, 8192, 2, register=lambda views: calls.append(len(views)))
+    try:
+        for v in readers.views:
+            v[:] = 7
+        errors = readers.read(1, offsets, paths)
+        assert calls == [3]
+        assert set(errors) == {2} and "missing.bin" in errors[2]
+        got = readers.views[1]
+        for i, b in enumerate(blobs[:2] + [None] + blobs[2:]):
+            a, e = int(offsets[i]), int(offsets[i + 1])
+            if b is None:
+                assert not got[a:e].any()
+                continue
+            assert got[a : a + len(b)].tobytes() == b
+            assert not got[a + len(b) : e].any()  # the shrunken file's tail
+        assert (got[int(offsets[-1]):] == 7).all()
+        assert (readers.views[0] == 7).all() and (readers.views[2] == 7).all()
+    finally:
+        readers.close()
+    assert readers.pool._state != "RUN"  # the processes are gone

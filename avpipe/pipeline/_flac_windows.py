@@ -6,14 +6,105 @@ batch by batch. The decoding of one window (kernels, plan, libFLAC for the rest)
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..decoding.audio import _flac_cuda as _flac
+from ._shared_memory import Ring, can_start_processes, context, map_ring
 
 __all__ = ["GpuFlacBatches"]
+
+# In a reader process only: the mapped staging ring
+_READER: dict = {}
+MAX_SLOT_BYTES = 256 << 20  # a staging slot's cap; a window past it is read by threads
+
+
+def _init_reader(path: str, nbytes: int) -> None:
+    _READER.clear()
+    _READER["mm"] = map_ring(path, nbytes)
+
+
+def _read_into_ring(base: int, offsets: list, paths: list) -> dict:
+    """In a reader process: ``paths[i]`` into the ring at ``base + offsets[i]`` (its
+    ``offsets[i + 1] - offsets[i]`` bytes; zeros past a file that shrank, or for one that
+    cannot be read); ``{i: why}`` for those."""
+    mm = memoryview(_READER["mm"])
+    errors = {}
+    for i, path in enumerate(paths):
+        a, b = base + offsets[i], base + offsets[i + 1]
+        try:
+            with open(path, "rb", buffering=0) as f:
+                got = f.readinto(mm[a:b])
+            if got < b - a:  # the file shrank since it was listed: its frames will not cover
+                mm[a + got : b] = bytes(b - a - got)
+        except OSError as e:
+            errors[i] = f"{type(e).__name__}: {e}"
+            mm[a:b] = bytes(b - a)
+    return errors
+
+
+class ProcessReaders:
+    """Worker processes that read a window's files into a slot of a shared staging ring.
+
+    Reading files in threads of the feed's own process needs the GIL a few times per file, and
+    a feed's producer thread, which holds it most of the time, kept those threads waiting: the
+    next window was often not read when the producer needed it. Processes read without it;
+    the parent waits once per chunk. The ring is page-locked for the GPU's copy where
+    ``register`` succeeds (``cudaHostRegister``)."""
+
+    def __init__(self, slots: int, slot_bytes: int, workers: int, *, register=None,
+                 timeout: float = 120.0):
+        self.slots, self.slot_bytes = int(slots), int(slot_bytes)
+        self.workers, self.timeout = max(1, int(workers)), float(timeout)
+        self.ring = Ring(self.slots * self.slot_bytes, "avpipe-flac-staging")
+        self.views = [np.frombuffer(self.ring.mm, np.uint8, self.slot_bytes,
+                                    offset=k * self.slot_bytes) for k in range(self.slots)]
+        self.pool = context().Pool(self.workers, initializer=_init_reader,
+                                   initargs=(self.ring.path, self.ring.nbytes))
+        self.unregister = register(self.views) if register is not None else None
+        self._finalizer = weakref.finalize(self, ProcessReaders._shutdown, self.pool, self.ring,
+                                           self.unregister)
+
+    @staticmethod
+    def _shutdown(pool, ring, unregister):
+        pool.terminate()
+        pool.join()
+        if unregister is not None:
+            try:
+                unregister()
+            except Exception:  # noqa: BLE001 - the process is ending, or the device is gone
+                pass
+        ring.close()
+
+    def read(self, slot: int, offsets: np.ndarray, paths: list) -> dict:
+        """Read ``paths`` back to back into ``views[slot]`` at ``offsets`` (relative, int64
+        ``[n + 1]``, ``offsets[-1] <= slot_bytes``); ``{index: why}`` for the files that could
+        not be read (their bytes are zeros)."""
+        offs = [int(v) for v in offsets]
+        n = len(paths)
+        step = max(1, -(-n // self.workers))
+        base = slot * self.slot_bytes
+        jobs = [(a, self.pool.apply_async(_read_into_ring,
+                                          (base, offs[a : min(a + step, n) + 1],
+                                           paths[a : min(a + step, n)])))
+                for a in range(0, n, step)]  # fmt: skip
+        errors = {}
+        for a, job in jobs:
+            try:
+                got = job.get(self.timeout)
+            except mp.TimeoutError:
+                got = {i: f"not read within {self.timeout:g} s"
+                       for i in range(min(step, n - a))}
+            errors.update({a + i: why for i, why in got.items()})
+        return errors
+
+    def close(self) -> None:
+        self._finalizer()
 
 
 class GpuFlacBatches:
@@ -23,9 +114,13 @@ class GpuFlacBatches:
     (about 2,000 frames) leaves most of the GPU idle while each thread works through its 4,096
     samples. The kernels therefore run over a *window* of consecutive batches (``window``
     files, whole batches) at once, and the window's batches are handed out one by one.
-    ``read_threads`` threads read upcoming windows' bytes (no decoding on the CPU) into
-    ``prefetch`` page-locked staging buffers; files the GPU does not cover exactly are decoded by
-    libFLAC on the CPU. Errors are per item (``{index: message}``, length 0), never per batch.
+    Upcoming windows' bytes (no decoding on the CPU) are read ahead, ``prefetch`` windows, into
+    page-locked staging slots: by ``read_threads`` reader processes into a shared ring
+    (:class:`ProcessReaders`; ``readers="auto"``, where this process may have children), else by
+    as many threads (``readers="threads"``, and inside a daemonic process such as a DataLoader
+    worker, or for a window larger than a slot). Files the GPU does not cover exactly are
+    decoded by libFLAC on the CPU. Errors are per item (``{index: message}``, length 0), never
+    per batch.
 
     The kernels run on a stream of their own: they occupy few threads for long, so the
     caller's work on its batches (its current stream: the feature kernels) runs beside them on
@@ -36,7 +131,7 @@ class GpuFlacBatches:
     """
 
     def __init__(self, sizes: dict, *, max_samples: int, prefetch: int = 2, read_threads: int = 8,
-                 window: int = 256):
+                 window: int = 256, readers: str = "auto"):
         import cupy
 
         self.sizes = sizes  # path -> bytes on disk
@@ -48,6 +143,55 @@ class GpuFlacBatches:
         # one per window read ahead, one queued on the GPU, one being handed out
         self._staging = [None] * (self.prefetch + 2)
         self._warned = False
+        self._procs = None
+        if readers not in ("auto", "processes", "threads"):
+            raise ValueError(f"readers must be 'auto', 'processes' or 'threads', got {readers!r}")
+        if readers != "threads" and can_start_processes():
+            self._procs = self._start_readers(readers == "processes")
+
+    def _slot_bytes(self) -> int:
+        """A staging slot: the largest files a window can hold (a window ends with a whole
+        group: ``window`` files plus a batch's worth), at most ``MAX_SLOT_BYTES``."""
+        top = np.sort(np.fromiter(self.sizes.values(), np.int64, len(self.sizes)))
+        need = int(top[-(self.window + 64):].sum()) + _flac.PAD
+        return -(-min(need, MAX_SLOT_BYTES) // 4096) * 4096
+
+    def _start_readers(self, required: bool):
+        cupy = self._cupy
+
+        def register(views):
+            ptrs = []
+            for v in views:
+                cupy.cuda.runtime.hostRegister(v.ctypes.data, v.nbytes, 0)
+                ptrs.append(v.ctypes.data)
+
+            def unregister():
+                cupy.cuda.runtime.deviceSynchronize()  # no copy from the ring in flight
+                for p in ptrs:
+                    cupy.cuda.runtime.hostUnregister(p)
+
+            return unregister
+
+        def safe_register(views):
+            try:
+                return register(views)
+            except Exception:  # noqa: BLE001 - pageable copies then (slower, still exact)
+                return None
+
+        try:
+            return ProcessReaders(self.prefetch + 2, self._slot_bytes(),
+                                  min(self.read_threads, os.cpu_count() or 1),
+                                  register=safe_register)
+        except (OSError, ValueError, RuntimeError):
+            if required:
+                raise
+            return None  # no processes here: threads read
+
+    def close(self) -> None:
+        """End the reader processes (also done when the loader is collected)."""
+        if self._procs is not None:
+            self._procs.close()
+            self._procs = None
 
     def _buffer(self, k, nbytes):
         cur = self._staging[k]
@@ -77,13 +221,19 @@ class GpuFlacBatches:
         sizes = [self.sizes.get(p, 0) for p in paths]
         offsets = np.zeros(len(paths) + 1, np.int64)
         offsets[1:] = np.cumsum(sizes)
-        buf = self._buffer(slot, int(offsets[-1]) + _flac.PAD)
-        step = max(1, -(-len(paths) // self.read_threads))
-        futs = [io.submit(self._read_files, buf, offsets, paths, a, min(a + step, len(paths)))
-                for a in range(0, len(paths), step)]
-        errors = {}
-        for f in futs:
-            errors.update(f.result())
+        procs = self._procs
+        if procs is not None and int(offsets[-1]) + _flac.PAD <= procs.slot_bytes:
+            buf = procs.views[slot]
+            errors = procs.read(slot, offsets, paths)
+        else:  # threads, into a page-locked buffer of this slot's own
+            buf = self._buffer(slot, int(offsets[-1]) + _flac.PAD)
+            step = max(1, -(-len(paths) // self.read_threads))
+            futs = [io.submit(self._read_files, buf, offsets, paths, a,
+                              min(a + step, len(paths)))
+                    for a in range(0, len(paths), step)]  # fmt: skip
+            errors = {}
+            for f in futs:
+                errors.update(f.result())
         buf[int(offsets[-1]) : int(offsets[-1]) + _flac.PAD] = 0
         return buf, offsets, errors, _flac.plan_batch(buf, offsets)
 

@@ -16,7 +16,6 @@ Public as :class:`AudioBatchLoader`; ``benchmarks/bench_audio.py`` measures it.
 
 from __future__ import annotations
 
-import mmap
 import multiprocessing as mp
 import os
 import time
@@ -38,6 +37,8 @@ from ..device import resolve_device
 from ..errors import CorruptDataError, DecodeTimeoutError, EmptyMediaError
 from ..formats import is_flac
 from ._flac_windows import GpuFlacBatches
+from ._shared_memory import Ring as _Ring
+from ._shared_memory import context, map_ring
 
 # In a worker process only: its own loader's buffer and layout, set by the pool's initializer
 # (each loader's pool gets its loader's; nothing here is shared between loaders)
@@ -47,45 +48,14 @@ _RATES = (1000, 768000)  # sample rates outside this are damaged headers, not au
 _SAMPLES_PER_BYTE = 512  # no file holds more samples per byte (FLAC's constant frames: ~400)
 
 
-class _Ring:
-    """The loader's shared ring: an anonymous shared-memory file (``memfd``: sized by memory,
-    not by ``/dev/shm``'s mount) that the workers map through the parent's ``/proc`` entry."""
-
-    def __init__(self, nbytes: int):
-        self.nbytes = max(int(nbytes), 1)
-        self.fd = os.memfd_create("avpipe-audio-ring")
-        os.ftruncate(self.fd, self.nbytes)
-        self.mm = mmap.mmap(self.fd, self.nbytes, flags=mmap.MAP_SHARED)
-        self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
-
-    def close(self):
-        try:
-            self.mm.close()
-        except BufferError:  # a caller still holds a view of it: freed when the views go
-            pass
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
 def _init_worker(state):
     _WORKER.clear()
-    fd = os.open(state["ring"], os.O_RDWR)
-    try:
-        mm = mmap.mmap(fd, state["nbytes"], flags=mmap.MAP_SHARED)
-    finally:
-        os.close(fd)
-    _WORKER.update(state, mm=mm)
+    _WORKER.update(state, mm=map_ring(state["ring"], state["nbytes"]))
 
 
 def _context():
-    """Worker processes come from a fork server (a clean single-threaded process), never from a
-    fork of this one: a fork copies whatever locks this process's other threads hold at that
-    instant (a feed's decoding threads, a producer running ahead), and a worker that needs one
-    of them hangs."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["avpipe.pipeline.audio_loader", "soundfile"])
-    return ctx
+    """Worker processes from the fork server (:func:`._shared_memory.context`)."""
+    return context()
 
 
 def _plausible(path, info):
@@ -357,7 +327,7 @@ class AudioBatchLoader:
             except OSError:
                 sizes[p] = 0  # reported when its batch is read
         self._gpu = GpuFlacBatches(
-            sizes, max_samples=self.max_samples, prefetch=min(self.prefetch, 4),
+            sizes, max_samples=self.max_samples, prefetch=min(self.prefetch, 2),
             window=settings.flac_window(),
         )
         self._pool = None
@@ -540,6 +510,8 @@ class AudioBatchLoader:
             except Exception:
                 pass
             self._registered = False
+        if getattr(self, "_gpu", None) is not None:
+            self._gpu.close()  # its reader processes
         self._host = None
         self._pool = None
         self._finalizer()  # ends the workers; closes the shared buffer unless a caller views it
