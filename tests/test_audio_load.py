@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 
 import numpy as np
 import pytest
@@ -293,8 +294,8 @@ def test_batch_loader_decode_groups_cpu(tmp_path):
 
 
 def test_flac_reader_processes_read_files_into_their_slots(tmp_path):
-    """The GPU FLAC loader's reader processes put each file's bytes at its offset in the
-    slot asked for, leave the other slots alone, and report a file that cannot be read (zeros
+    """The GPU FLAC loader's reader processes map a function over items in order, put each
+    file's bytes at its offset in the slot asked for, leave the other slots alone, and report a file that cannot be read (zeros
     in its place) or that shrank since it was listed (zeros past its end)."""
     from avpipe.pipeline._flac_windows import ProcessReaders
 
@@ -311,8 +312,10 @@ def test_flac_reader_processes_read_files_into_their_slots(tmp_path):
     sizes.insert(2, 50)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     calls = []
-    readers = ProcessReaders(3, 8192, 2, register=lambda views: calls.append(len(views)))
+    readers = ProcessReaders(2)
     try:
+        assert readers.map(len, ["ab", "", "xyz"] * 50, chunksize=7) == [2, 0, 3] * 50
+        readers.allocate(3, 8192, register=lambda views: calls.append(len(views)))
         for v in readers.views:
             v[:] = 7
         errors = readers.read(1, offsets, paths)
@@ -331,3 +334,23 @@ def test_flac_reader_processes_read_files_into_their_slots(tmp_path):
     finally:
         readers.close()
     assert readers.pool._state != "RUN"  # the processes are gone
+
+
+def test_gpu_loader_header_pass_reads_frames_rate_channels_and_size(tmp_path):
+    """What the GPU FLAC loader's header pass gives per file: frames, rate, channels (the FLAC
+    header's), the size on disk; (-1, 0, 0) and size 0 for a file that is not there."""
+    import soundfile as sf
+
+    from avpipe.pipeline._flac_windows import ProcessReaders
+    from avpipe.pipeline.audio_loader import _header_and_size
+
+    p = tmp_path / "a.flac"
+    sf.write(p, np.zeros((1234, 2), np.float32), 22050, subtype="PCM_16")
+    want = [(1234, 22050, 2, os.path.getsize(p)), (-1, 0, 0, 0)]
+    paths = [str(p), str(tmp_path / "missing.flac")]
+    assert [_header_and_size(q) for q in paths] == want
+    readers = ProcessReaders(2)
+    try:  # the same in the reader processes
+        assert readers.map(_header_and_size, paths, chunksize=1) == want
+    finally:
+        readers.close()

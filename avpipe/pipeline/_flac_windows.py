@@ -19,21 +19,21 @@ from ._shared_memory import Ring, can_start_processes, context, map_ring
 
 __all__ = ["GpuFlacBatches"]
 
-# In a reader process only: the mapped staging ring
+# In a reader process only: the staging ring it has mapped (path -> mmap)
 _READER: dict = {}
 MAX_SLOT_BYTES = 256 << 20  # a staging slot's cap; a window past it is read by threads
 
 
-def _init_reader(path: str, nbytes: int) -> None:
-    _READER.clear()
-    _READER["mm"] = map_ring(path, nbytes)
-
-
-def _read_into_ring(base: int, offsets: list, paths: list) -> dict:
-    """In a reader process: ``paths[i]`` into the ring at ``base + offsets[i]`` (its
-    ``offsets[i + 1] - offsets[i]`` bytes; zeros past a file that shrank, or for one that
-    cannot be read); ``{i: why}`` for those."""
-    mm = memoryview(_READER["mm"])
+def _read_into_ring(ring: tuple, base: int, offsets: list, paths: list) -> dict:
+    """In a reader process: ``paths[i]`` into the ring ``(path, nbytes)`` at ``base +
+    offsets[i]`` (its ``offsets[i + 1] - offsets[i]`` bytes; zeros past a file that shrank, or
+    for one that cannot be read); ``{i: why}`` for those."""
+    if ring[0] not in _READER:
+        for mm in _READER.values():
+            mm.close()
+        _READER.clear()
+        _READER[ring[0]] = map_ring(*ring)
+    mm = memoryview(_READER[ring[0]])
     errors = {}
     for i, path in enumerate(paths):
         a, b = base + offsets[i], base + offsets[i + 1]
@@ -49,37 +49,51 @@ def _read_into_ring(base: int, offsets: list, paths: list) -> dict:
 
 
 class ProcessReaders:
-    """Worker processes that read a window's files into a slot of a shared staging ring.
+    """Worker processes that read a window's files into a slot of a shared staging ring, and
+    run other per-file work (:meth:`map`: the files' headers, before the ring exists).
 
     Reading files in threads of the feed's own process needs the GIL a few times per file, and
     a feed's producer thread, which holds it most of the time, kept those threads waiting: the
     next window was often not read when the producer needed it. Processes read without it;
-    the parent waits once per chunk. The ring is page-locked for the GPU's copy where
-    ``register`` succeeds (``cudaHostRegister``)."""
+    the parent waits once per chunk. :meth:`allocate` makes the ring; it is page-locked for
+    the GPU's copy where its ``register`` succeeds (``cudaHostRegister``)."""
 
-    def __init__(self, slots: int, slot_bytes: int, workers: int, *, register=None,
-                 timeout: float = 120.0):
-        self.slots, self.slot_bytes = int(slots), int(slot_bytes)
+    def __init__(self, workers: int, *, timeout: float = 120.0):
         self.workers, self.timeout = max(1, int(workers)), float(timeout)
-        self.ring = Ring(self.slots * self.slot_bytes, "avpipe-flac-staging")
-        self.views = [np.frombuffer(self.ring.mm, np.uint8, self.slot_bytes,
-                                    offset=k * self.slot_bytes) for k in range(self.slots)]
-        self.pool = context().Pool(self.workers, initializer=_init_reader,
-                                   initargs=(self.ring.path, self.ring.nbytes))
-        self.unregister = register(self.views) if register is not None else None
-        self._finalizer = weakref.finalize(self, ProcessReaders._shutdown, self.pool, self.ring,
-                                           self.unregister)
+        self.pool = context().Pool(self.workers)
+        self.ring, self.views, self.slot_bytes = None, [], 0
+        self._state = {"pool": self.pool, "ring": None, "unregister": None}
+        self._finalizer = weakref.finalize(self, ProcessReaders._shutdown, self._state)
 
     @staticmethod
-    def _shutdown(pool, ring, unregister):
-        pool.terminate()
-        pool.join()
-        if unregister is not None:
+    def _shutdown(state):
+        state["pool"].terminate()
+        state["pool"].join()
+        if state["unregister"] is not None:
             try:
-                unregister()
+                state["unregister"]()
             except Exception:  # noqa: BLE001 - the process is ending, or the device is gone
                 pass
-        ring.close()
+        if state["ring"] is not None:
+            state["ring"].close()
+
+    def map(self, fn, items: list, *, chunksize: int = 64, timeout: float | None = None) -> list:
+        """``[fn(item) for item in items]`` in the processes (``fn`` importable by name);
+        ``multiprocessing.TimeoutError`` past ``timeout`` seconds (a worker that died: its
+        task is never answered)."""
+        job = self.pool.map_async(fn, items, chunksize=max(1, int(chunksize)))
+        return job.get(self.timeout if timeout is None else float(timeout))
+
+    def allocate(self, slots: int, slot_bytes: int, *, register=None) -> None:
+        """The staging ring: ``slots`` slots of ``slot_bytes``; ``register(views)`` may
+        page-lock them and return how to undo it."""
+        self.slot_bytes = int(slot_bytes)
+        self.ring = Ring(int(slots) * self.slot_bytes, "avpipe-flac-staging")
+        self._state["ring"] = self.ring
+        self.views = [np.frombuffer(self.ring.mm, np.uint8, self.slot_bytes,
+                                    offset=k * self.slot_bytes) for k in range(int(slots))]
+        if register is not None:
+            self._state["unregister"] = register(self.views)
 
     def read(self, slot: int, offsets: np.ndarray, paths: list) -> dict:
         """Read ``paths`` back to back into ``views[slot]`` at ``offsets`` (relative, int64
@@ -89,8 +103,9 @@ class ProcessReaders:
         n = len(paths)
         step = max(1, -(-n // self.workers))
         base = slot * self.slot_bytes
+        ring = (self.ring.path, self.ring.nbytes)
         jobs = [(a, self.pool.apply_async(_read_into_ring,
-                                          (base, offs[a : min(a + step, n) + 1],
+                                          (ring, base, offs[a : min(a + step, n) + 1],
                                            paths[a : min(a + step, n)])))
                 for a in range(0, n, step)]  # fmt: skip
         errors = {}
@@ -105,6 +120,22 @@ class ProcessReaders:
 
     def close(self) -> None:
         self._finalizer()
+
+
+def start_readers(workers: int = 8, *, required: bool = False):
+    """:class:`ProcessReaders` with ``workers`` processes (at most the CPU count), or None
+    where this process may not have children (a daemonic DataLoader worker) or they cannot
+    start, unless ``required``."""
+    if not can_start_processes():
+        if required:
+            raise RuntimeError("readers='processes' inside a daemonic process")
+        return None
+    try:
+        return ProcessReaders(min(int(workers), os.cpu_count() or 1))
+    except (OSError, ValueError, RuntimeError):
+        if required:
+            raise
+        return None
 
 
 class GpuFlacBatches:
@@ -131,7 +162,7 @@ class GpuFlacBatches:
     """
 
     def __init__(self, sizes: dict, *, max_samples: int, prefetch: int = 2, read_threads: int = 8,
-                 window: int = 256, readers: str = "auto"):
+                 window: int = 256, readers="auto"):
         import cupy
 
         self.sizes = sizes  # path -> bytes on disk
@@ -144,10 +175,15 @@ class GpuFlacBatches:
         self._staging = [None] * (self.prefetch + 2)
         self._warned = False
         self._procs = None
-        if readers not in ("auto", "processes", "threads"):
-            raise ValueError(f"readers must be 'auto', 'processes' or 'threads', got {readers!r}")
-        if readers != "threads" and can_start_processes():
-            self._procs = self._start_readers(readers == "processes")
+        if isinstance(readers, ProcessReaders):
+            self._procs = readers
+        elif readers not in ("auto", "processes", "threads"):
+            raise ValueError(f"readers must be 'auto', 'processes', 'threads' or a "
+                             f"ProcessReaders, got {readers!r}")
+        elif readers != "threads":
+            self._procs = start_readers(self.read_threads, required=readers == "processes")
+        if self._procs is not None:
+            self._procs.allocate(self.prefetch + 2, self._slot_bytes(), register=self._register)
 
     def _slot_bytes(self) -> int:
         """A staging slot: the largest files a window can hold (a window ends with a whole
@@ -156,36 +192,25 @@ class GpuFlacBatches:
         need = int(top[-(self.window + 64):].sum()) + _flac.PAD
         return -(-min(need, MAX_SLOT_BYTES) // 4096) * 4096
 
-    def _start_readers(self, required: bool):
-        cupy = self._cupy
-
-        def register(views):
-            ptrs = []
-            for v in views:
-                cupy.cuda.runtime.hostRegister(v.ctypes.data, v.nbytes, 0)
-                ptrs.append(v.ctypes.data)
-
-            def unregister():
-                cupy.cuda.runtime.deviceSynchronize()  # no copy from the ring in flight
-                for p in ptrs:
-                    cupy.cuda.runtime.hostUnregister(p)
-
-            return unregister
-
-        def safe_register(views):
-            try:
-                return register(views)
-            except Exception:  # noqa: BLE001 - pageable copies then (slower, still exact)
-                return None
-
+    def _register(self, views):
+        """Page-lock the staging slots (None where that fails: pageable copies, slower)."""
+        rt = self._cupy.cuda.runtime
+        ptrs = []
         try:
-            return ProcessReaders(self.prefetch + 2, self._slot_bytes(),
-                                  min(self.read_threads, os.cpu_count() or 1),
-                                  register=safe_register)
-        except (OSError, ValueError, RuntimeError):
-            if required:
-                raise
-            return None  # no processes here: threads read
+            for v in views:
+                rt.hostRegister(v.ctypes.data, v.nbytes, 0)
+                ptrs.append(v.ctypes.data)
+        except Exception:  # noqa: BLE001
+            for p in ptrs:
+                rt.hostUnregister(p)
+            return None
+
+        def unregister():
+            rt.deviceSynchronize()  # no copy from the ring in flight
+            for p in ptrs:
+                rt.hostUnregister(p)
+
+        return unregister
 
     def close(self) -> None:
         """End the reader processes (also done when the loader is collected)."""
