@@ -336,6 +336,69 @@ def test_resume_draws_equal_uninterrupted():
     assert not np.array_equal(I.sample_flip_params(5, 4, ids)["flip"], full["flip"]["flip"])
 
 
+def test_words_many_equal_words_per_stream():
+    """The one-pass draw of several streams gives each stream's words bit for bit."""
+    reqs = [("random_resized_crop", 40), ("flip", 1), ("color_jitter", 8), ("color_jitter.p", 1),
+            ("x", 0), ("y", 7), ("z", 13)]  # fmt: skip
+    for seed, epoch, ids in [(0, 0, np.arange(8)), (5, 3, np.arange(-3, 300)),
+                             (2**40 + 7, 2**33 + 1, np.array([2**35 + 1, -5, 0])),
+                             (1, 2, np.arange(1)), (3, 1, np.arange(0))]:  # fmt: skip
+        got = I._words_many(seed, epoch, ids, reqs)
+        for (stream, n), g in zip(reqs, got):
+            want = R.words(seed, stream, epoch, ids, n)
+            assert g.dtype == np.uint32 and g.shape == want.shape
+            np.testing.assert_array_equal(g, want, err_msg=f"{stream} seed={seed}")
+    with pytest.raises(ValueError, match="n must be"):
+        I._words_many(0, 0, np.arange(2), [("a", -1)])
+
+
+@pytest.mark.parametrize("flip_p,cj_p,random_order", [(0.5, 1.0, True), (0.3, 0.6, False),
+                                                      (1.0, 0.0, True)])  # fmt: skip
+def test_chain_draws_equal_the_samplers(flip_p, cj_p, random_order):
+    """A chain's run of crop, flip, jitter and normalize draws in one pass exactly what the
+    module's samplers draw stream by stream (ids given or not, any epoch)."""
+    x = _clips(shape=(6, 2, 36, 64, 3))
+    chain = I.Chain([I.RandomResizedCrop(16, scale=(0.2, 0.9)), I.RandomFlip(flip_p),
+                     I.ColorJitter(0.4, (0.5, 1.5), 0.3, 0.1, p=cj_p, random_order=random_order),
+                     I.Normalize()])  # fmt: skip
+    for ids, epoch in ((None, 0), (np.arange(100, 106), 7)):
+        _, ps = chain(x, seed=9, epoch=epoch, ids=ids, return_params=True)
+        idv = np.arange(6) if ids is None else ids
+        want = [I.sample_resized_crop_params(9, epoch, idv, 36, 64, scale=(0.2, 0.9)),
+                I.sample_flip_params(9, epoch, idv, p=flip_p),
+                I.sample_color_jitter_params(9, epoch, idv, brightness=0.4, contrast=(0.5, 1.5),
+                                             saturation=0.3, hue=0.1, p=cj_p,
+                                             random_order=random_order), {}]  # fmt: skip
+        for got, ref in zip(ps, want):
+            assert got.keys() == ref.keys()
+            for k in ref:
+                assert got[k].dtype == ref[k].dtype
+                np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
+        # each op alone draws the same
+        for op, ref in zip(chain.ops, want):
+            got = op.sample(x, seed=9, epoch=epoch, ids=ids)
+            assert got.keys() == ref.keys() and all(np.array_equal(got[k], ref[k]) for k in ref)
+    with pytest.raises(ValueError, match="p must be"):
+        I.Chain([I.RandomFlip(1.5), I.Normalize()])(x, seed=0)
+
+
+def test_chain_runs_keep_the_crop_first():
+    """The crop joins the pixel ops' run only at its start (its sampler reads the frame size
+    of what it gets); other ops split runs as before."""
+    f, j, n = I.RandomFlip(), I.ColorJitter(0.1), I.Normalize()
+    assert I.Chain([I.RandomResizedCrop(8), f, j, n])._runs() == [(0, 4)]
+    assert I.Chain([f, I.RandomResizedCrop(8), j])._runs() == [(0, 1), (1, 3)]
+    assert I.Chain([I.RandomResizedCrop(8), I.RandomGrayscale(), j, n])._runs() == [(0, 1), (1, 2),
+                                                                                  (2, 4)]  # fmt: skip
+    # a crop after a normalize that moved channels first samples the frame size it gets
+    x = _clips(shape=(2, 3, 30, 50, 3))
+    c = I.Chain([I.Normalize(out_layout="NCHW"), I.RandomResizedCrop(8, layout="BTCHW")])
+    y, ps = c(x, seed=1, return_params=True)
+    assert y.shape == (2, 3, 3, 8, 8)
+    np.testing.assert_array_equal(ps[1]["top"] + ps[1]["height"] <= 30, True)
+    np.testing.assert_array_equal(ps[1]["left"] + ps[1]["width"] <= 50, True)
+
+
 # --- chains ------------------------------------------------------------------------------------
 
 
@@ -476,3 +539,30 @@ def test_gpu_kernels_equal_cpu(monkeypatch, kernels):
     np.testing.assert_array_equal(cp.asnumpy(chain.apply(xg, ps)), cp.asnumpy(yg))  # replay
     yi = chain(xg[:, 0], seed=4, epoch=2)  # images
     assert yi.shape == (5, 3, 24, 24)
+
+
+@pytest.mark.gpu
+def test_gpu_chain_device_params_paths_agree():
+    """The chain's one-copy path (params and tables uploaded together at sampling, applied
+    without a copy) gives exactly what a replay from host params (copied at apply) gives, on
+    the default stream and on a stream of its own; the benchmark's frame size against numpy."""
+    cp = _cp()
+    x = _clips(shape=(3, 4, 360, 640, 3))
+    xg = cp.asarray(x)
+    chain = I.video_train_chain(224)
+    y, ps = chain(xg, seed=0, epoch=3, return_params=True)
+    assert all(isinstance(v, cp.ndarray) for q in ps for v in q.values())
+    hp = [{k: cp.asnumpy(v) for k, v in q.items()} for q in ps]
+    np.testing.assert_array_equal(cp.asnumpy(chain.apply(xg, ps)), cp.asnumpy(y))
+    np.testing.assert_array_equal(cp.asnumpy(chain.apply(xg, hp)), cp.asnumpy(y))
+    with cp.cuda.Stream(non_blocking=True) as s:
+        y2 = chain(xg, seed=0, epoch=3)
+        s.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(y2), cp.asnumpy(y))
+    ref = chain.apply(x, hp)
+    d = np.abs(cp.asnumpy(y) - ref)
+    assert y.shape == (3, 4, 3, 224, 224) and d.max() < 4 / 255 / 0.224 and np.mean(d > 1e-3) < 1e-2
+    for e in range(4):  # successive batches (the pinned sources of earlier copies reused)
+        ye, pe = chain(xg, seed=1, epoch=e, return_params=True)
+        he = [{k: cp.asnumpy(v) for k, v in q.items()} for q in pe]
+        np.testing.assert_array_equal(cp.asnumpy(chain.apply(xg, he)), cp.asnumpy(ye))

@@ -7,6 +7,11 @@ mean reduction's tree is then trivial). Tolerances: flip and normalize exact; co
 within 1e-4 of the value range (float32 arithmetic as numpy's, the frame mean summed in float64
 here vs numpy's float32 pairwise sum) and 1 level on uint8; resized crop within 1e-3 of the
 range (float32, another summation order than the GEMMs) and 1 level on uint8.
+
+The cupy dispatch of image_augment runs here too, against a fake cupy (``dev``) whose kernels
+are these compiled ones, each launch's arguments checked against its CUDA signature: the tests
+count what a batch costs (launches, host -> device copies, device -> host syncs, other device
+work) and compare its results with the numpy path and with the kernels launched directly.
 """
 
 from __future__ import annotations
@@ -99,18 +104,35 @@ def pixels_cpu(lib, x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, 
     return out
 
 
+def plan_tables(top, left, height, width, oh, ow, interpolation="bilinear", antialias=True):
+    """The batch's crop tables built from whole 2-D :func:`avpipe.ops._image_kernels.plan`s
+    (what ``crop_tables`` did per item before its per-axis cache): the reference layout."""
+    from avpipe.ops import _image_kernels as IK
+
+    plans = [IK.plan(int(h), int(w), oh, ow, (0, oh), (0, ow), interpolation, bool(antialias))
+             for h, w in zip(height, width)]  # fmt: skip
+    B = len(plans)
+    xt, yt = max(q.x.taps for q in plans), max(q.y.taps for q in plans)
+    row0 = np.array([int(t) + q.row0 for t, q in zip(top, plans)], np.int32)
+    rows = np.array([q.rows for q in plans], np.int32)
+    xtab = np.stack([q.x.table for q in plans]).astype(np.int32)
+    xtab[:, :, 0] += np.asarray(left, np.int32)[:, None]
+    ytab = np.stack([q.y.table for q in plans]).astype(np.int32)
+    xw = np.zeros((B, ow, xt), np.float32)
+    yw = np.zeros((B, oh, yt), np.float32)
+    for b, q in enumerate(plans):
+        xw[b, :, : q.x.taps] = q.x.weights
+        yw[b, :, : q.y.taps] = q.y.weights
+    return (row0, rows, xtab, ytab, xw, yw), (max(q.rows for q in plans), xt, yt)
+
+
 def resized_crop_cpu(lib, x5, p, oh, ow, interpolation="bilinear", antialias=True,
                      mode=K.MODE_F32):  # fmt: skip
-    """:func:`avpipe.ops._augment_kernels.resized_crop` (the same packed tables) run here."""
+    """:func:`avpipe.ops._augment_kernels.resized_crop` (tables from whole plans) run here."""
     B, T, H, W, C = x5.shape
-    ints, floats, (maxrows, xt, yt) = K.crop_tables(p["top"], p["left"], p["height"],
-                                                    p["width"], oh, ow, interpolation,
-                                                    antialias)  # fmt: skip
-    row0, rows = ints[:B], ints[B : 2 * B]
-    xtab = np.ascontiguousarray(ints[2 * B : 2 * B + B * ow * 2])
-    ytab = np.ascontiguousarray(ints[2 * B + B * ow * 2 :])
-    xw, yw = floats[: B * ow * xt], floats[B * ow * xt :]
-    row0, rows, xw, yw = (np.ascontiguousarray(a) for a in (row0, rows, xw, yw))
+    tables, (maxrows, xt, yt) = plan_tables(p["top"], p["left"], p["height"], p["width"], oh,
+                                            ow, interpolation, antialias)  # fmt: skip
+    row0, rows, xtab, ytab, xw, yw = (np.ascontiguousarray(a) for a in tables)
     kind, src = _src(x5)
     tmp = np.full((B, T, maxrows, ow, C), np.nan, np.float32)
     _launch(lib, f"avp_crop_hpass_{kind}", *src, B, T, maxrows, ow, C, _p(row0), _p(rows),
@@ -205,69 +227,406 @@ def test_resized_crop(lib, interpolation, antialias):
     np.testing.assert_allclose(got, ref, atol=1e-3, rtol=0)
 
 
-def _patch_glue(lib, monkeypatch):
-    """image_augment's cupy dispatch taken with numpy arrays, the kernels run here: exercises
-    the host glue (tables, constants, rounding, dtypes, layouts, the chain's fused run)."""
+def test_crop_tables_equal_whole_plans():
+    """The per-axis cached taps give the tables the whole 2-D plans gave, bit for bit."""
+    # (the last two: antialias=False reads from a row0 > 0 when it shrinks an axis 2x or more)
+    for H, W, oh, ow in ((360, 640, 224, 224), (40, 70, 24, 50), (9, 5, 16, 16), (360, 640, 16, 16),
+                         (120, 90, 7, 5)):
+        p = I.sample_resized_crop_params(3, 1, np.arange(40), H, W)
+        for interp, aa in (("bilinear", True), ("bicubic", True), ("bilinear", False),
+                           ("bicubic", False)):  # fmt: skip
+            args = (p["top"], p["left"], p["height"], p["width"], oh, ow, interp, aa)
+            got, meta = K.crop_tables(*args)
+            want, want_meta = plan_tables(*args)
+            assert meta == want_meta
+            if not aa and H > 4 * oh:
+                assert np.any(got[0] > p["top"])  # some item's first row read is below its top
+            for g, w in zip(got, want):
+                assert g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w)
 
-    calls = []
 
-    def crop(x5, top, left, height, width, oh, ow, interpolation, antialias, *, mode):
-        calls.append("resized_crop")
-        p = {"top": top, "left": left, "height": height, "width": width}
-        return resized_crop_cpu(lib, x5, p, oh, ow, interpolation, antialias, mode)
+# --- the cupy dispatch with a fake cupy: launches, copies and syncs counted ---------------------
 
-    def pixels(x5, **kw):
-        calls.append(tuple(sorted(k for k, v in kw.items() if v is not None and v is not False)))
-        return pixels_cpu(lib, x5, **kw)
+# each kernel's parameters as its CUDA signature declares them: "i64" long long, "i32" int,
+# "f32" float, "p:<dtype>" a device pointer ("?": may be null, passed as 0; "T": the
+# kernel's input type; "out": uint8 or float32 by the mode)
+_SRC = ["p:T", "i64", "i64", "i64", "i64", "i64"]
+SIGNATURES = {
+    "avp_gray_mean": _SRC + ["i32"] * 4 + ["p:int64"] + ["p:float64"] * 4 + ["f32", "p:float32"],
+    "avp_pixels": _SRC + ["i32"] * 4 + ["p:uint8?", "p:int64?"] + ["p:float64?"] * 4
+    + ["p:float32?", "f32", "i32", "p:float32?", "p:float32?", "i32", "i32", "p:out"],
+    "avp_crop_hpass": _SRC + ["i32"] * 5 + ["p:int32", "p:int32", "p:int32", "p:float32", "i32",
+                                            "p:float32"],
+    "avp_crop_vpass": ["p:float32"] + ["i32"] * 6 + ["p:int32", "p:float32", "i32", "i32",
+                                                     "p:out"],
+}  # fmt: skip
+_CTYPE = {"i64": (np.int64, LL), "i32": (np.int32, I32), "f32": (np.float32, F32)}
 
-    monkeypatch.setattr(I, "_kernel_ok", lambda x5, channels=3: x5.dtype in (np.uint8, np.float32)
-                        and channels in (0, x5.shape[-1]))  # fmt: skip
-    monkeypatch.setattr(K, "pixels", pixels)
-    monkeypatch.setattr(K, "resized_crop", crop)
-    return calls
+
+class Log:
+    """What the fake device did: kernel launches (names), other device work (cupy operations:
+    each a launch on a GPU), host -> device copies and device -> host syncs."""
+
+    def __init__(self):
+        self.launches, self.ops, self.copies, self.syncs = [], [], [], []
+
+    def clear(self):
+        self.__init__()
+
+
+LOG = Log()
+
+
+class DevArray:
+    """A device array: numpy memory behind just the cupy interface the dispatch uses; views
+    are free, anything that computes is logged as device work, reading values on the host is
+    logged as a sync (and numpy conversion refused, as cupy does)."""
+
+    __module__ = "cupy"  # what avpipe.device takes for a cupy array
+    device = type("Device", (), {"id": 0})()
+
+    def __init__(self, a):
+        self.a = a
+
+    shape = property(lambda self: self.a.shape)
+    ndim = property(lambda self: self.a.ndim)
+    dtype = property(lambda self: self.a.dtype)
+    strides = property(lambda self: self.a.strides)
+    size = property(lambda self: self.a.size)
+    nbytes = property(lambda self: self.a.nbytes)
+    flags = property(lambda self: self.a.flags)
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.a.ctypes.data, False),
+                "version": 3}  # fmt: skip
+
+    def __len__(self):
+        return len(self.a)
+
+    def _view(self, v, what):
+        if not np.shares_memory(v, self.a):
+            LOG.ops.append(what)
+        return DevArray(v)
+
+    def __getitem__(self, k):
+        return self._view(self.a[k], "gather")
+
+    def view(self, dtype):
+        return DevArray(self.a.view(dtype))
+
+    def reshape(self, *shape):
+        return self._view(self.a.reshape(*shape), "reshape copy")
+
+    def astype(self, dtype, copy=True):
+        LOG.ops.append("astype")
+        return DevArray(self.a.astype(dtype))
+
+    def set(self, arr, stream=None):
+        LOG.copies.append(np.asarray(arr).nbytes)
+        self.a[...] = arr
+
+    def get(self, stream=None):
+        LOG.syncs.append("get")
+        return self.a.copy()
+
+    def __array__(self, *a, **k):
+        raise TypeError("implicit conversion of a device array to numpy")
+
+    def _sync(self, f):
+        LOG.syncs.append(f.__name__)
+        return f(self.a)
+
+    __bool__ = lambda self: self._sync(bool)  # noqa: E731
+    __int__ = lambda self: self._sync(int)  # noqa: E731
+    __float__ = lambda self: self._sync(float)  # noqa: E731
+    tolist = lambda self: self._sync(np.ndarray.tolist)  # noqa: E731
+    item = lambda self: self._sync(np.ndarray.item)  # noqa: E731
+
+
+class _Stream:
+    def record(self):
+        return type("Event", (), {"done": True})()
+
+    def synchronize(self):
+        LOG.syncs.append("stream.synchronize")
+
+
+class FakeCupy:
+    """Just enough of cupy for the augmentation dispatch; ``RawModule``'s functions run the
+    kernels' source compiled for the CPU (``lib``) after checking every launch argument against
+    the CUDA signature (type, dtype, contiguity, sizes)."""
+
+    ndarray = DevArray
+    uint8, int32, int64, float16, float32, float64 = (np.uint8, np.int32, np.int64, np.float16,
+                                                     np.float32, np.float64)  # fmt: skip
+    lib = None
+
+    class cuda:
+        alloc_pinned_memory = staticmethod(bytearray)
+        get_current_stream = staticmethod(_Stream)
+        Stream = staticmethod(lambda non_blocking=True: _Stream())
+
+        class Device:
+            def __init__(self, i=0):
+                assert int(i) == 0
+                self.id = 0
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *a):
+                return False
+
+    @staticmethod
+    def empty(shape, dtype):
+        dt = np.dtype(dtype)
+        return DevArray(np.full(shape, np.nan if dt.kind == "f" else 0xAB, dt))
+
+    @staticmethod
+    def asarray(a, dtype=None):
+        if isinstance(a, DevArray):
+            return a if dtype is None or a.dtype == dtype else a.astype(dtype)
+        LOG.copies.append("asarray")
+        return DevArray(np.array(a, dtype=dtype))
+
+    @staticmethod
+    def ascontiguousarray(a, dtype=None):
+        a = FakeCupy.asarray(a, dtype)
+        if a.flags.c_contiguous:
+            return a
+        LOG.ops.append("copy")
+        return DevArray(np.ascontiguousarray(a.a))
+
+    @staticmethod
+    def moveaxis(a, src, dst):
+        return DevArray(np.moveaxis(a.a, src, dst))
+
+    class RawModule:
+        def __init__(self, code, options=()):
+            assert code is K.SOURCE
+
+        def get_function(self, name):
+            return lambda grid, block, args: _fake_launch(name, grid, block, args)
+
+
+def _fake_launch(name, grid, block, args):
+    base, kind = (name, None) if name == "avp_crop_vpass" else tuple(name.rsplit("_", 1))
+    sig = SIGNATURES[base]
+    assert len(args) == len(sig), (name, len(args))
+    assert len(grid) == len(block) == 3 and grid[0] >= 1 and block[0] == 256
+    conv, arrays = [], []
+    for a, t in zip(args, sig):
+        if t in _CTYPE:
+            assert type(a) is _CTYPE[t][0], (name, t, type(a))
+            conv.append(_CTYPE[t][1](a))
+            arrays.append(None)
+            continue
+        want = t[2:].rstrip("?")
+        if isinstance(a, int) and not isinstance(a, DevArray):
+            assert t.endswith("?") and a == 0, (name, t, a)
+            conv.append(None)
+            arrays.append(None)
+            continue
+        assert isinstance(a, DevArray), (name, t, type(a))
+        if want == "T":
+            assert a.dtype == {"u8": np.uint8, "f32": np.float32}[kind], (name, a.dtype)
+        else:
+            assert a.flags.c_contiguous, (name, t)
+            if want != "out":
+                assert a.dtype == np.dtype(want), (name, t, a.dtype)
+        conv.append(ctypes.c_void_p(a.a.ctypes.data))
+        arrays.append(a)
+    _check_sizes(base, args)
+    f = getattr(FakeCupy.lib, name)
+    f.argtypes = [P if t.startswith("p:") else _CTYPE[t][1] for t in sig]
+    f.restype = None
+    for b in range(NBLOCKS):
+        FakeCupy.lib.avp_cpu_block(b, NBLOCKS)
+        f(*conv)
+    LOG.launches.append(name)
+
+
+def _check_sizes(base, args):
+    """The arrays a launch reads and writes hold what its scalars say (no read out of bounds)."""
+    size = lambda a: 0 if isinstance(a, int) else a.size  # noqa: E731
+    if base in ("avp_gray_mean", "avp_pixels", "avp_crop_hpass"):
+        src, strides = args[0], args[1:6]
+        assert tuple(int(s) for s in strides) == tuple(s // src.dtype.itemsize for s in src.strides)
+        nb, nt = int(args[6]), int(args[7])
+        assert src.shape[:2] == (nb, nt)
+    if base in ("avp_gray_mean", "avp_pixels"):
+        h, w = int(args[8]), int(args[9])
+        assert args[0].shape[2:] == (h, w, 3)
+        k = 10 if base == "avp_gray_mean" else 11
+        if base == "avp_pixels":
+            assert size(args[10]) in (0, nb)
+        assert size(args[k]) in (0, nb * 4) and all(size(f) in (0, nb) for f in args[k + 1 : k + 5])
+        if base == "avp_gray_mean":
+            assert args[16].size == nb * nt
+        else:
+            assert size(args[16]) in (0, nb * nt) and (size(args[16]) == 0) == (size(args[11]) == 0)
+            assert size(args[19]) in (0, 3) and size(args[20]) in (0, 3)
+            nchw, mode, out = int(args[21]), int(args[22]), args[23]
+            assert out.dtype == (np.uint8 if mode == K.MODE_U8 else np.float32)
+            assert out.shape == ((nb, nt, 3, h, w) if nchw else (nb, nt, h, w, 3))
+    if base == "avp_crop_hpass":
+        maxrows, ow, c, taps = int(args[8]), int(args[9]), int(args[10]), int(args[15])
+        assert args[0].shape[-1] == c and args[11].size == args[12].size == nb
+        assert args[13].size == nb * ow * 2 and args[14].size == nb * ow * taps
+        assert args[16].size == nb * nt * maxrows * ow * c
+        assert int(np.max(args[12].a, initial=0)) <= maxrows
+    if base == "avp_crop_vpass":
+        nb, nt, maxrows, ow, c, oh = (int(v) for v in args[1:7])
+        taps = int(args[9])
+        assert args[0].size == nb * nt * maxrows * ow * c
+        assert args[7].size == nb * oh * 2 and args[8].size == nb * oh * taps
+        out, mode = args[11], int(args[10])
+        assert out.shape == (nb, nt, oh, ow, c)
+        assert out.dtype == (np.uint8 if mode == K.MODE_U8 else np.float32)
+
+
+@pytest.fixture
+def dev(lib, monkeypatch):
+    """The fake cupy in place of cupy (the kernels compiled here), its log cleared."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cupy", FakeCupy)
+    monkeypatch.setattr(FakeCupy, "lib", lib)
+    monkeypatch.setattr(K, "_VECS", {})
+    monkeypatch.delenv("AVPIPE_IMAGE_KERNELS", raising=False)
+    K._kernels.cache_clear()
+    LOG.clear()
+    yield FakeCupy
+    K._kernels.cache_clear()
+
+
+def _up(x):
+    """A host array put on the fake device (not logged)."""
+    return DevArray(np.array(x))
+
+
+def _norm_consts():
+    s = np.asarray(IM.IMAGENET_STD)
+    return (1 / 255 / s).astype(np.float32), (-np.asarray(IM.IMAGENET_MEAN) / s).astype(np.float32)
 
 
 @pytest.mark.parametrize("layout", [None, "BTCHW", "images"])
-def test_chain_through_the_kernel_glue(lib, monkeypatch, layout):
+def test_video_chain_batch_costs_four_launches_one_copy_no_sync(dev, layout):
+    """video_train_chain on the device: the resized crop (2 launches), the gray means and the
+    fused flip + jitter + normalize (1 each), all the batch's parameters and tables in one
+    host -> device copy, no device -> host sync; the same parameters as the numpy path, the
+    result within its tolerances and equal to the kernels launched directly on those params."""
     x = _clips(shape=(4, 3, 36, 64, 3))
     if layout == "BTCHW":
         x = np.ascontiguousarray(np.moveaxis(x, -1, 2))
     elif layout == "images":
         x, layout = x[:, 0], None
     chain = I.video_train_chain(16, layout=layout)
-    assert chain._runs() == [(0, 1), (1, 4)]  # flip + jitter + normalize: one run
-    ref, ps = chain(x, seed=2, epoch=1, return_params=True)
-    ops = [I.apply_resized_crop(x, ps[0], 16, layout=layout)]
-    ops.append(I.apply_flip(ops[0], ps[1], layout=layout))
-    ops.append(I.apply_color_jitter(ops[1], ps[2], layout=layout))
-    ops.append(chain.ops[3].apply(ops[2], {}))
-    calls = _patch_glue(lib, monkeypatch)
-    got, ps2 = chain(x, seed=2, epoch=1, return_params=True)
-    assert calls == ["resized_crop", ("affine", "bound", "flip", "jitter", "mode", "nchw",
-                                      "round_u8")]  # fmt: skip
-    for a, b in zip(ps, ps2):
-        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-    assert got.shape == ref.shape and got.dtype == ref.dtype
-    d = np.abs(got - ref)
+    assert chain._runs() == [(0, 4)]  # one run: the crop leads it
+    ref, ps = chain(x, seed=2, epoch=1, return_params=True)  # numpy
+    xd = _up(x)
+    chain(xd, seed=2, epoch=0)  # warm: the normalize constants go up once per device
+    LOG.clear()
+    got, psd = chain(xd, seed=2, epoch=1, return_params=True)
+    assert LOG.launches == ["avp_crop_hpass_u8", "avp_crop_vpass", "avp_gray_mean_u8",
+                            "avp_pixels_u8"]  # fmt: skip
+    assert len(LOG.copies) == 1 and LOG.ops == [] and LOG.syncs == []
+    assert isinstance(got, DevArray)
+    for a, b in zip(ps, psd):  # the same draws, on the device
+        assert a.keys() == b.keys()
+        for k in a:
+            assert isinstance(b[k], DevArray) and b[k].dtype == a[k].dtype
+            np.testing.assert_array_equal(b[k].a, a[k])
+    g = got.a
+    assert g.shape == ref.shape and g.dtype == ref.dtype == np.float32
+    d = np.abs(g - ref)
     assert d.max() < 4 / 255 / 0.224 and np.mean(d > 1e-3) < 1e-2
-    np.testing.assert_array_equal(chain.apply(x, ps), got)  # replay
-    # the ops one by one through their kernels
-    y = I.apply_resized_crop(x, ps[0], 16, layout=layout)
-    assert y.shape == ops[0].shape and np.abs(y.astype(int) - ops[0]).max() <= 1
-    y = ops[0]
-    for k, fn in ((1, I.apply_flip), (2, I.apply_color_jitter)):
-        z = fn(y, ps[k], layout=layout)
-        assert z.shape == ops[k].shape and z.dtype == ops[k].dtype
-        assert np.abs(z.astype(int) - ops[k]).max() <= 1
-        y = ops[k]
-    z = chain.ops[3].apply(ops[2], {})
-    assert z.shape == ops[3].shape and z.dtype == ops[3].dtype
-    np.testing.assert_array_equal(z, ops[3])
-    # float16 out, channels-last out
-    n = I.Normalize(dtype="float16", out_layout="NHWC", layout=layout)
-    monkeypatch.undo()
-    want = n.apply(ops[2], {})
-    _patch_glue(lib, monkeypatch)
-    got = n.apply(ops[2], {})
-    assert got.shape == want.shape and got.dtype == want.dtype
-    np.testing.assert_array_equal(got, want)
+    # exactly the kernels launched directly on these parameters (tables from whole plans)
+    x5 = x if x.ndim == 5 and layout is None else (np.moveaxis(x, 2, -1) if layout else x[:, None])
+    y5 = resized_crop_cpu(lib=FakeCupy.lib, x5=x5, p=ps[0], oh=16, ow=16, mode=K.MODE_U8)
+    want = pixels_cpu(FakeCupy.lib, y5, flip=ps[1]["flip"], jitter=ps[2], round_u8=True,
+                      affine=_norm_consts(), nchw=True)  # fmt: skip
+    np.testing.assert_array_equal(g, want[:, 0] if x.ndim == 4 else want)
+    # replay with the device params: nothing copied; with host params: their one copy per
+    # kernel group (tables, pixel params)
+    LOG.clear()
+    np.testing.assert_array_equal(chain.apply(xd, psd).a, g)
+    assert len(LOG.launches) == 4 and LOG.copies == [] and LOG.syncs == [] and LOG.ops == []
+    LOG.clear()
+    np.testing.assert_array_equal(chain.apply(xd, ps).a, g)
+    assert len(LOG.launches) == 4 and len(LOG.copies) == 2 and LOG.syncs == [] and LOG.ops == []
+
+
+def test_changed_device_params_are_read_again(dev):
+    """A value replaced in a device params dict is what gets applied (read back once), not the
+    host copy or the tables that went up with the dict."""
+    x = _clips(shape=(3, 2, 30, 40, 3))
+    chain = I.video_train_chain(12)
+    _, psd = chain(_up(x), seed=5, return_params=True)
+    host_p = [{k: v.a.copy() for k, v in q.items()} for q in psd]
+    host_p[0]["top"] = host_p[0]["top"] // 2
+    host_p[1]["flip"] = ~host_p[1]["flip"]
+    psd[0]["top"] = _up(host_p[0]["top"])
+    psd[1]["flip"] = _up(host_p[1]["flip"])
+    LOG.clear()
+    got = chain.apply(_up(x), psd).a
+    assert LOG.syncs == ["get"]  # the new crop tops (the flip is used on the device)
+    np.testing.assert_array_equal(got, chain.apply(_up(x), host_p).a)
+    d = np.abs(got - chain.apply(x, host_p))
+    assert d.max() < 4 / 255 / 0.224 and np.mean(d > 1e-3) < 1e-2
+
+
+def test_single_ops_and_module_functions_on_the_device(dev):
+    """Each op alone: its params in one copy, its launches, no sync; results as numpy's."""
+    x = _clips(shape=(5, 3, 23, 31, 3))
+    xd = _up(x)
+    I.Normalize().apply(xd, {})  # warm the constants
+    cases = [
+        (I.RandomFlip(0.5), ["avp_pixels_u8"], 0),
+        (I.ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.7), ["avp_gray_mean_u8", "avp_pixels_u8"], 1),
+        (I.RandomResizedCrop(16), ["avp_crop_hpass_u8", "avp_crop_vpass"], 1),
+        (I.RandomResizedCrop(16, dtype="float32", interpolation="bicubic"),
+         ["avp_crop_hpass_u8", "avp_crop_vpass"], 0.255),
+        (I.RandomResizedCrop(5, antialias=False), ["avp_crop_hpass_u8", "avp_crop_vpass"], 1),
+    ]  # fmt: skip
+    for op, launches, tol in cases:
+        LOG.clear()
+        y, p = op(xd, seed=3, epoch=2, return_params=True)
+        assert LOG.launches == launches and len(LOG.copies) == 1, (op, LOG.copies)
+        assert LOG.syncs == [] and LOG.ops == []
+        ref, pr = op(x, seed=3, epoch=2, return_params=True)
+        assert p.keys() == pr.keys() and all(np.array_equal(p[k].a, pr[k]) for k in p)
+        assert y.shape == ref.shape and y.dtype == ref.dtype
+        assert np.abs(y.a.astype(np.float32) - ref).max() <= tol
+    LOG.clear()
+    y = I.Normalize().apply(xd, {})
+    assert LOG.launches == ["avp_pixels_u8"] and LOG.copies == LOG.syncs == LOG.ops == []
+    np.testing.assert_array_equal(y.a, I.Normalize().apply(x, {}))
+    # module functions: the sampler's one copy; the crop's tables in one more
+    LOG.clear()
+    p = I.sample_resized_crop_params(1, 0, np.arange(5), 23, 31, xp=FakeCupy)
+    assert len(LOG.copies) == 1 and all(isinstance(v, DevArray) for v in p.values())
+    y = I.apply_resized_crop(xd, p, 12)
+    assert len(LOG.copies) == 2 and len(LOG.launches) == 2 and LOG.syncs == []
+    ref = I.apply_resized_crop(x, {k: v.a for k, v in p.items()}, 12)
+    assert np.abs(y.a.astype(int) - ref).max() <= 1
+    LOG.clear()
+    f = I.sample_flip_params(0, 0, np.arange(5))  # host params: one copy at apply
+    np.testing.assert_array_equal(I.apply_flip(xd, f).a, I.apply_flip(x, f))
+    assert len(LOG.copies) == 1 and LOG.launches == ["avp_pixels_u8"] and LOG.syncs == []
+
+
+def test_float_input_and_nhwc_float16_out(dev):
+    xf = _clips(shape=(3, 2, 20, 28, 3), dtype=np.float32)
+    chain = I.Chain([I.RandomResizedCrop(10), I.RandomFlip(), I.ColorJitter(0.3, 0.3, 0.3, 0.05),
+                     I.Normalize(dtype="float16", out_layout="NHWC", scale=1.0)])  # fmt: skip
+    ref = chain(xf, seed=1)
+    chain(_up(xf), seed=0)  # warm the normalize constants
+    LOG.clear()
+    got = chain(_up(xf), seed=1)
+    assert LOG.launches == ["avp_crop_hpass_f32", "avp_crop_vpass", "avp_gray_mean_f32",
+                            "avp_pixels_f32"]  # fmt: skip
+    assert LOG.ops == ["astype"] and len(LOG.copies) == 1 and LOG.syncs == []
+    assert got.shape == ref.shape and got.dtype == ref.dtype == np.float16
+    np.testing.assert_allclose(got.a.astype(np.float32), ref.astype(np.float32), atol=2e-3 * 5)

@@ -127,7 +127,12 @@ class Augment:
     #: ``fuse(data, ops, params)``: applies a run of consecutive ops of a :class:`Chain` that
     #: share this function at once (e.g. one GPU kernel); None: the op is applied alone. Such
     #: ops' samplers may read only the batch size of the data (all of a run see its input).
+    #: ``fuse.sample(data, ops, seed=, epoch=, ids=)``, where the function has it, draws the
+    #: run's list of parameter dicts at once (equal to the ops' own samplers').
     fuse = None
+    #: True: the op may only start a run of its ``fuse`` (its sampler reads more of the data
+    #: than the batch size, so it must see the run's input).
+    fuse_leads = False
 
     def __init__(self, stream: str | None = None):
         self.stream = stream or self.name
@@ -198,7 +203,8 @@ class Chain(Augment):
         runs, i = [], 0
         while i < len(self.ops):
             j, f = i + 1, self.ops[i].fuse
-            while f is not None and j < len(self.ops) and self.ops[j].fuse is f:
+            while (f is not None and j < len(self.ops) and self.ops[j].fuse is f
+                   and not self.ops[j].fuse_leads):  # fmt: skip
                 j += 1
             runs.append((i, j))
             i = j
@@ -212,8 +218,13 @@ class Chain(Augment):
                 data, p = self.ops[i](data, seed=seed, epoch=epoch, ids=ids, return_params=True)
                 all_params.append(p)
                 continue
-            ps = [op.sample(data, seed=seed, epoch=epoch, ids=ids) for op in self.ops[i:j]]
-            data = self.ops[i].fuse(data, self.ops[i:j], ps)
+            run, fuse = self.ops[i:j], self.ops[i].fuse
+            sample = getattr(fuse, "sample", None)
+            if sample is not None:
+                ps = sample(data, run, seed=seed, epoch=epoch, ids=ids)
+            else:
+                ps = [op.sample(data, seed=seed, epoch=epoch, ids=ids) for op in run]
+            data = fuse(data, run, ps)
             all_params.extend(ps)
         return (data, all_params) if return_params else data
 

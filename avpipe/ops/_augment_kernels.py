@@ -6,10 +6,12 @@ same float32 arithmetic per element, in a handful of launches per batch:
 * **resized crop** (two launches for the whole batch): a horizontal pass reads each clip's crop
   of the input in place (uint8 or float32, any strides) into a float32 intermediate of the rows
   the vertical taps touch, then a vertical pass writes ``[B, T, oh, ow, C]`` (float32, or uint8
-  rounded half up once). Each item has its own sparse tap tables
-  (:func:`avpipe.ops._image_kernels.plan` of its crop, the same taps as the numpy GEMMs), packed
-  into one host buffer and copied up once.
-* **pixels** (one launch): per pixel, an optional per-item horizontal flip, the colour jitter
+  rounded half up once). Each item has its own sparse tap tables (the axes of
+  :func:`avpipe.ops._image_kernels.plan` of its crop, the same taps as the numpy GEMMs, cached
+  per axis size: :func:`axis_taps`), built for the batch on the host and copied up in one copy
+  (with the batch's parameters when a chain drew them).
+* **pixels** (one launch; its per-item parameters read where they are on the device, or
+  copied up together): per pixel, an optional per-item horizontal flip, the colour jitter
   (brightness, contrast, saturation, hue in each item's order, torchvision's formulas, each
   clipped to ``0..bound``), rounding to uint8 levels, and ``v * a[c] + b[c]`` (normalize), written
   to a contiguous ``[B, T, H, W, C]`` or ``[B, T, C, H, W]`` uint8 / float32 output.
@@ -31,10 +33,13 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import NamedTuple
 
 import numpy as np
 
+from ..device import upload_many
 from . import _image_kernels as _ik
+from . import _image_resize as _rs
 
 log = logging.getLogger("avpipe")
 
@@ -386,50 +391,71 @@ def _src(cupy, x5):
 # --- host tables for the batched resized crop ---------------------------------------------------
 
 
+class AxisTaps(NamedTuple):
+    """One axis of a crop's resize: ``table`` [out, 2] int32 (start, count) and ``weights``
+    [out, taps] float32, as :func:`avpipe.ops._image_kernels.plan` builds them; ``rel``: the
+    table with its starts relative to ``row0``, the first input index read (``rows`` of them)."""
+
+    table: np.ndarray
+    rel: np.ndarray
+    weights: np.ndarray
+    row0: int
+    rows: int
+
+
+@functools.lru_cache(maxsize=2048)
+def axis_taps(in_size: int, out_size: int, interpolation: str, antialias: bool) -> AxisTaps:
+    """The sparse taps of resizing one axis of ``in_size`` to ``out_size`` (cached per size:
+    a batch of random crops draws its boxes from a few hundred sizes, where a cache of whole
+    2-D plans would miss nearly every time). Equal to the axes of ``_ik.plan(h, w, oh, ow, (0,
+    oh), (0, ow), ...)`` (``y`` there is ``rel``, with ``row0`` and ``rows``)."""
+    t = _ik.sparse_taps(*_rs.axis_weights(in_size, out_size, interpolation, antialias, 0, out_size))
+    start, count = t.start.astype(np.int64), t.count.astype(np.int64)
+    used = count > 0
+    row0 = int(start[used].min()) if used.any() else 0
+    span = int((start + count)[used].max()) - row0 if used.any() else 1
+    rel = t.table.copy()
+    rel[:, 0] = np.where(used, start - row0, 0)
+    rel.setflags(write=False)
+    return AxisTaps(t.table, rel, t.weights, row0, max(span, 1))
+
+
 def crop_tables(top, left, height, width, oh, ow, interpolation, antialias):
-    """Per-item sparse taps of each item's crop resize, packed: returns ``(ints, floats, meta)``:
-    ``ints`` int32 = row0 [B] | rows [B] | xtab [B, ow, 2] | ytab [B, oh, 2] (x starts absolute,
-    y starts relative to the item's ``row0``), ``floats`` float32 = xw [B, ow, xt] | yw [B, oh,
-    yt]; ``meta = (maxrows, xt, yt)``."""
-    B = len(top)
-    plans = [_ik.plan(int(hh), int(ww), oh, ow, (0, oh), (0, ow), interpolation, bool(antialias))
-             for hh, ww in zip(height, width)]  # fmt: skip
-    xt = max(p.x.taps for p in plans)
-    yt = max(p.y.taps for p in plans)
-    maxrows = max(p.rows for p in plans)
-    row0 = np.array([int(t) + p.row0 for t, p in zip(top, plans)], np.int32)
-    rows = np.array([p.rows for p in plans], np.int32)
-    xtab = np.stack([p.x.table for p in plans]).astype(np.int32)
-    xtab[:, :, 0] += np.asarray(left, np.int32)[:, None]
-    ytab = np.stack([p.y.table for p in plans]).astype(np.int32)
+    """Per-item sparse taps of each item's crop resize (host numpy, no per-item device work):
+    returns ``(tables, meta)``: ``tables = (row0 [B], rows [B], xtab [B, ow, 2], ytab [B, oh,
+    2]`` int32 (x starts absolute, y starts relative to the item's ``row0``), ``xw [B, ow, xt],
+    yw [B, oh, yt]`` float32), ``meta = (maxrows, xt, yt)``: the kernels' arguments in order."""
+    aa = bool(antialias)
+    xs = [axis_taps(int(w), ow, interpolation, aa) for w in width]
+    ys = [axis_taps(int(h), oh, interpolation, aa) for h in height]
+    B = len(xs)
+    xt = max((a.weights.shape[1] for a in xs), default=1)
+    yt = max((a.weights.shape[1] for a in ys), default=1)
+    rows = np.array([a.rows for a in ys], np.int32)
+    maxrows = int(rows.max()) if B else 1
+    row0 = (np.asarray(top, np.int64).reshape(-1) + np.array([a.row0 for a in ys], np.int64))
+    xtab = np.stack([a.table for a in xs]) if B else np.zeros((0, ow, 2), np.int32)
+    xtab[:, :, 0] += np.asarray(left, np.int32).reshape(-1, 1)
+    ytab = np.stack([a.rel for a in ys]) if B else np.zeros((0, oh, 2), np.int32)
     xw = np.zeros((B, ow, xt), np.float32)
     yw = np.zeros((B, oh, yt), np.float32)
-    for b, p in enumerate(plans):
-        xw[b, :, : p.x.taps] = p.x.weights
-        yw[b, :, : p.y.taps] = p.y.weights
-    ints = np.concatenate([row0, rows, xtab.reshape(-1), ytab.reshape(-1)])
-    floats = np.concatenate([xw.reshape(-1), yw.reshape(-1)])
-    return ints, floats, (maxrows, xt, yt)
+    for b in range(B):  # host copies of cached rows (the taps differ in width per size)
+        xw[b, :, : xs[b].weights.shape[1]] = xs[b].weights
+        yw[b, :, : ys[b].weights.shape[1]] = ys[b].weights
+    return (row0.astype(np.int32), rows, xtab, ytab, xw, yw), (maxrows, xt, yt)
 
 
-def resized_crop(x5, top, left, height, width, oh, ow, interpolation, antialias, *, mode):
+def crop_launch(x5, tables, meta, oh, ow, *, mode):
     """cupy ``x5`` ``[B, T, H, W, C]`` -> ``[B, T, oh, ow, C]`` float32 (``MODE_F32``) or uint8
-    (``MODE_U8``, rounded once): each item's box resized (two launches, one table copy)."""
+    (``MODE_U8``, rounded once) with :func:`crop_tables`' ``tables`` already on the device: two
+    launches, nothing copied."""
     import cupy
 
     kern = _kernels(int(x5.device.id))
     B, T, H, W, C = (int(s) for s in x5.shape)
-    ints, floats, (maxrows, xt, yt) = crop_tables(top, left, height, width, oh, ow,
-                                                  interpolation, antialias)  # fmt: skip
-    buf = np.concatenate([ints.view(np.uint8), floats.view(np.uint8)])
+    row0, rows, xtab, ytab, xw, yw = tables
+    maxrows, xt, yt = meta
     with cupy.cuda.Device(x5.device.id):
-        d = cupy.asarray(buf)  # one host -> device copy
-        di = d[: ints.nbytes].view(cupy.int32)
-        df = d[ints.nbytes :].view(cupy.float32)
-        row0, rows = di[:B], di[B : 2 * B]
-        xtab = di[2 * B : 2 * B + B * ow * 2]
-        ytab = di[2 * B + B * ow * 2 :]
-        xw, yw = df[: B * ow * xt], df[B * ow * xt :]
         out = cupy.empty((B, T, oh, ow, C), np.uint8 if mode == MODE_U8 else np.float32)
         if out.size == 0:
             return out
@@ -444,9 +470,21 @@ def resized_crop(x5, top, left, height, width, oh, ow, interpolation, antialias,
     return out
 
 
+def resized_crop(x5, top, left, height, width, oh, ow, interpolation, antialias, *, mode):
+    """:func:`crop_launch` of host boxes: their :func:`crop_tables` in one host -> device copy,
+    then the two launches."""
+    import cupy
+
+    tables, meta = crop_tables(top, left, height, width, oh, ow, interpolation, antialias)
+    with cupy.cuda.Device(x5.device.id):
+        dev = upload_many(cupy, tables)
+    return crop_launch(x5, dev, meta, oh, ow, mode=mode)
+
+
 # --- flip / jitter / normalize ------------------------------------------------------------------
 
 _VECS: dict = {}
+_JITTER = ("order", "brightness", "contrast", "saturation", "hue")
 
 
 def _vec(cupy, v, device_id):
@@ -460,13 +498,31 @@ def _vec(cupy, v, device_id):
     return hit
 
 
+def on_device(cupy, values, dtypes):
+    """``values`` (device or host arrays) as contiguous device arrays of ``dtypes``: device
+    arrays of the right kind as they are, the host ones in one host -> device copy."""
+    out, pending = list(values), []
+    for i, (v, dt) in enumerate(zip(values, dtypes)):
+        if hasattr(v, "__cuda_array_interface__"):
+            if v.dtype != dt or not v.flags.c_contiguous:
+                out[i] = cupy.ascontiguousarray(cupy.asarray(v, dtype=dt))
+        else:
+            pending.append(i)
+            out[i] = np.ascontiguousarray(v, dt)
+    if pending:
+        for i, d in zip(pending, upload_many(cupy, [out[i] for i in pending])):
+            out[i] = d
+    return out
+
+
 def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=None, nchw=False,
            mode=MODE_F32):  # fmt: skip
     """cupy ``x5`` ``[B, T, H, W, 3]`` (uint8 / float32, any strides) -> a new contiguous
     ``[B, T, H, W, 3]`` (``nchw``: ``[B, T, 3, H, W]``) float32 / uint8 array: ``flip`` (bool
-    [B] on the device) mirrors items, ``jitter`` (the colour-jitter params dict) applies the
-    jitter in each item's order, ``round_u8`` rounds to uint8 levels after it, ``affine = (a,
-    b)`` (3 float32 each) maps ``v * a + b``. One launch (two with a jitter: the gray means)."""
+    [B]) mirrors items, ``jitter`` (the colour-jitter params dict) applies the jitter in each
+    item's order, ``round_u8`` rounds to uint8 levels after it, ``affine = (a, b)`` (3 float32
+    each) maps ``v * a + b``. The parameters may be on the device (used in place) or the host
+    (copied up together, once). One launch (two with a jitter: the gray means)."""
     import cupy
 
     dev = int(x5.device.id)
@@ -481,13 +537,16 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
         if out.size == 0:
             return out
         st = _strides(src)
-        fl = 0
+        vals, dts = [], []
         if flip is not None:
-            fl = cupy.ascontiguousarray(cupy.asarray(flip, dtype=bool)).view(cupy.uint8)
+            vals, dts = [flip], [np.dtype(bool)]
         if jitter is not None:
-            order = cupy.ascontiguousarray(cupy.asarray(jitter["order"], dtype=cupy.int64))
-            fac = [cupy.ascontiguousarray(cupy.asarray(jitter[n], dtype=cupy.float64))
-                   for n in ("brightness", "contrast", "saturation", "hue")]  # fmt: skip
+            vals += [jitter[k] for k in _JITTER]
+            dts += [np.dtype(np.int64)] + [np.dtype(np.float64)] * 4
+        vals = on_device(cupy, vals, dts)
+        fl = vals.pop(0).view(cupy.uint8) if flip is not None else 0
+        if jitter is not None:
+            order, *fac = vals
             mean = cupy.empty(B * T, cupy.float32)
             grid = (max(1, min(B * T, _MAX_BLOCKS)), 1, 1)
             kern[f"avp_gray_mean_{kind}"](grid, (_THREADS, 1, 1), (

@@ -36,8 +36,12 @@ On cupy (uint8 / float32, 3 channels) the resized crop, flip, colour jitter and 
 as fused CUDA kernels (:mod:`avpipe.ops._augment_kernels`; the numpy code here is their
 reference): the resized crop in two launches for the batch (the crops read in place, per-item
 taps), flip / jitter / normalize in one launch each (the jitter plus one for the frames' gray
-means), and a :class:`Chain` runs consecutive flip, colour jitter and normalize ops as one pass
-(their ``fuse``). ``AVPIPE_IMAGE_KERNELS=0``: the array-module path.
+means), and a :class:`Chain` runs a resized crop followed by flip, colour jitter and normalize
+ops as one run (their ``fuse``): four launches a batch. The parameters are drawn on the host
+(one vectorized Philox pass for all the run's streams) and go to the device in one copy with
+the crop's tap tables; the params dicts remember those host arrays, so applying them (or
+replaying them) never reads the device back and never waits for it. ``AVPIPE_IMAGE_KERNELS=0``:
+the array-module path.
 
 Tolerances (GPU vs CPU): the parameters are identical (integer and uniform draws are exact on
 both; the crop box and the mixup lambdas, which go through log/exp/sqrt, are computed on the
@@ -54,7 +58,7 @@ import math
 import numpy as np
 
 from .._validate import check_choice
-from ..device import array_module
+from ..device import array_module, upload_many
 from . import _augment_kernels as _ak
 from . import _image_resize as _rs
 from . import random as R
@@ -174,6 +178,104 @@ def _finish(xp, y, in_dtype, dtype):
     return y.astype(dt)
 
 
+# --- parameters on the device, draws in one pass -------------------------------------------------
+
+
+class _DeviceParams(dict):
+    """A params dict of device arrays made by one host -> device copy of host arrays, which it
+    remembers: applying the params reads those (no device -> host copy, no sync). A value
+    replaced in the dict is read from the device again; arrays are not expected to be changed
+    in place. ``stash``: host-built kernel inputs (a crop's tap tables, on the device) that
+    hold while the dict's values are the ones it was made with."""
+
+    def __init__(self, dev: dict, host_arrays: dict):
+        super().__init__(dev)
+        self._host = {k: (dev[k], host_arrays[k]) for k in dev}
+        self._stash: dict = {}
+
+    def intact(self) -> bool:
+        return len(self) == len(self._host) and all(self.get(k) is d for k, (d, _) in self._host.items())
+
+    def host(self, key):
+        d, h = self._host.get(key, (None, None))
+        return h if d is not None and self.get(key) is d else host(self[key])
+
+    def stashed(self, tag):
+        return self._stash.get(tag) if self.intact() else None
+
+
+def _hostv(params, key):
+    """``params[key]`` on the host (without a device -> host copy for :class:`_DeviceParams`)."""
+    return params.host(key) if isinstance(params, _DeviceParams) else host(params[key])
+
+
+def _to_xp(xp, params: dict):
+    """A params dict of host arrays on ``xp``: itself (numpy) or a :class:`_DeviceParams` of one
+    copy for all its arrays (to the current device)."""
+    if xp is np:
+        return {k: np.asarray(v) for k, v in params.items()}
+    return _DeviceParams(dict(zip(params, upload_many(xp, list(params.values())))), params)
+
+
+_PHILOX_M = np.array([0xD2511F53, 0xCD9E8D57], np.uint64).reshape(2, 1)
+_PHILOX_W = (np.arange(10, dtype=np.uint64)[:, None, None]
+             * np.array([0x9E3779B9, 0xBB67AE85], np.uint64)[None, :, None])  # fmt: skip
+_U32 = np.uint64(0xFFFFFFFF)
+
+
+@functools.lru_cache(maxsize=64)
+def _philox_columns(seed, requests, B):
+    """What :func:`_words_many`'s counters share from batch to batch: each column's round keys
+    ``[10, 2, B * nb]`` and block number, the block counts (column ``j``: item ``j // nb``)."""
+    blocks = []
+    for _, n in requests:
+        if int(n) < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        blocks.append((int(n) + 3) // 4)
+    keys = np.array([R.stream_key(seed, s) for s, _ in requests], np.uint64).reshape(-1, 2).T
+    kr = np.tile((np.repeat(keys, blocks, axis=1)[None] + _PHILOX_W) & _U32, (1, 1, B))
+    blk = np.tile(np.concatenate([np.arange(b, dtype=np.uint64) for b in blocks] or [[]]), B)
+    for a in (kr, blk):
+        a.setflags(write=False)
+    return kr, blk, tuple(blocks)
+
+
+def _words_many(seed, epoch, ids, requests):
+    """``[R.words(seed, stream, epoch, ids, n) for stream, n in requests]`` (host ``ids``) in one
+    vectorized Philox4x32-10 pass over all their counters, each column under its stream's key:
+    the same words bit for bit (the same integer rounds as :func:`avpipe.ops.random.philox4x32`,
+    lanes 0/2 and 1/3 kept as two arrays), for the cost of one draw of small arrays rather than
+    one per stream."""
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    B = ids.shape[0]
+    requests = tuple((s, int(n)) for s, n in requests)
+    kr, blk, blocks = _philox_columns(seed, requests, B)
+    nb = sum(blocks)
+    if B == 0 or nb == 0:
+        return [np.zeros((B, n), np.uint32) for _, n in requests]
+    a = np.empty((2, B * nb), np.uint64)  # lanes 0 (id low), 2 (epoch)
+    a[0] = np.repeat(ids & 0xFFFFFFFF, nb)
+    a[1] = int(epoch) & 0xFFFFFFFF
+    b = np.stack([np.repeat((ids >> 32) & 0xFFFFFFFF, nb).astype(np.uint64), blk])  # 1, 3
+    for r in range(10):
+        p = a * _PHILOX_M  # a0 * M0, a2 * M1
+        a = (p[::-1] >> np.uint64(32)) ^ b ^ kr[r]
+        b = (p & _U32)[::-1]
+    w = np.stack([a[0], b[0], a[1], b[1]], axis=-1).astype(np.uint32).reshape(B, nb * 4)
+    out, c = [], 0
+    for (_, n), nbk in zip(requests, blocks):
+        out.append(w[:, 4 * c : 4 * c + n])
+        c += nbk
+    return out
+
+
+def _check_p(p):
+    """:func:`avpipe.ops.random.bernoulli`'s check of a probability."""
+    if not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"p must be in [0, 1], got {p!r}")
+    return float(p)
+
+
 # --- random resized crop -------------------------------------------------------------------------
 
 
@@ -186,16 +288,21 @@ def sample_resized_crop_params(seed, epoch, ids, height, width, *, scale=(0.08, 
     uniform on ``0..H - h`` and ``left`` on ``0..W - w``; none fits: the centre crop of the
     ratio clamped into ``ratio``. ``height``/``width`` may be per-item arrays.
 
-    Returns ``{"top", "left", "height", "width": int64 [B]}`` on ``xp``. The draws are
-    :mod:`avpipe.ops.random` words; the log/exp/sqrt of the box are computed on the host, so
-    every device gets the same boxes."""
+    Returns ``{"top", "left", "height", "width": int64 [B]}`` on ``xp`` (one copy to a GPU).
+    The draws are :mod:`avpipe.ops.random` words; the log/exp/sqrt of the box are computed on
+    the host, so every device gets the same boxes."""
     ids_h = _host_ids(ids)
-    B = ids_h.shape[0]
+    w = R.words(seed, stream, epoch, ids_h, 40)  # 10 attempts x (scale, ratio, top, left)
+    return _to_xp(xp, _rrc_boxes(w, height, width, scale, ratio))
+
+
+def _rrc_boxes(w, height, width, scale, ratio):
+    """:func:`sample_resized_crop_params`' boxes (host int64) from each item's 40 words."""
+    B = w.shape[0]
     H = np.broadcast_to(np.asarray(host(height), np.int64), (B,))
     W = np.broadcast_to(np.asarray(host(width), np.int64), (B,))
     s0, s1 = uniform_range(scale, "scale")
     r0, r1 = uniform_range(ratio, "ratio")
-    w = R.words(seed, stream, epoch, ids_h, 40)  # 10 attempts x (scale, ratio, top, left)
     area = (H * W).astype(np.float64)[:, None]
     target = area * (s0 + (s1 - s0) * unit(w[:, 0:10], np))
     lr0, lr1 = math.log(r0), math.log(r1)
@@ -219,7 +326,7 @@ def sample_resized_crop_params(seed, epoch, ids, height, width, *, scale=(0.08, 
         "height": np.where(any_ok, h_try, fh),
         "width": np.where(any_ok, w_try, fw),
     }
-    return {k: on(xp, v, np.int64) for k, v in out.items()}
+    return {k: np.asarray(v, np.int64) for k, v in out.items()}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -237,6 +344,11 @@ def _crop_matrices(top, size, full, out, interpolation, antialias):
     return m
 
 
+def _crop_tag(oh, ow, interpolation, antialias):
+    """The key of a crop's device tap tables in its params' stash."""
+    return ("crop_tables", int(oh), int(ow), interpolation, bool(antialias))
+
+
 def apply_resized_crop(x, params, size, *, interpolation="bilinear", antialias=True, layout=None,
                        dtype=None):  # fmt: skip
     """Crop each clip to its box (``params``: top, left, height, width [B]) and resize it to
@@ -246,23 +358,28 @@ def apply_resized_crop(x, params, size, *, interpolation="bilinear", antialias=T
     out = Ry[b] @ frame @ Rx[b]^T with per-item dense weight matrices (the crop is their
     nonzero columns): two batched GEMMs over the items, no per-item device work. cupy: two
     kernel launches with per-item sparse taps reading the crops in place (within 1e-3 of the
-    value range of numpy on float output, 1 level on uint8). uint8 in -> uint8 out (rounded once), else float32;
-    ``dtype`` overrides."""
+    value range of numpy on float output, 1 level on uint8; the taps' copy to the device is
+    skipped for params a :class:`RandomResizedCrop` drew: they went up with them). uint8 in ->
+    uint8 out (rounded once), else float32; ``dtype`` overrides."""
     if interpolation not in ("bilinear", "bicubic"):
         raise ValueError(f"interpolation must be 'bilinear' or 'bicubic', got {interpolation!r}")
     xp, x5, layout = _canon(x, layout)
     B, T, H, W, C = x5.shape
     oh, ow = _size(size)
-    top, left = host(params["top"]), host(params["left"])
-    hh, ww = host(params["height"]), host(params["width"])
-    if np.any(top < 0) or np.any(left < 0) or np.any(top + hh > H) or np.any(left + ww > W) \
-            or np.any(hh <= 0) or np.any(ww <= 0):  # fmt: skip
+    top, left, hh, ww = (_hostv(params, k) for k in ("top", "left", "height", "width"))
+    if ((top < 0) | (left < 0) | (top + hh > H) | (left + ww > W) | (hh <= 0) | (ww <= 0)).any():
         raise ValueError(f"crop boxes must lie inside the {H}x{W} frames")
     if _kernel_ok(x5, 0):  # cupy: two launches for the batch, reading the crops in place
         dt = np.dtype(np.uint8 if x5.dtype == np.uint8 else np.float32)
         dt = np.dtype(dtype) if dtype is not None else dt
-        y = _ak.resized_crop(x5, top, left, hh, ww, oh, ow, interpolation, bool(antialias),
-                             mode=_ak.MODE_U8 if dt == np.uint8 else _ak.MODE_F32)  # fmt: skip
+        mode = _ak.MODE_U8 if dt == np.uint8 else _ak.MODE_F32
+        tag = _crop_tag(oh, ow, interpolation, antialias)
+        got = params.stashed(tag) if isinstance(params, _DeviceParams) else None
+        if got is not None:  # the tables went up with the params
+            y = _ak.crop_launch(x5, *got, oh, ow, mode=mode)
+        else:
+            y = _ak.resized_crop(x5, top, left, hh, ww, oh, ow, interpolation, bool(antialias),
+                                 mode=mode)  # fmt: skip
         return _back(xp, y if y.dtype == dt else y.astype(dt), layout)
     ry = xp.asarray(_crop_matrices(top, hh, H, oh, interpolation, bool(antialias)))
     rxt = xp.asarray(np.ascontiguousarray(
@@ -306,8 +423,7 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, **kwargs):
     from .image import crop, resize_crop_normalize
 
     xp, x5, _ = _canon(x, in_layout)
-    top, left = host(params["top"]), host(params["left"])
-    hh, ww = host(params["height"]), host(params["width"])
+    top, left, hh, ww = (_hostv(params, k) for k in ("top", "left", "height", "width"))
     outs = [
         resize_crop_normalize(crop(x5[b], int(top[b]), int(left[b]), int(hh[b]), int(ww[b])),
                               size=_size(size), short_side=None, crop_size=None, **kwargs)
@@ -381,7 +497,7 @@ def _host_ids(ids):
 def sample_flip_params(seed, epoch, ids, *, p=0.5, stream="flip", xp=np):
     """``{"flip": bool [B]}``, True with probability ``p`` (drawn on the host, on ``xp``)."""
     ids = _host_ids(ids)
-    return {"flip": on(xp, R.bernoulli(seed, stream, epoch, ids, 1, p=p)[:, 0])}
+    return _to_xp(xp, {"flip": R.bernoulli(seed, stream, epoch, ids, 1, p=p)[:, 0]})
 
 
 def apply_flip(x, params, *, layout=None):
@@ -389,7 +505,7 @@ def apply_flip(x, params, *, layout=None):
     xp, x5, layout = _canon(x, layout)
     if _kernel_ok(x5):  # cupy: one launch
         mode = _ak.MODE_U8 if x5.dtype == np.uint8 else _ak.MODE_F32
-        return _back(xp, _ak.pixels(x5, flip=on(xp, params["flip"], bool), mode=mode), layout)
+        return _back(xp, _ak.pixels(x5, flip=params["flip"], mode=mode), layout)
     f = on(xp, params["flip"], bool).reshape(-1, 1, 1, 1, 1)
     return _back(xp, xp.where(f, x5[:, :, :, ::-1], x5), layout)
 
@@ -398,7 +514,7 @@ def sample_grayscale_params(seed, epoch, ids, *, p=0.1, stream="grayscale", xp=n
     """``{"gray": bool [B]}``, True with probability ``p`` (torchvision RandomGrayscale; drawn on
     the host, on ``xp``)."""
     ids = _host_ids(ids)
-    return {"gray": on(xp, R.bernoulli(seed, stream, epoch, ids, 1, p=p)[:, 0])}
+    return _to_xp(xp, {"gray": R.bernoulli(seed, stream, epoch, ids, 1, p=p)[:, 0]})
 
 
 def _gray(xp, x):
@@ -427,8 +543,16 @@ def sample_color_jitter_params(seed, epoch, ids, *, brightness=0.0, contrast=0.0
     ``[-h, h]`` (``h <= 0.5``); ``order [B, 4]``: a random permutation of (0 brightness,
     1 contrast, 2 saturation, 3 hue) per clip, or ``0, 1, 2, 3`` with ``random_order=False``.
     A clip not applied (probability ``1 - p``) gets the identity factors. Drawn on the host and
-    copied to ``xp`` in two arrays (the four factors are rows of one float64 ``[4, B]``)."""
+    copied to ``xp`` at once (the four factors float64 ``[B]``)."""
     ids = _host_ids(ids)
+    bounds = _jitter_bounds(brightness, contrast, saturation, hue)
+    u = R.uniform(seed, stream, epoch, ids, 8)
+    a = applied(seed, stream, epoch, ids, p, np) if p < 1.0 else None
+    return _to_xp(xp, _jitter_params(u, bounds, random_order, a))
+
+
+def _jitter_bounds(brightness, contrast, saturation, hue):
+    """The four factors' ``(low, high)`` ranges (checked), as torchvision's ColorJitter."""
 
     def rng(v, name, centre):
         if isinstance(v, (int, float)):
@@ -441,18 +565,21 @@ def sample_color_jitter_params(seed, epoch, ids, *, brightness=0.0, contrast=0.0
               rng(saturation, "saturation", 1.0), rng(hue, "hue", 0.0)]  # fmt: skip
     if not (-0.5 <= bounds[3][0] <= bounds[3][1] <= 0.5):
         raise ValueError(f"hue must be in [0, 0.5] or a range inside [-0.5, 0.5], got {hue!r}")
-    u = R.uniform(seed, stream, epoch, ids, 8)
+    return bounds
+
+
+def _jitter_params(u, bounds, random_order, a):
+    """:func:`sample_color_jitter_params`' host arrays from each clip's 8 uniforms ``u`` (4
+    factors, 4 sort keys of the order) and whether it is applied (``a``; None: all)."""
     fac = np.stack([lo + (hi - lo) * u[:, k] for k, (lo, hi) in enumerate(bounds)])
     if random_order:
         order = np.argsort(u[:, 4:8], axis=1, kind="stable").astype(np.int64)
     else:
-        order = np.broadcast_to(np.arange(4, dtype=np.int64), (ids.shape[0], 4)).copy()
-    if p < 1.0:
-        a = applied(seed, stream, epoch, ids, p, np)
+        order = np.broadcast_to(np.arange(4, dtype=np.int64), (u.shape[0], 4)).copy()
+    if a is not None:
         fac = np.where(a[None], fac, np.array([1.0, 1.0, 1.0, 0.0])[:, None])
-    fac = on(xp, fac, np.float64)
     out = {name: fac[k] for k, name in enumerate(_ORDER)}
-    out["order"] = on(xp, order, np.int64)
+    out["order"] = order
     return out
 
 
@@ -522,10 +649,10 @@ def apply_color_jitter(x, params, *, bound=None, layout=None):
         mode = _ak.MODE_U8 if x5.dtype == np.uint8 else _ak.MODE_F32
         return _back(xp, _ak.pixels(x5, jitter=params, bound=bound, mode=mode), layout)
     y = x5.astype(xp.float32)
-    order = host(params["order"]).astype(np.int64)
+    order = _hostv(params, "order").astype(np.int64)
     B = y.shape[0]
     fac = [on(xp, params[n], xp.float64).astype(xp.float32) for n in _ORDER]
-    hue_h = host(params["hue"]).astype(np.float64)
+    hue_h = _hostv(params, "hue").astype(np.float64)
     shp = (B, 1, 1, 1, 1)
     for step in range(4):
         o = order[:, step]
@@ -584,7 +711,7 @@ def sample_mixup_params(seed, epoch, ids, *, alpha=0.2, p=1.0, stream="mixup", x
     lam = g1 / (g1 + g2)
     if p < 1.0:
         lam = np.where(applied(seed, stream, epoch, ids_h, p, np), lam, 1.0)
-    return {"lam": on(xp, lam, np.float64)}
+    return _to_xp(xp, {"lam": np.asarray(lam, np.float64)})
 
 
 def _labels(xp, labels, num_classes, B):
@@ -633,7 +760,7 @@ def sample_cutmix_params(seed, epoch, ids, height, width, *, alpha=1.0, p=1.0, s
         a = applied(seed, stream, epoch, ids_h, p, np)
         y2, x2 = np.where(a, y2, y1), np.where(a, x2, x1)
     lam = 1.0 - (y2 - y1) * (x2 - x1) / float(H * W)
-    return {k: on(xp, v) for k, v in dict(y1=y1, x1=x1, y2=y2, x2=x2, lam=lam).items()}
+    return _to_xp(xp, dict(y1=y1, x1=x1, y2=y2, x2=x2, lam=lam))
 
 
 def apply_cutmix(x, labels, params, *, num_classes=None, layout=None):
@@ -725,20 +852,20 @@ def _pixels(xp, x5, layout, *, flip=None, jitter=None, bound=None, norm=None):
 
 
 def _pixel_ops(x, ops, params):
-    """:class:`Chain`'s ``fuse`` of :class:`RandomFlip`, :class:`ColorJitter` and
-    :class:`Normalize` (at most one each, Normalize last, one layout): on cupy one pass over
-    the pixels (:func:`_pixels`; flip commutes with the jitter); otherwise, or for any other
-    run, the ops one after another."""
+    """:class:`RandomFlip`, :class:`ColorJitter` and :class:`Normalize` (at most one each,
+    Normalize last, one layout): on cupy one pass over the pixels (:func:`_pixels`; flip
+    commutes with the jitter); otherwise, or for any other run, the ops one after another."""
     kinds = [type(op) for op in ops]
     layouts = {op.layout for op in ops}
     xp, x5, layout = _canon(x, ops[0].layout)
     if (not _kernel_ok(x5) or len(layouts) != 1 or len(set(kinds)) != len(kinds)
+            or not set(kinds) <= {RandomFlip, ColorJitter, Normalize}
             or (Normalize in kinds and kinds[-1] is not Normalize)):  # fmt: skip
         for op, p in zip(ops, params):
             x = op.apply(x, p)
         return x
     got = dict(zip(kinds, zip(ops, params)))
-    flip = on(xp, got[RandomFlip][1]["flip"], bool) if RandomFlip in got else None
+    flip = got[RandomFlip][1]["flip"] if RandomFlip in got else None
     jitter, bound = None, None
     if ColorJitter in got:
         jitter, bound = got[ColorJitter][1], got[ColorJitter][0].bound
@@ -746,9 +873,100 @@ def _pixel_ops(x, ops, params):
     return _pixels(xp, x5, layout, flip=flip, jitter=jitter, bound=bound, norm=norm)
 
 
+def _clip_ops(x, ops, params):
+    """:class:`Chain`'s ``fuse`` of a run of :class:`RandomResizedCrop` (first, if there),
+    :class:`RandomFlip`, :class:`ColorJitter` and :class:`Normalize`: on cupy the resized crop
+    (two launches) then the pixel ops in one pass (:func:`_pixel_ops`), their device inputs
+    already uploaded by :func:`_sample_run` (no copy, no sync); otherwise the ops in turn."""
+    if isinstance(ops[0], RandomResizedCrop):
+        x = ops[0].apply(x, params[0])
+        ops, params = ops[1:], params[1:]
+    return _pixel_ops(x, ops, params) if ops else x
+
+
+def _own_sampler(op) -> bool:
+    """Whether ``op`` draws as its class here does (so :func:`_draw` can draw for it)."""
+    for cls in (RandomResizedCrop, RandomFlip, ColorJitter, Normalize):
+        if isinstance(op, cls):
+            return type(op).sample is cls.sample
+    return False
+
+
+def _sample_run(x, ops, *, seed, epoch=0, ids=None):
+    """``fuse.sample`` of :func:`_clip_ops`: the run's parameter dicts, equal to what the ops'
+    samplers give (all see the run's input: the crop leads its run), drawn by :func:`_draw` at
+    once."""
+    if all(_own_sampler(op) for op in ops):
+        return _draw(x, ops, seed, epoch, ids)
+    return [op.sample(x, seed=seed, epoch=epoch, ids=ids) for op in ops]
+
+
+def _draw(x, ops, seed, epoch, ids):
+    """The parameter dicts of :class:`RandomResizedCrop`, :class:`RandomFlip`,
+    :class:`ColorJitter` and :class:`Normalize` ops for the batch ``x``: every op's words in
+    one Philox pass on the host (:func:`_words_many`; the same numbers as the module's
+    samplers, which draw each stream alone), the values computed there; on cupy one host ->
+    device copy for all of them plus each resized crop's tap tables (stashed in its params, so
+    applying them copies nothing and never waits for the device)."""
+    xp, x5, _ = _canon(x, ops[0].layout)
+    ids_h = _host_ids(_ids_for(x5, ids, xp))
+    reqs, spans = [], []
+    for op in ops:
+        r = []
+        if isinstance(op, RandomResizedCrop):
+            r = [(op.stream, 40)]
+        elif isinstance(op, RandomFlip):
+            _check_p(op.p)
+            r = [(op.stream, 1)]
+        elif isinstance(op, ColorJitter):
+            _jitter_bounds(op.brightness, op.contrast, op.saturation, op.hue)
+            r = [(op.stream, 8)] + ([(op.stream + ".p", 1)] if op.p < 1.0 else [])
+            if op.p < 1.0:
+                _check_p(op.p)
+        spans.append((len(reqs), len(r)))
+        reqs += r
+    words = _words_many(seed, epoch, ids_h, reqs)
+    hosts, crops = [], {}
+    for i, (op, (k, n)) in enumerate(zip(ops, spans)):
+        w = words[k : k + n]
+        if isinstance(op, RandomResizedCrop):
+            _, xr, _ = _canon(x, op.layout)
+            hosts.append(_rrc_boxes(w[0], xr.shape[2], xr.shape[3], op.scale, op.ratio))
+            if xp is not np and op.interpolation in ("bilinear", "bicubic") and _kernel_ok(xr, 0):
+                oh, ow = _size(op.size)
+                hp = hosts[-1]
+                crops[i] = (_crop_tag(oh, ow, op.interpolation, op.antialias),
+                            *_ak.crop_tables(hp["top"], hp["left"], hp["height"], hp["width"],
+                                             oh, ow, op.interpolation, op.antialias))  # fmt: skip
+        elif isinstance(op, RandomFlip):
+            hosts.append({"flip": unit(w[0][:, 0], np) < float(op.p)})
+        elif isinstance(op, ColorJitter):
+            bounds = _jitter_bounds(op.brightness, op.contrast, op.saturation, op.hue)
+            a = unit(w[1][:, 0], np) < float(op.p) if n == 2 else None
+            hosts.append(_jitter_params(unit(w[0], np), bounds, op.random_order, a))
+        else:
+            hosts.append({})
+    if xp is np:
+        return hosts
+    arrays = [v for hp in hosts for v in hp.values()]
+    for _, tables, _ in crops.values():
+        arrays += tables
+    with xp.cuda.Device(int(x5.device.id)):
+        views = iter(upload_many(xp, arrays))
+    out = [_DeviceParams({k: next(views) for k in hp}, hp) for hp in hosts]
+    for i, (tag, tables, meta) in crops.items():
+        out[i]._stash[tag] = (tuple(next(views) for _ in tables), meta)
+    return out
+
+
+_clip_ops.sample = _sample_run
+
+
 @register
 class RandomResizedCrop(Augment):
     name = "random_resized_crop"
+    fuse = staticmethod(_clip_ops)
+    fuse_leads = True  # its sampler reads the frame size of the data it gets
 
     def __init__(self, size=224, *, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0),
                  interpolation="bilinear", antialias=True, layout=None, dtype=None, stream=None):  # fmt: skip
@@ -757,10 +975,7 @@ class RandomResizedCrop(Augment):
         self.interpolation, self.antialias, self.layout, self.dtype = interpolation, antialias, layout, dtype
 
     def sample(self, x, *, seed, epoch=0, ids=None):
-        xp, x5, _ = _canon(x, self.layout)
-        return sample_resized_crop_params(seed, epoch, _ids_for(x5, ids, xp), x5.shape[2],
-                                          x5.shape[3], scale=self.scale, ratio=self.ratio,
-                                          stream=self.stream, xp=xp)  # fmt: skip
+        return _draw(x, [self], seed, epoch, ids)[0]  # sample_resized_crop_params' boxes
 
     def apply(self, x, params):
         return apply_resized_crop(x, params, self.size, interpolation=self.interpolation,
@@ -782,16 +997,14 @@ class CenterCrop(Augment):
 @register
 class RandomFlip(Augment):
     name = "flip"
-    fuse = staticmethod(_pixel_ops)
+    fuse = staticmethod(_clip_ops)
 
     def __init__(self, p=0.5, *, layout=None, stream=None):
         super().__init__(stream)
         self.p, self.layout = p, layout
 
     def sample(self, x, *, seed, epoch=0, ids=None):
-        xp, x5, _ = _canon(x, self.layout)
-        return sample_flip_params(seed, epoch, _ids_for(x5, ids, xp), p=self.p,
-                                  stream=self.stream, xp=xp)  # fmt: skip
+        return _draw(x, [self], seed, epoch, ids)[0]  # sample_flip_params' draws
 
     def apply(self, x, params):
         return apply_flip(x, params, layout=self.layout)
@@ -817,7 +1030,7 @@ class RandomGrayscale(Augment):
 @register
 class ColorJitter(Augment):
     name = "color_jitter"
-    fuse = staticmethod(_pixel_ops)
+    fuse = staticmethod(_clip_ops)
 
     def __init__(self, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0, *,
                  random_order=True, p=1.0, bound=None, layout=None, stream=None):  # fmt: skip
@@ -826,11 +1039,7 @@ class ColorJitter(Augment):
         self.random_order, self.p, self.bound, self.layout = random_order, p, bound, layout
 
     def sample(self, x, *, seed, epoch=0, ids=None):
-        xp, x5, _ = _canon(x, self.layout)
-        return sample_color_jitter_params(
-            seed, epoch, _ids_for(x5, ids, xp), brightness=self.brightness,
-            contrast=self.contrast, saturation=self.saturation, hue=self.hue,
-            random_order=self.random_order, p=self.p, stream=self.stream, xp=xp)  # fmt: skip
+        return _draw(x, [self], seed, epoch, ids)[0]  # sample_color_jitter_params' draws
 
     def apply(self, x, params):
         return apply_color_jitter(x, params, bound=self.bound, layout=self.layout)
@@ -844,7 +1053,7 @@ class Normalize(Augment):
     just before it in a :class:`Chain`."""
 
     name = "normalize"
-    fuse = staticmethod(_pixel_ops)
+    fuse = staticmethod(_clip_ops)
 
     def __init__(self, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), *,
                  scale=1.0 / 255.0, dtype="float32", out_layout="NCHW", layout=None, stream=None):  # fmt: skip
