@@ -224,6 +224,50 @@ def upload_many(xp, arrays, *, wait: bool = False) -> list:
     return [v if a.ndim == 1 else v.reshape(a.shape) for a, v in zip(arrays, views)]
 
 
+def pinned_size(nbytes: int) -> int:
+    """``nbytes`` rounded up to ``m * 2**k`` with ``m`` in 8..15 (at least 4 KiB): at most 1/8
+    more, eight sizes an octave. CuPy's pinned-memory pool reuses a freed block only for a
+    request of the same size, so buffers for arrays of varying shapes (a batch's features, its
+    length changing every batch) would otherwise each be a new page-locked allocation (slow,
+    and every size ever seen kept in the pool)."""
+    n = max(int(nbytes), 4096)
+    k = n.bit_length() - 4
+    return -(-n >> k) << k
+
+
+def download(arrays) -> tuple[list, Any]:
+    """Device-to-host copies of ``arrays``, queued on the current stream and not waited for:
+    ``(host arrays, event)``. Each host array views page-locked memory from CuPy's pool (sized
+    by :func:`pinned_size`; back in the pool when the last view of it is gone); read them only
+    after ``event.synchronize()``. Host (numpy) arrays come back as they are, with event None
+    when all of them are."""
+    out, event = [], None
+    for x in arrays:
+        if isinstance(x, np.ndarray) or not _is_cupy(x):
+            out.append(np.asarray(x))
+            continue
+        import cupy
+
+        x = cupy.ascontiguousarray(x)
+        try:
+            mem = cupy.cuda.alloc_pinned_memory(pinned_size(x.nbytes))
+        except Exception:  # noqa: BLE001 - no page-locked memory left: a plain copy, waited for
+            out.append(x.get())
+            continue
+        host = np.frombuffer(mem, x.dtype, x.size).reshape(x.shape)
+        if x.nbytes:
+            st = cupy.cuda.get_current_stream()
+            cupy.cuda.runtime.memcpyAsync(host.ctypes.data, x.data.ptr, x.nbytes,
+                                          cupy.cuda.runtime.memcpyDeviceToHost, st.ptr)
+        out.append(host)
+        event = True
+    if event:
+        import cupy
+
+        event = cupy.cuda.get_current_stream().record()
+    return out, event
+
+
 @functools.cache
 def _copy_stream(cupy, device_id: int):
     """A stream of ``upload_many(wait=True)``'s own on ``device_id`` (its copies wait for no

@@ -166,6 +166,41 @@ def test_gpu_upload_many_is_queued_on_the_stream_and_exact():
     assert inflight == len(D._IN_FLIGHT)  # nothing held for it
 
 
+def test_pinned_size_rounds_up_by_at_most_an_eighth_to_few_sizes():
+    sizes = {D.pinned_size(n) for n in range(1, 1 << 20, 37)}
+    for n in [1, 4095, 4096, 4097, 9_437_184, 9_437_185, (1 << 30) + 1]:
+        m = D.pinned_size(n)
+        assert m >= max(n, 4096) and m <= max(n, 4096) * 9 / 8
+        assert D.pinned_size(m) == m  # a rounded size is its own bucket
+    assert len(sizes) <= 8 * 8 + 1  # eight sizes an octave from 4 KiB to 1 MiB
+
+
+def test_download_leaves_host_arrays_as_they_are():
+    a, b = np.arange(6).reshape(2, 3), [1, 2]
+    (ha, hb), event = D.download([a, b])
+    assert event is None and ha is a and hb.tolist() == [1, 2]
+
+
+@pytest.mark.gpu
+def test_gpu_download_is_queued_behind_the_streams_work_and_exact():
+    """``download`` queues its copies on the current stream without waiting: after the event,
+    the host arrays hold what the work queued before them wrote (a strided view is copied
+    contiguous), in page-locked memory."""
+    import cupy as cp
+
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        x = cp.zeros((64, 80, 1500), cp.float32)
+        for _ in range(20):
+            x += 1.0  # work queued ahead of the copy
+        v = x[:, :, :997]  # not contiguous
+        (hx, hv, hn), event = D.download([x, v, cp.arange(5)])
+    event.synchronize()
+    assert np.all(hx == 20.0) and hv.shape == (64, 80, 997) and np.all(hv == 20.0)
+    assert hn.tolist() == [0, 1, 2, 3, 4]
+    assert hx.base is not None  # a view of the pinned block, not a copy
+
+
 @pytest.mark.gpu
 def test_gpu_resampling_tap_bank_grows_and_equals_the_reference(monkeypatch):
     """The kernel's taps stay on the device across batches (a bank that grows when a batch

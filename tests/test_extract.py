@@ -25,6 +25,7 @@ from avpipe.recipes.extract import (
     uniform_indices,
 )
 from avpipe.recipes.extract._presets import extensions_of
+from avpipe.recipes.extract._writers import make_shards
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
@@ -701,3 +702,47 @@ def test_standby_worker_is_ended_when_unused(speech, tmp_path):
     assert s.total_written == 12 and mp.active_children() == []
     s = run_extract(speech, preset="nemo", out_dir=tmp_path / "o", device="cpu", shard_size=6)
     assert s.skipped == 12 and s.total_written == 0 and mp.active_children() == []
+
+
+def _shard_arrays(speech, monkeypatch, fail):
+    """Every audio input's features through iter_shards in this process on the CPU (batches of
+    4), with ``apply_audio_ops`` raising where ``fail(lengths)`` says so."""
+    from avpipe.device import resolve_device
+    from avpipe.recipes.extract import _process
+
+    real = _process.apply_audio_ops
+
+    def flaky(x, lengths, *a, **k):
+        if fail(list(lengths)):
+            raise ValueError("injected")
+        return real(x, lengths, *a, **k)
+
+    monkeypatch.setattr(_process, "apply_audio_ops", flaky)
+    cfg = resolve_preset("nemo")
+    cfg["batch_size"] = 4
+    items = resolve_inputs(speech, extensions_of(cfg)).items
+    shards = make_shards(len(items), 5)
+    out = {}
+    for _, rs in _process.iter_shards(shards, items, cfg, resolve_device("cpu"), workers=1):
+        for r in rs:
+            out[r.item.source] = r.array if r.ok else r.error
+    return out
+
+
+def test_a_failing_batch_is_computed_item_by_item(speech, monkeypatch):
+    """A batch whose features raise is computed again one item at a time: the items that
+    compute alone give their batch's values, those that fail alone are the only errors."""
+    ref = _shard_arrays(speech, monkeypatch, lambda lens: False)
+    assert len(ref) == 12 and all(isinstance(v, np.ndarray) for v in ref.values())
+    batches = _shard_arrays(speech, monkeypatch, lambda lens: len(lens) > 1)
+    assert batches.keys() == ref.keys()
+    for k, v in ref.items():
+        np.testing.assert_allclose(batches[k], v, rtol=1e-4, atol=1e-4)
+    frames = max(v.shape[-1] for v in ref.values())  # nemo: n // 160 frames
+    longest = sorted(k for k, v in ref.items() if v.shape[-1] == frames)
+    one = _shard_arrays(speech, monkeypatch, lambda lens: max(lens) >= frames * 160)
+    assert sorted(k for k, v in one.items() if isinstance(v, str)) == longest
+    assert all(one[k] == "ValueError" for k in longest) and len(longest) < len(ref)
+    for k, v in ref.items():
+        if k not in longest:
+            np.testing.assert_allclose(one[k], v, rtol=1e-4, atol=1e-4)

@@ -27,7 +27,7 @@ from ...decoding.audio._flac_cuda import compile_kernels as flac_compile_kernels
 from ...decoding.audio._flac_cuda import header_info as flac_header_info
 from ...decoding.image import decode_image_batch
 from ...decoding.video import VideoDecoder
-from ...device import to_numpy
+from ...device import download, to_numpy
 from ...formats import is_flac
 from ...ops import audio as audio_ops
 from ...ops import image as image_ops
@@ -99,9 +99,10 @@ def _fail(item: Item, e: BaseException | str) -> Result:
 # --- operators ------------------------------------------------------------------------------
 
 
-def apply_audio_ops(x, lengths, sample_rate: int, ops: list[dict]):
+def apply_audio_ops(x, lengths, sample_rate: int, ops: list[dict], *, host_lengths=True):
     """``x [B, n]`` (numpy or cupy, zero-padded), ``lengths`` host int64 -> ``(features
-    [B, C, T], frame_lengths host int64)``."""
+    [B, C, T], frame_lengths)``: host int64, or with ``host_lengths=False`` where the
+    operators left them (on the device for a cupy batch: no wait for the device here)."""
     A = audio_ops
     feats, fl = None, None
     for op in ops:
@@ -130,7 +131,8 @@ def apply_audio_ops(x, lengths, sample_rate: int, ops: list[dict]):
             feats, fl = A.stack_frames(feats, fl, **args)
         else:  # checked when the preset was read
             raise ValueError(f"unknown audio operator {name!r}")
-    fl = np.asarray(to_numpy(fl), dtype=np.int64).reshape(-1)
+    if host_lengths:
+        fl = np.asarray(to_numpy(fl), dtype=np.int64).reshape(-1)
     return feats, fl
 
 
@@ -517,11 +519,20 @@ def _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit,
     for s in shards:
         results: dict[int, Result] = {}
         pending: list = []  # decoded audio waiting for its batch: (item, signal)
+        launched: list = []  # the batch whose features are on their way (at most one)
 
-        def flush(pending, results):
-            for r in _audio_features(pending, cfg["audio"], dev):
+        def collect(launched, results):
+            for r in launched.pop()():
                 results[r.item.index] = emit(r)
+
+        def flush(pending, launched, results):
+            # the next batch is queued before the last one is collected: the device computes
+            # one while the host gathers the next
+            nxt = _launch_audio_features(list(pending), cfg["audio"], dev)
             pending.clear()
+            if launched:
+                collect(launched, results)
+            launched.append(nxt)
 
         for it in (items[i] for i in range(s.start, s.end)):
             if it.index in blocked:
@@ -535,7 +546,7 @@ def _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit,
                 else:
                     pending.append((it, sig))
                     if len(pending) >= batch:
-                        flush(pending, results)
+                        flush(pending, launched, results)
             elif it.kind == "video":
                 r = next(video)
                 assert r.item.index == it.index
@@ -545,63 +556,87 @@ def _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit,
                 assert r.item.index == it.index
                 results[it.index] = emit(r)
         if pending:
-            flush(pending, results)
+            flush(pending, launched, results)
+        if launched:
+            collect(launched, results)
         if s is shards[-1] and audio is not None:
             audio.join_warm_up()
         yield s, [results[i] for i in range(s.start, s.end)]
 
 
 def _to_host(x) -> np.ndarray:
-    """numpy as it is; cupy into page-locked memory from cupy's pool (several times faster
-    than a pageable copy; the block goes back to the pool when the last view of it is gone)."""
-    if isinstance(x, np.ndarray):
-        return x
-    import cupy
-
-    try:
-        mem = cupy.cuda.alloc_pinned_memory(max(int(x.nbytes), 1))
-    except Exception:  # noqa: BLE001 - no page-locked memory left: a plain copy
-        return to_numpy(x)
-    host = np.frombuffer(mem, x.dtype, x.size).reshape(x.shape)
-    x = cupy.ascontiguousarray(x)
-    x.get(out=host)
+    """numpy as it is; cupy copied into page-locked memory (several times faster than a
+    pageable copy) and waited for."""
+    (host,), event = download([x])
+    if event is not None:
+        event.synchronize()
     return host
 
 
-def _audio_features(pending, acfg: dict, dev) -> list[Result]:
+def _audio_batch(pending, dev):
+    """The padded signals ``[B, n]`` of ``pending`` ((item, Rows) pairs) and their lengths."""
+    xp = dev.xp
+    lens = np.array([sig.n for _, sig in pending], dtype=np.int64)
+    width = int(lens.max())
+    first = pending[0][1]
+    if (first.row is not None and first.x.shape[1] == width
+            and all(sig.x is first.x and sig.row == first.row + i
+                    for i, (_, sig) in enumerate(pending))):
+        # the batch is rows r..r+b of one loader batch of the same width: no copy (same
+        # values as the copy below: the loader's batches are zero past each length)
+        return first.x[first.row : first.row + len(pending)], lens
+    x = xp.zeros((len(pending), width), dtype=xp.float32)
+    for i, (_, sig) in enumerate(pending):
+        x[i, : lens[i]] = sig.signal()
+    return x, lens
+
+
+def _launch_audio_features(pending, acfg: dict, dev) -> Callable[[], list[Result]]:
+    """Queue the features of a batch of decoded audio (``pending``: (item, Rows) pairs) and
+    their copy to the host, without waiting for the device; returns the function that waits
+    for them and gives the batch's Results. On a GPU the caller launches the next batch
+    before it collects this one, so the device computes one batch while the host gathers the
+    next (the wait for a batch was a third of a worker's audio time). The batch's signals and
+    features are held until collected (their memory is not handed back to the pool while a
+    kernel or the copy may still read it). A batch that fails is computed again item by item,
+    so one bad input costs only itself."""
     sr = int(acfg["sample_rate"])
-    with dev.activate():
-        xp = dev.xp
-        lens = np.array([sig.n for _, sig in pending], dtype=np.int64)
-        width = int(lens.max())
-        first = pending[0][1]
-        if (first.row is not None and first.x.shape[1] == width
-                and all(sig.x is first.x and sig.row == first.row + i
-                        for i, (_, sig) in enumerate(pending))):
-            # the batch is rows r..r+b of one loader batch of the same width: no copy (same
-            # values as the copy below: the loader's batches are zero past each length)
-            x = first.x[first.row : first.row + len(pending)]
-        else:
-            x = xp.zeros((len(pending), width), dtype=xp.float32)
-            for i, (_, sig) in enumerate(pending):
-                x[i, : lens[i]] = sig.signal()
-        try:
+    try:
+        with dev.activate():
+            x, lens = _audio_batch(pending, dev)
             with timed("audio features"):
-                feats, fl = apply_audio_ops(x, lens, sr, acfg["ops"])
+                feats, fl = apply_audio_ops(x, lens, sr, acfg["ops"], host_lengths=False)
                 if acfg.get("dtype", "float32") != "float32":  # cast on the device
                     feats = feats.astype(acfg["dtype"])
-            with timed("audio to host"):
-                host = _to_host(feats)
-        except Exception as e:  # noqa: BLE001 - the batch fails: each item alone
-            if len(pending) == 1:
-                return [_fail(pending[0][0], e)]
-            out = []
-            for p in pending:
-                out.extend(_audio_features([p], acfg, dev))
-            return out
-    out = []
-    for i, (it, _) in enumerate(pending):
-        arr = host[i, ..., : int(fl[i])]  # a view: written as it is (C order)
-        out.append(Result(it, arr, {"sample_rate": sr, "num_samples": int(lens[i]),
-                                    "seconds": round(lens[i] / sr, 6), "frames": int(fl[i])}))
-    return out
+                (host, fl_host), event = download([feats, fl])
+    except Exception as e:  # noqa: BLE001 - the batch fails: each item alone
+        return _each_alone(pending, acfg, dev, e)
+
+    def collect() -> list[Result]:
+        nonlocal x, feats
+        try:
+            if event is not None:
+                with timed("audio to host"):
+                    event.synchronize()
+        except Exception as e:  # noqa: BLE001
+            return _each_alone(pending, acfg, dev, e)()
+        finally:
+            x = feats = None  # the device memory goes back once the copy is done
+        fls = np.asarray(fl_host, dtype=np.int64).reshape(-1)
+        out = []
+        for i, (it, _) in enumerate(pending):
+            arr = host[i, ..., : int(fls[i])]  # a view: written as it is (C order)
+            out.append(Result(it, arr, {"sample_rate": sr, "num_samples": int(lens[i]),
+                                        "seconds": round(lens[i] / sr, 6),
+                                        "frames": int(fls[i])}))
+        return out
+
+    return collect
+
+
+def _each_alone(pending, acfg: dict, dev, e: BaseException) -> Callable[[], list[Result]]:
+    """The collector of a failed batch: a single item fails with ``e``; several are computed
+    one by one (in order, when collected)."""
+    if len(pending) == 1:
+        return lambda: [_fail(pending[0][0], e)]
+    return lambda: [r for p in pending for r in _launch_audio_features([p], acfg, dev)()]
