@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..decoding.audio import _flac_cuda as _flac
+from ..device import pinned_size
 from ._shared_memory import Ring, can_start_processes, context, map_ring
 
 __all__ = ["GpuFlacBatches"]
@@ -221,7 +222,8 @@ class GpuFlacBatches:
     def _buffer(self, k, nbytes):
         cur = self._staging[k]
         if cur is None or cur.nbytes < nbytes:
-            mem = self._cupy.cuda.alloc_pinned_memory(max(nbytes, 1 << 20))
+            # a size the pool meets again (see device.pinned_size): a window's bytes vary
+            mem = self._cupy.cuda.alloc_pinned_memory(pinned_size(max(nbytes, 1 << 20)))
             cur = np.frombuffer(mem, np.uint8, mem.size())
             self._staging[k] = cur
         return cur

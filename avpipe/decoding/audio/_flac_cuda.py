@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...device import upload_many
+from ...device import pinned_size, upload_many
 
 KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_flac_kernels.cu")
 PAD = 64  # bytes after a batch's data: the bit reader may look this far ahead
@@ -381,7 +381,7 @@ def launch(buf: np.ndarray, offsets: np.ndarray, plan: Plan | None = None) -> La
         (threads,),
         (pcm, ipcm, itotal, imeta, i32(b), i64(max_len), out),
     )
-    mem = cupy.cuda.alloc_pinned_memory(max(b, 1) * 8)
+    mem = cupy.cuda.alloc_pinned_memory(pinned_size(max(b, 1) * 8))  # a size the pool reuses
     host = np.frombuffer(mem, np.uint64, b)
     cupy.cuda.runtime.memcpyAsync(
         host.ctypes.data, cover.data.ptr, b * 8, cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr
