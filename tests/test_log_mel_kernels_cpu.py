@@ -12,13 +12,28 @@ import ctypes
 
 import numpy as np
 import pytest
-from cpp_kernels import ELEMENTWISE_PRELUDE, build, ptx
+from cpp_kernels import build, ptx
 
 from avpipe.ops import _audio_core as C
 from avpipe.ops import _log_mel as K
 from avpipe.ops.audio import NEMO
 
-PRELUDE = ELEMENTWISE_PRELUDE + r"""
+# C++ stand-ins for CUDA's keywords and launch indices. threadIdx is per thread (thread_local):
+# the finish launcher runs a block's threads as real threads that meet at __syncthreads (a
+# barrier of blockDim.x), with the block's __shared__ buffer a static that they share (the
+# launchers run the blocks one after another); the frames kernel does not synchronize, so its
+# launcher runs a block's threads one after another.
+PRELUDE = r"""
+#include <math.h>
+#include <pthread.h>
+#define __global__
+#define __device__
+#define __shared__ static
+struct Dim3 { unsigned x, y, z; };
+static thread_local Dim3 threadIdx;
+static Dim3 blockIdx, blockDim, gridDim;
+static pthread_barrier_t block_barrier;
+static inline void __syncthreads() { pthread_barrier_wait(&block_barrier); }
 static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
 static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
@@ -26,19 +41,44 @@ static inline float __fdiv_rn(float a, float b) { volatile float r = a / b; retu
 """
 
 LAUNCHER = r"""
-extern "C" void frames(long long total, const float* x, const float* noise, float dither,
-        long long n, const long long* lens, float preemph, int has_preemph, const float* window,
-        int n_fft, int hop, int pad, long long T, float* out) {
-    blockDim.x = 1; threadIdx.x = 0;
-    for (long long t = 0; t < total; ++t) { blockIdx.x = (unsigned)t;
-        avpipe_log_mel_frames(x, noise, dither, n, lens, preemph, has_preemph, window, n_fft,
-                              hop, pad, T, out, total); }
+extern "C" void frames(unsigned gx, unsigned gy, unsigned gz, unsigned bx, const float* x,
+        const float* noise, float dither, long long n, const long long* lens, float preemph,
+        int has_preemph, const float* window, int n_fft, int hop, int pad, long long B,
+        long long T, float* out) {
+    gridDim = {gx, gy, gz}; blockDim = {bx, 1, 1};
+    for (unsigned z = 0; z < gz; ++z) for (unsigned y = 0; y < gy; ++y)
+    for (unsigned xb = 0; xb < gx; ++xb) { blockIdx = {xb, y, z};
+        for (unsigned i = 0; i < bx; ++i) { threadIdx = {i, 0, 0};
+            avpipe_log_mel_frames(x, noise, dither, n, lens, preemph, has_preemph, window,
+                                  n_fft, hop, pad, B, T, out); } }
 }
-extern "C" void finish(const float* mel, long long B, long long T, int M, const long long* fl,
-        int guard_add, float guard, int norm, int ddof, float eps, float* out, long long T_out) {
-    blockDim.x = 1; threadIdx.x = 0;
-    for (long long r = 0; r < B * M; ++r) { blockIdx.x = (unsigned)r;
-        avpipe_log_mel_finish(mel, B, T, M, fl, guard_add, guard, norm, ddof, eps, out, T_out); }
+struct FinishArgs {
+    const float* mel; long long B, T; int M; const long long* fl; int guard_add; float guard;
+    int norm, ddof; float eps; float* out; long long T_out; unsigned tid;
+};
+static void* finish_thread(void* p) {
+    const FinishArgs& a = *(const FinishArgs*)p;
+    threadIdx = {a.tid, 0, 0};
+    avpipe_log_mel_finish(a.mel, a.B, a.T, a.M, a.fl, a.guard_add, a.guard, a.norm, a.ddof,
+                          a.eps, a.out, a.T_out);
+    return nullptr;
+}
+extern "C" int finish(unsigned threads, const float* mel, long long B, long long T, int M,
+        const long long* fl, int guard_add, float guard, int norm, int ddof, float eps,
+        float* out, long long T_out) {
+    gridDim = {(unsigned)(B * M), 1, 1}; blockDim = {threads, 1, 1};
+    if (pthread_barrier_init(&block_barrier, nullptr, threads)) return 1;
+    FinishArgs args[1024];
+    pthread_t ids[1024];
+    for (unsigned r = 0; r < B * M; ++r) { blockIdx = {r, 0, 0};
+        for (unsigned i = 0; i < threads; ++i) {
+            args[i] = {mel, B, T, M, fl, guard_add, guard, norm, ddof, eps, out, T_out, i};
+            if (threads == 1) finish_thread(&args[i]);  // one thread: this one
+            else if (pthread_create(&ids[i], nullptr, finish_thread, &args[i])) return 1;
+        }
+        for (unsigned i = 0; threads > 1 && i < threads; ++i) pthread_join(ids[i], nullptr);
+    }
+    return pthread_barrier_destroy(&block_barrier);
 }
 """
 
@@ -46,7 +86,8 @@ extern "C" void finish(const float* mel, long long B, long long T, int M, const 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     with open(K.KERNEL_FILE) as f:
-        return build(PRELUDE + f.read() + LAUNCHER, tmp_path_factory.mktemp("log_mel_kernels"))
+        return build(PRELUDE + f.read() + LAUNCHER, tmp_path_factory.mktemp("log_mel_kernels"),
+                     flags=("-pthread",))
 
 
 def _p(a):
@@ -62,9 +103,13 @@ def _frames_ref(x, lens, noise, scale, coeff, w, n_fft, hop, pad, T):
     return C._frames(np, padded, n_fft, hop, T).astype(np.float32) * w
 
 
+@pytest.mark.parametrize("launch", ["log_mel", "one_thread_a_block", "strided"])
 @pytest.mark.parametrize("dither", [False, True])
 @pytest.mark.parametrize("center", [True, False])
-def test_frames_equal_the_reference_exactly(lib, dither, center):
+def test_frames_equal_the_reference_exactly(lib, dither, center, launch):
+    """The frames equal the reference bit for bit, under log_mel's launch (frames_launch), one
+    thread a block over the full grid, and a grid smaller than the frames in every dimension
+    (every index takes its stride loop: taps by 128, frames by 5, items by 3)."""
     rng = np.random.default_rng(1)
     B, n, n_fft, hop = 4, 3000, 512, 160
     lens = np.array([3000, 1777, 100, 0])
@@ -77,16 +122,27 @@ def test_frames_equal_the_reference_exactly(lib, dither, center):
     ref = _frames_ref(x, lens, noise, 1e-5, 0.97, w, n_fft, hop, pad, T)
     out = np.full((B, T, n_fft), np.nan, np.float32)
     lens64 = lens.astype(np.int64)
-    lib.frames(ctypes.c_longlong(out.size), _p(x), _p(noise), ctypes.c_float(1e-5),
-               ctypes.c_longlong(n), _p(lens64), ctypes.c_float(0.97), ctypes.c_int(1), _p(w),
-               ctypes.c_int(n_fft), ctypes.c_int(hop), ctypes.c_int(pad), ctypes.c_longlong(T),
+    if launch == "log_mel":
+        (gx, gy, gz), (bx,) = K.frames_launch(n_fft, T, B)
+    elif launch == "one_thread_a_block":
+        gx, gy, gz, bx = n_fft, T, B, 1
+    else:
+        gx, gy, gz, bx = 1, 5, 3, 128
+    lib.frames(ctypes.c_uint(gx), ctypes.c_uint(gy), ctypes.c_uint(gz), ctypes.c_uint(bx), _p(x),
+               _p(noise), ctypes.c_float(1e-5), ctypes.c_longlong(n), _p(lens64),
+               ctypes.c_float(0.97), ctypes.c_int(1), _p(w), ctypes.c_int(n_fft),
+               ctypes.c_int(hop), ctypes.c_int(pad), ctypes.c_longlong(B), ctypes.c_longlong(T),
                _p(out))
     np.testing.assert_array_equal(out, ref)
 
 
+@pytest.mark.parametrize("threads", [1, 4, 7, 33])
 @pytest.mark.parametrize("norm,guard", [("per_feature", "add"), (None, "add"),
                                         ("per_feature", "clamp")])
-def test_finish_equals_log_normalize_and_mask(lib, norm, guard):
+def test_finish_equals_log_normalize_and_mask(lib, norm, guard, threads):
+    """One block per row (b, m), its threads run as real threads meeting at __syncthreads:
+    one (the serial sums), a power of two, an odd count (the halving tree's odd steps), and
+    more threads than frames (threads with no frame add 0)."""
     rng = np.random.default_rng(2)
     B, T, M, ddof, eps, gv = 5, 70, 80, 1, 1e-5, 2.0**-24
     mel = (rng.random((B, T, M)) ** 4).astype(np.float32)
@@ -103,9 +159,11 @@ def test_finish_equals_log_normalize_and_mask(lib, norm, guard):
         ref = C._mask_time(feats, fl)
     T_out = 80  # pad_to: zeros after T
     out = np.full((B, M, T_out), np.nan, np.float32)
-    lib.finish(_p(mel), ctypes.c_longlong(B), ctypes.c_longlong(T), ctypes.c_int(M), _p(fl),
-               ctypes.c_int(guard == "add"), ctypes.c_float(gv), ctypes.c_int(norm is not None),
-               ctypes.c_int(ddof), ctypes.c_float(eps), _p(out), ctypes.c_longlong(T_out))
+    rc = lib.finish(ctypes.c_uint(threads), _p(mel), ctypes.c_longlong(B), ctypes.c_longlong(T),
+                    ctypes.c_int(M), _p(fl), ctypes.c_int(guard == "add"), ctypes.c_float(gv),
+                    ctypes.c_int(norm is not None), ctypes.c_int(ddof), ctypes.c_float(eps),
+                    _p(out), ctypes.c_longlong(T_out))  # fmt: skip
+    assert rc == 0  # the launcher's threads and barrier were made
     assert np.all(out[:, :, T:] == 0)
     np.testing.assert_allclose(out[:, :, :T], ref, rtol=2e-5, atol=2e-5)
     for b, k in enumerate(fl):  # exactly 0 past each length (a single frame normalizes to 0)
@@ -127,9 +185,16 @@ def test_supported_covers_the_nemo_presets_only_where_it_can():
 
 
 def test_kernels_compile_for_the_gpu(tmp_path):
+    """Both kernels compile for sm_90; the frames kernel, one thread an element, does no
+    integer division (a 64-bit one is emulated in dozens of instructions); the finish kernel
+    reduces in shared memory between barriers."""
     with open(K.KERNEL_FILE) as f:
         text = ptx(f.read(), tmp_path)
     assert "avpipe_log_mel_frames" in text and "avpipe_log_mel_finish" in text
+    frames = text.split(".entry avpipe_log_mel_frames")[1].split(".entry")[0]
+    assert "div." not in frames and "rem." not in frames
+    finish = text.split(".entry avpipe_log_mel_finish")[1].split(".entry")[0]
+    assert ".shared" in text and "bar.sync" in finish
 
 
 def test_fft_rows_rounds_up_by_at_most_an_eighth_to_few_sizes():

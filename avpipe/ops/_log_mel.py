@@ -96,6 +96,33 @@ def fft_rows(n: int) -> int:
     return -(-n >> k) << k
 
 
+# the frames kernel's threads per block at most (over the taps of a frame)
+FRAMES_THREADS = 256
+# about how many blocks the frames kernel is launched with: fewer, longer-lived blocks (each
+# looping over several frames) ran faster on the H200 than one block row a frame, and both
+# faster than the old flat one-thread-an-element launch (README, "Measured speed")
+FRAMES_BLOCKS = 16384
+# the finish kernel's threads per block (one block per output row (b, m), its threads over
+# the frames; at most 1,024, the size of the kernel's reduction buffer). 128 and 256 were the
+# fastest on the H200; 256 lets an SM hold 2,048 threads in 8 blocks of 4 KiB of shared memory
+FINISH_THREADS = 256
+# CUDA's limit on gridDim.y and gridDim.z (the frames kernel strides past it)
+_GRID_YZ = 65535
+
+
+def frames_launch(n_fft: int, T: int, B: int):
+    """(grid, block) of the frames kernel for ``B`` items of ``T`` frames of ``n_fft`` taps:
+    threads over the taps (a multiple of 32, at most FRAMES_THREADS; enough blocks in x to cover
+    n_fft), blocks over the items (z) and the frames (y: as many as make about FRAMES_BLOCKS
+    blocks in all, at most T), y and z capped at CUDA's 65535; the kernel strides over the
+    rest."""
+    threads = min(FRAMES_THREADS, -(-n_fft // 32) * 32)
+    gx = -(-n_fft // threads)
+    gz = max(min(B, _GRID_YZ), 1)
+    gy = max(min(T, _GRID_YZ, -(-FRAMES_BLOCKS // (gx * gz))), 1)
+    return (gx, gy, gz), (threads,)
+
+
 def log_mel(x, lens_host, fl_host, T, cfg, noise):
     """Features ``[B, n_mels, T_out]`` of the cupy float32 batch ``x [B, n]`` (``lens_host``
     samples; ``fl_host`` valid frames, at most ``T`` STFT frames; ``noise``: the dither's
@@ -123,15 +150,13 @@ def log_mel(x, lens_host, fl_host, T, cfg, noise):
     rows_fft = fft_rows(B * T)
     flat = cupy.empty((rows_fft, n_fft), cupy.float32)
     frames = flat[: B * T].reshape(B, T, n_fft)
-    total = B * T * n_fft
-    threads = 256
     has_noise = noise is not None
-    frames_k(((total + threads - 1) // threads,), (threads,),
+    frames_k(*frames_launch(n_fft, T, B),
              (x, cupy.ascontiguousarray(noise) if has_noise else np.uint64(0),
               np.float32(cfg.dither if has_noise else 0.0), np.int64(n), lens,
               np.float32(cfg.preemph if cfg.preemph is not None else 0.0),
               np.int32(cfg.preemph is not None), w, np.int32(n_fft), np.int32(hop),
-              np.int32(pad), np.int64(T), frames, np.int64(total)))  # fmt: skip
+              np.int32(pad), np.int64(B), np.int64(T), frames))  # fmt: skip
     X = cupy.fft.rfft(flat, axis=-1)[: B * T]  # [B * T, F] complex64
     del frames, flat
     P = power_k(X, np.int32(1 if cfg.power in (1, 1.0) else 2))
@@ -143,8 +168,7 @@ def log_mel(x, lens_host, fl_host, T, cfg, noise):
     pad_to = int(cfg.pad_to or 0)
     T_out = T + ((-T) % pad_to if pad_to > 1 else 0)
     out = cupy.empty((B, M, T_out), cupy.float32)
-    rows = B * M
-    finish_k(((rows + 127) // 128,), (128,),
+    finish_k((B * M,), (FINISH_THREADS,),  # one block per row (b, m) of out
              (mel, np.int64(B), np.int64(T), np.int32(M), fl, np.int32(cfg.log_guard == "add"),
               np.float32(cfg.log_guard_value), np.int32(cfg.normalize == "per_feature"),
               np.int32(cfg.norm_ddof), np.float32(cfg.norm_eps), out,
