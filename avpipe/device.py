@@ -224,15 +224,24 @@ def upload_many(xp, arrays, *, wait: bool = False) -> list:
     return [v if a.ndim == 1 else v.reshape(a.shape) for a, v in zip(arrays, views)]
 
 
-def pinned_size(nbytes: int) -> int:
-    """``nbytes`` rounded up to ``m * 2**k`` with ``m`` in 8..15 (at least 4 KiB): at most 1/8
-    more, eight sizes an octave. CuPy's pinned-memory pool reuses a freed block only for a
-    request of the same size, so buffers for arrays of varying shapes (a batch's features, its
-    length changing every batch) would otherwise each be a new page-locked allocation (slow,
-    and every size ever seen kept in the pool)."""
-    n = max(int(nbytes), 4096)
-    k = n.bit_length() - 4
+def round_up_eighth(n: int) -> int:
+    """``n`` rounded up to ``m * 2**k`` with ``m`` in 8..15 (``n`` itself up to 16): at most 1/8
+    more, and eight sizes an octave, so sizes that vary from call to call (a batch's length)
+    meet the same few values again (a cached plan, a pooled buffer)."""
+    n = max(int(n), 1)
+    if n <= 16:
+        return n
+    k = n.bit_length() - 4  # n >> k is in 8..15
     return -(-n >> k) << k
+
+
+def pinned_size(nbytes: int) -> int:
+    """The size of a page-locked buffer for ``nbytes``: :func:`round_up_eighth`, at least 4 KiB.
+    CuPy's pinned-memory pool reuses a freed block only for a request of the same size, so
+    buffers for arrays of varying shapes (a batch's features, its length changing every batch)
+    would otherwise each be a new page-locked allocation (slow, and every size ever seen kept
+    in the pool)."""
+    return round_up_eighth(max(int(nbytes), 4096))
 
 
 def download(arrays) -> tuple[list, Any]:

@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from ..device import upload_many
+from ..device import round_up_eighth, upload_many
 
 KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_log_mel.cu")
 
@@ -86,14 +86,10 @@ def _tables(device_id, window, win_length, periodic, n_fft, sample_rate, n_mels,
 
 
 def fft_rows(n: int) -> int:
-    """``n`` rounded up to ``m * 2**k`` with ``m`` in 8..15: at most 1/8 more rows, and eight
-    sizes an octave, so the lengths of a feed's batches meet a few cuFFT plans again and
-    again."""
-    n = max(int(n), 1)
-    if n <= 16:
-        return n
-    k = n.bit_length() - 4  # n >> k is in 8..15
-    return -(-n >> k) << k
+    """``n`` rounded up by at most 1/8 to one of eight sizes an octave
+    (:func:`~avpipe.device.round_up_eighth`), so the lengths of a feed's batches meet a few
+    cuFFT plans again and again."""
+    return round_up_eighth(n)
 
 
 # the frames kernel's threads per block at most (over the taps of a frame)
