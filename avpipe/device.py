@@ -257,17 +257,22 @@ def download(arrays) -> tuple[list, Any]:
             continue
         import cupy
 
-        x = cupy.ascontiguousarray(x)
         try:
-            mem = cupy.cuda.alloc_pinned_memory(pinned_size(x.nbytes))
-        except Exception:  # noqa: BLE001 - no page-locked memory left: a plain copy, waited for
-            out.append(x.get())
-            continue
-        host = np.frombuffer(mem, x.dtype, x.size).reshape(x.shape)
-        if x.nbytes:
-            st = cupy.cuda.get_current_stream()
-            cupy.cuda.runtime.memcpyAsync(host.ctypes.data, x.data.ptr, x.nbytes,
-                                          cupy.cuda.runtime.memcpyDeviceToHost, st.ptr)
+            x = cupy.ascontiguousarray(x)
+            try:
+                mem = cupy.cuda.alloc_pinned_memory(pinned_size(x.nbytes))
+            except Exception:  # noqa: BLE001 - no page-locked memory left: a plain copy, waited
+                out.append(x.get())
+                continue
+            host = np.frombuffer(mem, x.dtype, x.size).reshape(x.shape)
+            if x.nbytes:
+                st = cupy.cuda.get_current_stream()
+                cupy.cuda.runtime.memcpyAsync(host.ctypes.data, x.data.ptr, x.nbytes,
+                                              cupy.cuda.runtime.memcpyDeviceToHost, st.ptr)
+        except BaseException:
+            if event:  # a copy queued for an earlier array writes into memory about to be freed
+                cupy.cuda.get_current_stream().synchronize()
+            raise
         out.append(host)
         event = True
     if event:

@@ -704,20 +704,32 @@ def test_standby_worker_is_ended_when_unused(speech, tmp_path):
     assert s.skipped == 12 and s.total_written == 0 and mp.active_children() == []
 
 
-def _shard_arrays(speech, monkeypatch, fail):
+def _shard_arrays(speech, monkeypatch, fail, *, at_collect=False):
     """Every audio input's features through iter_shards in this process on the CPU (batches of
-    4), with ``apply_audio_ops`` raising where ``fail(lengths)`` says so."""
+    4), with ``apply_audio_ops`` raising where ``fail(lengths)`` says so (``at_collect``: the
+    wait for the batch's copy raises instead, as a device error would surface there)."""
     from avpipe.device import resolve_device
     from avpipe.recipes.extract import _process
 
-    real = _process.apply_audio_ops
+    real_ops, real_download = _process.apply_audio_ops, _process.download
+
+    class Failed:
+        def synchronize(self):
+            raise RuntimeError("injected at the copy")
 
     def flaky(x, lengths, *a, **k):
-        if fail(list(lengths)):
+        if not at_collect and fail(list(lengths)):
             raise ValueError("injected")
-        return real(x, lengths, *a, **k)
+        out = real_ops(x, lengths, *a, **k)
+        flaky.last = list(lengths)
+        return out
+
+    def download(arrays):
+        host, event = real_download(arrays)
+        return host, (Failed() if at_collect and fail(flaky.last) else event)
 
     monkeypatch.setattr(_process, "apply_audio_ops", flaky)
+    monkeypatch.setattr(_process, "download", download)
     cfg = resolve_preset("nemo")
     cfg["batch_size"] = 4
     items = resolve_inputs(speech, extensions_of(cfg)).items
@@ -746,3 +758,19 @@ def test_a_failing_batch_is_computed_item_by_item(speech, monkeypatch):
     for k, v in ref.items():
         if k not in longest:
             np.testing.assert_allclose(one[k], v, rtol=1e-4, atol=1e-4)
+
+
+def test_a_batch_failing_when_collected_is_computed_item_by_item(speech, monkeypatch):
+    """The same when the batch fails at its wait (a device error surfaces there): the items
+    that fail alone are the only errors, named by the error's type."""
+    ref = _shard_arrays(speech, monkeypatch, lambda lens: False)
+    batches = _shard_arrays(speech, monkeypatch, lambda lens: len(lens) > 1, at_collect=True)
+    assert batches.keys() == ref.keys()
+    for k, v in ref.items():
+        np.testing.assert_allclose(batches[k], v, rtol=1e-4, atol=1e-4)
+    frames = max(v.shape[-1] for v in ref.values())
+    longest = sorted(k for k, v in ref.items() if v.shape[-1] == frames)
+    one = _shard_arrays(speech, monkeypatch, lambda lens: max(lens) >= frames * 160,
+                        at_collect=True)
+    assert sorted(k for k, v in one.items() if isinstance(v, str)) == longest
+    assert all(one[k] == "RuntimeError" for k in longest)

@@ -507,6 +507,11 @@ def _shard_results(shards, items, cfg, dev, batch, audio, video, image, on_resul
         yield from _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit,
                                      blocked)
     finally:  # every shard given, or the caller stopped: the decoders' processes end here
+        if dev.is_cuda:
+            # a batch still in flight when an error or the caller ended a shard: its copy into
+            # page-locked memory finishes before that memory can go back to the pool
+            with dev.activate():
+                dev.xp.cuda.Device().synchronize()
         if audio is not None:
             audio.close()
         for stream in (video, image):
@@ -614,14 +619,16 @@ def _launch_audio_features(pending, acfg: dict, dev) -> Callable[[], list[Result
 
     def collect() -> list[Result]:
         nonlocal x, feats
-        try:
-            if event is not None:
+        failed = None
+        if event is not None:
+            try:
                 with timed("audio to host"):
                     event.synchronize()
-        except Exception as e:  # noqa: BLE001
-            return _each_alone(pending, acfg, dev, e)()
-        finally:
-            x = feats = None  # the device memory goes back once the copy is done
+            except Exception as e:  # noqa: BLE001
+                failed = e
+        x = feats = None  # the device memory goes back once the copy is done (or failed)
+        if failed is not None:
+            return _each_alone(pending, acfg, dev, failed)()
         fls = np.asarray(fl_host, dtype=np.int64).reshape(-1)
         out = []
         for i, (it, _) in enumerate(pending):
@@ -636,7 +643,9 @@ def _launch_audio_features(pending, acfg: dict, dev) -> Callable[[], list[Result
 
 def _each_alone(pending, acfg: dict, dev, e: BaseException) -> Callable[[], list[Result]]:
     """The collector of a failed batch: a single item fails with ``e``; several are computed
-    one by one (in order, when collected)."""
+    one by one (in order, when collected). ``e`` is kept without its traceback, whose frames
+    would hold the failed batch's device arrays until then."""
+    e = e.with_traceback(None)
     if len(pending) == 1:
         return lambda: [_fail(pending[0][0], e)]
     return lambda: [r for p in pending for r in _launch_audio_features([p], acfg, dev)()]
