@@ -18,6 +18,8 @@ variable                        default meaning
 ``AVPIPE_NVDEC_CHUNK``          16      packets per NVDEC ``Decode`` call on the packet path (>= 1)
 ``AVPIPE_NVDEC_DLPACK``         off     read NVDEC frames through DLPack instead of plane pointers
 ``AVPIPE_FLAC_WINDOW``          256     files per GPU FLAC decode launch (>= 1)
+``AVPIPE_VIDEO_SCAN_AHEAD``     2       processes reading MP4/MOV sample tables ahead of the video
+                                        feed's decoding (>= 0; 0: each open scans its own file)
 ``AVPIPE_JPEG_HW_LOAD``         1.0     share of a JPEG batch for the hardware decoder, in [0, 1]
 ``AVPIPE_DALI_THREADS``         CPUs    DALI CPU threads per pipeline (>= 1; default min(CPUs, 16))
 ``AVPIPE_DALI_STREAM_OUTPUTS``  on      DALI outputs ordered on the caller's CUDA stream
@@ -44,6 +46,7 @@ __all__ = [
     "nvdec_chunk",
     "nvdec_dlpack",
     "flac_window",
+    "video_scan_ahead",
     "jpeg_hw_load",
     "dali_threads",
     "dali_stream_outputs",
@@ -149,6 +152,11 @@ def flac_window() -> int:
     return env_int("AVPIPE_FLAC_WINDOW", 256, minimum=1)
 
 
+def video_scan_ahead() -> int:
+    """``AVPIPE_VIDEO_SCAN_AHEAD``: processes scanning the video feed's next files (0: off)."""
+    return env_int("AVPIPE_VIDEO_SCAN_AHEAD", 2, minimum=0)
+
+
 def jpeg_hw_load() -> float:
     """``AVPIPE_JPEG_HW_LOAD``: the share of a JPEG batch DALI gives its hardware decoder."""
     return env_float("AVPIPE_JPEG_HW_LOAD", 1.0, lo=0.0, hi=1.0)
@@ -192,6 +200,7 @@ VARIABLES = {
     "AVPIPE_NVDEC_CHUNK": nvdec_chunk,
     "AVPIPE_NVDEC_DLPACK": nvdec_dlpack,
     "AVPIPE_FLAC_WINDOW": flac_window,
+    "AVPIPE_VIDEO_SCAN_AHEAD": video_scan_ahead,
     "AVPIPE_JPEG_HW_LOAD": jpeg_hw_load,
     "AVPIPE_DALI_THREADS": dali_threads,
     "AVPIPE_DALI_STREAM_OUTPUTS": dali_stream_outputs,

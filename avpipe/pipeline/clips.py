@@ -18,6 +18,7 @@ and the transform is one kernel, so a thread per decoder session keeps NVDEC's e
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,13 +27,16 @@ from typing import Any
 
 import numpy as np
 
+from .. import settings
 from .._results import BatchResult
 from .._validate import check_on_error, pos_int
+from ..decoding import load_index
 from ..decoding.video import VideoDecoder
 from ..device import resolve_device
 from ..errors import DecodeError
 from ..ops import image as _image
 from . import samplers
+from ._scan_ahead import SCAN_DEPTH, ScanAhead
 
 __all__ = ["ClipFeed", "Clip", "ClipBatch", "ThreadStreams", "decode_clip"]
 
@@ -56,9 +60,10 @@ class ThreadStreams:
         return s
 
 
-def decode_clip(path, select, transform, *, device, stream=None, on_open=None):
+def decode_clip(path, select, transform, *, device, stream=None, on_open=None, index=None):
     """The one "decode a clip's frames on this thread's stream" of :class:`ClipFeed` and the
-    video recipe: open ``path`` with a :class:`VideoDecoder` on ``device``, ``select(dec) ->
+    video recipe: open ``path`` with a :class:`VideoDecoder` on ``device`` (``index``: a
+    persisted video index, as ``VideoDecoder``'s), ``select(dec) ->
     (frames, meta)`` (decodes only the frames it asks for), then ``transform(frames, meta)``
     inside ``stream`` (this thread's; None on the CPU), finished before returning (its result
     is ready for any other stream). ``on_open(seconds)``: told the open + scan time.
@@ -67,7 +72,7 @@ def decode_clip(path, select, transform, *, device, stream=None, on_open=None):
     import time
 
     t0 = time.perf_counter()
-    dec = VideoDecoder(path, device=device)
+    dec = VideoDecoder(path, device=device, index=index)
     if on_open is not None:
         on_open(time.perf_counter() - t0)
     with dec:
@@ -125,6 +130,8 @@ class ClipFeed:
             start from ``(seed, e, index)``; the same arguments give the same clips.
         on_error: ``"skip"`` (default; a bad file is reported in the batch's ``errors``) or
             ``"raise"``.
+        index: a persisted video index (``avpipe index``'s file or a loaded one): files it
+            holds, unchanged since, are opened without a scan.
     """
 
     def __init__(
@@ -146,18 +153,22 @@ class ClipFeed:
         seed: int = 0,
         shuffle: bool = True,
         on_error: str = "skip",
+        index=None,
     ):
         self.paths = [str(p) for p in paths]
         self.clip_length = pos_int("clip_length", clip_length)
         self.stride = pos_int("stride", stride)
         self.crop_size = pos_int("crop_size", crop_size)
-        self.short_side = self.crop_size if short_side is None else pos_int("short_side", short_side)
+        self.short_side = (
+            self.crop_size if short_side is None else pos_int("short_side", short_side)
+        )
         self.batch_size = pos_int("batch_size", batch_size)
         self.threads = pos_int("threads", threads)
         self.device = resolve_device(device)
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
         self.on_error = check_on_error(on_error)
+        self.index = None if index is None else load_index(index)
         self._transform_args = dict(
             short_side=self.short_side, crop_size=self.crop_size, mean=mean, std=std,
             antialias=bool(antialias), dtype=dtype, layout=layout,
@@ -179,6 +190,7 @@ class ClipFeed:
     def clip(self, path, seed) -> Clip:
         """One random clip of ``path`` (start drawn from ``seed``), transformed. On a GPU the
         transform runs on this thread's stream and is finished when this returns."""
+
         def select(dec):
             c = samplers.sample_random_clips(
                 dec, num_clips=1, clip_length=self.clip_length, stride=self.stride, seed=seed
@@ -187,7 +199,7 @@ class ClipFeed:
 
         out, c, backend, mismatches = decode_clip(
             path, select, lambda frames, _: self.transform(frames), device=self.device,
-            stream=self._stream(),
+            stream=self._stream(), index=self.index,
         )  # fmt: skip
         return Clip(
             data=out, indices=c.indices[0], pts_seconds=c.pts_seconds[0], path=str(path),
@@ -201,9 +213,11 @@ class ClipFeed:
             return np.arange(n)
         return np.random.default_rng([self.seed, epoch]).permutation(n)
 
-    def _one(self, args):
+    def _one(self, args, ahead=None):
         pos, path, seed = args
         try:
+            if ahead is not None:
+                ahead.take(path)
             return pos, self.clip(path, seed), None
         except DecodeError as e:
             return pos, None, e
@@ -212,13 +226,20 @@ class ClipFeed:
         epoch = self.epoch
         self.epoch += 1
         order = self._order(epoch)
-        work = [
-            (pos, self.paths[i], [self.seed, epoch, int(i)]) for pos, i in enumerate(order)
-        ]
+        work = [(pos, self.paths[i], [self.seed, epoch, int(i)]) for pos, i in enumerate(order)]
         xp = self.device.xp
-        with ThreadPoolExecutor(self.threads) as pool:
-            for b0 in range(0, len(work), self.batch_size):
-                done = list(pool.map(self._one, work[b0 : b0 + self.batch_size]))
+        bs = self.batch_size
+        ahead = ScanAhead(settings.video_scan_ahead())  # the next batches' files (_scan_ahead)
+        with ThreadPoolExecutor(self.threads) as pool, contextlib.closing(ahead):
+            taker = ahead if ahead.active else None
+            if ahead.active:
+                ahead.submit(p for _, p, _ in work[: SCAN_DEPTH * bs])
+            for b0 in range(0, len(work), bs):
+                if ahead.active:
+                    ahead.submit(
+                        p for _, p, _ in work[b0 + SCAN_DEPTH * bs : b0 + (SCAN_DEPTH + 1) * bs]
+                    )
+                done = list(pool.map(lambda w: self._one(w, taker), work[b0 : b0 + bs]))
                 good = [c for _, c, _ in done if c is not None]
                 errors = tuple((pos, e) for pos, _, e in done if e is not None)
                 if errors and self.on_error == "raise":

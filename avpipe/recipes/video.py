@@ -43,13 +43,17 @@ stream); a video shorter than a clip repeats its last frame.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
+from .. import settings
+from ..decoding import load_index
 from ..device import array_module, resolve_device
 from ..ops import image_augment as _aug
 from ..ops import random as _rnd
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, crop, normalize, resize_crop_normalize
+from ..pipeline._scan_ahead import SCAN_DEPTH, ScanAhead, lookahead
 from ..pipeline.clips import ThreadStreams, decode_clip
 from ..pipeline.feed import Feed, Task, _collect, _timed
 from ..pipeline.samplers import clip_indices_at, clip_indices_regular
@@ -63,19 +67,23 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
                          framework=None, on_error="skip", num_clips=4, num_crops=3,
                          scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3), dtype="float16",
                          prefetch=2, deadline=None, threads=None, color_jitter=None,
-                         grayscale_p=0.0, temporal_jitter=0):
+                         grayscale_p=0.0, temporal_jitter=0, index=None):
     """A :class:`~avpipe.pipeline.feed.Feed` of video clips (module docstring).
     ``shuffle=None``: shuffle when training. ``feed.classes``: the sorted label names.
     ``threads``: decoding threads (None: 16 on a GPU, as NVDEC sessions per thread; else the
     CPU count, at most 8). ``color_jitter`` (a dict of brightness / contrast / saturation /
-    hue), ``grayscale_p`` and ``temporal_jitter``: training extras, off by default."""
+    hue), ``grayscale_p`` and ``temporal_jitter``: training extras, off by default.
+    ``index``: a persisted video index (``avpipe index``'s file, :func:`avpipe.decoding.build_index`):
+    files it holds, unchanged since, open without a scan. Files it lacks are scanned as they
+    come; MP4 / MOV ones by ``AVPIPE_VIDEO_SCAN_AHEAD`` processes a few batches before their
+    decoding (see ``avpipe.pipeline._scan_ahead``)."""
     spec = (video_classification, dict(
         file_list=file_list, clip_length=clip_length, stride=stride, crop_size=crop_size,
         batch_size=batch_size, train=train, seed=seed, shuffle=shuffle, rank=rank,
         world_size=world_size, device=device, framework=framework, on_error=on_error,
         num_clips=num_clips, num_crops=num_crops, scale=scale, ratio=ratio, dtype=dtype,
         prefetch=prefetch, deadline=deadline, threads=threads, color_jitter=color_jitter,
-        grayscale_p=grayscale_p, temporal_jitter=temporal_jitter))  # fmt: skip
+        grayscale_p=grayscale_p, temporal_jitter=temporal_jitter, index=index))  # fmt: skip
     videos = read_csv(file_list)
     classes, labels = class_index(videos)
     dev = resolve_device(device)
@@ -87,7 +95,7 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
                      train=train, seed=seed, device=dev, num_clips=num_clips,
                      num_crops=num_crops, scale=scale, ratio=ratio, dtype=dtype,
                      deadline=deadline, threads=threads, color_jitter=color_jitter,
-                     grayscale_p=grayscale_p, temporal_jitter=temporal_jitter)
+                     grayscale_p=grayscale_p, temporal_jitter=temporal_jitter, index=index)
     items = videos if train else eval_views(videos, task.views)
     return Feed(items, task, batch_size=batch_size, seed=seed,
                 shuffle=bool(train) if shuffle is None else bool(shuffle), rank=rank,
@@ -108,7 +116,8 @@ class VideoTask(Task):
     def __init__(self, *, labels, clip_length, stride, crop_size, train, seed, device,
                  num_clips=4, num_crops=3, scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3),
                  dtype="float16", mean=IMAGENET_MEAN, std=IMAGENET_STD, deadline=None,
-                 threads=8, color_jitter=None, grayscale_p=0.0, temporal_jitter=0):
+                 threads=8, color_jitter=None, grayscale_p=0.0, temporal_jitter=0,
+                 index=None):
         super().__init__()
         self.labels = list(labels)
         self.T, self.stride, self.S = int(clip_length), int(stride), int(crop_size)
@@ -128,6 +137,8 @@ class VideoTask(Task):
         self.grayscale_p = float(grayscale_p)
         self.temporal_jitter = int(temporal_jitter)
         self._streams = ThreadStreams(device)
+        self.index = None if index is None else load_index(index)
+        self._scan_ahead = None  # started by the first decode_groups
 
     @property
     def views(self) -> int:
@@ -192,14 +203,42 @@ class VideoTask(Task):
         return _aug.n_crop(y[None], self.S, n=3, layout="BTCHW")[0]
 
     # -- decoding ------------------------------------------------------------------------------
-    def _on_open(self):
+    def decode_groups(self, groups):
+        """Task.decode_groups, with the files of the next ``SCAN_DEPTH`` groups scanned ahead
+        in other processes (``AVPIPE_VIDEO_SCAN_AHEAD``; the module docstring)."""
+        if self._scan_ahead is None:
+            self._scan_ahead = ScanAhead(settings.video_scan_ahead())
+        ahead = self._scan_ahead
+        if ahead.active:
+            index = self.index
+
+            def seen(group):
+                ahead.submit(it.path for _, it in group
+                             if index is None or it.path not in index)
+
+            groups = lookahead(groups, SCAN_DEPTH, seen)
+        return super().decode_groups(groups)
+
+    def _on_open(self, path):
+        """Take ``path``'s scan if it was read ahead; the ``on_open`` for decode_clip (the
+        wait for that scan plus the open: the "read" stage of stats())."""
+        t0 = time.perf_counter()
+        if self._scan_ahead is not None:
+            self._scan_ahead.take(path)
+        waited = time.perf_counter() - t0
         if self.timings is None:
             return None
 
-        def on_open(sec):  # open + packet scan: the "read" stage of stats()
-            self.timings("read", sec)
+        def on_open(sec):
+            self.timings("read", sec + waited)
 
         return on_open
+
+    def close(self):
+        super().close()
+        if self._scan_ahead is not None:
+            self._scan_ahead.close()
+            self._scan_ahead = None
 
     def decode_one(self, i, item):
         if not self.train:
@@ -218,7 +257,8 @@ class VideoTask(Task):
                 return self._train_transform(frames, i, epoch)
 
             out, _, _, _ = decode_clip(item.path, select, transform, device=self.device,
-                                       stream=self._streams.get(), on_open=self._on_open())
+                                       stream=self._streams.get(),
+                                       on_open=self._on_open(item.path), index=self.index)
             return out
 
     def decode_views(self, pairs):
@@ -240,8 +280,10 @@ class VideoTask(Task):
                 return [xp.ascontiguousarray(per_clip[v // self.num_crops][v % self.num_crops])
                         for v in views]
 
-            out, _, _, _ = decode_clip(pairs[0][1].path, select, transform, device=self.device,
-                                       stream=self._streams.get(), on_open=self._on_open())
+            path = pairs[0][1].path
+            out, _, _, _ = decode_clip(path, select, transform, device=self.device,
+                                       stream=self._streams.get(), on_open=self._on_open(path),
+                                       index=self.index)
             return out
 
     def _submit(self, pairs):

@@ -20,7 +20,8 @@ import numpy as np
 from ...errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
 from ._nal import nal_length_size, parameter_sets_annexb, slice_nal_headers
 
-__all__ = ["StreamScan", "scan_stream", "open_container", "av_error"]
+__all__ = ["StreamScan", "scan_stream", "open_container", "av_error", "scan_mp4_file",
+           "remember_scan", "is_scan_cached"]
 
 _SUPPORTED = ("h264", "hevc", "vp8", "vp9", "mjpeg", "av1")
 
@@ -158,29 +159,69 @@ _CACHE_SIZE = 256
 _CACHE_LOCK = threading.Lock()
 
 
+def _cache_key(path: str, stream_index=None) -> tuple | None:
+    """The scan cache's key of a file: (absolute path, size, mtime ns, stream), None when it
+    cannot be stat'ed."""
+    try:
+        stt = os.stat(path)
+    except OSError:
+        return None
+    return (os.path.abspath(path), stt.st_size, stt.st_mtime_ns, stream_index)
+
+
+def _cached(key) -> StreamScan | None:
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+        return hit
+
+
+def remember_scan(key: tuple, scan: StreamScan) -> None:
+    """Put a scan made elsewhere (:func:`scan_mp4_file` in another process) into the cache
+    under ``key``; a later open finds it only while the file's size and mtime still match."""
+    with _CACHE_LOCK:
+        _CACHE[key] = scan
+        _CACHE.move_to_end(key)
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+
+
+def is_scan_cached(path: str) -> bool:
+    """Whether an open of ``path`` (its default stream) would find its scan in the cache."""
+    key = _cache_key(path)
+    return key is not None and _cached(key) is not None
+
+
+def scan_mp4_file(path: str) -> tuple | None:
+    """``(cache key, scan)`` of an MP4 / MOV file read from its sample tables, for
+    :func:`remember_scan` in the process that will open it (scanning ahead, in another
+    process); None where that reader does not apply (another container, damage): the open then
+    scans as always, and reports what is wrong. The key is taken before the read and checked
+    after it, so a file changed meanwhile is never remembered."""
+    key = _cache_key(path)
+    if key is None:
+        return None
+    from ..._source import Source
+
+    scan = _scan_mp4(Source(name=path, path=path), path)
+    if scan is None or _cache_key(path) != key:
+        return None
+    return key, scan
+
+
 def scan_stream(source, name: str, stream_index=None) -> StreamScan:
     """The scan of a stream; scans of files are cached by (path, size, mtime, stream)."""
-    key = None
-    if source.path is not None:
-        try:
-            stt = os.stat(source.path)
-            key = (os.path.abspath(source.path), stt.st_size, stt.st_mtime_ns, stream_index)
-        except OSError:
-            key = None
+    key = None if source.path is None else _cache_key(source.path, stream_index)
     if key is not None:
-        with _CACHE_LOCK:
-            hit = _CACHE.get(key)
-            if hit is not None:
-                _CACHE.move_to_end(key)
-                return hit
+        hit = _cached(key)
+        if hit is not None:
+            return hit
     result = _scan_mp4(source, name, stream_index) if key is not None else None
     if result is None:
         result = _scan_stream(source, name, stream_index)
     if key is not None:
-        with _CACHE_LOCK:
-            _CACHE[key] = result
-            while len(_CACHE) > _CACHE_SIZE:
-                _CACHE.popitem(last=False)
+        remember_scan(key, result)
     return result
 
 
