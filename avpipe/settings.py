@@ -24,6 +24,8 @@ variable                        default meaning
 ``AVPIPE_DALI_THREADS``         CPUs    DALI CPU threads per pipeline (>= 1; default min(CPUs, 16))
 ``AVPIPE_DALI_STREAM_OUTPUTS``  on      DALI outputs ordered on the caller's CUDA stream
 ``AVPIPE_EXTRACT_WRITERS``      4       writer threads of ``avpipe extract`` per worker (>= 1)
+``AVPIPE_EXTRACT_WRITEBACK_MB`` 8       ``avpipe extract`` starts a tar shard's writeback every this many
+                                        MB written (>= 0; 0: only the fsync at the shard's end)
 ``AVPIPE_EXTRACT_PROFILE``      off     ``avpipe extract`` prints a time breakdown per stage
 ``AVPIPE_EXTRACT_LOADER_MAX_SECONDS`` 60 audio longer than this is decoded alone, not batched
 ``AVPIPE_NATIVE_STDERR``        off     let native decoders (nvImageCodec, libtiff, OpenCV) write to
@@ -52,6 +54,7 @@ __all__ = [
     "dali_stream_outputs",
     "native_stderr",
     "extract_writers",
+    "extract_writeback_mb",
     "extract_profile",
     "extract_loader_max_seconds",
     "VARIABLES",
@@ -182,6 +185,11 @@ def extract_writers() -> int:
     return env_int("AVPIPE_EXTRACT_WRITERS", 4, minimum=1)
 
 
+def extract_writeback_mb() -> int:
+    """``AVPIPE_EXTRACT_WRITEBACK_MB``: MB between a tar shard's early writeback calls (0: off)."""
+    return env_int("AVPIPE_EXTRACT_WRITEBACK_MB", 8, minimum=0)
+
+
 def extract_profile() -> bool:
     """``AVPIPE_EXTRACT_PROFILE``: ``avpipe extract`` times its stages and prints them."""
     return env_bool("AVPIPE_EXTRACT_PROFILE", False)
@@ -206,6 +214,7 @@ VARIABLES = {
     "AVPIPE_DALI_STREAM_OUTPUTS": dali_stream_outputs,
     "AVPIPE_NATIVE_STDERR": native_stderr,
     "AVPIPE_EXTRACT_WRITERS": extract_writers,
+    "AVPIPE_EXTRACT_WRITEBACK_MB": extract_writeback_mb,
     "AVPIPE_EXTRACT_PROFILE": extract_profile,
     "AVPIPE_EXTRACT_LOADER_MAX_SECONDS": extract_loader_max_seconds,
 }

@@ -774,3 +774,40 @@ def test_a_batch_failing_when_collected_is_computed_item_by_item(speech, monkeyp
                         at_collect=True)
     assert sorted(k for k, v in one.items() if isinstance(v, str)) == longest
     assert all(one[k] == "RuntimeError" for k in longest)
+
+
+@pytest.mark.parametrize("mb", ["0", "1"])
+def test_tar_shard_writeback_writes_the_same_bytes(tmp_path, monkeypatch, mb):
+    """A tar shard's early writeback (AVPIPE_EXTRACT_WRITEBACK_MB) hands each MB written to the
+    disk as it goes (in order, no gaps) and changes no byte of the shard."""
+    from avpipe.recipes.extract import _writers
+    from avpipe.recipes.extract._inputs import Item
+    from avpipe.recipes.extract._process import Result, Shard
+
+    calls = []
+    monkeypatch.setattr(_writers, "_SYNC_FILE_RANGE",
+                        lambda fd, off, n, flags: calls.append((off, n, flags)) or 0)
+    monkeypatch.setenv("AVPIPE_EXTRACT_WRITEBACK_MB", mb)
+    rng = np.random.default_rng(0)
+    results = [Result(Item(index=i, path=f"/x/{i}.flac", source=f"{i}.flac", kind="audio"),
+                      rng.standard_normal((80, 3000 + i)).astype(np.float16), {"frames": 3000 + i})
+               for i in range(8)]
+    cfg = {"name": "nemo", "audio": {}}
+    _writers.write_shard(str(tmp_path), Shard(0, 8), results, cfg, "tar", 8)
+    data = (tmp_path / "shards" / "shard-000000-000007.tar").read_bytes()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        names = tf.getnames()
+        arr = np.load(io.BytesIO(tf.extractfile("000000003.npy").read()))
+    assert names[:2] == ["000000000.npy", "000000000.json"] and len(names) == 16
+    np.testing.assert_array_equal(arr, results[3].array)
+    if mb == "0":
+        assert calls == []
+    else:
+        # from the start, no gaps, at least a MB each, all but the last MB (+ a member) handed
+        assert [c[0] for c in calls] == [sum(c[1] for c in calls[:k]) for k in range(len(calls))]
+        assert all(c[1] >= 1 << 20 and c[2] == 2 for c in calls)
+        assert len(calls) >= 2 and sum(c[1] for c in calls) > len(data) - (1 << 20) - 500_000
+    # the same bytes either way
+    monkeypatch.setenv("AVPIPE_EXTRACT_WRITEBACK_MB", "0")
+    _writers.write_shard(str(tmp_path / "plain"), Shard(0, 8), results, cfg, "tar", 8)
+    assert (tmp_path / "plain" / "shards" / "shard-000000-000007.tar").read_bytes() == data
