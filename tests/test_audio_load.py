@@ -313,6 +313,7 @@ def test_flac_reader_processes_read_files_into_their_slots(tmp_path):
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     calls = []
     readers = ProcessReaders(2)
+    procs = [p for p, _ in readers._state["procs"]]
     try:
         assert readers.map(len, ["ab", "", "xyz"] * 50, chunksize=7) == [2, 0, 3] * 50
         readers.allocate(3, 8192, register=lambda views: calls.append(len(views)))
@@ -333,7 +334,41 @@ def test_flac_reader_processes_read_files_into_their_slots(tmp_path):
         assert (readers.views[0] == 7).all() and (readers.views[2] == 7).all()
     finally:
         readers.close()
-    assert readers.pool._state != "RUN"  # the processes are gone
+    assert not readers.alive and not any(p.is_alive() for p in procs)  # the processes are gone
+
+
+def test_flac_reader_processes_replace_a_dead_or_stuck_process(tmp_path):
+    """A reader process that died or does not answer in time is replaced: its files are
+    reported (read) or the call raises multiprocessing.TimeoutError (map), and the next calls
+    are answered in full."""
+    import multiprocessing as mp
+    import signal
+    import time
+
+    from avpipe.pipeline._flac_windows import ProcessReaders
+
+    paths = []
+    for k in range(4):
+        p = tmp_path / f"f{k}.bin"
+        p.write_bytes(bytes([k + 1]) * 100)
+        paths.append(str(p))
+    offsets = np.arange(0, 500, 100, dtype=np.int64)
+    readers = ProcessReaders(2, timeout=0.5)
+    try:
+        readers.allocate(1, 1024)
+        os.kill(readers._state["procs"][1][0].pid, signal.SIGKILL)
+        readers._state["procs"][1][0].join()
+        errors = readers.read(0, offsets, paths)
+        assert set(errors) == {2, 3} and all("died" in w or "gone" in w for w in errors.values())
+        assert readers.read(0, offsets, paths) == {}
+        assert readers.views[0][:400].tolist() == [1] * 100 + [2] * 100 + [3] * 100 + [4] * 100
+        t0 = time.monotonic()
+        with pytest.raises(mp.TimeoutError, match="within 0.5 s"):
+            readers.map(time.sleep, [30, 0], chunksize=1)
+        assert time.monotonic() - t0 < 10
+        assert readers.map(len, ["ab", "c"], chunksize=1) == [2, 1]
+    finally:
+        readers.close()
 
 
 def test_gpu_loader_header_pass_reads_frames_rate_channels_and_size(tmp_path):

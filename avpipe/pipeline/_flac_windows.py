@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
+import time
 import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +51,28 @@ def _read_into_ring(ring: tuple, base: int, offsets: list, paths: list) -> dict:
     return errors
 
 
+def _serve(conn) -> None:
+    """A reader process: answer each ``(fn, args)`` request on ``conn`` with ``("ok",
+    fn(*args))`` or ``("error", text)``, until the pipe closes."""
+    while True:
+        try:
+            fn, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            out = ("ok", fn(*args))
+        except BaseException as e:  # noqa: BLE001 - answered, the process goes on
+            out = ("error", f"{type(e).__name__}: {e}")
+        try:
+            conn.send(out)
+        except (OSError, ValueError):
+            return
+
+
+def _map_chunk(fn, items):
+    return [fn(x) for x in items]
+
+
 class ProcessReaders:
     """Worker processes that read a window's files into a slot of a shared staging ring, and
     run other per-file work (:meth:`map`: the files' headers, before the ring exists).
@@ -57,19 +81,47 @@ class ProcessReaders:
     a feed's producer thread, which holds it most of the time, kept those threads waiting: the
     next window was often not read when the producer needed it. Processes read without it;
     the parent waits once per chunk. :meth:`allocate` makes the ring; it is page-locked for
-    the GPU's copy where its ``register`` succeeds (``cudaHostRegister``)."""
+    the GPU's copy where its ``register`` succeeds (``cudaHostRegister``).
+
+    Each process has a pipe of its own; a request goes to every process at once, and the
+    caller blocks in ``poll`` / ``recv`` (the GIL released) until each answers. No helper
+    thread: a ``multiprocessing.Pool`` keeps one that wakes whenever a result is waiting in its
+    pipe, and while the result thread waited for the GIL that one woke again and again (about
+    20,000 times a second in extraction, each wake-up polling every worker's exit code under the
+    GIL the feed's threads need). A process that dies or does not answer within ``timeout``
+    seconds is replaced; its part of the request is reported (:meth:`read`) or raises
+    ``multiprocessing.TimeoutError`` (:meth:`map`)."""
 
     def __init__(self, workers: int, *, timeout: float = 120.0):
         self.workers, self.timeout = max(1, int(workers)), float(timeout)
-        self.pool = context().Pool(self.workers)
+        self._ctx = context()
+        self._lock = threading.Lock()  # one request at a time (windows load from two threads)
         self.ring, self.views, self.slot_bytes = None, [], 0
-        self._state = {"pool": self.pool, "ring": None, "unregister": None}
+        self._state = {"procs": [], "ring": None, "unregister": None}
         self._finalizer = weakref.finalize(self, ProcessReaders._shutdown, self._state)
+        for _ in range(self.workers):
+            self._state["procs"].append(self._spawn())
+
+    def _spawn(self):
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=_serve, args=(child,), daemon=True,
+                                 name="avpipe-flac-reader")
+        proc.start()
+        child.close()
+        return proc, parent
+
+    @staticmethod
+    def _stop(proc, conn) -> None:
+        conn.close()
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
 
     @staticmethod
     def _shutdown(state):
-        state["pool"].terminate()
-        state["pool"].join()
+        procs, state["procs"] = state["procs"], []
+        for proc, conn in procs:
+            ProcessReaders._stop(proc, conn)
         if state["unregister"] is not None:
             try:
                 state["unregister"]()
@@ -78,12 +130,60 @@ class ProcessReaders:
         if state["ring"] is not None:
             state["ring"].close()
 
+    @property
+    def alive(self) -> bool:
+        return bool(self._state["procs"])
+
+    def _ask(self, requests: list, timeout: float) -> list:
+        """Send request ``k`` (``(fn, args)``) to process ``k``; each one's answer: ``("ok",
+        value)``, ``("error", text)`` (``fn`` raised) or ``("lost", why)`` (the process died or
+        did not answer in time: it is replaced)."""
+        with self._lock:
+            procs = self._state["procs"]
+            if len(requests) > len(procs):
+                raise RuntimeError("the reader processes are closed")
+            sent = []
+            for k, req in enumerate(requests):
+                try:
+                    procs[k][1].send(req)
+                    sent.append(True)
+                except (OSError, ValueError):
+                    sent.append(False)
+            deadline = time.monotonic() + timeout
+            out = []
+            for k in range(len(requests)):
+                why = "a reader process is gone"
+                if sent[k]:
+                    conn = procs[k][1]
+                    try:
+                        if conn.poll(max(0.0, deadline - time.monotonic())):
+                            out.append(conn.recv())
+                            continue
+                        why = f"no answer from a reader process within {timeout:g} s"
+                    except (EOFError, OSError):
+                        why = "a reader process died"
+                self._stop(*procs[k])
+                procs[k] = self._spawn()
+                out.append(("lost", why))
+            return out
+
     def map(self, fn, items: list, *, chunksize: int = 64, timeout: float | None = None) -> list:
-        """``[fn(item) for item in items]`` in the processes (``fn`` importable by name);
-        ``multiprocessing.TimeoutError`` past ``timeout`` seconds (a worker that died: its
-        task is never answered)."""
-        job = self.pool.map_async(fn, items, chunksize=max(1, int(chunksize)))
-        return job.get(self.timeout if timeout is None else float(timeout))
+        """``[fn(item) for item in items]`` in the processes (``fn`` importable by name), in
+        contiguous parts of at least ``chunksize`` items; ``multiprocessing.TimeoutError`` when
+        a process died or did not answer within ``timeout`` seconds."""
+        items = list(items)
+        if not items:
+            return []
+        per = max(int(chunksize), -(-len(items) // self.workers))
+        reqs = [(_map_chunk, (fn, items[a : a + per])) for a in range(0, len(items), per)]
+        out = []
+        for kind, value in self._ask(reqs, self.timeout if timeout is None else float(timeout)):
+            if kind == "lost":
+                raise mp.TimeoutError(value)
+            if kind == "error":
+                raise RuntimeError(f"a reader process failed: {value}")
+            out.extend(value)
+        return out
 
     def allocate(self, slots: int, slot_bytes: int, *, register=None) -> None:
         """The staging ring: ``slots`` slots of ``slot_bytes``; ``register(views)`` may
@@ -105,17 +205,13 @@ class ProcessReaders:
         step = max(1, -(-n // self.workers))
         base = slot * self.slot_bytes
         ring = (self.ring.path, self.ring.nbytes)
-        jobs = [(a, self.pool.apply_async(_read_into_ring,
-                                          (ring, base, offs[a : min(a + step, n) + 1],
-                                           paths[a : min(a + step, n)])))
-                for a in range(0, n, step)]  # fmt: skip
+        starts = list(range(0, n, step))
+        reqs = [(_read_into_ring, (ring, base, offs[a : min(a + step, n) + 1],
+                                   paths[a : min(a + step, n)])) for a in starts]
         errors = {}
-        for a, job in jobs:
-            try:
-                got = job.get(self.timeout)
-            except mp.TimeoutError:
-                got = {i: f"not read within {self.timeout:g} s"
-                       for i in range(min(step, n - a))}
+        for a, (kind, got) in zip(starts, self._ask(reqs, self.timeout)):
+            if kind != "ok":
+                got = {i: got for i in range(min(step, n - a))}
             errors.update({a + i: why for i, why in got.items()})
         return errors
 
