@@ -8,7 +8,14 @@ from __future__ import annotations
 import inspect
 
 from .. import settings
-from ..decoding.image._dali import build_with_fallback, mixed_options, num_threads
+from ..decoding.image._dali import (
+    build_tracked,
+    build_with_fallback,
+    mixed_options,
+    native_call,
+    num_threads,
+    release,
+)
 
 __all__ = ["StreamDecoder"]
 
@@ -32,7 +39,15 @@ class StreamDecoder:
     would only ask on the caller's next call. ``stream_outputs``: on a GPU, ``run(stream)``
     binds the outputs to that CUDA stream (DALI's ``outputs(cuda_stream=...)``): the stream,
     not the host, waits for the decode, and DALI frees the buffers in that stream's order.
+
+    Its DALI threads: building, running and :meth:`close` (which shuts the pipeline down and
+    joins them, on the calling thread) go through ``_dali.native_call``, so the interpreter's
+    exit waits for them, and a decoder still open at exit is shut down by ``_dali``'s exit hook
+    (the module docstring of :mod:`avpipe.decoding.image._dali`). Close it when done: until then
+    it holds its threads and buffers.
     """
+
+    pipe = None
 
     def __init__(self, load, n_batches: int, device_index, capacity: int, fancy: bool,
                  prefetch: int = 2, files: list | None = None, square: bool = False,
@@ -83,11 +98,10 @@ class StreamDecoder:
                     return img, anchor, hwc
                 return fn.decoders.image(enc, device=dev, output_type=types.RGB, **extra)
 
-            pipe = _pipe()
-            pipe.build()
-            return pipe
+            return build_tracked(_pipe())
 
-        self.pipe = build_with_fallback(build, mixed_options(fancy) if mixed else {})
+        with native_call():
+            self.pipe = build_with_fallback(build, mixed_options(fancy) if mixed else {})
 
         self.n_batches = n_batches
         self.done = 0
@@ -102,23 +116,36 @@ class StreamDecoder:
         ``stream_outputs``): bind the outputs to it instead of waiting on the host."""
         if self.done >= self.n_batches:
             raise StopIteration
-        if not self.dynamic:
-            outs = self.pipe.run()
+        with native_call():
+            pipe = self.pipe
+            if pipe is None:
+                raise RuntimeError("the stream decoder is closed")
+            if not self.dynamic:
+                outs = pipe.run()
+                self.done += 1
+                return outs
+            if not self.started:
+                self.started = True
+                pipe.schedule_run()  # the first call queues `prefetch` iterations
+            outs = pipe.outputs(stream) if stream is not None else pipe.outputs()
             self.done += 1
+            # queue the next iteration now, so DALI works on it while the caller uses this batch
+            # (an error raised here makes the caller decode this batch again on its slow path)
+            if self.done + self.prefetch <= self.n_batches:
+                pipe.schedule_run()
             return outs
-        if not self.started:
-            self.started = True
-            self.pipe.schedule_run()  # the first call queues `prefetch` iterations
-        outs = self.pipe.outputs(stream) if stream is not None else self.pipe.outputs()
-        self.done += 1
-        # queue the next iteration now, so DALI works on it while the caller uses this batch (an
-        # error raised here makes the caller decode this batch again on its slow path)
-        if self.done + self.prefetch <= self.n_batches:
-            self.pipe.schedule_run()
-        return outs
 
     def close(self):
-        self.pipe = None
+        """Shut the pipeline down now: its threads are joined here, on this thread (not later,
+        wherever and whenever the last reference goes)."""
+        pipe, self.pipe = self.pipe, None
+        release(pipe)
+
+    def __del__(self):  # one never closed (a dropped generator): its threads go with it
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
 
 def _outputs_take_stream(pipe) -> bool:

@@ -182,6 +182,8 @@ def _fast_run(chunks, dev, batch_size, exact_jpeg, prefetch, square, margin):
                     prefetch, files=paths if all(p is not None for p in paths) else None,
                     square=square, margin=margin,
                 )  # fmt: skip
+        except _dali.ShuttingDown:  # the interpreter is exiting: no slow path either
+            raise
         except Exception:  # noqa: BLE001 - no fast path (items DALI cannot start on)
             yield None
             return
@@ -206,6 +208,8 @@ def _fast_run(chunks, dev, batch_size, exact_jpeg, prefetch, square, margin):
                         outs = dec.run(stream)
                 except StopIteration:
                     break
+                except _dali.ShuttingDown:
+                    raise
                 except Exception:  # noqa: BLE001 - a bad image: the caller redoes this chunk
                     yield None
                     return
@@ -222,7 +226,8 @@ def _fast_run(chunks, dev, batch_size, exact_jpeg, prefetch, square, margin):
                 yield ImageBatch(images=items, errors=(), device=str(dev), stacked=dense,
                                  windows=windows)  # fmt: skip
                 done += 1
-        finally:  # the pipeline's threads and buffers go when the run ends or is dropped
+        finally:  # the pipeline's threads and buffers go when the run ends or is dropped (shut
+            # down here, on this thread; at interpreter exit by _dali's exit hook instead)
             dec.close()
 
 

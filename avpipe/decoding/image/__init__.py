@@ -270,20 +270,24 @@ def _run(dev: Device, encoded: list, rois, fancy: bool = True):
     use_roi = rois is not None
     cap = _dali.capacity_for(len(encoded), MAX_BATCH)
     dec = _dali.get(None, cap, use_roi, fancy)
-    try:
-        with native_stderr() as log:
-            try:
-                out = dec.run(encoded, rois)
-            except BaseException:
-                _dali.discard(dec)
-                raise
-    except Exception as e:
+    # the copy out of DALI's buffers too: the exit hook shuts the pipeline down only after it
+    with _dali.native_call():
         try:
-            e.native_log = log[0] if log else ""
-        except AttributeError:
-            pass
-        raise
-    return _dali.to_host_list(out), None
+            with native_stderr() as log:
+                try:
+                    out = dec.run(encoded, rois)
+                except _dali.ShuttingDown:  # the interpreter is exiting; the pipeline is fine
+                    raise
+                except BaseException:
+                    _dali.discard(dec)
+                    raise
+        except Exception as e:
+            try:
+                e.native_log = log[0] if log else ""
+            except AttributeError:
+                pass
+            raise
+        return _dali.to_host_list(out), None
 
 
 class _NotDecoded(RuntimeError):
@@ -319,6 +323,8 @@ def _gpu_chunk(dev: Device, chunk, datas, srcs, rois, fancy, images, errors):
                 failed[j] = e
         try:
             outs = dec.decode(parsed, cuda_stream) if parsed else []
+        except _dali.ShuttingDown:  # the interpreter is exiting: not the images' fault
+            raise
         except Exception:  # noqa: BLE001 - the whole call refused: each alone below
             outs = [None] * len(parsed)
     got = {}
@@ -333,6 +339,8 @@ def _gpu_chunk(dev: Device, chunk, datas, srcs, rois, fancy, images, errors):
                 try:
                     img = dec.decode([parsed[where.index(j)]], cuda_stream)[0]
                     err = None if img is not None else _NotDecoded("nvImageCodec: not decoded")
+                except _dali.ShuttingDown:
+                    raise
                 except Exception as e:  # noqa: BLE001
                     img, err = None, e
             if img is not None:  # decoded alone after all
@@ -429,6 +437,8 @@ def decode_image_batch(
                 items, _ = _run(dev, enc, crs, exact_jpeg)
                 for i, a in zip(chunk, items):
                     images[i] = a
+            except _dali.ShuttingDown:  # the interpreter is exiting: not the images' fault
+                raise
             except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError
                 if len(chunk) == 1:  # the culprit is known: no second decode of bad data
                     errors.append((chunk[0], _classify(srcs[chunk[0]].name, datas[chunk[0]], e)))
@@ -440,6 +450,8 @@ def decode_image_batch(
                             dev, [enc[j]], None if crs is None else [crs[j]], exact_jpeg
                         )
                         images[i] = items[0]
+                    except _dali.ShuttingDown:
+                        raise
                     except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError
                         errors.append((i, _classify(srcs[i].name, datas[i], e)))
     errors.sort(key=lambda t: t[0])

@@ -5,14 +5,29 @@ from the option helpers here.
 
 A DALI operator error invalidates its pipeline, so a failed pipeline is dropped from the cache
 and the next call builds a fresh one (a CPU build costs milliseconds, a "mixed" one ~2 s).
+
+Interpreter exit: DALI pipelines (and nvImageCodec decoders) own C++ threads, and building,
+running or destroying one releases the GIL while it waits on them. The feeds call them from
+daemon threads (a feed's producer, which even runs ahead into the next epoch); had such a call
+still been under way when the interpreter began finalizing, re-taking the GIL would end that
+thread with ``pthread_exit`` inside DALI's C++ (``PyPipeline::~PyPipeline`` is ``noexcept``):
+``std::terminate``, "terminate called without an active exception", the process aborted. So
+every such call goes through :func:`native_call`, every pipeline avpipe builds is registered
+(:func:`build_tracked`) and shut down by :func:`release` (its threads joined there, inside
+the gate), and an ``atexit`` hook (:func:`_at_exit`, run before finalization and before DALI's
+own hook) closes the gate, waits for the calls under way and shuts the remaining pipelines down
+on the exiting thread. After it, a native call raises :class:`ShuttingDown` instead of starting.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import operator
 import os
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -23,6 +38,137 @@ log = logging.getLogger("avpipe")
 
 _CACHE: dict = {}
 _CACHE_LOCK = threading.Lock()
+
+
+# --- native calls and interpreter exit (the module docstring) -----------------------------------
+
+
+class ShuttingDown(RuntimeError):
+    """The interpreter is exiting: avpipe's DALI pipelines and decoders are shut down."""
+
+
+EXIT_WAIT_S = 30.0  # how long the exit hook waits for native calls under way in other threads
+
+_GATE = threading.Condition()
+_STATE = {"active": 0, "closed": False, "hooked": False}
+_LIVE: dict = {}  # id(pipeline) -> pipeline: built by avpipe and not yet released (strong refs)
+# pipelines never to be touched again: a forked child's copies of its parent's (DALI's own exit
+# hook treats them as before), and at exit those left while a call was still under way
+_LEFT: list = []
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads: no call is under way in it (the gate's
+    lock may have been held by one of them), and the parent's pipelines are not its to shut
+    down (DALI's own exit hook treats them as before)."""
+    global _GATE
+    _GATE = threading.Condition()
+    _STATE["active"] = 0
+    _LEFT.extend(_LIVE.values())
+    _LIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _hook() -> None:
+    """(Re-)register the exit hook last, so that it runs first (atexit is LIFO): before DALI's
+    own hook, which nvidia.dali.pipeline registers when it is imported. Under ``_GATE``."""
+    if _STATE["hooked"]:
+        atexit.unregister(_at_exit)
+    atexit.register(_at_exit)
+    _STATE["hooked"] = True
+
+
+@contextlib.contextmanager
+def native_call():
+    """Around each call into DALI / nvImageCodec that may release the GIL (build, run, shut
+    down): the exit hook waits for the calls under way; after it, raises ShuttingDown."""
+    with _GATE:
+        if _STATE["closed"]:
+            raise ShuttingDown("avpipe: the interpreter is exiting; image decoding has stopped")
+        if not _STATE["hooked"]:
+            _hook()
+        _STATE["active"] += 1
+    try:
+        yield
+    finally:
+        with _GATE:
+            _STATE["active"] -= 1
+            if not _STATE["active"]:
+                _GATE.notify_all()
+
+
+def _shutdown_pipe(pipe) -> None:
+    """Stop a DALI pipeline's threads and free its backend now, on this thread (DALI's
+    ``Pipeline._shutdown``; the Python object left behind owns nothing native)."""
+    shut = getattr(pipe, "_shutdown", None)
+    if shut is not None:
+        shut()
+
+
+def build_tracked(pipe):
+    """``pipe.build()`` (inside :func:`native_call`), then registered for :func:`release` and
+    the exit hook. A pipeline that fails to build is shut down here, before the error leaves."""
+    with native_call():
+        try:
+            pipe.build()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                _shutdown_pipe(pipe)
+            raise
+        with _GATE:
+            _LIVE[id(pipe)] = pipe
+            _hook()  # DALI is imported by now: keep this hook ahead of DALI's
+    return pipe
+
+
+def release(pipe) -> None:
+    """Shut a registered pipeline down now (its threads joined on this thread, inside the gate:
+    the exit hook waits for it). Once the exit hook has run: nothing (it did it)."""
+    if pipe is None:
+        return
+    with _GATE:
+        if _STATE["closed"] or _LIVE.pop(id(pipe), None) is None:
+            return
+        _STATE["active"] += 1
+    try:
+        _shutdown_pipe(pipe)
+    finally:
+        with _GATE:
+            _STATE["active"] -= 1
+            if not _STATE["active"]:
+                _GATE.notify_all()
+
+
+def _at_exit(wait_s: float | None = None) -> None:
+    """atexit, before the interpreter finalizes: no new native call starts, the ones under way
+    (a feed's producer thread decoding ahead) finish, and every pipeline still registered is
+    shut down here, on the exiting thread, where joining DALI's threads is safe."""
+    wait_s = EXIT_WAIT_S if wait_s is None else wait_s
+    with _GATE:
+        _STATE["closed"] = True
+        end = time.monotonic() + wait_s
+        while _STATE["active"]:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            _GATE.wait(left)
+        busy = _STATE["active"]
+        pipes = list(_LIVE.values())
+        _LIVE.clear()
+        if busy:  # a call still under way may use any of them: leave them all alone (and alive)
+            _LEFT.extend(pipes)
+    if busy:
+        log.warning("avpipe: %d DALI call(s) still running at exit; pipelines left as they are",
+                    busy)
+        return
+    for pipe in pipes:
+        try:
+            _shutdown_pipe(pipe)
+        except Exception:  # noqa: BLE001 - exiting: nothing to report to
+            pass
 
 
 def num_threads() -> int:
@@ -60,6 +206,8 @@ def build_with_fallback(build, opts: dict):
     for o, fewer in zip(tries, tries[1:]):
         try:
             return build(o)
+        except ShuttingDown:
+            raise
         except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError/TypeError
             dropped = tuple(sorted(set(o) - set(fewer)))
             if dropped not in _DROPPED:
@@ -136,13 +284,11 @@ class DaliDecoder:
                 )
             return fn.decoders.image(enc, device=dev, output_type=types.RGB, **extra)
 
-        pipe = _pipe()
-        pipe.build()
-        return pipe
+        return build_tracked(_pipe())
 
     def run(self, encoded: list, rois: list | None = None):
         """Decode ``encoded`` (list of uint8 arrays, len <= capacity); returns DALI's TensorList."""
-        with self.lock:
+        with native_call(), self.lock:
             if self.broken:
                 raise RuntimeError("pipeline is no longer valid")
             try:
@@ -173,20 +319,22 @@ def get(device_index: int | None, capacity: int, roi: bool, fancy: bool = True) 
         dec = _CACHE.get(key)
         if dec is not None and not dec.broken:
             return dec
-    dec = DaliDecoder(device_index, capacity, roi, fancy)
+    with native_call():  # the build: DALI's imports and set-up (ShuttingDown once exiting)
+        dec = DaliDecoder(device_index, capacity, roi, fancy)
     with _CACHE_LOCK:
         _CACHE[dec.key] = dec
     return dec
 
 
 def discard(dec: DaliDecoder) -> None:
+    """Drop a failed decoder from the cache and shut its pipeline down now (its threads)."""
     with _CACHE_LOCK:
         if _CACHE.get(dec.key) is dec:
             del _CACHE[dec.key]
-    try:
-        del dec.pipe
-    except AttributeError:
-        pass
+    with dec.lock:
+        pipe = getattr(dec, "pipe", None)
+        dec.pipe = None
+    release(pipe)
 
 
 def to_host_list(out) -> list:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 
-from ._dali import num_threads
+from ._dali import native_call, num_threads
 
 _CACHE: dict = {}
 _LOCK = threading.Lock()
@@ -55,17 +55,22 @@ class Decoder:
         return self.nv.CodeStream(data)
 
     def decode(self, streams: list, cuda_stream: int) -> list:
-        """Decode the parsed streams on ``cuda_stream``: one Image or None (failed) per stream."""
-        with self.lock:
+        """Decode the parsed streams on ``cuda_stream``: one Image or None (failed) per stream.
+        Inside ``_dali.native_call`` (its CPU threads; interpreter exit waits for it)."""
+        with native_call(), self.lock:
             return list(self.dec.decode(streams, params=self.params, cuda_stream=cuda_stream))
 
 
 def get(device_index: int, fancy: bool, hw_load: float) -> Decoder:
+    """The cached decoder. The cache keeps each one to the end: it is never the last reference
+    that a feed's daemon thread drops (its threads are joined at module teardown, on the
+    exiting thread)."""
     key = (device_index, bool(fancy), float(hw_load))
     with _LOCK:
         dec = _CACHE.get(key)
         if dec is None:
-            dec = _CACHE[key] = Decoder(device_index, fancy, hw_load)
+            with native_call():
+                dec = _CACHE[key] = Decoder(device_index, fancy, hw_load)
         return dec
 
 
