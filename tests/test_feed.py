@@ -372,6 +372,25 @@ def test_dropping_the_iterator_mid_epoch_stops_the_thread():
     assert len(epoch_ids(f)) == len(f)
 
 
+def test_producers_still_running_are_stopped_and_joined_by_the_exit_hook():
+    """At interpreter exit (atexit, before finalization) every producer thread still running
+    is stopped and joined: a daemon thread inside a native call while the interpreter
+    finalizes aborts the process. Here: one mid-epoch, one run ahead into its next epoch."""
+
+    from avpipe.pipeline import feed as feed_mod
+
+    f = make(400, batch_size=2)
+    it = iter(f)
+    next(it)
+    g = make(6, batch_size=2)
+    list(g)  # its producer runs ahead into the next epoch, parked
+    threads = _feed_threads()
+    assert len(threads) == 2 and feed_mod._EXIT_HOOK["registered"]
+    feed_mod._stop_producers(wait_s=10)
+    assert not any(t.is_alive() for t in threads)
+    del it
+
+
 def test_prefetch_zero_and_stats():
     f = make(40, prefetch=0)
     assert len(epoch_ids(f)) == len(f)

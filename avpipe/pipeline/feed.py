@@ -62,6 +62,7 @@ does ``feed.close()``, and the producer drops them itself when no ``iter`` takes
 
 from __future__ import annotations
 
+import atexit
 import collections
 import concurrent.futures as cf
 import contextlib
@@ -831,6 +832,7 @@ class _EpochIterator:
                 target=_produce, args=(weakref.proxy(feed), pos, self._q, self._shared),
                 name="avpipe-feed-producer", daemon=True)
             self._shared.q, self._shared.thread = self._q, self._thread
+            _track_producer(self._shared)
             self._thread.start()
         self._finalizer = weakref.finalize(self, _stop, self._shared, self._q, self._thread)
 
@@ -970,7 +972,35 @@ def _consumer_stream(framework, dev):
     return cupy.cuda.get_current_stream()
 
 
-def _stop(shared, q, thread):
+# Producer threads are daemons (a feed left unfinished must not keep the process alive), but a
+# daemon thread inside a native call (a decoder, a CUDA library, DALI) when the interpreter
+# finalizes is ended by pthread_exit as it takes the GIL back, and a C++ frame it unwinds
+# through calls std::terminate: the process aborts at exit ("terminate called without an active
+# exception", seen on the CPU with the image and the audio feeds). So the producers still
+# running are stopped and joined by an atexit hook, before the interpreter finalizes.
+_PRODUCERS: weakref.WeakSet = weakref.WeakSet()
+_EXIT_HOOK = {"registered": False}
+EXIT_WAIT_S = 30.0  # at most this long, over all producers, at interpreter exit
+
+
+def _track_producer(shared) -> None:
+    _PRODUCERS.add(shared)
+    if not _EXIT_HOOK["registered"]:
+        _EXIT_HOOK["registered"] = True
+        atexit.register(_stop_producers)
+
+
+def _stop_producers(wait_s: float | None = None) -> None:
+    """Stop every producer thread still running and join it (the atexit hook above)."""
+    deadline = time.monotonic() + (EXIT_WAIT_S if wait_s is None else wait_s)
+    live = list(_PRODUCERS)
+    for shared in live:
+        shared.stop.set()
+    for shared in live:
+        _stop(shared, shared.q, shared.thread, timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _stop(shared, q, thread, timeout=30.0):
     shared.stop.set()
     if q is not None:
         try:
@@ -979,7 +1009,7 @@ def _stop(shared, q, thread):
         except queue.Empty:
             pass
     if thread is not None and thread is not threading.current_thread():
-        thread.join(timeout=30)
+        thread.join(timeout=timeout)
 
 
 # ---------------------------------------------------------------------------------------------
