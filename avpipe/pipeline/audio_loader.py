@@ -347,10 +347,14 @@ class AudioBatchLoader:
             max_samples = int(max(self.frames.max(), 1))
         self.max_samples = int(max_samples)
         sizes = {p: g[3] for p, g in zip(self.paths, got)}  # 0: reported when its batch is read
-        self._gpu = GpuFlacBatches(
-            sizes, max_samples=self.max_samples, prefetch=min(self.prefetch, 2),
-            window=settings.flac_window(), readers=readers if readers is not None else "threads",
-        )
+        # the first CUDA call of this set-up comes after the header pass: a caller that starts
+        # the device's context in another thread meanwhile (extraction's warm-up) overlaps them
+        with self.device.activate():
+            self._gpu = GpuFlacBatches(
+                sizes, max_samples=self.max_samples, prefetch=min(self.prefetch, 2),
+                window=settings.flac_window(),
+                readers=readers if readers is not None else "threads",
+            )
         self._pool = None
         self._mm = None
         self._host = None

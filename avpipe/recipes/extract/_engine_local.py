@@ -81,12 +81,8 @@ def run_worker(
     """Compute and write ``shards`` on ``device``; ``report((files, errors, audio_s, frames))``
     every batch of inputs and at the end of each shard."""
     t0 = time.perf_counter()
-    with timed("start: device"):
+    with timed("start: device"):  # CUDA's driver; its context comes with the decoders' set-up
         dev = resolve_device(device)
-        if dev.is_cuda:
-            import cupy
-
-            cupy.cuda.Device(dev.index).use()
     q: queue.Queue = queue.Queue(maxsize=WRITE_QUEUE)
     failure: list[BaseException] = []
     first_written: list[float] = []
@@ -111,8 +107,14 @@ def run_worker(
     # decoders first: the audio loader forks its workers, better before any thread starts
     tally = _Tally(report, every=int(cfg.get("batch_size", 64)))
     with timed("start: decoders set up"):
+        # the audio decoders' warm-up threads create the device's context while the loader
+        # reads the files' headers (in processes); this thread uses the device after both
         results = iter_shards(shards, items, cfg, dev, workers=workers, on_result=tally,
                               blocked=blocked)
+        if dev.is_cuda:
+            import cupy
+
+            cupy.cuda.Device(dev.index).use()
     threads = [threading.Thread(target=writer, name=f"avpipe-extract-writer-{i}", daemon=True)
                for i in range(settings.extract_writers())]
     for t in threads:
