@@ -18,10 +18,11 @@
 #   bash benchmarks/gpu_session.sh feeds|augment|extract   # feeds / augmentation / extraction
 #                                             # vs DALI (+ the RNN-T anchor)      -> $OUT/bench_*
 #   EXTRACT_ARGS="--dtype float16 --only avpipe_nemo,dali_nemo" bash ... extract  # options
-#   bash benchmarks/gpu_session.sh targets    # the open issues' targets in one call (~4 min after
+#   bash benchmarks/gpu_session.sh targets    # the open issues' targets in one call (~5 min after
 #                                             # the data): every feed contender + the RNN-T anchor,
 #                                             # augmentation, float16 extraction on 16,384 and
-#                                             # 65,536 files, each against DALI  -> $OUT/...
+#                                             # 65,536 files and frames at 1 fps, each against
+#                                             # DALI                              -> $OUT/...
 # Each step fits one device call (10 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -78,7 +79,7 @@ for step in "$@"; do
       anchors_only dali_rnnt_feed_aps
       python3 benchmarks/bench_augment.py --out "$OUT" --budget 3 2>&1 | tail -8
       python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT/x32" --profile \
-        --dtype float16 --only avpipe_nemo,dali_nemo 2>&1 | tail -3
+        --dtype float16 --only avpipe_nemo,dali_nemo,avpipe_frames,dali_frames 2>&1 | tail -5
       python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT/x128" --repeat 128 \
         --dtype float16 --only avpipe_nemo,dali_nemo 2>&1 | tail -3 ;;
     anchors) data; python3 "$ANCHORS" --data /tmp/bench --out "$OUT/anchors" --budget "$BUDGET" 2>&1 | tail -25 ;;
