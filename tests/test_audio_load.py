@@ -313,7 +313,7 @@ def test_flac_reader_processes_read_files_into_their_slots(tmp_path):
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     calls = []
     readers = ProcessReaders(2)
-    procs = [p for p, _ in readers._state["procs"]]
+    procs = list(readers._state["procs"])
     try:
         assert readers.map(len, ["ab", "", "xyz"] * 50, chunksize=7) == [2, 0, 3] * 50
         readers.allocate(3, 8192, register=lambda views: calls.append(len(views)))
@@ -334,7 +334,7 @@ def test_flac_reader_processes_read_files_into_their_slots(tmp_path):
         assert (readers.views[0] == 7).all() and (readers.views[2] == 7).all()
     finally:
         readers.close()
-    assert not readers.alive and not any(p.is_alive() for p in procs)  # the processes are gone
+    assert not readers.alive and all(w.proc.poll() is not None for w in procs)  # all gone
 
 
 def test_flac_reader_processes_replace_a_dead_or_stuck_process(tmp_path):
@@ -356,8 +356,8 @@ def test_flac_reader_processes_replace_a_dead_or_stuck_process(tmp_path):
     readers = ProcessReaders(2, timeout=0.5)
     try:
         readers.allocate(1, 1024)
-        os.kill(readers._state["procs"][1][0].pid, signal.SIGKILL)
-        readers._state["procs"][1][0].join()
+        os.kill(readers._state["procs"][1].pid, signal.SIGKILL)
+        readers._state["procs"][1].proc.wait()
         errors = readers.read(0, offsets, paths)
         assert set(errors) == {2, 3} and all("died" in w or "gone" in w for w in errors.values())
         assert readers.read(0, offsets, paths) == {}
@@ -367,8 +367,42 @@ def test_flac_reader_processes_replace_a_dead_or_stuck_process(tmp_path):
             readers.map(time.sleep, [30, 0], chunksize=1)
         assert time.monotonic() - t0 < 10
         assert readers.map(len, ["ab", "c"], chunksize=1) == [2, 1]
+        # a request that fails on this side (its second part cannot be pickled) leaves no
+        # answer behind for the next one; an error in the process comes back as itself
+        import pickle
+
+        with pytest.raises((pickle.PicklingError, AttributeError)):
+            readers.map(len, ["x"] * 4 + [lambda: 0] * 4, chunksize=4)
+        assert readers.map(len, ["ab", "c"], chunksize=1) == [2, 1]
+        with pytest.raises(TypeError):
+            readers.map(len, [1, 2], chunksize=1)
+        assert readers.map(len, ["abc"], chunksize=1) == [3]
     finally:
         readers.close()
+
+
+def test_reader_processes_do_not_run_an_unguarded_script_again(tmp_path):
+    """The reader processes are fresh interpreters that never import the caller's __main__: a
+    script without an ``if __name__ == "__main__":`` guard runs once (with multiprocessing's
+    fork server it ran again in every reader)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    marks = tmp_path / "marks"
+    script.write_text(
+        "import os\n"
+        f"open({str(marks)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        "from avpipe.pipeline._flac_windows import ProcessReaders\n"
+        "r = ProcessReaders(3)\n"
+        "assert r.map(len, ['ab', 'c', ''], chunksize=1) == [2, 1, 0]\n"
+        "r.close()\n"
+        "print('ok')\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, PYTHONPATH=root))
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert len(marks.read_text().split()) == 1
 
 
 def test_gpu_loader_header_pass_reads_frames_rate_channels_and_size(tmp_path):

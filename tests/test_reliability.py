@@ -233,6 +233,47 @@ def test_loader_timeout_is_a_decode_timeout_error(tmp_path):
     assert ei.value.source == str(stuck)
 
 
+def test_loader_worker_that_dies_fails_its_chunk_and_the_loader_goes_on(tmp_path):
+    """A decoding worker process that dies (a native crash; here killed while it reads a file
+    that never returns) fails the files of its chunk at once, not at the timeout, and later
+    batches decode on a new worker."""
+    import signal
+    import threading
+    import time
+
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
+
+    good = []
+    for i in range(3):
+        p = tmp_path / f"g{i}.flac"
+        sf.write(p, np.full(800 + i, 0.25, np.float32), SR, subtype="PCM_16")
+        good.append(str(p))
+    stuck = tmp_path / "stuck.flac"
+    os.mkfifo(stuck)
+    paths = [str(stuck), good[0], good[1], good[2]]
+    with AudioBatchLoader(paths, batch_size=2, num_workers=1, device="cpu", max_samples=1000,
+                          timeout=60.0, prefetch=1) as loader:  # fmt: skip
+        def kill_when_busy():
+            for _ in range(500):
+                ws = loader._pool._state["workers"]
+                if ws:
+                    time.sleep(0.3)  # inside the read of the fifo
+                    os.kill(ws[0].pid, signal.SIGKILL)
+                    return
+                time.sleep(0.01)
+
+        t = threading.Thread(target=kill_when_busy)
+        t.start()
+        t0 = time.monotonic()
+        batches = list(loader.batches())
+        t.join()
+    assert time.monotonic() - t0 < 30  # not the 60 s timeout
+    (_, l0, _, e0), (_, l1, _, e1) = batches
+    assert [i for i, _ in e0] == [0] and "ended" in str(e0[0][1]) and l0[1] == 800
+    assert isinstance(e0[0][1], CorruptDataError) and e0[0][1].source == str(stuck)
+    assert not e1 and l1.tolist() == [801, 802]
+
+
 def test_loader_reports_absurd_headers_per_item(tmp_path):
     from avpipe.pipeline.audio_loader import AudioBatchLoader
 

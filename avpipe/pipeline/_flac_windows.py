@@ -18,7 +18,7 @@ import numpy as np
 
 from ..decoding.audio import _flac_cuda as _flac
 from ..device import pinned_size
-from ._shared_memory import Ring, can_start_processes, context, map_ring
+from ._shared_memory import Ring, Worker, can_start_processes, map_ring
 
 __all__ = ["GpuFlacBatches"]
 
@@ -51,24 +51,6 @@ def _read_into_ring(ring: tuple, base: int, offsets: list, paths: list) -> dict:
     return errors
 
 
-def _serve(conn) -> None:
-    """A reader process: answer each ``(fn, args)`` request on ``conn`` with ``("ok",
-    fn(*args))`` or ``("error", text)``, until the pipe closes."""
-    while True:
-        try:
-            fn, args = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            out = ("ok", fn(*args))
-        except BaseException as e:  # noqa: BLE001 - answered, the process goes on
-            out = ("error", f"{type(e).__name__}: {e}")
-        try:
-            conn.send(out)
-        except (OSError, ValueError):
-            return
-
-
 def _map_chunk(fn, items):
     return [fn(x) for x in items]
 
@@ -83,45 +65,36 @@ class ProcessReaders:
     the parent waits once per chunk. :meth:`allocate` makes the ring; it is page-locked for
     the GPU's copy where its ``register`` succeeds (``cudaHostRegister``).
 
-    Each process has a pipe of its own; a request goes to every process at once, and the
-    caller blocks in ``poll`` / ``recv`` (the GIL released) until each answers. No helper
-    thread: a ``multiprocessing.Pool`` keeps one that wakes whenever a result is waiting in its
-    pipe, and while the result thread waited for the GIL that one woke again and again (about
-    20,000 times a second in extraction, each wake-up polling every worker's exit code under the
-    GIL the feed's threads need). A process that dies or does not answer within ``timeout``
-    seconds is replaced; its part of the request is reported (:meth:`read`) or raises
-    ``multiprocessing.TimeoutError`` (:meth:`map`)."""
+    Each process is a :class:`~._shared_memory.Worker` (a fresh interpreter with a pipe of
+    its own, which never runs the caller's ``__main__`` again); a request goes to every process
+    at once, and the caller blocks in ``poll`` / ``recv`` (the GIL released) until each
+    answers. No helper thread: a ``multiprocessing.Pool`` keeps one that wakes whenever a
+    result is waiting in its pipe, and while the result thread waited for the GIL that one woke
+    again and again (about 20,000 times a second in extraction, each wake-up polling every
+    worker's exit code under the GIL the feed's threads need). A process that dies or does
+    not answer within ``timeout`` seconds is replaced; its part of the request is reported
+    (:meth:`read`) or raises ``multiprocessing.TimeoutError`` (:meth:`map`). A request that
+    fails on this side (a call that cannot be pickled, an interrupt) replaces every process
+    whose answer it did not take, so no later request reads an earlier one's answer."""
 
     def __init__(self, workers: int, *, timeout: float = 120.0):
         self.workers, self.timeout = max(1, int(workers)), float(timeout)
-        self._ctx = context()
         self._lock = threading.Lock()  # one request at a time (windows load from two threads)
         self.ring, self.views, self.slot_bytes = None, [], 0
         self._state = {"procs": [], "ring": None, "unregister": None}
         self._finalizer = weakref.finalize(self, ProcessReaders._shutdown, self._state)
-        for _ in range(self.workers):
-            self._state["procs"].append(self._spawn())
-
-    def _spawn(self):
-        parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=_serve, args=(child,), daemon=True,
-                                 name="avpipe-flac-reader")
-        proc.start()
-        child.close()
-        return proc, parent
-
-    @staticmethod
-    def _stop(proc, conn) -> None:
-        conn.close()
-        if proc.is_alive():
-            proc.kill()
-        proc.join()
+        try:
+            for _ in range(self.workers):
+                self._state["procs"].append(Worker())
+        except BaseException:
+            self._finalizer()
+            raise
 
     @staticmethod
     def _shutdown(state):
         procs, state["procs"] = state["procs"], []
-        for proc, conn in procs:
-            ProcessReaders._stop(proc, conn)
+        for w in procs:
+            w.stop()
         if state["unregister"] is not None:
             try:
                 state["unregister"]()
@@ -134,38 +107,53 @@ class ProcessReaders:
     def alive(self) -> bool:
         return bool(self._state["procs"])
 
+    def _renew(self, procs: list, k: int) -> None:
+        """Replace process ``k`` (dead, stuck, or owing an answer), unless the readers were
+        closed meanwhile (``procs`` is no longer theirs)."""
+        procs[k].stop()
+        if self._state["procs"] is procs:
+            procs[k] = Worker()
+
     def _ask(self, requests: list, timeout: float) -> list:
         """Send request ``k`` (``(fn, args)``) to process ``k``; each one's answer: ``("ok",
-        value)``, ``("error", text)`` (``fn`` raised) or ``("lost", why)`` (the process died or
-        did not answer in time: it is replaced)."""
+        value)``, ``("error", exception)`` (``fn`` raised) or ``("lost", why)`` (the process
+        died or did not answer in time: it is replaced)."""
         with self._lock:
             procs = self._state["procs"]
             if len(requests) > len(procs):
                 raise RuntimeError("the reader processes are closed")
-            sent = []
-            for k, req in enumerate(requests):
-                try:
-                    procs[k][1].send(req)
-                    sent.append(True)
-                except (OSError, ValueError):
-                    sent.append(False)
-            deadline = time.monotonic() + timeout
-            out = []
-            for k in range(len(requests)):
-                why = "a reader process is gone"
-                if sent[k]:
-                    conn = procs[k][1]
+            owed = set()  # processes sent a request whose answer is not taken yet
+            try:
+                sent = []
+                for k, req in enumerate(requests):
                     try:
-                        if conn.poll(max(0.0, deadline - time.monotonic())):
-                            out.append(conn.recv())
-                            continue
-                        why = f"no answer from a reader process within {timeout:g} s"
-                    except (EOFError, OSError):
-                        why = "a reader process died"
-                self._stop(*procs[k])
-                procs[k] = self._spawn()
-                out.append(("lost", why))
-            return out
+                        procs[k].send(req)
+                        owed.add(k)
+                        sent.append(True)
+                    except (OSError, ValueError):
+                        sent.append(False)
+                deadline = time.monotonic() + timeout
+                out = []
+                for k in range(len(requests)):
+                    why = "a reader process is gone"
+                    if sent[k]:
+                        w = procs[k]
+                        try:
+                            if w.poll(max(0.0, deadline - time.monotonic())):
+                                out.append(w.recv())
+                                owed.discard(k)
+                                continue
+                            why = f"no answer from a reader process within {timeout:g} s"
+                        except (EOFError, OSError):
+                            why = "a reader process died"
+                    owed.discard(k)
+                    self._renew(procs, k)
+                    out.append(("lost", why))
+                return out
+            except BaseException:
+                for k in owed:
+                    self._renew(procs, k)
+                raise
 
     def map(self, fn, items: list, *, chunksize: int = 64, timeout: float | None = None) -> list:
         """``[fn(item) for item in items]`` in the processes (``fn`` importable by name), in
@@ -181,7 +169,7 @@ class ProcessReaders:
             if kind == "lost":
                 raise mp.TimeoutError(value)
             if kind == "error":
-                raise RuntimeError(f"a reader process failed: {value}")
+                raise value  # what fn raised, in the reader process
             out.extend(value)
         return out
 
@@ -211,7 +199,8 @@ class ProcessReaders:
         errors = {}
         for a, (kind, got) in zip(starts, self._ask(reqs, self.timeout)):
             if kind != "ok":
-                got = {i: got for i in range(min(step, n - a))}
+                why = got if kind == "lost" else f"{type(got).__name__}: {got}"
+                got = {i: why for i in range(min(step, n - a))}
             errors.update({a + i: why for i, why in got.items()})
         return errors
 

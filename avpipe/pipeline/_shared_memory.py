@@ -1,10 +1,17 @@
 """Host memory shared with worker processes, and where those processes come from (private;
-the audio batch loader's decode ring and the GPU FLAC loader's read staging use it).
+the audio batch loader's decode ring, the GPU FLAC loader's readers and the video feeds'
+scan-ahead use it).
 
-Workers come from a fork server, never from a fork of the calling process (which may hold
-threads: a feed's producer, BLAS threads, whose locks a fork would copy), and map the parent's
-memory through its ``/proc`` entry: a ``memfd`` segment, sized by memory rather than by
-``/dev/shm``'s mount.
+Workers map the parent's memory through its ``/proc`` entry: a ``memfd`` segment, sized by
+memory rather than by ``/dev/shm``'s mount. They are never forks of the calling process (which
+may hold threads: a feed's producer, BLAS threads, whose locks a fork would copy).
+
+:class:`Worker` is a fresh interpreter (``python -c``, through ``subprocess``) that imports
+avpipe and answers requests on a pipe. Unlike a ``multiprocessing`` child (spawn or fork
+server), it never imports the caller's ``__main__``: a user's script without an
+``if __name__ == "__main__":`` guard is not run again in it (with a fork server it was, once per
+worker: a training script's whole loop, in every reader). :class:`WorkerPool` drives a few of
+them from threads of its own, each waiting for its worker's answers with the GIL released.
 """
 
 from __future__ import annotations
@@ -12,6 +19,12 @@ from __future__ import annotations
 import mmap
 import multiprocessing as mp
 import os
+import subprocess
+import sys
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection
 
 
 class Ring:
@@ -44,15 +57,181 @@ def map_ring(path: str, nbytes: int) -> mmap.mmap:
         os.close(fd)
 
 
-def context():
-    """The multiprocessing context of avpipe's worker processes: a fork server (a clean
-    single-threaded process) with the audio modules preloaded."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["avpipe.pipeline.audio_loader", "soundfile"])
-    return ctx
-
-
 def can_start_processes() -> bool:
-    """False inside a daemonic process (a torch DataLoader worker), which may not have
-    children."""
+    """False inside a daemonic process (a torch DataLoader worker): avpipe keeps to threads
+    there, as a ``multiprocessing`` child would have to."""
     return not mp.current_process().daemon
+
+
+# --- Worker: a request/answer process that never imports the caller's __main__ ---------------
+
+_BOOT = ("import sys; from avpipe.pipeline._shared_memory import _serve; "
+         "_serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))")
+_ABANDONED: list = []  # workers that did not die when killed (a read stuck in the kernel)
+
+
+def _serve(rfd: int, wfd: int, parent: int) -> None:
+    """A worker's loop: ``(fn, args)`` requests in, ``("ok", fn(*args))`` or ``("error",
+    exception)`` out, until the parent closes the pipe (or dies: SIGKILL, Linux)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: the pipe's end still ends it
+        pass
+    if os.getppid() != parent:
+        return
+    inp, out = Connection(rfd, writable=False), Connection(wfd, readable=False)
+    while True:
+        try:
+            fn, args = inp.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            ans = ("ok", fn(*args))
+        except BaseException as e:  # noqa: BLE001 - answered; the worker goes on
+            ans = ("error", e)
+        try:
+            out.send(ans)
+        except (OSError, ValueError):
+            return
+        except Exception as e:  # noqa: BLE001 - an answer or error that does not pickle
+            try:
+                out.send(("error", RuntimeError(f"{type(e).__name__}: {e}")))
+            except (OSError, ValueError):
+                return
+
+
+class Worker:
+    """One worker process (the module docstring): :meth:`send` a ``(fn, args)`` request
+    (``fn`` importable by name), :meth:`poll` / :meth:`recv` its answer, ``("ok", value)`` or
+    ``("error", exception)``; ``EOFError`` / ``OSError`` once it is gone."""
+
+    def __init__(self):
+        r_req, w_req = os.pipe()
+        r_ans, w_ans = os.pipe()
+        env = dict(os.environ)
+        path = [p for p in sys.path if isinstance(p, str) and p]
+        if path:  # what this process can import, the worker can (avpipe included)
+            env["PYTHONPATH"] = os.pathsep.join(path)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, str(r_req), str(w_ans), str(os.getpid())],
+                pass_fds=(r_req, w_ans), stdin=subprocess.DEVNULL, env=env)
+        except BaseException:
+            for fd in (r_req, w_req, r_ans, w_ans):
+                os.close(fd)
+            raise
+        os.close(r_req)
+        os.close(w_ans)
+        self._out = Connection(w_req, readable=False)
+        self._in = Connection(r_ans, writable=False)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, request) -> None:
+        self._out.send(request)
+
+    def poll(self, timeout: float) -> bool:
+        return self._in.poll(timeout)
+
+    def recv(self):
+        return self._in.recv()
+
+    def fileno(self) -> int:
+        return self._in.fileno()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Close its pipes and kill it; one that does not die within ``timeout`` (a read stuck
+        in the kernel) is left behind, not waited for."""
+        for c in (self._out, self._in):
+            try:
+                c.close()
+            except OSError:
+                pass
+        if self.proc.poll() is None:
+            try:
+                self.proc.kill()
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _ABANDONED.append(self.proc)
+            except OSError:
+                pass
+
+
+class WorkerLost(RuntimeError):
+    """A worker died, or did not answer within the pool's ``answer_s`` (it was replaced)."""
+
+
+class WorkerPool:
+    """``workers`` :class:`Worker` processes, each driven by a thread of its own:
+    :meth:`submit` ``(fn, *args)`` returns a ``concurrent.futures.Future`` of ``fn(*args)`` run
+    in a worker (its exception, if it raised; :class:`WorkerLost` if the worker died or gave no
+    answer within ``answer_s`` seconds: that worker is replaced). Workers start with the first
+    request their thread takes. :meth:`close` (also when collected) cancels what has not
+    started and stops the workers."""
+
+    def __init__(self, workers: int, *, answer_s: float = 120.0, name: str = "avpipe-worker"):
+        self.answer_s = float(answer_s)
+        self._threads = ThreadPoolExecutor(max(1, int(workers)), thread_name_prefix=name)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._state = {"workers": [], "closed": False}
+        self._finalizer = weakref.finalize(self, WorkerPool._shutdown, self._threads,
+                                           self._state, self._lock)
+
+    @staticmethod
+    def _shutdown(threads, state, lock):
+        with lock:
+            state["closed"] = True
+            workers, state["workers"] = state["workers"], []
+        threads.shutdown(wait=False, cancel_futures=True)
+        for w in workers:
+            w.stop()
+
+    def _worker(self) -> Worker:
+        w = getattr(self._local, "worker", None)
+        if w is None:
+            with self._lock:
+                if self._state["closed"]:
+                    raise WorkerLost("the worker pool is closed")
+                w = self._local.worker = Worker()
+                self._state["workers"].append(w)
+        return w
+
+    def _drop(self, w: Worker) -> None:
+        self._local.worker = None
+        with self._lock:
+            if w in self._state["workers"]:
+                self._state["workers"].remove(w)
+        w.stop()
+
+    def _call(self, fn, args):
+        w = self._worker()
+        try:
+            w.send((fn, args))
+        except (OSError, ValueError) as e:
+            self._drop(w)
+            raise WorkerLost(f"a worker process is gone ({type(e).__name__})") from None
+        except BaseException:  # the request did not pickle: the worker owes nothing
+            raise
+        try:
+            if w.poll(self.answer_s):
+                kind, value = w.recv()
+                if kind == "ok":
+                    return value
+                raise value
+            why = f"no answer from a worker process within {self.answer_s:g} s"
+        except (EOFError, OSError):
+            why = "a worker process died"
+        self._drop(w)
+        raise WorkerLost(why)
+
+    def submit(self, fn, *args) -> Future:
+        return self._threads.submit(self._call, fn, args)
+
+    def close(self) -> None:
+        self._finalizer()

@@ -16,6 +16,7 @@ Public as :class:`AudioBatchLoader`; ``benchmarks/bench_audio.py`` measures it.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import multiprocessing as mp
 import os
 import time
@@ -38,24 +39,24 @@ from ..errors import CorruptDataError, DecodeTimeoutError, EmptyMediaError
 from ..formats import is_flac
 from ._flac_windows import GpuFlacBatches, start_readers
 from ._shared_memory import Ring as _Ring
-from ._shared_memory import context, map_ring
+from ._shared_memory import WorkerLost, WorkerPool, map_ring
 
-# In a worker process only: its own loader's buffer and layout, set by the pool's initializer
-# (each loader's pool gets its loader's; nothing here is shared between loaders)
+# In a worker process only: the loader's buffer it has mapped and that loader's layout (every
+# request carries its loader's state; a request from another loader maps that one's ring)
 _WORKER: dict = {}
 
 _RATES = (1000, 768000)  # sample rates outside this are damaged headers, not audio
 _SAMPLES_PER_BYTE = 512  # no file holds more samples per byte (FLAC's constant frames: ~400)
 
 
-def _init_worker(state):
-    _WORKER.clear()
-    _WORKER.update(state, mm=map_ring(state["ring"], state["nbytes"]))
-
-
-def _context():
-    """Worker processes from the fork server (:func:`._shared_memory.context`)."""
-    return context()
+def _attach(state):
+    """In a worker: map the ring of the loader whose request this is (once per loader)."""
+    if _WORKER.get("ring") != state["ring"]:
+        old = _WORKER.get("mm")
+        _WORKER.clear()
+        if old is not None:
+            old.close()
+        _WORKER.update(state, mm=map_ring(state["ring"], state["nbytes"]))
 
 
 def _plausible(path, info):
@@ -177,14 +178,18 @@ def _decode_into(task):
 
 def _shutdown(pool, ring):
     if pool is not None:
-        pool.terminate()
-        pool.join()
+        pool.close()
     if ring is not None:
         ring.close()
 
 
-def _decode_many(tasks):
+def _decode_many(state, tasks):
+    _attach(state)
     return [_decode_into(t) for t in tasks]
+
+
+def _frames_many(paths):
+    return [_frames_of(p) for p in paths]
 
 
 class AudioBatchLoader:
@@ -209,7 +214,8 @@ class AudioBatchLoader:
 
     ``num_workers`` processes (default: the CPU count), ``prefetch`` batches decoded ahead.
     ``transport``: "int16" (exact for 16-bit PCM sources) or "float32".
-    Its workers start from a fork server at construction (never forks of this process).
+    Its workers are fresh interpreters (``_shared_memory.Worker``: never forks of this process,
+    and they never run the caller's ``__main__`` again), started with the first batch.
 
     ``decoder``: "cpu" (libsndfile in the worker processes), "gpu" (FLAC frames decoded on the
     GPU, bit-exact to libFLAC: threads only read the files' bytes; any file the GPU does not
@@ -267,17 +273,24 @@ class AudioBatchLoader:
         if decoder == "gpu":
             self._init_gpu(max_samples)
             return
-        ctx = _context()
         if max_samples is None:
-            with ctx.Pool(min(self.num_workers, 16)) as p:
-                self._take_infos(p.map(_frames_of, self.paths, chunksize=16))
+            n = min(self.num_workers, 16)
+            per = max(16, -(-len(self.paths) // (4 * n)))
+            heads = WorkerPool(n, answer_s=self.timeout + len(self.paths) / 100,
+                               name="avpipe-audio-headers")
+            try:
+                futs = [heads.submit(_frames_many, self.paths[a : a + per])
+                        for a in range(0, len(self.paths), per)]
+                self._take_infos([i for f in futs for i in f.result()])
+            finally:
+                heads.close()
             max_samples = int(max(self.frames.max(), 1))
         else:
             self.frames, self.sample_rate = None, None
         self.max_samples = int(max_samples)
         self.n_slots = self.prefetch + 1
         nbytes = self.n_slots * self.batch * self.max_samples * self.dtype.itemsize
-        # the ring the workers map (they are not forks of this process: _context)
+        # the ring the workers map (fresh processes: _shared_memory.Worker)
         self._mm = _Ring(nbytes)
         count = nbytes // self.dtype.itemsize
         self._host = np.frombuffer(self._mm.mm, dtype=self.dtype, count=count).reshape(
@@ -297,9 +310,11 @@ class AudioBatchLoader:
         self._events = [None] * self.n_slots
 
     def _new_pool(self):
-        """Worker processes attached to this loader's own ring (the pool's initializer)."""
-        return _context().Pool(self.num_workers, initializer=_init_worker,
-                               initargs=(self._state,))
+        """Worker processes for this loader (each request names its ring). A worker that gives
+        no answer at all is replaced by the pool past twice the loader's timeout; the loader's
+        own deadline (``_results``) comes first."""
+        return WorkerPool(self.num_workers, answer_s=2 * self.timeout + 60,
+                          name="avpipe-audio-decode")
 
     def _take_infos(self, infos):
         """Per-file ``(frames, sample rate, channels)`` (frames -1: unreadable) -> ``frames`` and
@@ -361,12 +376,11 @@ class AudioBatchLoader:
         self._finalizer = weakref.finalize(self, lambda: None)
 
     def _submit_chunks(self, chunks):
-        return [self._pool.apply_async(_decode_many, (c,)) for c in chunks]
+        return [self._pool.submit(_decode_many, self._state, c) for c in chunks]
 
     def _restart_pool(self, pending):
         """A worker is stuck: replace the pool and hand the other batches' work to the new one."""
-        self._pool.terminate()
-        self._pool.join()
+        self._pool.close()
         self._pool = self._new_pool()
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._mm)
@@ -379,8 +393,13 @@ class AudioBatchLoader:
         out, stuck = [], False
         for chunk, h in zip(chunks, handles):
             try:
-                out.extend(h.get(timeout=max(0.0, deadline - time.monotonic())))
-            except mp.TimeoutError:
+                out.extend(h.result(timeout=max(0.0, deadline - time.monotonic())))
+            except WorkerLost as e:  # its process died (replaced): the chunk's files fail
+                why = f"the decoding worker process ended on this file's chunk ({e})"
+                if self.strict:
+                    raise CorruptDataError(chunk[0][2], why) from None
+                out.extend((0, why) for _ in chunk)
+            except cf.TimeoutError:
                 stuck = True
                 why = f"no answer from the decoding worker within {self.timeout:g} s"
                 for _slot, _row, path in chunk:

@@ -1,0 +1,64 @@
+"""avpipe's worker processes (pipeline/_shared_memory.py): Worker and WorkerPool answer
+requests, report a dead or stuck worker as WorkerLost and replace it, pass a worker's own
+exception through, and stop everything on close."""
+
+from __future__ import annotations
+
+import operator
+import os
+import signal
+import time
+
+import pytest
+
+from avpipe.pipeline._shared_memory import Worker, WorkerLost, WorkerPool
+
+
+def test_worker_answers_and_reports_errors():
+    w = Worker()
+    try:
+        w.send((operator.add, (2, 3)))
+        assert w.recv() == ("ok", 5)
+        w.send((int, ("x",)))
+        kind, e = w.recv()
+        assert kind == "error" and isinstance(e, ValueError)
+    finally:
+        w.stop()
+    assert w.proc.poll() is not None
+
+
+def test_pool_replaces_dead_and_stuck_workers():
+    pool = WorkerPool(1, answer_s=1.0)
+    try:
+        assert pool.submit(operator.mul, 6, 7).result(30) == 42
+        with pytest.raises(ZeroDivisionError):
+            pool.submit(operator.truediv, 1, 0).result(30)
+        (w,) = pool._state["workers"]
+        os.kill(w.pid, signal.SIGKILL)
+        w.proc.wait()
+        with pytest.raises(WorkerLost, match="died|gone"):
+            pool.submit(operator.add, 1, 1).result(30)
+        assert pool.submit(operator.add, 1, 1).result(30) == 2  # a new worker
+        t0 = time.monotonic()
+        with pytest.raises(WorkerLost, match="within 1 s"):
+            pool.submit(time.sleep, 30).result(30)
+        assert time.monotonic() - t0 < 15
+        assert pool.submit(operator.add, 2, 2).result(30) == 4
+        assert len(pool._state["workers"]) == 1
+    finally:
+        pool.close()
+
+
+def test_pool_close_stops_workers_and_cancels_waiting_requests():
+    pool = WorkerPool(1, answer_s=60.0)
+    busy = pool.submit(time.sleep, 1.0)
+    waiting = pool.submit(operator.add, 1, 2)
+    time.sleep(0.5)
+    workers = list(pool._state["workers"])
+    pool.close()
+    assert waiting.cancelled()
+    with pytest.raises(WorkerLost):
+        busy.result(30)
+    assert all(w.proc.poll() is not None for w in workers)
+    with pytest.raises(RuntimeError):
+        pool.submit(operator.add, 1, 2)
