@@ -9,21 +9,19 @@ the decoding thread then takes the finished scan (:meth:`ScanAhead.take`: a cach
 while the file's size and mtime are unchanged) instead of scanning.
 
 What stays as it was: only MP4 / MOV files are read ahead (pure Python, no native decoder in
-the workers); any other file, a file the reader declines, a scan not finished within
-``wait`` seconds, or workers that cannot start (a daemonic DataLoader worker) or died: the
-decoding thread scans the file itself, as without this, and reports what is wrong with it. A
-file is never decoded with a scan other than the one its own open would have made.
+the workers); any other file, a file the reader declines, a scan not started yet or not
+finished within ``wait`` seconds, or workers that cannot start (a daemonic DataLoader worker)
+or died: the decoding thread scans the file itself, as without this, and reports what is wrong
+with it. A file is never decoded with a scan other than the one its own open would have made.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 
 from ..decoding.video._scan import is_scan_cached, remember_scan, scan_mp4_file
-from ._shared_memory import can_start_processes, context
+from ._shared_memory import WorkerPool, can_start_processes
 
 __all__ = ["ScanAhead", "lookahead", "SCAN_DEPTH"]
 
@@ -32,17 +30,14 @@ __all__ = ["ScanAhead", "lookahead", "SCAN_DEPTH"]
 SCAN_DEPTH = 2
 
 
-def _warm():
-    """Worker initializer: the scan modules imported once, before the first task."""
-    from ..decoding.video import _mp4, _scan  # noqa: F401
-
-
 class ScanAhead:
     """Scans of files submitted ahead (:meth:`submit`), taken by the thread that opens them
-    (:meth:`take`). ``workers`` processes (0: off); ``keep``: futures held at most (the oldest
-    untaken are dropped); ``wait``: seconds :meth:`take` waits for an unfinished scan (default
-    ``WAIT``: a scan takes about a millisecond, so one not done by then is stuck behind a
-    starting pool or a slow disk, and the opening thread is better off scanning itself)."""
+    (:meth:`take`). ``workers`` processes (0: off) of a :class:`~._shared_memory.WorkerPool`
+    (fresh interpreters, which never run the caller's ``__main__`` again; a thread each waits
+    for its answers with the GIL released); ``keep``: futures held at most (the oldest untaken
+    are dropped); ``wait``: seconds :meth:`take` waits for a scan under way (default ``WAIT``:
+    a scan takes about a millisecond). A scan not yet started (the processes still starting, or
+    busy) is not waited for: the opening thread scans itself, as without scan-ahead."""
 
     WAIT = 0.25
 
@@ -54,12 +49,7 @@ class ScanAhead:
         self._pool = None
         self.taken = self.missed = 0  # scans used / opens that scanned themselves
         if int(workers) > 0 and can_start_processes():
-            try:
-                self._pool = ProcessPoolExecutor(
-                    int(workers), mp_context=context(), initializer=_warm
-                )
-            except (OSError, ValueError, RuntimeError):
-                self._pool = None
+            self._pool = WorkerPool(int(workers), answer_s=30.0, name="avpipe-scan-ahead")
 
     @property
     def active(self) -> bool:
@@ -68,7 +58,8 @@ class ScanAhead:
     def submit(self, paths) -> None:
         """Start scanning ``paths`` (MP4 / MOV; others come back empty) not yet submitted and
         not in this process's scan cache."""
-        if self._pool is None:
+        pool = self._pool
+        if pool is None:
             return
         for p in paths:
             p = str(p)
@@ -78,9 +69,8 @@ class ScanAhead:
             if is_scan_cached(p):
                 continue
             try:
-                fut = self._pool.submit(scan_mp4_file, p)
-            except Exception:  # noqa: BLE001 - a broken or closed pool: scans go back in-thread
-                self.close()
+                fut = pool.submit(scan_mp4_file, p)
+            except RuntimeError:  # closed meanwhile
                 return
             with self._lock:
                 self._futs[p] = fut
@@ -90,15 +80,18 @@ class ScanAhead:
 
     def take(self, path) -> bool:
         """Put ``path``'s scan into the scan cache if it was read ahead (waiting up to
-        ``wait`` seconds for it); True when it was. Thread-safe."""
+        ``wait`` seconds for a scan under way; one not started is cancelled); True when it was.
+        Thread-safe."""
         with self._lock:
             fut = self._futs.pop(str(path), None)
         if fut is None:
             return False
+        if fut.cancel():  # not started yet: scanning here is quicker than waiting for it
+            self.missed += 1
+            return False
         try:
             got = fut.result(timeout=self.wait)
-        except (FutureTimeout, Exception):  # noqa: BLE001 - late, cancelled or a dead worker
-            fut.cancel()
+        except Exception:  # noqa: BLE001 - late (a slow disk), or the process died
             self.missed += 1
             return False
         if got is None:
@@ -109,11 +102,11 @@ class ScanAhead:
         return True
 
     def close(self) -> None:
-        pool, self._pool = self._pool, None
         with self._lock:
+            pool, self._pool = self._pool, None
             self._futs.clear()
         if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.close()
 
 
 def lookahead(groups, depth: int, on_seen):

@@ -18,8 +18,8 @@ and the transform is one kernel, so a thread per decoder session keeps NVDEC's e
 
 from __future__ import annotations
 
-import contextlib
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -174,6 +174,7 @@ class ClipFeed:
             antialias=bool(antialias), dtype=dtype, layout=layout,
         )  # fmt: skip
         self._streams = ThreadStreams(self.device)
+        self._ahead = None
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -207,6 +208,19 @@ class ClipFeed:
         )  # fmt: skip
 
     # -- epochs -------------------------------------------------------------------------------
+    def _scan_ahead(self) -> ScanAhead:
+        if self._ahead is None:
+            self._ahead = ScanAhead(settings.video_scan_ahead())
+            self._ahead_done = weakref.finalize(self, self._ahead.close)
+        return self._ahead
+
+    def close(self) -> None:
+        """Stop the scan-ahead processes (also done when the feed is collected); a later
+        epoch starts them again."""
+        if self._ahead is not None:
+            self._ahead_done()
+            self._ahead = None
+
     def _order(self, epoch: int) -> np.ndarray:
         n = len(self.paths)
         if not self.shuffle:
@@ -229,8 +243,8 @@ class ClipFeed:
         work = [(pos, self.paths[i], [self.seed, epoch, int(i)]) for pos, i in enumerate(order)]
         xp = self.device.xp
         bs = self.batch_size
-        ahead = ScanAhead(settings.video_scan_ahead())  # the next batches' files (_scan_ahead)
-        with ThreadPoolExecutor(self.threads) as pool, contextlib.closing(ahead):
+        ahead = self._scan_ahead()  # the next batches' files (_scan_ahead), kept across epochs
+        with ThreadPoolExecutor(self.threads) as pool:
             taker = ahead if ahead.active else None
             if ahead.active:
                 ahead.submit(p for _, p, _ in work[: SCAN_DEPTH * bs])

@@ -223,8 +223,9 @@ class VideoTask(Task):
         """Take ``path``'s scan if it was read ahead; the ``on_open`` for decode_clip (the
         wait for that scan plus the open: the "read" stage of stats())."""
         t0 = time.perf_counter()
-        if self._scan_ahead is not None:
-            self._scan_ahead.take(path)
+        ahead = self._scan_ahead  # (close() on another thread may clear it)
+        if ahead is not None:
+            ahead.take(path)
         waited = time.perf_counter() - t0
         if self.timings is None:
             return None
