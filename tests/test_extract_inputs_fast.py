@@ -16,7 +16,8 @@ from avpipe.recipes.extract._inputs import Inputs, Item, _rel, _rel_any
     ("/data/a/b.flac", "/data"), ("/data/a/b.flac", "/data/"), ("/data/a/b.flac", "/"),
     ("/data2/b.flac", "/data"), ("/data", "/data"), ("/x/../data/./b.flac", "/data"),
     ("/data/b.flac", "/data/a"), ("/é/ü b.flac", "/é"), ("//data/b.flac", "/data"),
-    ("/data/a/b.flac", "/data/a/../"),
+    ("/data/a/b.flac", "/data/a/../"), ("/data/..hidden.flac", "/data"),
+    ("/data/...x/a.flac", "/data"), ("/data/.x/a.flac", "/data"),
 ])
 def test_rel_equals_relpath(path, root):
     assert _rel(path, root) == _rel_any(path, root)

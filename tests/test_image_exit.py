@@ -154,3 +154,37 @@ def test_stream_pipelines_are_released_deterministically():
     del it, feed  # dropped mid-epoch: the producer stops and its stream's pipeline goes
     gc.collect()
     assert not _stream_pipes()
+
+
+def test_a_decoder_that_loses_a_build_race_is_shut_down(monkeypatch):
+    """Two threads missing the decoder cache at once both build: the one that finds the other's
+    decoder cached returns that one and shuts its own pipeline down (it was held until exit)."""
+    import threading
+
+    from avpipe.decoding.image import _dali
+
+    shut = []
+
+    class Pipe:
+        def build(self):
+            pass
+
+        def _shutdown(self):
+            shut.append(self)
+
+    class FakeDecoder:
+        def __init__(self, device_index, capacity, roi, fancy, *, race=True):
+            self.key = _dali._key(device_index, capacity, roi, fancy)
+            self.broken = False
+            self.lock = threading.Lock()
+            self.pipe = _dali.build_tracked(Pipe())
+            if race:  # another thread's decoder is cached while this one builds
+                _dali._CACHE[self.key] = FakeDecoder(device_index, capacity, roi, fancy,
+                                                     race=False)
+
+    monkeypatch.setattr(_dali, "DaliDecoder", FakeDecoder)
+    monkeypatch.setattr(_dali, "_CACHE", {})
+    got = _dali.get(None, 8, False)
+    assert _dali._CACHE[got.key] is got and got.pipe is not None and got.pipe not in shut
+    assert len(shut) == 1 and id(shut[0]) not in _dali._LIVE
+    _dali.release(got.pipe)

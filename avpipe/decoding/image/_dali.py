@@ -322,7 +322,17 @@ def get(device_index: int | None, capacity: int, roi: bool, fancy: bool = True) 
     with native_call():  # the build: DALI's imports and set-up (ShuttingDown once exiting)
         dec = DaliDecoder(device_index, capacity, roi, fancy)
     with _CACHE_LOCK:
-        _CACHE[dec.key] = dec
+        had = _CACHE.get(dec.key)
+        if had is not None and not had.broken:  # another thread built one meanwhile: keep
+            loser, dec = dec, had  # that one, and shut this one's pipeline down (its threads)
+        else:
+            loser = None
+            _CACHE[dec.key] = dec
+    if loser is not None:
+        with loser.lock:
+            pipe = getattr(loser, "pipe", None)
+            loser.pipe = None
+        release(pipe)
     return dec
 
 

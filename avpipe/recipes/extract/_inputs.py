@@ -88,7 +88,9 @@ def _rel(path: str, root: str) -> str:
         path, root = os.path.normpath(path), os.path.normpath(root)
         if not path.startswith("//") and not root.startswith("//") and path != root:
             prefix = root if root.endswith("/") else root + "/"
-            return path[len(prefix) :] if path.startswith(prefix) else path
+            rel = path[len(prefix) :] if path.startswith(prefix) else path
+            # relpath's result starting with ".." (a name like "..x" too) meant the absolute path
+            return path if rel.startswith("..") else rel
     return _rel_any(path, root)
 
 
