@@ -62,3 +62,32 @@ def test_pool_close_stops_workers_and_cancels_waiting_requests():
     assert all(w.proc.poll() is not None for w in workers)
     with pytest.raises(RuntimeError):
         pool.submit(operator.add, 1, 2)
+
+
+def test_workers_that_cannot_start_here_give_up_and_readers_fall_back(monkeypatch):
+    """Where this interpreter cannot start its workers (an embedding application's
+    sys.executable), a WorkerPool gives up after a few (submit raises RuntimeError, the
+    scan-ahead turns itself off) and the GPU FLAC readers are not used (threads read)."""
+    import sys
+
+    from avpipe.pipeline._flac_windows import ProcessReaders, start_readers
+    from avpipe.pipeline._scan_ahead import ScanAhead
+
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    pool = WorkerPool(1, answer_s=10.0)
+    try:
+        for _ in range(WorkerPool.MAX_FAILED_STARTS):
+            with pytest.raises(WorkerLost):
+                pool.submit(operator.add, 1, 1).result(30)
+        assert pool.broken
+        with pytest.raises(RuntimeError, match="do not start"):
+            pool.submit(operator.add, 1, 1)
+    finally:
+        pool.close()
+    with pytest.raises(RuntimeError, match="do not start"):
+        ProcessReaders(2)
+    assert start_readers(2) is None
+    ahead = ScanAhead(1)
+    ahead._pool._state["failed_starts"] = WorkerPool.MAX_FAILED_STARTS
+    ahead.submit(["/nonexistent.mp4"])
+    assert not ahead.active

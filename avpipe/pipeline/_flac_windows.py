@@ -18,7 +18,7 @@ import numpy as np
 
 from ..decoding.audio import _flac_cuda as _flac
 from ..device import pinned_size
-from ._shared_memory import Ring, Worker, can_start_processes, map_ring
+from ._shared_memory import Ring, Worker, _ping, can_start_processes, map_ring
 
 __all__ = ["GpuFlacBatches"]
 
@@ -86,6 +86,12 @@ class ProcessReaders:
         try:
             for _ in range(self.workers):
                 self._state["procs"].append(Worker())
+            # each answers once before it is used: where this interpreter cannot start them
+            # (an embedding application's sys.executable), the caller reads in threads
+            lost = [v for kind, v in self._ask([(_ping, ())] * self.workers, 60.0)
+                    if kind != "ok"]
+            if lost:
+                raise RuntimeError(f"reader processes do not start here: {lost[0]}")
         except BaseException:
             self._finalizer()
             raise

@@ -70,7 +70,8 @@ class ScanAhead:
                 continue
             try:
                 fut = pool.submit(scan_mp4_file, p)
-            except RuntimeError:  # closed meanwhile
+            except RuntimeError:  # closed meanwhile, or its processes do not start here
+                self.close()
                 return
             with self._lock:
                 self._futs[p] = fut

@@ -70,6 +70,10 @@ _BOOT = ("import sys; from avpipe.pipeline._shared_memory import _serve; "
 _ABANDONED: list = []  # workers that did not die when killed (a read stuck in the kernel)
 
 
+def _ping():
+    return True
+
+
 def _serve(rfd: int, wfd: int, parent: int) -> None:
     """A worker's loop: ``(fn, args)`` requests in, ``("ok", fn(*args))`` or ``("error",
     exception)`` out, until the parent closes the pipe (or dies: SIGKILL, Linux)."""
@@ -109,6 +113,7 @@ class Worker:
     ``("error", exception)``; ``EOFError`` / ``OSError`` once it is gone."""
 
     def __init__(self):
+        self.answered = False  # set by its users once it has answered a request
         r_req, w_req = os.pipe()
         r_ans, w_ans = os.pipe()
         env = dict(os.environ)
@@ -139,7 +144,9 @@ class Worker:
         return self._in.poll(timeout)
 
     def recv(self):
-        return self._in.recv()
+        got = self._in.recv()
+        self.answered = True
+        return got
 
     def fileno(self) -> int:
         return self._in.fileno()
@@ -179,7 +186,7 @@ class WorkerPool:
         self._threads = ThreadPoolExecutor(max(1, int(workers)), thread_name_prefix=name)
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._state = {"workers": [], "closed": False}
+        self._state = {"workers": [], "closed": False, "failed_starts": 0}
         self._finalizer = weakref.finalize(self, WorkerPool._shutdown, self._threads,
                                            self._state, self._lock)
 
@@ -191,6 +198,10 @@ class WorkerPool:
         threads.shutdown(wait=False, cancel_futures=True)
         for w in workers:
             w.stop()
+
+    # workers that end before their first answer, in a row, after which the pool gives up
+    # (this interpreter cannot start them: submit raises RuntimeError)
+    MAX_FAILED_STARTS = 3
 
     def _worker(self) -> Worker:
         w = getattr(self._local, "worker", None)
@@ -207,7 +218,15 @@ class WorkerPool:
         with self._lock:
             if w in self._state["workers"]:
                 self._state["workers"].remove(w)
+            if w.answered:
+                self._state["failed_starts"] = 0
+            else:
+                self._state["failed_starts"] += 1
         w.stop()
+
+    @property
+    def broken(self) -> bool:
+        return self._state["failed_starts"] >= self.MAX_FAILED_STARTS
 
     def _call(self, fn, args):
         w = self._worker()
@@ -221,6 +240,8 @@ class WorkerPool:
         try:
             if w.poll(self.answer_s):
                 kind, value = w.recv()
+                with self._lock:
+                    self._state["failed_starts"] = 0
                 if kind == "ok":
                     return value
                 raise value
@@ -231,6 +252,9 @@ class WorkerPool:
         raise WorkerLost(why)
 
     def submit(self, fn, *args) -> Future:
+        if self.broken:
+            raise RuntimeError(f"avpipe's worker processes do not start here ({sys.executable} "
+                               f"-c ...: {self.MAX_FAILED_STARTS} ended before answering)")
         return self._threads.submit(self._call, fn, args)
 
     def close(self) -> None:
