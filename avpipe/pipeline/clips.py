@@ -132,6 +132,9 @@ class ClipFeed:
             ``"raise"``.
         index: a persisted video index (``avpipe index``'s file or a loaded one): files it
             holds, unchanged since, are opened without a scan.
+
+    Other files' MP4 scans are read ahead in ``AVPIPE_VIDEO_SCAN_AHEAD`` worker processes,
+    kept for the feed's life: :meth:`close` stops them (also done when the feed is collected).
     """
 
     def __init__(
