@@ -385,24 +385,14 @@ def test_reader_processes_do_not_run_an_unguarded_script_again(tmp_path):
     """The reader processes are fresh interpreters that never import the caller's __main__: a
     script without an ``if __name__ == "__main__":`` guard runs once (with multiprocessing's
     fork server it ran again in every reader)."""
-    import subprocess
-    import sys
+    from unguarded import top_level_runs
 
-    script = tmp_path / "unguarded.py"
-    marks = tmp_path / "marks"
-    script.write_text(
-        "import os\n"
-        f"open({str(marks)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+    assert top_level_runs(tmp_path, (
         "from avpipe.pipeline._flac_windows import ProcessReaders\n"
         "r = ProcessReaders(3)\n"
         "assert r.map(len, ['ab', 'c', ''], chunksize=1) == [2, 1, 0]\n"
         "r.close()\n"
-        "print('ok')\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120, env=dict(os.environ, PYTHONPATH=root))
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
-    assert len(marks.read_text().split()) == 1
+        "print('ok')\n")) == 1
 
 
 def test_gpu_loader_header_pass_reads_frames_rate_channels_and_size(tmp_path):

@@ -135,15 +135,11 @@ def test_a_scan_not_started_is_not_waited_for(tmp_path, monkeypatch):
 def test_scan_processes_do_not_run_an_unguarded_script_again(tmp_path):
     """The scan processes never import the caller's __main__: a script without an
     ``if __name__ == "__main__":`` guard runs once."""
-    import subprocess
-    import sys
+    from unguarded import top_level_runs
 
     v = _copy(tmp_path, "circles_h264.mp4", "v.mp4")
-    marks = tmp_path / "marks"
-    script = tmp_path / "unguarded.py"
-    script.write_text(
-        "import os, time\n"
-        f"open({str(marks)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+    assert top_level_runs(tmp_path, (
+        "import time\n"
         "from avpipe.pipeline._scan_ahead import ScanAhead\n"
         "a = ScanAhead(2, wait=60)\n"
         f"a.submit([{v!r}])\n"
@@ -151,12 +147,7 @@ def test_scan_processes_do_not_run_an_unguarded_script_again(tmp_path):
         "while not f.done(): time.sleep(0.01)\n"
         f"assert a.take({v!r})\n"
         "a.close()\n"
-        "print('ok')\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120, env=dict(os.environ, PYTHONPATH=root))
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
-    assert len(marks.read_text().split()) == 1
+        "print('ok')\n")) == 1
 
 
 def test_lookahead_shows_each_group_depth_groups_early():
