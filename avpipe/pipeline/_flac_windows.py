@@ -18,12 +18,10 @@ import numpy as np
 
 from ..decoding.audio import _flac_cuda as _flac
 from ..device import pinned_size
-from ._shared_memory import Ring, Worker, _ping, can_start_processes, map_ring
+from ._shared_memory import Ring, Worker, _ping, attach_ring, can_start_processes
 
 __all__ = ["GpuFlacBatches"]
 
-# In a reader process only: the staging ring it has mapped (path -> mmap)
-_READER: dict = {}
 MAX_SLOT_BYTES = 256 << 20  # a staging slot's cap; a window past it is read by threads
 
 
@@ -31,12 +29,7 @@ def _read_into_ring(ring: tuple, base: int, offsets: list, paths: list) -> dict:
     """In a reader process: ``paths[i]`` into the ring ``(path, nbytes)`` at ``base +
     offsets[i]`` (its ``offsets[i + 1] - offsets[i]`` bytes; zeros past a file that shrank, or
     for one that cannot be read); ``{i: why}`` for those."""
-    if ring[0] not in _READER:
-        for mm in _READER.values():
-            mm.close()
-        _READER.clear()
-        _READER[ring[0]] = map_ring(*ring)
-    mm = memoryview(_READER[ring[0]])
+    mm = memoryview(attach_ring(*ring))
     errors = {}
     for i, path in enumerate(paths):
         a, b = base + offsets[i], base + offsets[i + 1]

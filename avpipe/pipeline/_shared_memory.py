@@ -57,6 +57,21 @@ def map_ring(path: str, nbytes: int) -> mmap.mmap:
         os.close(fd)
 
 
+_ATTACHED: dict = {}  # in a worker: the one ring it has mapped, {path: mmap}
+
+
+def attach_ring(path: str, nbytes: int) -> mmap.mmap:
+    """In a worker: the ring at ``path``, mapped once; a request for another ring (another
+    loader's) unmaps the previous one first."""
+    mm = _ATTACHED.get(path)
+    if mm is None:
+        for old in _ATTACHED.values():
+            old.close()
+        _ATTACHED.clear()
+        mm = _ATTACHED[path] = map_ring(path, nbytes)
+    return mm
+
+
 def can_start_processes() -> bool:
     """False inside a daemonic process (a torch DataLoader worker): avpipe keeps to threads
     there, as a ``multiprocessing`` child would have to."""
@@ -148,9 +163,6 @@ class Worker:
         self.answered = True
         return got
 
-    def fileno(self) -> int:
-        return self._in.fileno()
-
     def stop(self, timeout: float = 2.0) -> None:
         """Close its pipes and kill it; one that does not die within ``timeout`` (a read stuck
         in the kernel) is left behind, not waited for."""
@@ -235,8 +247,7 @@ class WorkerPool:
         except (OSError, ValueError) as e:
             self._drop(w)
             raise WorkerLost(f"a worker process is gone ({type(e).__name__})") from None
-        except BaseException:  # the request did not pickle: the worker owes nothing
-            raise
+        # (a request that does not pickle raises before a byte is sent: the worker owes nothing)
         try:
             if w.poll(self.answer_s):
                 kind, value = w.recv()

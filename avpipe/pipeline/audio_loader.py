@@ -39,7 +39,7 @@ from ..errors import CorruptDataError, DecodeTimeoutError, EmptyMediaError
 from ..formats import is_flac
 from ._flac_windows import GpuFlacBatches, start_readers
 from ._shared_memory import Ring as _Ring
-from ._shared_memory import WorkerLost, WorkerPool, map_ring
+from ._shared_memory import WorkerLost, WorkerPool, attach_ring
 
 # In a worker process only: the loader's buffer it has mapped and that loader's layout (every
 # request carries its loader's state; a request from another loader maps that one's ring)
@@ -50,13 +50,8 @@ _SAMPLES_PER_BYTE = 512  # no file holds more samples per byte (FLAC's constant 
 
 
 def _attach(state):
-    """In a worker: map the ring of the loader whose request this is (once per loader)."""
-    if _WORKER.get("ring") != state["ring"]:
-        old = _WORKER.get("mm")
-        _WORKER.clear()
-        if old is not None:
-            old.close()
-        _WORKER.update(state, mm=map_ring(state["ring"], state["nbytes"]))
+    """In a worker: the layout and ring of the loader whose request this is."""
+    _WORKER.update(state, mm=attach_ring(state["ring"], state["nbytes"]))
 
 
 def _plausible(path, info):
