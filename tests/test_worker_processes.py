@@ -70,7 +70,8 @@ def test_workers_that_cannot_start_here_give_up_and_readers_fall_back(monkeypatc
     scan-ahead turns itself off) and the GPU FLAC readers are not used (threads read)."""
     import sys
 
-    from avpipe.pipeline._flac_windows import ProcessReaders, start_readers
+    from avpipe.pipeline import _flac_windows
+    from avpipe.pipeline._flac_windows import ProcessReaders, start_readers, start_readers_ahead
     from avpipe.pipeline._scan_ahead import ScanAhead
 
     monkeypatch.setattr(sys, "executable", "/bin/false")
@@ -87,7 +88,38 @@ def test_workers_that_cannot_start_here_give_up_and_readers_fall_back(monkeypatc
     with pytest.raises(RuntimeError, match="do not start"):
         ProcessReaders(2)
     assert start_readers(2) is None
+    start_readers_ahead(2)  # started without waiting: the failure shows when they are taken
+    assert start_readers(2) is None
+    assert not _flac_windows._AHEAD
     ahead = ScanAhead(1)
     ahead._pool._state["failed_starts"] = WorkerPool.MAX_FAILED_STARTS
     ahead.submit(["/nonexistent.mp4"])
     assert not ahead.active
+
+
+def test_readers_started_ahead_are_taken_by_the_next_start_and_dropped_when_not(tmp_path):
+    """start_readers_ahead starts the GPU FLAC readers without waiting for them; the next
+    start_readers of that size takes those very processes (already running), and
+    drop_readers_ahead ends readers nobody took."""
+    from avpipe.pipeline import _flac_windows
+    from avpipe.pipeline._flac_windows import (drop_readers_ahead, start_readers,
+                                               start_readers_ahead)
+
+    start_readers_ahead(2)
+    assert len(_flac_windows._AHEAD) == 1
+    ahead = _flac_windows._AHEAD[0]
+    pids = [w.pid for w in ahead._state["procs"]]
+    r = start_readers(2)
+    try:
+        assert r is ahead and not _flac_windows._AHEAD
+        assert [w.pid for w in r._state["procs"]] == pids
+        f = tmp_path / "x.txt"
+        f.write_text("abc")
+        assert r.map(os.path.getsize, [str(f)] * 5, chunksize=1) == [3] * 5
+    finally:
+        r.close()
+    start_readers_ahead(2)
+    procs = [w.proc for w in _flac_windows._AHEAD[0]._state["procs"]]
+    drop_readers_ahead()
+    assert not _flac_windows._AHEAD
+    assert all(p.wait(10) is not None for p in procs)

@@ -70,24 +70,59 @@ class ProcessReaders:
     fails on this side (a call that cannot be pickled, an interrupt) replaces every process
     whose answer it did not take, so no later request reads an earlier one's answer."""
 
-    def __init__(self, workers: int, *, timeout: float = 120.0):
+    BOOT_S = 60.0  # seconds a new process has to answer its first request
+
+    def __init__(self, workers: int, *, timeout: float = 120.0, wait: bool = True):
         self.workers, self.timeout = max(1, int(workers)), float(timeout)
         self._lock = threading.Lock()  # one request at a time (windows load from two threads)
         self.ring, self.views, self.slot_bytes = None, [], 0
         self._state = {"procs": [], "ring": None, "unregister": None}
         self._finalizer = weakref.finalize(self, ProcessReaders._shutdown, self._state)
+        self._booting = True  # the pings sent at start are not all answered yet
         try:
             for _ in range(self.workers):
-                self._state["procs"].append(Worker())
-            # each answers once before it is used: where this interpreter cannot start them
-            # (an embedding application's sys.executable), the caller reads in threads
-            lost = [v for kind, v in self._ask([(_ping, ())] * self.workers, 60.0)
-                    if kind != "ok"]
-            if lost:
-                raise RuntimeError(f"reader processes do not start here: {lost[0]}")
+                w = Worker()
+                self._state["procs"].append(w)
+                try:
+                    w.send((_ping, ()))
+                except (OSError, ValueError):  # it ended already: boot() says so
+                    pass
+            if wait:
+                self.boot()
         except BaseException:
             self._finalizer()
             raise
+
+    def boot(self) -> None:
+        """Wait for each process's answer to the ping it was sent at start (``wait=False``
+        leaves this to the first request, so that the processes start while the caller does
+        other work). Where this interpreter cannot start them (an embedding application's
+        ``sys.executable``) a process does not answer: RuntimeError, and the readers are
+        closed (the caller reads in threads)."""
+        if not self._booting:
+            return
+        with self._lock:
+            if not self._booting:
+                return
+            deadline = time.monotonic() + self.BOOT_S
+            lost = None
+            for w in self._state["procs"]:
+                try:
+                    if not w.poll(max(0.0, deadline - time.monotonic())):
+                        lost = f"no answer within {self.BOOT_S:g} s"
+                        break
+                    kind, value = w.recv()
+                    if kind != "ok":
+                        lost = f"{type(value).__name__}: {value}"
+                        break
+                except (EOFError, OSError):
+                    lost = "a reader process ended at its start"
+                    break
+            if lost is None:
+                self._booting = False
+                return
+        self._finalizer()
+        raise RuntimeError(f"reader processes do not start here: {lost}")
 
     @staticmethod
     def _shutdown(state):
@@ -117,6 +152,7 @@ class ProcessReaders:
         """Send request ``k`` (``(fn, args)``) to process ``k``; each one's answer: ``("ok",
         value)``, ``("error", exception)`` (``fn`` raised) or ``("lost", why)`` (the process
         died or did not answer in time: it is replaced)."""
+        self.boot()
         with self._lock:
             procs = self._state["procs"]
             if len(requests) > len(procs):
@@ -207,20 +243,60 @@ class ProcessReaders:
         self._finalizer()
 
 
+_AHEAD: list = []  # readers started by start_readers_ahead(), for the next start_readers()
+_AHEAD_LOCK = threading.Lock()
+
+
+def _reader_count(workers: int) -> int:
+    return max(1, min(int(workers), os.cpu_count() or 1))
+
+
 def start_readers(workers: int = 8, *, required: bool = False):
     """:class:`ProcessReaders` with ``workers`` processes (at most the CPU count), or None
     where this process may not have children (a daemonic DataLoader worker) or they cannot
-    start, unless ``required``."""
+    start, unless ``required``. Readers of that size started ahead (:func:`start_readers_ahead`)
+    are taken instead of new ones."""
     if not can_start_processes():
         if required:
             raise RuntimeError("readers='processes' inside a daemonic process")
         return None
+    n = _reader_count(workers)
+    with _AHEAD_LOCK:
+        ahead = _AHEAD.pop() if _AHEAD and _AHEAD[-1].workers == n else None
     try:
-        return ProcessReaders(min(int(workers), os.cpu_count() or 1))
+        if ahead is not None:
+            ahead.boot()  # (their start overlapped the caller's other work)
+            return ahead
+        return ProcessReaders(n)
     except (OSError, ValueError, RuntimeError):
         if required:
             raise
         return None
+
+
+def start_readers_ahead(workers: int = 8) -> None:
+    """Start the processes of the next :func:`start_readers` now, without waiting for them: an
+    interpreter's start and imports (a few tenths of a second, more with many starting at
+    once) then overlap whatever the caller does before it needs them (extraction's worker
+    does this while its parent resolves the inputs). :func:`drop_readers_ahead` ends them
+    if they are not taken."""
+    if not can_start_processes():
+        return
+    try:
+        r = ProcessReaders(_reader_count(workers), wait=False)
+    except (OSError, ValueError, RuntimeError):
+        return
+    with _AHEAD_LOCK:
+        _AHEAD.append(r)
+
+
+def drop_readers_ahead() -> None:
+    """End the readers started ahead that no :func:`start_readers` took."""
+    with _AHEAD_LOCK:
+        left = _AHEAD[:]
+        _AHEAD.clear()
+    for r in left:
+        r.close()
 
 
 class GpuFlacBatches:

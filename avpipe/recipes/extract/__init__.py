@@ -389,7 +389,7 @@ def run_extract(
     if engine == "local":  # its start and imports overlap the work below (see Standby)
         from ._engine_local import Standby
 
-        standby = Standby()
+        standby = Standby(audio=device != "cpu" and _has_audio(preset, fps, dtype))
     try:
         return _run_extract(input_path, preset, out_dir, device, devices, format, shard_size,
                             workers, fps, dtype, batch_size, engine, retry_errors, progress,
@@ -397,6 +397,14 @@ def run_extract(
     finally:
         if standby is not None:
             standby.stop()
+
+
+def _has_audio(preset, fps, dtype) -> bool:
+    """Whether ``preset`` extracts audio (False when it is not valid: the run says why)."""
+    try:
+        return resolve_preset(preset, fps=fps, dtype=dtype).get("audio") is not None
+    except Exception:  # noqa: BLE001 - reported by the run itself
+        return False
 
 
 def _run_extract(input_path, preset, out_dir, device, devices, format, shard_size,  # noqa: A002

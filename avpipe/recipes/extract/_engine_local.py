@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from ... import settings
 from ...device import resolve_device
+from ...pipeline._flac_windows import drop_readers_ahead, start_readers_ahead
 from ._inputs import Item
 from ._process import Result, Shard, iter_shards, mark, profile_report, profiling, timed
 from ._writers import read_part, write_shard
@@ -182,14 +183,16 @@ class Standby:
     """A worker process started before the parent knows its work: its interpreter starts and
     imports what a worker needs (CuPy too, without touching the GPU) while the parent counts the
     GPUs, resolves the inputs and reads what an earlier run left; :func:`run_local` hands it the
-    first group of shards. :meth:`stop` ends it when it was not used (nothing to do, an error)."""
+    first group of shards. :meth:`stop` ends it when it was not used (nothing to do, an error).
+    ``audio``: the job is audio, so the GPU FLAC loader's reader processes start meanwhile too
+    (``start_readers_ahead``; ended unused when the worker turns out to be on the CPU)."""
 
-    def __init__(self):
+    def __init__(self, *, audio: bool = False):
         ctx = mp.get_context("spawn")
         self.pq = ctx.Queue()
         recv, self._send = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=_child_standby, args=(os.getpid(), recv, self.pq),
-                                daemon=False)
+        self.proc = ctx.Process(target=_child_standby,
+                                args=(os.getpid(), recv, self.pq, bool(audio)), daemon=False)
         self.proc.start()
         recv.close()
         self.used = False
@@ -214,16 +217,20 @@ class Standby:
             self.proc.join()
 
 
-def _child_standby(parent, recv, pq):
+def _child_standby(parent, recv, pq, audio=False):
     _die_with_parent(parent)
     # what a worker needs came with this module's imports (the decoders and operators, through
     # _process), ahead of the work; not CuPy (CUDA_VISIBLE_DEVICES, set by _child_full for the
     # device it is given, must come first)
+    if audio:
+        start_readers_ahead()  # the GPU FLAC loader's readers (they need no device)
     try:
         args = recv.recv()
     except EOFError:  # not needed
         return
     recv.close()
+    if not str(args[2]).startswith("cuda"):
+        drop_readers_ahead()
     _child_full(*args[:12], pq, *args[12:])
 
 
@@ -384,6 +391,8 @@ def _child_full(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, t
     except BaseException as e:  # noqa: BLE001
         pq.put((wid, "error", f"{device}: {type(e).__name__}: {e}"))
         raise SystemExit(1) from None
+    finally:
+        drop_readers_ahead()  # started by the standby and not taken (a job without FLAC)
     pq.put((wid, "done", None))
     # every shard and part is written, renamed and fsync'ed: leave without the interpreter's
     # tear-down (module and pool clean-up, CuPy's memory pools), which the parent's join()
