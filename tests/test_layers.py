@@ -122,6 +122,40 @@ def test_imports_point_down_the_layers():
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
 
 
+def test_no_module_imports_itself_through_others():
+    """No circle of imports between modules (at module level or inside functions): a package's
+    ``__init__`` re-exporting its modules does not count (it sits above them), every other
+    import does. A circle means two modules are one idea split in two, or one imports the
+    other only for a side effect."""
+    graph: dict[str, set] = {}
+    for path in FILES:
+        if path.name == "__init__.py":
+            continue
+        me = _module_name(path)
+        graph[me] = {t for t, _line, _lazy in _imports(path)
+                     if t.startswith("avpipe.") and t != me and _is_module(t)
+                     and not (ROOT.parent / t.replace(".", "/") / "__init__.py").is_file()}
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path_: list[str] = []
+    circles = []
+
+    def visit(m):
+        state[m] = 1
+        path_.append(m)
+        for t in sorted(graph.get(m, ())):
+            if state.get(t) == 1:
+                circles.append(" -> ".join(path_[path_.index(t):] + [t]))
+            elif t not in state:
+                visit(t)
+        path_.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
 def test_heavy_libraries_load_inside_functions_only():
     bad = []
     for path in FILES:

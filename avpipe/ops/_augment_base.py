@@ -22,6 +22,8 @@ from . import random as R
 
 __all__ = ["Augment", "Chain", "register", "REGISTRY"]
 
+# filled by @register as the op modules are imported; avpipe.ops imports them all with the
+# package, before anything here can run (so this module imports none of them)
 REGISTRY: dict[str, type] = {}
 
 
@@ -181,12 +183,10 @@ class Chain(Augment):
 
     @staticmethod
     def ops_available():
-        _load_registry()
         return sorted(REGISTRY)
 
     @classmethod
     def from_config(cls, config):
-        _load_registry()
         ops = []
         for i, entry in enumerate(config):
             if not isinstance(entry, dict) or "op" not in entry:
@@ -243,10 +243,6 @@ class Chain(Augment):
 
     def __repr__(self):
         return "Chain([" + ", ".join(repr(o) for o in self.ops) + "])"
-
-
-def _load_registry():
-    from . import audio_augment, image_augment  # noqa: F401  (they register their ops)
 
 
 def xp_of(*arrays):
