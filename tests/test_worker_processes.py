@@ -123,3 +123,55 @@ def test_readers_started_ahead_are_taken_by_the_next_start_and_dropped_when_not(
     drop_readers_ahead()
     assert not _flac_windows._AHEAD
     assert all(p.wait(10) is not None for p in procs)
+
+
+def test_a_worker_started_from_a_thread_outlives_that_thread():
+    """A worker asks for SIGKILL when its parent dies, which Linux ties to the thread that
+    started it: workers are started from one long-lived thread, so one made (and answering)
+    in a thread that then ends keeps working (a reader replaced from a window's thread did
+    not)."""
+    import threading
+
+    box = []
+
+    def make():
+        w = Worker()
+        w.send((operator.add, (1, 2)))
+        assert w.poll(30)
+        box.append((w, w.recv()))  # answered: its death signal is set up
+
+    t = threading.Thread(target=make)
+    t.start()
+    t.join()
+    w, first = box[0]
+    try:
+        assert first == ("ok", 3)
+        time.sleep(0.3)  # (a signal on the thread's end would have arrived by now)
+        assert w.proc.poll() is None
+        w.send((operator.add, (2, 3)))
+        assert w.poll(30)
+        assert w.recv() == ("ok", 5)
+    finally:
+        w.stop()
+
+
+def test_readers_interrupted_while_starting_are_closed_not_left_half_started():
+    """An interrupt while the readers' first answers are taken closes them (their answers half
+    taken, none could be trusted), so the next request fails at once instead of waiting a
+    minute for an answer already taken."""
+    from avpipe.pipeline._flac_windows import ProcessReaders
+
+    r = ProcessReaders(2, wait=False)
+    second = r._state["procs"][1]
+
+    def interrupted(timeout):
+        raise KeyboardInterrupt
+
+    second.poll = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        r.boot()
+    assert not r.alive
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError):
+        r.map(os.path.getsize, [__file__])
+    assert time.monotonic() - t0 < 5

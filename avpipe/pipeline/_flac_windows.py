@@ -106,18 +106,22 @@ class ProcessReaders:
                 return
             deadline = time.monotonic() + self.BOOT_S
             lost = None
-            for w in self._state["procs"]:
-                try:
-                    if not w.poll(max(0.0, deadline - time.monotonic())):
-                        lost = f"no answer within {self.BOOT_S:g} s"
+            try:
+                for w in self._state["procs"]:
+                    try:
+                        if not w.poll(max(0.0, deadline - time.monotonic())):
+                            lost = f"no answer within {self.BOOT_S:g} s"
+                            break
+                        kind, value = w.recv()
+                        if kind != "ok":
+                            lost = f"{type(value).__name__}: {value}"
+                            break
+                    except (EOFError, OSError):
+                        lost = "a reader process ended at its start"
                         break
-                    kind, value = w.recv()
-                    if kind != "ok":
-                        lost = f"{type(value).__name__}: {value}"
-                        break
-                except (EOFError, OSError):
-                    lost = "a reader process ended at its start"
-                    break
+            except BaseException:  # interrupted with answers half taken: none is reusable
+                self._finalizer()
+                raise
             if lost is None:
                 self._booting = False
                 return
@@ -284,7 +288,7 @@ def start_readers_ahead(workers: int = 8) -> None:
         return
     try:
         r = ProcessReaders(_reader_count(workers), wait=False)
-    except (OSError, ValueError, RuntimeError):
+    except Exception:  # noqa: BLE001 - only a head start: the loader starts its own
         return
     with _AHEAD_LOCK:
         _AHEAD.append(r)

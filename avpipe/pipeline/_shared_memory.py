@@ -19,6 +19,7 @@ from __future__ import annotations
 import mmap
 import multiprocessing as mp
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -122,6 +123,40 @@ def _serve(rfd: int, wfd: int, parent: int) -> None:
                 return
 
 
+class _Spawner:
+    """Starts processes from one daemon thread that lives as long as this process. A worker
+    asks for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``), and Linux sends it when the
+    *thread* that started the worker ends: a worker started from a short-lived thread (a
+    window's reader thread replacing a dead reader, a loader made in a thread) was killed with
+    that thread."""
+
+    _current = None
+    _lock = threading.Lock()
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="avpipe-spawner", daemon=True).start()
+
+    def _run(self):
+        while True:
+            fut, args, kwargs = self.q.get()
+            try:
+                fut.set_result(subprocess.Popen(*args, **kwargs))
+            except BaseException as e:  # noqa: BLE001 - the caller's exception
+                fut.set_exception(e)
+
+    @classmethod
+    def popen(cls, *args, **kwargs) -> subprocess.Popen:
+        with cls._lock:
+            sp = cls._current
+            if sp is None or sp.pid != os.getpid():  # (a fork's child has no such thread)
+                sp = cls._current = cls()
+        fut: Future = Future()
+        sp.q.put((fut, args, kwargs))
+        return fut.result()
+
+
 class Worker:
     """One worker process (the module docstring): :meth:`send` a ``(fn, args)`` request
     (``fn`` importable by name), :meth:`poll` / :meth:`recv` its answer, ``("ok", value)`` or
@@ -136,7 +171,7 @@ class Worker:
         if path:  # what this process can import, the worker can (avpipe included)
             env["PYTHONPATH"] = os.pathsep.join(path)
         try:
-            self.proc = subprocess.Popen(
+            self.proc = _Spawner.popen(
                 [sys.executable, "-c", _BOOT, str(r_req), str(w_ans), str(os.getpid())],
                 pass_fds=(r_req, w_ans), stdin=subprocess.DEVNULL, env=env)
         except BaseException:

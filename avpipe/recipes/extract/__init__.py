@@ -389,7 +389,8 @@ def run_extract(
     if engine == "local":  # its start and imports overlap the work below (see Standby)
         from ._engine_local import Standby
 
-        standby = Standby(audio=device != "cpu" and _has_audio(preset, fps, dtype))
+        maybe_gpu = device != "cpu" and (devices is None or "cuda" in str(devices))
+        standby = Standby(audio=maybe_gpu and _has_audio(preset, fps, dtype))
     try:
         return _run_extract(input_path, preset, out_dir, device, devices, format, shard_size,
                             workers, fps, dtype, batch_size, engine, retry_errors, progress,

@@ -116,6 +116,7 @@ def run_worker(
             import cupy
 
             cupy.cuda.Device(dev.index).use()
+    drop_readers_ahead()  # the decoders are set up: readers started ahead and not taken idle
     threads = [threading.Thread(target=writer, name=f"avpipe-extract-writer-{i}", daemon=True)
                for i in range(settings.extract_writers())]
     for t in threads:
