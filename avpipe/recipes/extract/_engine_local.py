@@ -116,7 +116,9 @@ def run_worker(
             import cupy
 
             cupy.cuda.Device(dev.index).use()
-    drop_readers_ahead()  # the decoders are set up: readers started ahead and not taken idle
+    # the decoders are set up: readers the standby started ahead and no loader took (a CPU
+    # worker, a job without FLAC) would only idle
+    drop_readers_ahead()
     threads = [threading.Thread(target=writer, name=f"avpipe-extract-writer-{i}", daemon=True)
                for i in range(settings.extract_writers())]
     for t in threads:
@@ -186,7 +188,7 @@ class Standby:
     GPUs, resolves the inputs and reads what an earlier run left; :func:`run_local` hands it the
     first group of shards. :meth:`stop` ends it when it was not used (nothing to do, an error).
     ``audio``: the job is audio, so the GPU FLAC loader's reader processes start meanwhile too
-    (``start_readers_ahead``; ended unused when the worker turns out to be on the CPU)."""
+    (``start_readers_ahead``; ended once the decoders are set up if no loader took them)."""
 
     def __init__(self, *, audio: bool = False):
         ctx = mp.get_context("spawn")
@@ -230,8 +232,6 @@ def _child_standby(parent, recv, pq, audio=False):
     except EOFError:  # not needed
         return
     recv.close()
-    if not str(args[2]).startswith("cuda"):
-        drop_readers_ahead()
     _child_full(*args[:12], pq, *args[12:])
 
 
@@ -392,8 +392,6 @@ def _child_full(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, t
     except BaseException as e:  # noqa: BLE001
         pq.put((wid, "error", f"{device}: {type(e).__name__}: {e}"))
         raise SystemExit(1) from None
-    finally:
-        drop_readers_ahead()  # started by the standby and not taken (a job without FLAC)
     pq.put((wid, "done", None))
     # every shard and part is written, renamed and fsync'ed: leave without the interpreter's
     # tear-down (module and pool clean-up, CuPy's memory pools), which the parent's join()
