@@ -385,33 +385,25 @@ def run_extract(
         except ImportError:
             raise RuntimeError("--format parquet needs pyarrow: pip install 'avpipe[parquet]'") \
                 from None
+    cfg = resolve_preset(preset, fps=fps, dtype=dtype)
     standby = None
     if engine == "local":  # its start and imports overlap the work below (see Standby)
         from ._engine_local import Standby
 
         maybe_gpu = device != "cpu" and (devices is None or "cuda" in str(devices))
-        standby = Standby(audio=maybe_gpu and _has_audio(preset, fps, dtype))
+        standby = Standby(audio=maybe_gpu and cfg.get("audio") is not None)
     try:
-        return _run_extract(input_path, preset, out_dir, device, devices, format, shard_size,
-                            workers, fps, dtype, batch_size, engine, retry_errors, progress,
-                            ray_address, t0, standby)
+        return _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size,
+                            workers, batch_size, engine, retry_errors, progress, ray_address, t0,
+                            standby)
     finally:
         if standby is not None:
             standby.stop()
 
 
-def _has_audio(preset, fps, dtype) -> bool:
-    """Whether ``preset`` extracts audio (False when it is not valid: the run says why)."""
-    try:
-        return resolve_preset(preset, fps=fps, dtype=dtype).get("audio") is not None
-    except Exception:  # noqa: BLE001 - reported by the run itself
-        return False
-
-
-def _run_extract(input_path, preset, out_dir, device, devices, format, shard_size,  # noqa: A002
-                 workers, fps, dtype, batch_size, engine, retry_errors, progress, ray_address,
-                 t0, standby) -> ExtractSummary:
-    cfg = resolve_preset(preset, fps=fps, dtype=dtype)
+def _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size,  # noqa: A002
+                 workers, batch_size, engine, retry_errors, progress, ray_address, t0,
+                 standby) -> ExtractSummary:
     if batch_size is not None:
         cfg["batch_size"] = pos_int("batch_size", batch_size)
     devs = job_devices(device, devices)
