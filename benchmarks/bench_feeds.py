@@ -11,12 +11,19 @@ Contenders (each in its own child process; a missing library reports "n/a"):
 
 * ``avpipe_rnnt`` — ``avpipe.recipes.rnnt_feed`` (batch 64, training: dither + speed
   perturbation by resampling, factor from U(0.85, 1.15) per utterance, + log-mel "nemo"
-  preset (preemphasis, STFT 512/400/160, 80 mel, log, per-feature normalize, pad)), audio s/s.
+  preset (preemphasis, STFT 512/400/160, 80 mel, log, per-feature normalize, pad), +
+  SpecAugment (the recipe's default: 2 frequency masks <= 27, 10 time masks <= 5 %)), audio s/s.
+* ``avpipe_rnnt_noaug`` — the same feed without its train-time augmentation (no speed
+  perturbation, no SpecAugment): ``augmentation_share`` = 1 - avpipe_rnnt / avpipe_rnnt_noaug,
+  the part of the feed's time the augmentation adds.
 * ``dali_rnnt`` — DALI: readers.file -> decoders.audio -> ``fn.audio_resample`` (in_rate =
   16000 * U(0.85, 1.15)) -> preemphasis -> spectrogram(512/400/160) -> mel 80 -> log ->
   normalize -> pad, batch 64, audio s/s.
 * ``avpipe_video`` — ``avpipe.recipes.video_classification`` (16 frames, stride 4, random
   resized crop 224 + flip, fp16, batch 8), clips/s.
+* ``avpipe_video_eval`` — the same feed in eval mode with one clip and one crop per video: the
+  same decoding, a centre clip and crop instead of the random resized crop and flip
+  (``augmentation_share`` = 1 - avpipe_video / avpipe_video_eval).
 * ``avpipe_video_cold`` — the same feed over 512+ distinct paths (hard links to the files), so
   every open in an epoch is the first for that path (the per-file scan cache holds 256): what
   an epoch over a real dataset sees.
@@ -50,8 +57,9 @@ SR = 16000
 BATCH = 64
 VBATCH, CLIP, STRIDE, CROP = 8, 16, 4, 224
 STEP_S = 0.005
-CONTENDERS = ["avpipe_rnnt", "dali_rnnt", "avpipe_video", "avpipe_video_cold", "dali_video",
-              "avpipe_rnnt_idle", "dali_rnnt_idle", "avpipe_video_idle", "dali_video_idle"]
+CONTENDERS = ["avpipe_rnnt", "avpipe_rnnt_noaug", "dali_rnnt", "avpipe_video",
+              "avpipe_video_eval", "avpipe_video_cold", "dali_video", "avpipe_rnnt_idle",
+              "dali_rnnt_idle", "avpipe_video_idle", "dali_video_idle"]
 
 
 def log(*a):
@@ -156,14 +164,16 @@ def epochs(feed):
 # ---------------------------------------------------------------------------------------------
 
 
-def run_avpipe_rnnt(args, idle=False):
+def run_avpipe_rnnt(args, idle=False, aug=True):
     import avpipe
+    from avpipe.recipes.rnnt import SPEC_AUGMENT
 
     man, files, durs, how = audio_data(args)
     dev = "cpu" if args.cpu else "cuda"
     dmap = dict(zip([os.path.abspath(f) for f in files], durs))
     feed = avpipe.recipes.rnnt_feed(man, batch_size=BATCH, seed=0, training=True, device=dev,
-                                    speed_perturb=(0.85, 1.15),
+                                    speed_perturb=(0.85, 1.15) if aug else None,
+                                    spec_augment=SPEC_AUGMENT if aug else None,
                                     threads=args.threads)
     model, sync = make_model(args.cpu) if idle else (None, lambda: None)
     if not args.cpu:
@@ -241,15 +251,18 @@ def run_avpipe_video_cold(args, idle=False, copies=512):
     return out
 
 
-def run_avpipe_video(args, idle=False, csv=None, files=None):
+def run_avpipe_video(args, idle=False, csv=None, files=None, train=True):
     import avpipe
 
     if csv is None:
         csv, files = video_data(args)
     dev = "cpu" if args.cpu else "cuda"
+    # eval with one clip and one crop per video: the same decoding, no augmentation (a
+    # centre clip and crop instead of the random resized crop and flip)
     feed = avpipe.recipes.video_classification(csv, clip_length=CLIP, stride=STRIDE,
                                                crop_size=CROP, batch_size=VBATCH, seed=0,
-                                               device=dev, threads=args.threads)
+                                               device=dev, threads=args.threads, train=train,
+                                               num_clips=1, num_crops=1)  # fmt: skip
     model, sync = make_model(args.cpu) if idle else (None, lambda: None)
     rate, n, secs = timed_loop(epochs(feed), args.budget, lambda b: len(b.paths), model, sync)
     out = {"value": round(rate, 2), "unit": "clips/s", "batches": n, "seconds": round(secs, 2),
@@ -316,9 +329,14 @@ def _r(v):
 
 RUNNERS = {
     "avpipe_rnnt": run_avpipe_rnnt, "dali_rnnt": run_dali_rnnt,
+    "avpipe_rnnt_noaug": lambda args, idle=False: run_avpipe_rnnt(args, idle, aug=False),
     "avpipe_video": run_avpipe_video, "avpipe_video_cold": run_avpipe_video_cold,
+    "avpipe_video_eval": lambda args, idle=False: run_avpipe_video(args, idle, train=False),
     "dali_video": run_dali_video,
 }
+# what a feed costs with its train-time augmentation against the same feed without it:
+# share = 1 - rate(with) / rate(without), the part of the feed's time the augmentation adds
+AUG_SHARE = {"avpipe_rnnt": "avpipe_rnnt_noaug", "avpipe_video": "avpipe_video_eval"}
 
 
 def child(name, args):
@@ -396,6 +414,17 @@ def main():
             log(f"{name:22s} {e.get('error') or e.get('note')}")
         else:
             log(f"{name:22s} {v:10.1f}   {e.get('unit', '')[:15]:15s}  {idle}   {vs}")
+    shares = {}
+    for with_aug, without in AUG_SHARE.items():
+        a, b = r.get(with_aug, {}).get("value"), r.get(without, {}).get("value")
+        if a and b:
+            shares[with_aug] = round(1 - a / b, 4)
+            log(f"augmentation share of {with_aug}: {shares[with_aug]:+.3f} "
+                f"(1 - {a:.1f} / {without} {b:.1f})")
+    if shares:
+        results["augmentation_share"] = shares
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1, default=str)
     log(f"results: {path}")
     return 0
 

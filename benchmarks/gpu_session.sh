@@ -18,11 +18,15 @@
 #   bash benchmarks/gpu_session.sh feeds|augment|extract   # feeds / augmentation / extraction
 #                                             # vs DALI (+ the RNN-T anchor)      -> $OUT/bench_*
 #   EXTRACT_ARGS="--dtype float16 --only avpipe_nemo,dali_nemo" bash ... extract  # options
-#   bash benchmarks/gpu_session.sh targets    # the open issues' targets in one call (~5 min after
-#                                             # the data): every feed contender + the RNN-T anchor,
-#                                             # augmentation, float16 extraction on 16,384 and
-#                                             # 65,536 files and frames at 1 fps, each against
-#                                             # DALI                              -> $OUT/...
+#   bash benchmarks/gpu_session.sh targets    # the video and augmentation targets in one call
+#                                             # (~5 min after the data): the feeds with and without
+#                                             # their augmentation (its share of the feed's time)
+#                                             # and DALI's video feed, the augmentation stacks
+#                                             # against DALI, the clip benchmark warm and cold
+#                                             # against plain PyNvVideoCodec and DALI -> $OUT/...
+#   bash benchmarks/gpu_session.sh xtargets   # the extraction targets (~4 min after the data):
+#                                             # float16 extraction on 16,384 and 65,536 files and
+#                                             # frames at 1 fps, each against DALI -> $OUT/x*
 # Each step fits one device call (10 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,7 +73,8 @@ for step in "$@"; do
       tail -n 25 "$OUT/fuzz_gpu.txt"; tail -n 30 "$OUT/gpu_tests.log"; tail -n 15 "$OUT/soak.log" ;;
     feeds) data; python3 benchmarks/bench_feeds.py --data /tmp/bench --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25
            anchors_only dali_rnnt_feed_aps,dali_video_reader_cps ;;
-    profile) data; python3 benchmarks/profile_stages.py --data /tmp/bench --out "$OUT" 2>&1 | tail -14 ;;
+    profile) data; python3 benchmarks/profile_stages.py --data /tmp/bench --out "$OUT" \
+               --parts "${PARTS:-rnnt,video,chain,image}" 2>&1 | tail -24 ;;
     feedprof) data; python3 benchmarks/profile_stages.py --feeds --data /tmp/bench --out "$OUT" 2>&1 | tail -6 ;;
     augment) python3 benchmarks/bench_augment.py --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25 ;;
     extract) data; python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT" --profile \
@@ -77,9 +82,12 @@ for step in "$@"; do
     targets) data
       # (BUDGET is 10 unless set: the feeds' budget is FEED_BUDGET, 5 s; a 3 s budget leaves
       # DALI's RNN-T feed mostly warming up, and the cold video feed its scan processes starting)
-      python3 benchmarks/bench_feeds.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" 2>&1 | tail -11
-      anchors_only dali_rnnt_feed_aps
+      python3 benchmarks/bench_feeds.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
+        --only avpipe_rnnt,avpipe_rnnt_noaug,avpipe_video,avpipe_video_eval,avpipe_video_cold,dali_video 2>&1 | tail -10
       python3 benchmarks/bench_augment.py --out "$OUT" --budget 3 2>&1 | tail -8
+      python3 benchmarks/bench_video.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
+        --only avpipe_clip_cps,avpipe_cold_clip_cps,pynvc_clip_cps,dali_video_reader_cps 2>&1 | tail -8 ;;
+    xtargets) data
       python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT/x32" --profile \
         --dtype float16 --only avpipe_nemo,dali_nemo,avpipe_frames,dali_frames 2>&1 | tail -5
       python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT/x128" --repeat 128 \

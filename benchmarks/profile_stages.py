@@ -40,13 +40,27 @@ SR = 16000
 
 def timer(xp, iters):
     """``run(name, fn)``: median ms of ``fn()`` over ``iters`` runs after one warm-up, with a
-    device synchronize before and after each run on a GPU."""
+    device synchronize before and after each run on a GPU; ``run(name, fn, queued=True)``:
+    ``fn()`` called ``iters`` times back to back (one synchronize at the end), as a feed calls
+    it: the host's ms per call (the time to queue the work) and the ms per call until the
+    device is done. Host ~ total: the host bounds it; total above host: the device does."""
     sync = (lambda: None) if xp is np else xp.cuda.runtime.deviceSynchronize
     table = {}
 
-    def run(name, fn):
+    def run(name, fn, queued=False):
         fn()
         sync()
+        if queued:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            t1 = time.perf_counter()
+            sync()
+            t2 = time.perf_counter()
+            host, total = (t1 - t0) / iters * 1e3, (t2 - t0) / iters * 1e3
+            table[f"{name}, queued"] = {"host_ms": round(host, 3), "total_ms": round(total, 3)}
+            print(f"  {name:42s} {total:9.3f} ms/call queued (host {host:.3f})", flush=True)
+            return
         ts = []
         for _ in range(iters):
             t0 = time.perf_counter()
@@ -124,6 +138,37 @@ def video(args, xp, run, device):
     run("video: crop + fused resize + normalize", fused)
     run("video: flip copy", lambda: xp.ascontiguousarray(y[..., ::-1]))
     run("video: whole train transform", lambda: task._train_transform(frames, 7, 1))
+    run("video: whole train transform", lambda: task._train_transform(frames, 7, 1), queued=True)
+
+
+def chain(args, xp, run):
+    """``bench_augment.py``'s clip chain (8 clips of 16 x 360 x 640): its draws (and the crop
+    tables' copy), the application, and each kernel stage alone."""
+    import bench_augment
+
+    from avpipe.ops import _augment_kernels as ak
+    from avpipe.ops import image_augment as aug
+
+    x = xp.asarray(bench_augment.video_batch(8, 16))
+    ch = aug.video_train_chain(224, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)
+    ops = ch.ops
+    params = aug._sample_run(x, ops, seed=0, epoch=1)
+    run("chain: draws + tables (8 clips)", lambda: aug._sample_run(x, ops, seed=0, epoch=1))
+    run("chain: apply (8 clips)", lambda: aug._clip_ops(x, ops, params))
+    run("chain: whole (8 clips)", lambda: ch(x, seed=0, epoch=1))
+    run("chain: whole (8 clips)", lambda: ch(x, seed=0, epoch=1), queued=True)
+    if xp is np:
+        return
+    tables, meta = params[0].stashed(aug._crop_tag(224, 224, "bilinear", True))
+    y = ak.crop_launch(x, tables, meta, 224, 224, mode=ak.MODE_F32)
+    run("chain: resized crop kernels", lambda: ak.crop_launch(x, tables, meta, 224, 224,
+                                                              mode=ak.MODE_F32), queued=True)
+    a = np.full(3, 1 / 58.0, np.float32)
+    b = np.full(3, -2.0, np.float32)
+    run("chain: pixels (flip, normalize)", lambda: ak.pixels(
+        y, flip=params[1]["flip"], affine=(a, b), nchw=True), queued=True)
+    run("chain: pixels (flip, jitter, normalize)", lambda: ak.pixels(
+        y, flip=params[1]["flip"], jitter=params[2], affine=(a, b), nchw=True), queued=True)
 
 
 def image_rebuild(args, run):
@@ -218,8 +263,8 @@ def main():
     ap.add_argument("--feeds", action="store_true")
     ap.add_argument("--batches", type=int, default=30)
     ap.add_argument("--parts", default="rnnt,video,image",
-                    help="comma-separated: rnnt, video, image (the image part builds DALI "
-                         "pipelines for about 3 minutes)")
+                    help="comma-separated: rnnt, video, chain, image (the image part builds "
+                         "DALI pipelines for about 3 minutes)")
     args = ap.parse_args()
     args.parts = set(args.parts.split(","))
     if args.feeds:
@@ -235,6 +280,8 @@ def main():
             rnnt(args, xp, run)
         if "video" in args.parts:
             video(args, xp, run, device)
+        if "chain" in args.parts:
+            chain(args, xp, run)
         if not args.cpu and "image" in args.parts:
             image_rebuild(args, run)
     os.makedirs(args.out, exist_ok=True)

@@ -342,6 +342,23 @@ def test_video_eval_views():
     assert len(set(b.labels.tolist())) == 1
 
 
+def test_video_eval_single_crop_is_the_centre_of_the_resize():
+    # num_crops=1: the centre crop folded into the resize equals cropping the whole resize
+    from avpipe.device import resolve_device
+    from avpipe.ops.image import resize_crop_normalize
+    from avpipe.ops.image_augment import center_crop_clips
+    from avpipe.recipes.video import VideoTask
+
+    task = VideoTask(labels=[0], clip_length=3, stride=1, crop_size=40, train=False, seed=0,
+                     device=resolve_device("cpu"), num_clips=1, num_crops=1)  # fmt: skip
+    fr = np.random.default_rng(1).integers(0, 256, (3, 61, 97, 3), dtype=np.uint8)
+    full = resize_crop_normalize(fr, short_side=40, crop_size=None, layout="NCHW")
+    want = center_crop_clips(full[None], 40, layout="BTCHW")
+    got = task._eval_views(fr)
+    assert got.shape == (1, 3, 3, 40, 40)
+    np.testing.assert_array_equal(got, want)
+
+
 def _logit(clips):  # a stand-in model: one score per view
     return clips.astype(np.float64).mean(axis=(1, 2, 3, 4))
 

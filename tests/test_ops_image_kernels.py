@@ -459,6 +459,20 @@ def _kernels_available():
 
 
 @pytest.mark.gpu
+def test_gpu_flip_matches_numpy(monkeypatch):
+    import cupy
+
+    monkeypatch.delenv("AVPIPE_IMAGE_KERNELS", raising=False)
+    _kernels_available()
+    x = _picture(3, 97, 131, seed=9)
+    for dtype, layout in (("float32", "NCHW"), ("float16", "NHWC")):
+        for crop in (None, 40):
+            opts = dict(short_side=56, crop_size=crop, dtype=dtype, layout=layout, flip=True)
+            _check(I.resize_crop_normalize(cupy.asarray(x), **opts),
+                   I.resize_crop_normalize(x, **opts), dtype)  # fmt: skip
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("interp", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("antialias", [True, False])
 @pytest.mark.parametrize("case", range(len(CASES)))
@@ -589,6 +603,47 @@ def test_gpu_window_of_the_image_matches_numpy(interp, antialias, monkeypatch):
 
 
 
+def test_flip_is_the_mirrored_result():
+    """numpy: ``flip=True`` is the unflipped result mirrored along its width, bit for bit."""
+    x = _picture(2, 61, 83, seed=3)
+    for layout, axis in (("NCHW", -1), ("NHWC", -2)):
+        for crop in (None, (40, 30)):
+            opts = dict(short_side=48, crop_size=crop, dtype="float32", layout=layout)
+            ref = np.flip(I.resize_crop_normalize(x, **opts), axis=axis)
+            got = I.resize_crop_normalize(x, flip=True, **opts)
+            assert got.flags.c_contiguous and np.array_equal(got, ref)
+
+
+@pytest.mark.parametrize("window", [None, (10, 20, 81, 123)])
+def test_flip_folded_into_the_kernel_tables(fake_cupy, window):
+    """The kernels' flip is the horizontal table in reverse order: the emulated launches give
+    the numpy ``flip=True`` result (two launches, no extra pass)."""
+    x = _picture(2, 61, 83, seed=4)
+    full_h, full_w = (61, 83) if window is None else window[2:]
+    m, sd = np.array([0.4, 0.5, 0.45]), np.array([0.2, 0.25, 0.3])
+    for layout, crop in (("NCHW", (30, 26)), ("NHWC", None if window is None else 30)):
+        opts = dict(short_side=48, crop_size=crop, mean=m, std=sd, dtype="float32",
+                    layout=layout, window=window)  # fmt: skip
+        ref = I.resize_crop_normalize(x, flip=True, **opts)
+        oh, ow = I.resize_short_side_size(full_h, full_w, 48)
+        ch, cw = (oh, ow) if crop is None else I._hw(crop, "crop_size")
+        top, left = int(round((oh - ch) / 2.0)), int(round((ow - cw) / 2.0))
+        fake_cupy.launches = []
+        got = K.resample(x.view(_FakeArr), oh, ow, (top, top + ch), (left, left + cw),
+                         "bilinear", True, mode=K.MODE_F32, nchw=layout == "NCHW",
+                         a=(1 / 255 / sd).astype(np.float32), b=(-m / sd).astype(np.float32),
+                         window=window, flip=True)  # fmt: skip
+        assert fake_cupy.launches == ["h", "v"]
+        assert got.shape == ref.shape
+        assert np.abs(np.asarray(got, np.float32) - ref).max() <= 1e-4
+        unflipped = I.resize_crop_normalize(x, **opts)
+        assert np.abs(np.asarray(got, np.float32) - unflipped).max() > 0.1  # it did mirror
+    p = K.plan(61, 83, 10, 20, (0, 10), (3, 17), "bilinear", True, None, True)
+    q = K.plan(61, 83, 10, 20, (0, 10), (3, 17), "bilinear", True)
+    assert np.array_equal(p.x.table, q.x.table[::-1])
+    assert np.array_equal(p.x.weights, q.x.weights[::-1]) and p.y == q.y
+
+
 def test_a_plans_tables_go_up_in_one_copy(fake_cupy, monkeypatch):
     """A new plan (a random resized crop makes one per clip) costs one host->device copy: the
     four tables are views of one buffer, equal to the host tables."""
@@ -602,4 +657,20 @@ def test_a_plans_tables_go_up_in_one_copy(fake_cupy, monkeypatch):
         for d, ref in zip(tabs, host):
             assert d.dtype == ref.dtype and d.shape == ref.shape and d.flags.c_contiguous
             assert np.asarray(d).tobytes() == ref.tobytes()
-        assert K._device_tables(_FakeCupy, p, 0) is tabs and len(copies) == 1  # cached
+        again = K._device_tables(_FakeCupy, p, 0)  # cached: the same arrays, no copy
+        assert all(a is b for a, b in zip(again, tabs)) and len(copies) == 1
+
+
+def test_device_tables_are_cached_per_axis(fake_cupy):
+    """A new crop size along one axis copies only that axis's tables up (a random resized crop
+    makes a new 2-D plan per clip, but the sizes along each axis repeat)."""
+    copies = _FakeArr.copies
+    p = K.plan(200, 300, 224, 224, (0, 224), (0, 224), "bilinear", True)
+    tabs = K._device_tables(_FakeCupy, p, 0)
+    q = K.plan(150, 300, 224, 224, (0, 224), (0, 224), "bilinear", True)  # same width
+    copies.clear()
+    got = K._device_tables(_FakeCupy, q, 0)
+    assert got[0] is tabs[0] and got[1] is tabs[1]  # the x axis as cached
+    assert got[2] is not tabs[2] and len(copies) == 1
+    assert np.asarray(got[2]).tobytes() == q.y.table.tobytes()
+    assert np.asarray(got[3]).tobytes() == q.y.weights.tobytes()

@@ -33,13 +33,11 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import NamedTuple
 
 import numpy as np
 
 from ..device import upload_many
 from . import _image_kernels as _ik
-from . import _image_resize as _rs
 
 log = logging.getLogger("avpipe")
 
@@ -391,33 +389,13 @@ def _src(cupy, x5):
 # --- host tables for the batched resized crop ---------------------------------------------------
 
 
-class AxisTaps(NamedTuple):
-    """One axis of a crop's resize: ``table`` [out, 2] int32 (start, count) and ``weights``
-    [out, taps] float32, as :func:`avpipe.ops._image_kernels.plan` builds them; ``rel``: the
-    table with its starts relative to ``row0``, the first input index read (``rows`` of them)."""
-
-    table: np.ndarray
-    rel: np.ndarray
-    weights: np.ndarray
-    row0: int
-    rows: int
-
-
-@functools.lru_cache(maxsize=2048)
-def axis_taps(in_size: int, out_size: int, interpolation: str, antialias: bool) -> AxisTaps:
-    """The sparse taps of resizing one axis of ``in_size`` to ``out_size`` (cached per size:
-    a batch of random crops draws its boxes from a few hundred sizes, where a cache of whole
-    2-D plans would miss nearly every time). Equal to the axes of ``_ik.plan(h, w, oh, ow, (0,
-    oh), (0, ow), ...)`` (``y`` there is ``rel``, with ``row0`` and ``rows``)."""
-    t = _ik.sparse_taps(*_rs.axis_weights(in_size, out_size, interpolation, antialias, 0, out_size))
-    start, count = t.start.astype(np.int64), t.count.astype(np.int64)
-    used = count > 0
-    row0 = int(start[used].min()) if used.any() else 0
-    span = int((start + count)[used].max()) - row0 if used.any() else 1
-    rel = t.table.copy()
-    rel[:, 0] = np.where(used, start - row0, 0)
-    rel.setflags(write=False)
-    return AxisTaps(t.table, rel, t.weights, row0, max(span, 1))
+def axis_taps(in_size: int, out_size: int, interpolation: str, antialias: bool) -> _ik.AxisPlan:
+    """The sparse taps of resizing one axis of ``in_size`` to ``out_size``: the whole axis's
+    :func:`avpipe.ops._image_kernels.axis_plan` (cached per size: a batch of random crops draws
+    its boxes from a few hundred sizes, where a cache of whole 2-D plans would miss nearly
+    every time)."""
+    return _ik.axis_plan(int(in_size), int(out_size), 0, int(out_size), interpolation,
+                         bool(antialias))  # fmt: skip
 
 
 def crop_tables(top, left, height, width, oh, ow, interpolation, antialias):

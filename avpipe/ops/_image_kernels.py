@@ -16,8 +16,9 @@ window folded in) in two launches, accumulating in float32:
 Each output row / column has a *sparse tap table*: the first input index, the number of taps and
 their weights (the dense ``axis_weights`` taps folded onto a contiguous window: duplicate
 indices of the clamped torch-style filters are summed, zero weights at the window ends dropped).
-:func:`plan` builds the tables on the host with numpy (cached); the device copies are cached
-per device. One thread per output element, grid-stride loops, 64-bit index math.
+:func:`plan` builds the tables on the host with numpy from the two axes' :func:`axis_plan`
+(cached per axis); the device copies are cached per axis and device. A horizontal flip of the
+output is the horizontal table in reverse order: no extra pass. One thread per output element, grid-stride loops, 64-bit index math.
 
 If the kernels do not compile (NVRTC missing or failing) a warning is logged once and callers
 fall back to the array-module (cuBLAS) path; ``AVPIPE_IMAGE_KERNELS=0`` selects that path too.
@@ -266,29 +267,71 @@ def sparse_taps(idx: np.ndarray, w: np.ndarray) -> AxisTaps:
     return AxisTaps(table, weights)
 
 
+@dataclass(frozen=True)
+class AxisPlan:
+    """One axis of a resize: ``table`` [out, 2] int32 (start, count; starts absolute),
+    ``weights`` [out, taps] float32, and ``rel``: the table with its starts relative to
+    ``row0``, the first input index read (``rows`` of them: the span the horizontal pass
+    computes when this is the vertical axis). ``key``: what it was built from (the device cache's
+    key). None of :func:`axis_plan` when a window lacks taps it needs."""
+
+    table: np.ndarray
+    rel: np.ndarray
+    weights: np.ndarray
+    row0: int
+    rows: int
+    key: tuple
+
+
+@functools.lru_cache(maxsize=4096)
+def axis_plan(in_size, out_size, lo, hi, interpolation, antialias, offset=0, full=None,
+              flip=False) -> AxisPlan | None:
+    """The sparse taps of output positions ``lo:hi`` of resizing an axis of ``full`` (default
+    ``in_size``) to ``out_size``, the input holding positions ``offset : offset + in_size`` of it;
+    ``flip``: the positions in reverse order (a mirrored output, folded into the taps). Cached
+    per axis: a random resized crop draws its boxes from a few hundred sizes per axis, where a
+    cache of whole 2-D plans would miss nearly every time. None if the window lacks a tap with
+    a nonzero weight."""
+    idx, w = _rs.axis_weights(in_size if full is None else full, out_size, interpolation,
+                              bool(antialias), lo, hi)  # fmt: skip
+    if full is not None:
+        idx = _rs.shift_into(idx, w, offset, in_size)
+        if idx is None:
+            return None
+    t = sparse_taps(idx, w)
+    table, weights = t.table, t.weights
+    if flip:
+        table, weights = np.ascontiguousarray(table[::-1]), np.ascontiguousarray(weights[::-1])
+    start, count = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64)
+    used = count > 0
+    row0 = int(start[used].min()) if used.any() else 0
+    span = int((start + count)[used].max()) - row0 if used.any() else 1
+    rel = table.copy()
+    rel[:, 0] = np.where(used, start - row0, 0)
+    for a in (table, weights, rel):
+        a.setflags(write=False)
+    key = (in_size, out_size, lo, hi, interpolation, bool(antialias), offset, full, bool(flip))
+    return AxisPlan(table, rel, weights, row0, max(span, 1), key)
+
+
 @functools.lru_cache(maxsize=512)
-def plan(h, w, out_h, out_w, rows, cols, interpolation, antialias, window=None) -> Plan:
+def plan(h, w, out_h, out_w, rows, cols, interpolation, antialias, window=None,
+         flip=False) -> Plan:
     """Tap tables for resizing ``h x w`` to ``out_h x out_w`` and keeping output rows
-    ``rows = (r0, r1)`` and columns ``cols = (c0, c1)``. ``window=(top, left, full_h,
-    full_w)``: the input is that part of a larger image (see
-    :func:`avpipe.ops._image_resize.resize_taps`; ValueError if the taps reach outside it)."""
+    ``rows = (r0, r1)`` and columns ``cols = (c0, c1)`` (``flip``: those columns mirrored).
+    ``window=(top, left, full_h, full_w)``: the input is that part of a larger image (see
+    :func:`avpipe.ops._image_resize.resize_taps`; ValueError if the taps reach outside it).
+    Built from the two axes' :func:`axis_plan`."""
     antialias = bool(antialias)
-    y_taps, x_taps = _rs.resize_taps(h, w, out_h, out_w, tuple(rows), tuple(cols), interpolation,
-                                     antialias, window)  # fmt: skip
-    y, x = sparse_taps(*y_taps), sparse_taps(*x_taps)
-    ys, yc = y.start.astype(np.int64), y.count.astype(np.int64)
-    used = yc > 0
-    if used.any():
-        row0 = int(ys[used].min())
-        rows_n = int((ys + yc)[used].max()) - row0
-    else:
-        row0, rows_n = 0, 1
-    table = y.table.copy()
-    table[:, 0] = np.where(used, ys - row0, 0)
-    table.setflags(write=False)
-    y = AxisTaps(table, y.weights)
-    key = (h, w, out_h, out_w, tuple(rows), tuple(cols), interpolation, antialias, window)
-    return Plan(x=x, y=y, row0=row0, rows=max(rows_n, 1), key=key)
+    top, left, full_h, full_w = (0, 0, None, None) if window is None else window
+    y = axis_plan(h, out_h, *rows, interpolation, antialias, top, full_h)
+    x = axis_plan(w, out_w, *cols, interpolation, antialias, left, full_w, bool(flip))
+    if x is None or y is None:  # the error that names what the window lacks
+        _rs.resize_taps(h, w, out_h, out_w, tuple(rows), tuple(cols), interpolation, antialias,
+                        window)  # fmt: skip
+        raise AssertionError("resize_taps accepted a window that axis_plan did not")
+    return Plan(x=AxisTaps(x.table, x.weights), y=AxisTaps(y.rel, y.weights), row0=y.row0,
+                rows=y.rows, key=(x.key, y.key))  # fmt: skip
 
 
 # --- device side ---------------------------------------------------------------------------------
@@ -320,18 +363,21 @@ def _kernels(device_id: int):
 
 
 def _device_tables(cupy, p: Plan, device_id: int):
-    key = (p.key, device_id)
-    hit = _TABLES.get(key)
-    if hit is None:
-        # one copy per plan (a random resized crop makes one per clip): views of one buffer
-        # cached for every thread's stream: the copy is complete when it returns
-        hit = tuple(upload_many(cupy, (p.x.table, p.x.weights, p.y.table, p.y.weights),
-                                wait=True))
-        if len(_TABLES) > 256:  # evicted tables live one more generation: a kernel queued
+    """``(x table, x weights, y table, y weights)`` of plan ``p`` on the device, cached per
+    axis (a random resized crop's plan is new, its axes rarely are); the axes not cached yet
+    go up in one copy, cached for every thread's stream: complete when this returns."""
+    axes = ((p.x.table, p.x.weights), (p.y.table, p.y.weights))
+    keys = [(k, device_id) for k in p.key]
+    got = [_TABLES.get(k) for k in keys]
+    missing = [i for i, g in enumerate(got) if g is None]
+    if missing:
+        up = iter(upload_many(cupy, [a for i in missing for a in axes[i]], wait=True))
+        if len(_TABLES) > 2048:  # evicted tables live one more generation: a kernel queued
             _EVICTED[:] = [dict(_TABLES)]  # on another stream may still read one
             _TABLES.clear()
-        _TABLES[key] = hit
-    return hit
+        for i in missing:
+            got[i] = _TABLES[keys[i]] = (next(up), next(up))
+    return (*got[0], *got[1])
 
 
 def _device_vec(cupy, v: np.ndarray, device_id: int):
@@ -364,6 +410,7 @@ def resample(
     a=None,
     b=None,
     window=None,
+    flip=False,
 ):
     """Run both passes on cupy ``xb`` ``[N, H, W, C]``; returns a new contiguous cupy array
     (``[N, C, h, w]`` if ``nchw`` else ``[N, h, w, C]``, float32 / float16 / uint8 by ``mode``),
@@ -372,7 +419,8 @@ def resample(
     ``a``, ``b``: per-channel float32 ``v * a + b`` for the float modes (default 1, 0); the
     uint8 mode also rounds/clips between the passes (PIL's 8-bit behaviour). ``window``:
     ``(top, left, full_h, full_w)``: ``xb`` holds that part of a larger image, which is what
-    ``out_h``/``rows``/``cols`` refer to (see :func:`plan`)."""
+    ``out_h``/``rows``/``cols`` refer to (see :func:`plan`). ``flip``: the output mirrored
+    horizontally (the horizontal taps in reverse order)."""
     import cupy
 
     device_id = int(xb.device.id)
@@ -381,7 +429,7 @@ def resample(
         return None
     n, h, w, c = (int(s) for s in xb.shape)
     p = plan(h, w, int(out_h), int(out_w), tuple(rows), tuple(cols), interpolation, antialias,
-             None if window is None else tuple(int(v) for v in window))  # fmt: skip
+             None if window is None else tuple(int(v) for v in window), bool(flip))  # fmt: skip
     oh, ow = p.y.table.shape[0], p.x.table.shape[0]
     out_dtype = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}[mode]
     with cupy.cuda.Device(device_id):

@@ -372,6 +372,7 @@ def resize_crop_normalize(
     dtype="float16",
     layout: str = "NCHW",
     window=None,
+    flip: bool = False,
 ):
     """resize (short side or size) -> center crop -> normalize -> dtype -> layout, fused.
 
@@ -388,6 +389,9 @@ def resize_crop_normalize(
     every pixel the resize reads (else ValueError). A sequence of windows, one per image (a
     stream batch's ``windows``), is accepted when they are all the same (else ValueError: crops
     of one shape can come from images of different sizes; resize those in groups).
+
+    ``flip=True`` mirrors the result horizontally, folded into the resize (the same values as
+    flipping the result afterwards, without the extra pass).
     """
     _check_interp(interpolation)
     if short_side is not None and size is not None:
@@ -420,11 +424,14 @@ def resize_crop_normalize(
         b = (-m / s).astype(np.float32)
         mode = _kern.MODE_F16 if dt == np.float16 else _kern.MODE_F32
         y = _kern.resample(xb, oh, ow, rows, cols, interpolation, antialias, mode=mode,
-                           nchw=layout in ("NCHW", "CHW"), a=a, b=b, window=window)  # fmt: skip
+                           nchw=layout in ("NCHW", "CHW"), a=a, b=b, window=window,
+                           flip=bool(flip))  # fmt: skip
         if y is not None:
             return y[0] if single else y
     y = _resample(xp, _to_nchw_f32(xp, xb), oh, ow, interpolation, antialias, rows, cols,
                   window=window)  # fmt: skip
+    if flip:
+        y = y[..., ::-1]
     y = normalize(y, mean, std, scale=scale, dtype=dtype, layout="NCHW")
     if layout in ("NHWC", "HWC"):
         y = xp.transpose(y, (0, 2, 3, 1))

@@ -62,6 +62,7 @@ from ..device import array_module, upload_many
 from . import _augment_kernels as _ak
 from . import _image_resize as _rs
 from . import random as R
+from .image import _center_offsets  # torchvision's rounding
 from ._augment_base import (
     Augment,
     Chain,
@@ -434,10 +435,6 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, **kwargs):
 
 
 # --- centre crop and N-crop ----------------------------------------------------------------------
-
-
-def _center_offsets(h, w, ch, cw):
-    return int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))  # torchvision's rounding
 
 
 def center_crop_clips(x, size, *, layout=None):

@@ -166,7 +166,7 @@ class VideoTask(Task):
     def _train_transform(self, frames, i, epoch):
         """[T, H, W, 3] uint8 -> [T, 3, S, S]: the random resized crop (a view of the frames)
         fed to the fused resize + normalize (``fused_resized_crop_normalize``'s parts, for one
-        clip), (colour jitter, grayscale,) flip."""
+        clip) with the flip folded into the resize, (then colour jitter, grayscale)."""
         xp = array_module(frames)
         T, H, W, _ = frames.shape
         p = _aug.sample_resized_crop_params(self.seed, epoch, [i], H, W, scale=self.scale,
@@ -174,32 +174,34 @@ class VideoTask(Task):
         x = crop(frames, int(p["top"][0]), int(p["left"][0]), int(p["height"][0]),
                  int(p["width"][0]))
         size = (self.S, self.S)
+        # the flip commutes with the pixel-wise colour ops (and the contrast's frame mean)
+        flip = bool(_aug.sample_flip_params(self.seed, epoch, [i])["flip"][0])
         if self.color_jitter is None and self.grayscale_p <= 0:
-            y = resize_crop_normalize(x, size=size, short_side=None, crop_size=None,
-                                      mean=self.mean, std=self.std, dtype=self.dtype,
-                                      layout="NCHW")
-        else:  # the colour ops work on 0..255 values: normalize after them
-            y = resize_crop_normalize(x, size=size, short_side=None, crop_size=None, mean=0.0,
-                                      std=1.0, scale=1.0, dtype="float32", layout="NHWC")[None]
-            if self.color_jitter is not None:
-                q = _aug.sample_color_jitter_params(self.seed, epoch, [i], **self.color_jitter)
-                y = _aug.apply_color_jitter(y, q, bound=255.0, layout="BTHWC")
-            if self.grayscale_p > 0:
-                q = _aug.sample_grayscale_params(self.seed, epoch, [i], p=self.grayscale_p)
-                y = _aug.apply_grayscale(y, q, layout="BTHWC")
-            y = normalize(y[0], self.mean, self.std, scale=1.0 / 255.0, dtype=self.dtype,
-                          layout="NHWC")
-            y = xp.moveaxis(y, -1, 1)
-        if bool(_aug.sample_flip_params(self.seed, epoch, [i])["flip"][0]):
-            y = y[..., ::-1]
-        return xp.ascontiguousarray(y)
+            return resize_crop_normalize(x, size=size, short_side=None, crop_size=None,
+                                         mean=self.mean, std=self.std, dtype=self.dtype,
+                                         layout="NCHW", flip=flip)  # fmt: skip
+        # the colour ops work on 0..255 values: normalize after them
+        y = resize_crop_normalize(x, size=size, short_side=None, crop_size=None, mean=0.0,
+                                  std=1.0, scale=1.0, dtype="float32", layout="NHWC",
+                                  flip=flip)[None]  # fmt: skip
+        if self.color_jitter is not None:
+            q = _aug.sample_color_jitter_params(self.seed, epoch, [i], **self.color_jitter)
+            y = _aug.apply_color_jitter(y, q, bound=255.0, layout="BTHWC")
+        if self.grayscale_p > 0:
+            q = _aug.sample_grayscale_params(self.seed, epoch, [i], p=self.grayscale_p)
+            y = _aug.apply_grayscale(y, q, layout="BTHWC")
+        y = normalize(y[0], self.mean, self.std, scale=1.0 / 255.0, dtype=self.dtype,
+                      layout="NHWC")
+        return xp.ascontiguousarray(xp.moveaxis(y, -1, 1))
 
     def _eval_views(self, frames):
         """[T, H, W, 3] uint8 -> [num_crops, T, 3, S, S]: short side to S, then the crops."""
+        if self.num_crops == 1:  # the centre crop folded into the resize
+            return resize_crop_normalize(frames, short_side=self.S, crop_size=self.S,
+                                         mean=self.mean, std=self.std, dtype=self.dtype,
+                                         layout="NCHW")[None]  # fmt: skip
         y = resize_crop_normalize(frames, short_side=self.S, crop_size=None, mean=self.mean,
                                   std=self.std, dtype=self.dtype, layout="NCHW")
-        if self.num_crops == 1:
-            return _aug.center_crop_clips(y[None], self.S, layout="BTCHW")
         return _aug.n_crop(y[None], self.S, n=3, layout="BTCHW")[0]
 
     # -- decoding ------------------------------------------------------------------------------
