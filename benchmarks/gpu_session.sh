@@ -83,8 +83,8 @@ for step in "$@"; do
       # (BUDGET is 10 unless set: the feeds' budget is FEED_BUDGET, 5 s; a 3 s budget leaves
       # DALI's RNN-T feed mostly warming up, and the cold video feed its scan processes starting)
       python3 benchmarks/bench_feeds.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
-        --only avpipe_rnnt,avpipe_rnnt_noaug,avpipe_video,avpipe_video_eval,avpipe_video_cold,dali_video 2>&1 | tail -10
-      python3 benchmarks/bench_augment.py --out "$OUT" --budget 3 2>&1 | tail -8
+        --only avpipe_rnnt,avpipe_rnnt_noaug,avpipe_video,avpipe_video_noaug,avpipe_video_cold,dali_video 2>&1 | tail -10
+      python3 benchmarks/bench_augment.py --out "$OUT" --budget 3 2>&1 | tail -10
       python3 benchmarks/bench_video.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
         --only avpipe_clip_cps,avpipe_cold_clip_cps,pynvc_clip_cps,dali_video_reader_cps 2>&1 | tail -8 ;;
     xtargets) data

@@ -674,3 +674,14 @@ def test_device_tables_are_cached_per_axis(fake_cupy):
     assert got[2] is not tabs[2] and len(copies) == 1
     assert np.asarray(got[2]).tobytes() == q.y.table.tobytes()
     assert np.asarray(got[3]).tobytes() == q.y.weights.tobytes()
+
+
+def test_device_tables_of_a_square_crop_keep_each_axis_role(fake_cupy):
+    """Both axes of a square crop have the same taps, but the vertical table's starts are
+    relative to its first row: each axis gets its own table from the cache."""
+    p = K.plan(64, 64, 32, 32, (10, 20), (10, 20), "bilinear", True)
+    assert p.y.table[0, 0] == 0 and p.x.table[0, 0] > 0 and p.row0 == p.x.table[0, 0]
+    for _ in range(2):  # cold, then cached
+        xt, xw, yt, yw = K._device_tables(_FakeCupy, p, 0)
+        assert np.array_equal(np.asarray(xt), p.x.table)
+        assert np.array_equal(np.asarray(yt), p.y.table)

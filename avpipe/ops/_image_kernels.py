@@ -367,7 +367,8 @@ def _device_tables(cupy, p: Plan, device_id: int):
     axis (a random resized crop's plan is new, its axes rarely are); the axes not cached yet
     go up in one copy, cached for every thread's stream: complete when this returns."""
     axes = ((p.x.table, p.x.weights), (p.y.table, p.y.weights))
-    keys = [(k, device_id) for k in p.key]
+    # the role is part of the key: a vertical table's starts are relative to its row0
+    keys = [(role, k, device_id) for role, k in zip("xy", p.key)]
     got = [_TABLES.get(k) for k in keys]
     missing = [i for i, g in enumerate(got) if g is None]
     if missing:
