@@ -336,22 +336,6 @@ def test_resume_draws_equal_uninterrupted():
     assert not np.array_equal(I.sample_flip_params(5, 4, ids)["flip"], full["flip"]["flip"])
 
 
-def test_words_many_equal_words_per_stream():
-    """The one-pass draw of several streams gives each stream's words bit for bit."""
-    reqs = [("random_resized_crop", 40), ("flip", 1), ("color_jitter", 8), ("color_jitter.p", 1),
-            ("x", 0), ("y", 7), ("z", 13)]  # fmt: skip
-    for seed, epoch, ids in [(0, 0, np.arange(8)), (5, 3, np.arange(-3, 300)),
-                             (2**40 + 7, 2**33 + 1, np.array([2**35 + 1, -5, 0])),
-                             (1, 2, np.arange(1)), (3, 1, np.arange(0))]:  # fmt: skip
-        got = I._words_many(seed, epoch, ids, reqs)
-        for (stream, n), g in zip(reqs, got):
-            want = R.words(seed, stream, epoch, ids, n)
-            assert g.dtype == np.uint32 and g.shape == want.shape
-            np.testing.assert_array_equal(g, want, err_msg=f"{stream} seed={seed}")
-    with pytest.raises(ValueError, match="n must be"):
-        I._words_many(0, 0, np.arange(2), [("a", -1)])
-
-
 @pytest.mark.parametrize("flip_p,cj_p,random_order", [(0.5, 1.0, True), (0.3, 0.6, False),
                                                       (1.0, 0.0, True)])  # fmt: skip
 def test_chain_draws_equal_the_samplers(flip_p, cj_p, random_order):

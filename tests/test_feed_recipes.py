@@ -287,6 +287,37 @@ def test_rnnt_spec_augment_matches_the_op():
     np.testing.assert_array_equal(masked.features, ref)
 
 
+def test_rnnt_batch_draws_in_one_philox_pass(monkeypatch):
+    # a training batch's samplers (speed, dither, SpecAugment) take their words from one
+    # pass (ops.random.drawn_together): the same batch as drawing each alone
+    from avpipe.ops import random as R
+
+    kw = dict(batch_size=6, seed=4, device="cpu", shuffle=False, training=True)
+    (want,) = list(rnnt_feed(MANIFEST, **kw))
+    feed = rnnt_feed(MANIFEST, **kw)
+    task = feed.task
+    calls = {"lanes": 0, "ints": 0}
+    lanes, ints = R.philox_lanes, R._philox_ints
+
+    def count_lanes(*a):
+        calls["lanes"] += 1
+        return lanes(*a)
+
+    def count_ints(*a):
+        calls["ints"] += 1
+        return ints(*a)
+
+    pairs = list(enumerate(feed.items[:6]))
+    values = task.decode_items(pairs)
+    monkeypatch.setattr(R, "philox_lanes", count_lanes)
+    monkeypatch.setattr(R, "_philox_ints", count_ints)
+    got = task.collate(values, pairs, 0, 0)
+    assert calls == {"lanes": 1, "ints": 0}
+    np.testing.assert_array_equal(got["features"], want.features)
+    np.testing.assert_array_equal(got["feature_lengths"], want.feature_lengths)
+    feed.close()
+
+
 # --- video --------------------------------------------------------------------------------
 
 

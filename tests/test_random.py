@@ -132,3 +132,36 @@ def test_small_draws_in_python_integers_equal_numpy(monkeypatch):
         s = R.words(*d)
         assert f.dtype == s.dtype == np.uint32 and f.shape == s.shape
         np.testing.assert_array_equal(f, s)
+
+
+def test_words_many_equal_words_per_stream():
+    """The one-pass draw of several streams gives each stream's words bit for bit."""
+    reqs = [("random_resized_crop", 40), ("flip", 1), ("color_jitter", 8), ("color_jitter.p", 1),
+            ("x", 0), ("y", 7), ("z", 13)]  # fmt: skip
+    for seed, epoch, ids in [(0, 0, np.arange(8)), (5, 3, np.arange(-3, 300)),
+                             (2**40 + 7, 2**33 + 1, np.array([2**35 + 1, -5, 0])),
+                             (1, 2, np.arange(1)), (3, 1, np.arange(0))]:  # fmt: skip
+        got = R.words_many(seed, epoch, ids, reqs)
+        for (stream, n), g in zip(reqs, got):
+            want = R.words(seed, stream, epoch, ids, n)
+            assert g.dtype == np.uint32 and g.shape == want.shape
+            np.testing.assert_array_equal(g, want, err_msg=f"{stream} seed={seed}")
+    with pytest.raises(ValueError, match="n must be"):
+        R.words_many(0, 0, np.arange(2), [("a", -1)])
+
+
+def test_drawn_together_hands_out_the_same_words():
+    ids = np.array([5, 2**33 + 1, -4, 9])
+    reqs = [("a", 3), ("b", 20)]
+    want = {s: R.words(7, s, 2, ids, n) for s, n in reqs}
+    with R.drawn_together(7, 2, ids, reqs):
+        for s, n in reqs:
+            got = R.words(7, s, 2, ids, n)
+            np.testing.assert_array_equal(got, want[s])
+            got[:] = 0  # a copy: the next caller still gets the words
+            np.testing.assert_array_equal(R.words(7, s, 2, ids, n), want[s])
+        # anything else is drawn as usual
+        assert not np.array_equal(R.words(7, "a", 3, ids, 3), want["a"])  # another epoch
+        np.testing.assert_array_equal(R.words(7, "a", 2, ids[:2], 3), want["a"][:2])
+    assert getattr(R._AHEAD, "words", None) is None
+

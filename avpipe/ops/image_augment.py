@@ -218,58 +218,6 @@ def _to_xp(xp, params: dict):
     return _DeviceParams(dict(zip(params, upload_many(xp, list(params.values())))), params)
 
 
-_PHILOX_M = np.array([0xD2511F53, 0xCD9E8D57], np.uint64).reshape(2, 1)
-_PHILOX_W = (np.arange(10, dtype=np.uint64)[:, None, None]
-             * np.array([0x9E3779B9, 0xBB67AE85], np.uint64)[None, :, None])  # fmt: skip
-_U32 = np.uint64(0xFFFFFFFF)
-
-
-@functools.lru_cache(maxsize=64)
-def _philox_columns(seed, requests, B):
-    """What :func:`_words_many`'s counters share from batch to batch: each column's round keys
-    ``[10, 2, B * nb]`` and block number, the block counts (column ``j``: item ``j // nb``)."""
-    blocks = []
-    for _, n in requests:
-        if int(n) < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        blocks.append((int(n) + 3) // 4)
-    keys = np.array([R.stream_key(seed, s) for s, _ in requests], np.uint64).reshape(-1, 2).T
-    kr = np.tile((np.repeat(keys, blocks, axis=1)[None] + _PHILOX_W) & _U32, (1, 1, B))
-    blk = np.tile(np.concatenate([np.arange(b, dtype=np.uint64) for b in blocks] or [[]]), B)
-    for a in (kr, blk):
-        a.setflags(write=False)
-    return kr, blk, tuple(blocks)
-
-
-def _words_many(seed, epoch, ids, requests):
-    """``[R.words(seed, stream, epoch, ids, n) for stream, n in requests]`` (host ``ids``) in one
-    vectorized Philox4x32-10 pass over all their counters, each column under its stream's key:
-    the same words bit for bit (the same integer rounds as :func:`avpipe.ops.random.philox4x32`,
-    lanes 0/2 and 1/3 kept as two arrays), for the cost of one draw of small arrays rather than
-    one per stream."""
-    ids = np.asarray(ids, np.int64).reshape(-1)
-    B = ids.shape[0]
-    requests = tuple((s, int(n)) for s, n in requests)
-    kr, blk, blocks = _philox_columns(seed, requests, B)
-    nb = sum(blocks)
-    if B == 0 or nb == 0:
-        return [np.zeros((B, n), np.uint32) for _, n in requests]
-    a = np.empty((2, B * nb), np.uint64)  # lanes 0 (id low), 2 (epoch)
-    a[0] = np.repeat(ids & 0xFFFFFFFF, nb)
-    a[1] = int(epoch) & 0xFFFFFFFF
-    b = np.stack([np.repeat((ids >> 32) & 0xFFFFFFFF, nb).astype(np.uint64), blk])  # 1, 3
-    for r in range(10):
-        p = a * _PHILOX_M  # a0 * M0, a2 * M1
-        a = (p[::-1] >> np.uint64(32)) ^ b ^ kr[r]
-        b = (p & _U32)[::-1]
-    w = np.stack([a[0], b[0], a[1], b[1]], axis=-1).astype(np.uint32).reshape(B, nb * 4)
-    out, c = [], 0
-    for (_, n), nbk in zip(requests, blocks):
-        out.append(w[:, 4 * c : 4 * c + n])
-        c += nbk
-    return out
-
-
 def _check_p(p):
     """:func:`avpipe.ops.random.bernoulli`'s check of a probability."""
     if not 0.0 <= float(p) <= 1.0:
@@ -901,7 +849,7 @@ def _sample_run(x, ops, *, seed, epoch=0, ids=None):
 def _draw(x, ops, seed, epoch, ids):
     """The parameter dicts of :class:`RandomResizedCrop`, :class:`RandomFlip`,
     :class:`ColorJitter` and :class:`Normalize` ops for the batch ``x``: every op's words in
-    one Philox pass on the host (:func:`_words_many`; the same numbers as the module's
+    one Philox pass on the host (:func:`avpipe.ops.random.words_many`; the same numbers as the module's
     samplers, which draw each stream alone), the values computed there; on cupy one host ->
     device copy for all of them plus each resized crop's tap tables (stashed in its params, so
     applying them copies nothing and never waits for the device)."""
@@ -922,7 +870,7 @@ def _draw(x, ops, seed, epoch, ids):
                 _check_p(op.p)
         spans.append((len(reqs), len(r)))
         reqs += r
-    words = _words_many(seed, epoch, ids_h, reqs)
+    words = R.words_many(seed, epoch, ids_h, reqs)
     hosts, crops = [], {}
     for i, (op, (k, n)) in enumerate(zip(ops, spans)):
         w = words[k : k + n]

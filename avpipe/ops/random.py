@@ -21,7 +21,9 @@ hashed (FNV-1a, 32 bits) into the key, so adding a new stream never shifts anoth
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 
 import numpy as np
 
@@ -29,6 +31,8 @@ __all__ = [
     "philox4x32",
     "stream_key",
     "words",
+    "words_many",
+    "drawn_together",
     "uniform",
     "integers",
     "normal",
@@ -110,16 +114,39 @@ def philox4x32(c0, c1, c2, c3, k0: int, k1: int, rounds: int = 10):
         r = _philox_ints(zip(*(c.ravel().tolist() for c in (c0, c1, c2, c3))), k0, k1,
                          rounds)  # fmt: skip
         return tuple(np.array(col, np.uint32).reshape(shape) for col in zip(*r))
-    m0, m1 = u64(_M0), u64(_M1)
-    s32 = u64(32)
-    for _ in range(rounds):
-        p0 = c0.astype(u64) * m0
-        p1 = c2.astype(u64) * m1
-        hi0, lo0 = (p0 >> s32).astype(u32), p0.astype(u32)
-        hi1, lo1 = (p1 >> s32).astype(u32), p1.astype(u32)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ u32(k0), lo1, hi0 ^ c3 ^ u32(k1), lo0
-        k0, k1 = (k0 + _W0) & _MASK32, (k1 + _W1) & _MASK32
-    return c0, c1, c2, c3
+    a, b = philox_lanes(np.stack([c0, c2]), np.stack([c1, c3]),
+                        _round_keys(k0, k1, rounds).reshape((rounds, 2) + (1,) * len(shape)))
+    return a[0].astype(u32), b[0].astype(u32), a[1].astype(u32), b[1].astype(u32)
+
+
+_PHILOX_M = np.array([_M0, _M1], np.uint64)
+_U32 = np.uint64(_MASK32)
+_S32 = np.uint64(32)
+
+
+@functools.lru_cache(maxsize=256)
+def _round_keys(k0: int, k1: int, rounds: int) -> np.ndarray:
+    """uint64 ``[rounds, 2]``: the key of each round (the Weyl sequence of ``(k0, k1)``)."""
+    r = np.arange(rounds, dtype=np.uint64)[:, None]
+    keys = (np.array([k0, k1], np.uint64)[None, :] + r * np.array([_W0, _W1], np.uint64)) & _U32
+    keys.setflags(write=False)
+    return keys
+
+
+def philox_lanes(a, b, round_keys):
+    """The numpy Philox4x32 rounds on lanes kept as uint64 pairs: ``a = [c0, c2]``, ``b = [c1,
+    c3]`` (axis 0 of each; any shape after it, values below 2**32) under ``round_keys``
+    (``[rounds, 2, ...]``, broadcasting against them: one key for all, or one per column).
+    Returns the final ``(a, b)`` (uint64 pairs): the same integer steps as :data:`PHILOX_BODY`
+    with five array operations a round."""
+    a = np.asarray(a, np.uint64)
+    b = np.asarray(b, np.uint64)
+    m = _PHILOX_M.reshape((2,) + (1,) * (a.ndim - 1))
+    for key in round_keys:
+        p = a * m  # a0 * M0, a2 * M1 (exact: below 2**64)
+        a = (p[::-1] >> _S32) ^ b ^ key  # hi1 ^ a1 ^ k0, hi0 ^ a3 ^ k1
+        b = (p & _U32)[::-1]  # lo1, lo0
+    return a, b
 
 
 @functools.lru_cache(maxsize=1024)
@@ -153,6 +180,12 @@ def words(seed, stream, epoch, ids, n: int, *, xp=np):
         raise ValueError(f"n must be >= 0, got {n}")
     blocks = (n + 3) // 4
     k0, k1 = stream_key(seed, stream)
+    if xp is np:
+        ahead = getattr(_AHEAD, "words", None)
+        if ahead is not None:  # inside drawn_together: drawn already?
+            hit = ahead.get((seed, stream, int(epoch), n))
+            if hit is not None and np.array_equal(hit[0], ids):
+                return hit[1].copy()
     if xp is np and 0 < ids.shape[0] * blocks <= _SMALL:  # a few counters: Python integers
         e = int(epoch) & _MASK32
         r = _philox_ints([(i & _MASK32, (i >> 32) & _MASK32, e, b)
@@ -168,6 +201,73 @@ def words(seed, stream, epoch, ids, n: int, *, xp=np):
     r = philox4x32(c0, c1, c2, c3, k0, k1)
     out = xp.stack(r, axis=-1).reshape(ids.shape[0], blocks * 4)
     return out[:, :n]
+
+
+@functools.lru_cache(maxsize=64)
+def _columns(seed, requests, B):
+    """What :func:`words_many`'s counters share from call to call: every column's round keys
+    ``[10, 2, B * nb]`` and block number, and each request's block count (column ``j``: item
+    ``j // nb``)."""
+    blocks = []
+    for _, n in requests:
+        if int(n) < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        blocks.append((int(n) + 3) // 4)
+    per = np.concatenate([np.repeat(_round_keys(*stream_key(seed, s), 10)[:, :, None], nb, axis=2)
+                          for (s, _), nb in zip(requests, blocks)] or [np.zeros((10, 2, 0), np.uint64)],
+                         axis=2)  # fmt: skip
+    kr = np.tile(per, (1, 1, B))
+    blk = np.tile(np.concatenate([np.arange(b, dtype=np.uint64) for b in blocks] or [[]]), B)
+    for a in (kr, blk):
+        a.setflags(write=False)
+    return kr, blk, tuple(blocks)
+
+
+def words_many(seed, epoch, ids, requests):
+    """``[words(seed, stream, epoch, ids, n) for stream, n in requests]`` (host ``ids``) in one
+    numpy Philox pass over all their counters, each column under its stream's key: the same
+    words bit for bit, for the cost of one draw of small arrays rather than one per stream
+    (a batch's draws of several augmentations)."""
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    B = ids.shape[0]
+    requests = tuple((s, int(n)) for s, n in requests)
+    kr, blk, blocks = _columns(seed, requests, B)
+    nb = sum(blocks)
+    if B == 0 or nb == 0:
+        return [np.zeros((B, n), np.uint32) for _, n in requests]
+    a = np.empty((2, B * nb), np.uint64)  # lanes 0 (id low), 2 (epoch)
+    a[0] = np.repeat(ids & _MASK32, nb)
+    a[1] = int(epoch) & _MASK32
+    b = np.stack([np.repeat((ids >> 32) & _MASK32, nb).astype(np.uint64), blk])  # lanes 1, 3
+    a, b = philox_lanes(a, b, kr)
+    w = np.stack([a[0], b[0], a[1], b[1]], axis=-1).astype(np.uint32).reshape(B, nb * 4)
+    out, c = [], 0
+    for (_, n), nbk in zip(requests, blocks):
+        out.append(w[:, 4 * c : 4 * c + n])
+        c += nbk
+    return out
+
+
+_AHEAD = threading.local()
+
+
+@contextlib.contextmanager
+def drawn_together(seed, epoch, ids, requests):
+    """Inside the block, this thread's host :func:`words` of ``(seed, stream, epoch, ids, n)``
+    for each ``(stream, n)`` of ``requests`` come from one :func:`words_many` pass made on
+    entry: the same words, one Philox pass for all of a batch's draws instead of one per
+    sampler (a recipe wraps its collate's samplers; a request no sampler makes, or a sampler
+    that asks for something else, costs nothing wrong, only the saving)."""
+    ids_h = np.asarray(ids, np.int64).reshape(-1)
+    requests = [(s, int(n)) for s, n in requests]
+    got = words_many(seed, epoch, ids_h, requests)
+    table = {(seed, s, int(epoch), n): (ids_h, w) for (s, n), w in zip(requests, got)}
+    outer = getattr(_AHEAD, "words", None)
+    _AHEAD.words = {**outer, **table} if outer else table
+    try:
+        yield
+    finally:
+        _AHEAD.words = outer
 
 
 def uniform(seed, stream, epoch, ids, n: int = 1, *, low=0.0, high=1.0, xp=np):

@@ -304,6 +304,28 @@ class RnntTask(Task):
             for r, v in enumerate(values):
                 host[r, : v.shape[0]] = v
             x = xp.asarray(host)
+        draws = self._draws()
+        if not draws:
+            return self._augment_and_features(x, lens, ids, items, epoch)
+        with _rnd.drawn_together(self.seed, epoch, ids, draws):
+            return self._augment_and_features(x, lens, ids, items, epoch)
+
+    def _draws(self):
+        """The ``(stream, words)`` the samplers of one training batch draw (one Philox pass
+        for all of them: ``ops.random.drawn_together``)."""
+        if not self.training:
+            return []
+        out = [("dither", 1)]
+        if self.speed is not None:
+            out.append(("speed_perturb", 1))
+        if self.spec_augment is not None:
+            sa = self.spec_augment
+            out += [("spec_augment.freq", 2 * int(sa["freq_masks"])),
+                    ("spec_augment.time", 2 * int(sa["time_masks"]))]
+        return out
+
+    def _augment_and_features(self, x, lens, ids, items, epoch):
+        xp = self.device.xp
         if self.training and self.speed is not None and len(lens):
             p = _aug.sample_speed_params(self.seed, epoch, ids, **self.speed)
             x, lens = _aug.apply_speed_perturb(x, lens, p, sample_rate=self.sample_rate,
