@@ -108,6 +108,13 @@ def rnnt(args, xp, run):
                                                      seed=123))
     run("rnnt: SpecAugment", lambda: aug.spec_augment(feats, fl, seed=0, epoch=1, ids=ids,
                                                       **SPEC_AUGMENT))
+    fl_h = np.asarray(fl.get() if hasattr(fl, "get") else fl)
+    run("rnnt: speed perturbation (resample)", lambda: aug.apply_speed_perturb(
+        x, lens, params, sample_rate=SR, quality="fast"), queued=True)
+    run("rnnt: log-mel with dither", lambda: log_mel(y, ylens, preset="nemo", training=True,
+                                                     seed=123), queued=True)
+    run("rnnt: SpecAugment", lambda: aug.spec_augment(feats, fl_h, seed=0, epoch=1, ids=ids,
+                                                      **SPEC_AUGMENT), queued=True)
 
 
 def video(args, xp, run, device):
