@@ -19,11 +19,11 @@
 #                                             # vs DALI (+ the RNN-T anchor)      -> $OUT/bench_*
 #   EXTRACT_ARGS="--dtype float16 --only avpipe_nemo,dali_nemo" bash ... extract  # options
 #   bash benchmarks/gpu_session.sh targets    # the video and augmentation targets in one call
-#                                             # (~5 min after the data): the feeds with and without
-#                                             # their augmentation (its share of the feed's time)
-#                                             # and DALI's video feed, the augmentation stacks
-#                                             # against DALI, the clip benchmark warm and cold
-#                                             # against plain PyNvVideoCodec and DALI -> $OUT/...
+#                                             # (~5 min with the data): the feeds with and without
+#                                             # their augmentation (its share of the feed's
+#                                             # time), the augmentation stacks against DALI, the
+#                                             # clip benchmark warm and cold against plain
+#                                             # PyNvVideoCodec and DALI -> $OUT/...
 #   bash benchmarks/gpu_session.sh xtargets   # the extraction targets (~4 min after the data):
 #                                             # float16 extraction on 16,384 and 65,536 files and
 #                                             # frames at 1 fps, each against DALI -> $OUT/x*
@@ -83,7 +83,7 @@ for step in "$@"; do
       # (BUDGET is 10 unless set: the feeds' budget is FEED_BUDGET, 5 s; a 3 s budget leaves
       # DALI's RNN-T feed mostly warming up, and the cold video feed its scan processes starting)
       python3 benchmarks/bench_feeds.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
-        --only avpipe_rnnt,avpipe_rnnt_noaug,avpipe_video,avpipe_video_noaug,avpipe_video_cold,dali_video 2>&1 | tail -10
+        --only avpipe_rnnt,avpipe_rnnt_noaug,avpipe_video,avpipe_video_noaug 2>&1 | tail -8
       python3 benchmarks/bench_augment.py --out "$OUT" --budget 3 2>&1 | tail -10
       python3 benchmarks/bench_video.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
         --only avpipe_clip_cps,avpipe_cold_clip_cps,pynvc_clip_cps,dali_video_reader_cps 2>&1 | tail -8 ;;

@@ -15,7 +15,7 @@ RNN-T (64 utterances of the anchor's FLAC set, the feed's training settings): th
 of 64 rows (as ``RnntTask.collate`` builds it), the speed-perturbation draws, the resampling,
 the dither seed, ``log_mel`` with and without the dither, SpecAugment. Video (one clip of 16
 frames 360x640, as a decoder hands it): the draws (clip start, crop box, flip), the crop +
-fused resize + normalize, the flip copy, and the whole ``VideoTask._train_transform``.
+fused resize + normalize (the flip folded in), and the whole ``VideoTask._train_transform``.
 
 Prints a table of median milliseconds per step and writes DIR/profile_stages.json. A step that
 costs more alone than its share of the feed's batch time is where to look first.
@@ -106,9 +106,9 @@ def rnnt(args, xp, run):
     run("rnnt: log-mel, no dither", lambda: log_mel(y, ylens, preset="nemo"))
     run("rnnt: log-mel with dither", lambda: log_mel(y, ylens, preset="nemo", training=True,
                                                      seed=123))
-    run("rnnt: SpecAugment", lambda: aug.spec_augment(feats, fl, seed=0, epoch=1, ids=ids,
+    fl_h = np.asarray(fl.get() if hasattr(fl, "get") else fl)  # host lengths, as the feed's
+    run("rnnt: SpecAugment", lambda: aug.spec_augment(feats, fl_h, seed=0, epoch=1, ids=ids,
                                                       **SPEC_AUGMENT))
-    fl_h = np.asarray(fl.get() if hasattr(fl, "get") else fl)
     run("rnnt: speed perturbation (resample)", lambda: aug.apply_speed_perturb(
         x, lens, params, sample_rate=SR, quality="fast"), queued=True)
     run("rnnt: log-mel with dither", lambda: log_mel(y, ylens, preset="nemo", training=True,
@@ -140,10 +140,8 @@ def video(args, xp, run, device):
         return resize_crop_normalize(crop(frames, *box), size=(224, 224), short_side=None,
                                      crop_size=None, dtype="float16", layout="NCHW")
 
-    y = fused()
     run("video: draws (start, crop box, flip)", draws)
     run("video: crop + fused resize + normalize", fused)
-    run("video: flip copy", lambda: xp.ascontiguousarray(y[..., ::-1]))
     run("video: whole train transform", lambda: task._train_transform(frames, 7, 1))
     run("video: whole train transform", lambda: task._train_transform(frames, 7, 1), queued=True)
 

@@ -150,18 +150,37 @@ def test_words_many_equal_words_per_stream():
         R.words_many(0, 0, np.arange(2), [("a", -1)])
 
 
-def test_drawn_together_hands_out_the_same_words():
+def test_drawn_together_hands_out_the_same_words(monkeypatch):
     ids = np.array([5, 2**33 + 1, -4, 9])
     reqs = [("a", 3), ("b", 20)]
     want = {s: R.words(7, s, 2, ids, n) for s, n in reqs}
+    passes = []
+    lanes = R.philox_lanes
+    monkeypatch.setattr(R, "philox_lanes", lambda *a: passes.append(1) or lanes(*a))
     with R.drawn_together(7, 2, ids, reqs):
+        assert len(passes) == 1  # the one pass on entry; the words below come from it
+        ids[0] = 6  # the caller's array changed afterwards: its words are drawn anew
+        np.testing.assert_array_equal(R.words(7, "a", 2, ids, 3)[1:], want["a"][1:])
+        assert not np.array_equal(R.words(7, "a", 2, ids, 3)[0], want["a"][0])
+        ids[0] = 5
+        passes.clear()
         for s, n in reqs:
             got = R.words(7, s, 2, ids, n)
             np.testing.assert_array_equal(got, want[s])
             got[:] = 0  # a copy: the next caller still gets the words
             np.testing.assert_array_equal(R.words(7, s, 2, ids, n), want[s])
+        assert passes == []
         # anything else is drawn as usual
         assert not np.array_equal(R.words(7, "a", 3, ids, 3), want["a"])  # another epoch
         np.testing.assert_array_equal(R.words(7, "a", 2, ids[:2], 3), want["a"][:2])
     assert getattr(R._AHEAD, "words", None) is None
+
+
+def test_numpy_philox_broadcasts_like_the_kernel():
+    z = np.arange(30, dtype=np.uint32).reshape(3, 10)
+    got = R.philox4x32(z, np.uint32(0), z, z, 1, 2)
+    want = R.philox4x32(z, np.zeros_like(z), z, z, 1, 2)
+    for g, w in zip(got, want):
+        assert g.shape == (3, 10)
+        np.testing.assert_array_equal(g, w)
 

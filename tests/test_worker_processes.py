@@ -102,8 +102,7 @@ def test_readers_started_ahead_are_taken_by_the_next_start_and_dropped_when_not(
     start_readers of that size takes those very processes (already running), and
     drop_readers_ahead ends readers nobody took."""
     from avpipe.pipeline import _flac_windows
-    from avpipe.pipeline._flac_windows import (drop_readers_ahead, start_readers,
-                                               start_readers_ahead)
+    from avpipe.pipeline._flac_windows import drop_readers_ahead, start_readers, start_readers_ahead
 
     start_readers_ahead(2)
     assert len(_flac_windows._AHEAD) == 1

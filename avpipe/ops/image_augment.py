@@ -62,7 +62,6 @@ from ..device import array_module, upload_many
 from . import _augment_kernels as _ak
 from . import _image_resize as _rs
 from . import random as R
-from .image import _center_offsets  # torchvision's rounding
 from ._augment_base import (
     Augment,
     Chain,
@@ -76,6 +75,7 @@ from ._augment_base import (
     uniform_range,
     unit,
 )
+from .image import _center_offsets  # torchvision's rounding
 
 __all__ = [
     "Chain",

@@ -73,7 +73,7 @@ def _philox_kernel():
         "uint32 o0, uint32 o1, uint32 o2, uint32 o3", PHILOX_BODY, "avpipe_philox4x32")
 
 
-# Up to this many counters a draw runs Philox in Python integers instead of numpy, whose ~140
+# Up to this many counters a draw runs Philox in Python integers instead of numpy, whose ~60
 # operations on tiny arrays cost more than a few counters' Python arithmetic whatever the size
 # (benchmarks/README.md): the per-item draws of a batch (a clip's start, crop box and flip: 1 to
 # 10 counters each). Both give the same words bit for bit (tests/test_random.py compares them).
@@ -103,12 +103,13 @@ def philox4x32(c0, c1, c2, c3, k0: int, k1: int, rounds: int = 10):
     given as two Python ints; returns four uint32 arrays (the random words). On cupy: one
     kernel launch (:data:`PHILOX_BODY`)."""
     xp = _xp_of(c0)
-    u32, u64 = xp.uint32, xp.uint64
+    u32 = xp.uint32
     c0, c1, c2, c3 = (xp.asarray(c, dtype=u32) for c in (c0, c1, c2, c3))
     k0, k1 = int(k0) & _MASK32, int(k1) & _MASK32
     if xp is not np:
         return _philox_kernel()(c0, c1, c2, c3, np.uint32(k0), np.uint32(k1),
                                   np.int32(rounds))
+    c0, c1, c2, c3 = np.broadcast_arrays(c0, c1, c2, c3)  # (as the cupy kernel broadcasts)
     shape = c0.shape
     if 0 < c0.size <= _SMALL and shape == c1.shape == c2.shape == c3.shape:
         r = _philox_ints(zip(*(c.ravel().tolist() for c in (c0, c1, c2, c3))), k0, k1,
@@ -141,6 +142,7 @@ def philox_lanes(a, b, round_keys):
     with five array operations a round."""
     a = np.asarray(a, np.uint64)
     b = np.asarray(b, np.uint64)
+    round_keys = np.asarray(round_keys, np.uint64)
     m = _PHILOX_M.reshape((2,) + (1,) * (a.ndim - 1))
     for key in round_keys:
         p = a * m  # a0 * M0, a2 * M1 (exact: below 2**64)
@@ -258,7 +260,7 @@ def drawn_together(seed, epoch, ids, requests):
     entry: the same words, one Philox pass for all of a batch's draws instead of one per
     sampler (a recipe wraps its collate's samplers; a request no sampler makes, or a sampler
     that asks for something else, costs nothing wrong, only the saving)."""
-    ids_h = np.asarray(ids, np.int64).reshape(-1)
+    ids_h = np.array(ids, np.int64, copy=True).reshape(-1)  # (ids changed later: no match)
     requests = [(s, int(n)) for s, n in requests]
     got = words_many(seed, epoch, ids_h, requests)
     table = {(seed, s, int(epoch), n): (ids_h, w) for (s, n), w in zip(requests, got)}

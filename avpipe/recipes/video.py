@@ -174,7 +174,8 @@ class VideoTask(Task):
         x = crop(frames, int(p["top"][0]), int(p["left"][0]), int(p["height"][0]),
                  int(p["width"][0]))
         size = (self.S, self.S)
-        # the flip commutes with the pixel-wise colour ops (and the contrast's frame mean)
+        # the flip commutes with the pixel-wise colour ops and the contrast's frame mean (that
+        # mean now sums the pixels mirrored: float rounding may move a value by a float16 step)
         flip = bool(_aug.sample_flip_params(self.seed, epoch, [i])["flip"][0])
         if self.color_jitter is None and self.grayscale_p <= 0:
             return resize_crop_normalize(x, size=size, short_side=None, crop_size=None,
