@@ -223,15 +223,18 @@ def bench_dali_audio(args):
     return _run_dali(pipe_fn, B, args)
 
 
-def bench_dali_video(args):
+_MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
+_STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
+
+
+def _dali_clips(args, rest):
+    """A DALI pipeline over the benchmark's clips: external source (``FHWC``) -> random
+    resized crop (scale 0.08-1) -> ``rest(v)`` (the stack's remaining operators)."""
     from nvidia.dali import fn, pipeline_def, types
 
-    clips = video_batch(args.video_batch, args.frames)
-    items = _dali_feed(list(clips), args.cpu)
+    items = _dali_feed(list(video_batch(args.video_batch, args.frames)), args.cpu)
     B = len(items)
     dev = "cpu" if args.cpu else "gpu"
-    mean = [0.485 * 255, 0.456 * 255, 0.406 * 255]
-    std = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 
     @pipeline_def(batch_size=B, num_threads=args.threads, device_id=None if args.cpu else 0, seed=1)
     def pipe_fn():
@@ -239,37 +242,34 @@ def bench_dali_video(args):
                                batch=True)  # fmt: skip
         v = fn.random_resized_crop(v, size=(224, 224), random_area=[0.08, 1.0],
                                    random_aspect_ratio=[3 / 4, 4 / 3])  # fmt: skip
+        return rest(v)
+
+    return _run_dali(pipe_fn, B, args)
+
+
+def bench_dali_video(args):
+    from nvidia.dali import fn, types
+
+    def rest(v):
         v = fn.flip(v, horizontal=fn.random.coin_flip(probability=0.5))
         v = fn.color_twist(v, brightness=fn.random.uniform(range=[0.6, 1.4]),
                            contrast=fn.random.uniform(range=[0.6, 1.4]),
                            saturation=fn.random.uniform(range=[0.6, 1.4]),
                            hue=fn.random.uniform(range=[-36.0, 36.0]))  # fmt: skip
-        return fn.crop_mirror_normalize(v, dtype=types.FLOAT, output_layout="FCHW", mean=mean,
-                                        std=std)  # fmt: skip
+        return fn.crop_mirror_normalize(v, dtype=types.FLOAT, output_layout="FCHW", mean=_MEAN,
+                                        std=_STD)  # fmt: skip
 
-    return _run_dali(pipe_fn, B, args)
+    return _dali_clips(args, rest)
 
 
 def bench_dali_video_recipe(args):
-    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali import fn, types
 
-    clips = video_batch(args.video_batch, args.frames)
-    items = _dali_feed(list(clips), args.cpu)
-    B = len(items)
-    dev = "cpu" if args.cpu else "gpu"
-    mean = [0.485 * 255, 0.456 * 255, 0.406 * 255]
-    std = [0.229 * 255, 0.224 * 255, 0.225 * 255]
+    def rest(v):
+        return fn.crop_mirror_normalize(v, dtype=types.FLOAT16, output_layout="FCHW", mean=_MEAN,
+                                        std=_STD, mirror=fn.random.coin_flip(probability=0.5))  # fmt: skip
 
-    @pipeline_def(batch_size=B, num_threads=args.threads, device_id=None if args.cpu else 0, seed=1)
-    def pipe_fn():
-        v = fn.external_source(source=lambda: items, device=dev, dtype=types.UINT8, layout="FHWC",
-                               batch=True)  # fmt: skip
-        v = fn.random_resized_crop(v, size=(224, 224), random_area=[0.08, 1.0],
-                                   random_aspect_ratio=[3 / 4, 4 / 3])  # fmt: skip
-        return fn.crop_mirror_normalize(v, dtype=types.FLOAT16, output_layout="FCHW", mean=mean,
-                                        std=std, mirror=fn.random.coin_flip(probability=0.5))  # fmt: skip
-
-    return _run_dali(pipe_fn, B, args)
+    return _dali_clips(args, rest)
 
 
 def _run_dali(pipe_fn, B, args):
