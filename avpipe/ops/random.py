@@ -215,10 +215,11 @@ def _columns(seed, requests, B):
         if int(n) < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         blocks.append((int(n) + 3) // 4)
-    per = np.concatenate([np.repeat(_round_keys(*stream_key(seed, s), 10)[:, :, None], nb, axis=2)
-                          for (s, _), nb in zip(requests, blocks)] or [np.zeros((10, 2, 0), np.uint64)],
-                         axis=2)  # fmt: skip
-    kr = np.tile(per, (1, 1, B))
+    # each stream's round keys, once per block of its words
+    per = [np.repeat(_round_keys(*stream_key(seed, s), 10)[:, :, None], nb, axis=2)
+           for (s, _), nb in zip(requests, blocks)]
+    kr = np.tile(np.concatenate(per, axis=2) if per else np.zeros((10, 2, 0), np.uint64),
+                 (1, 1, B))
     blk = np.tile(np.concatenate([np.arange(b, dtype=np.uint64) for b in blocks] or [[]]), B)
     for a in (kr, blk):
         a.setflags(write=False)
