@@ -44,7 +44,62 @@ VARIANTS = {
     "threads4": {"threads": 4},
     "win2": {},
     "switch05": {},
+    "no_dither": {},
+    "dither_once": {},
 }
+
+# (module, attribute, label): the calls whose host time on the producer thread ``--timed``
+# adds up (a call inside another is counted in both)
+TIMED = [
+    ("avpipe.ops._log_mel", "upload_many", "upload_many (log_mel)"),
+    ("avpipe.ops._resample", "upload_many", "upload_many (resample)"),
+    ("avpipe.ops.audio_augment", "upload_many", "upload_many (spec_augment)"),
+    ("avpipe.decoding.audio._flac_cuda", "upload_many", "upload_many (flac)"),
+    ("avpipe.ops.audio", "_normal", "dither noise (_normal)"),
+    ("avpipe.ops.audio", "log_mel", "log_mel"),
+    ("avpipe.ops.audio_augment", "spec_augment", "spec_augment"),
+    ("avpipe.ops.audio_augment", "apply_speed_perturb", "apply_speed_perturb"),
+    ("avpipe.ops.audio_augment", "sample_speed_params", "sample_speed_params"),
+    ("avpipe.ops.random", "words_many", "words_many"),
+    ("avpipe.recipes.rnnt", "_dither_seed", "_dither_seed"),
+    ("avpipe.recipes.rnnt.RnntTask", "collate", "collate"),
+    ("avpipe.recipes.rnnt.RnntTask", "decode_groups", "decode_groups (generator set-up)"),
+    ("avpipe.decoding.audio._flac_cuda", "launch", "flac launch"),
+    ("avpipe.decoding.audio._flac_cuda", "collect", "flac collect"),
+    ("avpipe.pipeline._flac_windows.GpuFlacBatches", "_finish", "flac _finish"),
+    ("concurrent.futures._base.Future", "result", "Future.result (waiting)"),
+    ("cupy", "empty", "cupy.empty"),
+    ("cupy", "zeros", "cupy.zeros"),
+    ("cupy", "matmul", "cupy.matmul"),
+    ("cupy.fft", "rfft", "cupy.fft.rfft"),
+]
+
+
+def time_calls(acc):
+    """Wrap :data:`TIMED` so that calls on the feed's producer thread add their wall time and
+    count to ``acc[label]``."""
+    import importlib
+
+    for mod_name, attr, label in TIMED:
+        parts = mod_name.split(".")
+        try:
+            owner = importlib.import_module(mod_name)
+        except ImportError:  # a class path: module + class
+            owner = getattr(importlib.import_module(".".join(parts[:-1])), parts[-1])
+        f = getattr(owner, attr)
+
+        def wrapped(*a, _f=f, _label=label, **k):
+            if not threading.current_thread().name.startswith("avpipe-feed-producer"):
+                return _f(*a, **k)
+            t0 = time.perf_counter()
+            try:
+                return _f(*a, **k)
+            finally:
+                rec = acc[_label]
+                rec[0] += time.perf_counter() - t0
+                rec[1] += 1
+
+        setattr(owner, attr, wrapped)
 
 
 class Sampler:
@@ -118,6 +173,27 @@ def child(name, args):
     kw.update(VARIANTS[name])
     if name == "switch05":
         sys.setswitchinterval(0.0005)
+    if name == "no_dither":  # log_mel without its noise (everything else of training)
+        import avpipe.ops.audio as _audio
+
+        _audio._normal = lambda xp, seed, shape: None
+    if name == "dither_once":  # the noise from one cuRAND generator per thread, re-seeded
+        import avpipe.ops.audio as _audio
+
+        local = threading.local()
+
+        def once(xp, seed, shape):
+            rs = getattr(local, "rs", None)
+            if rs is None:
+                rs = local.rs = xp.random.RandomState(seed, method=161)
+            else:
+                rs.seed(seed)
+            return rs.standard_normal(shape, dtype=xp.float32)
+
+        _audio._normal = once
+    acc = collections.defaultdict(lambda: [0.0, 0])
+    if args.timed and name == "full":
+        time_calls(acc)
     if name == "win2":  # the loader's windows read ahead: 2 (before 2026-12-02) instead of 4
         from avpipe.pipeline import _flac_windows
 
@@ -132,7 +208,7 @@ def child(name, args):
     for _ in range(4):
         next(it)
     cupy.cuda.runtime.deviceSynchronize()
-    sampler = Sampler() if name == "full" else None
+    sampler = Sampler() if name == "full" and not args.timed else None
     if sampler:
         sampler.thread.start()
     smi = _smi()
@@ -144,6 +220,12 @@ def child(name, args):
     cupy.cuda.runtime.deviceSynchronize()
     secs = time.perf_counter() - t0
     util = _smi_median(smi)
+    if acc:
+        with open(os.path.join(args.out, "probe_rnnt_timed.txt"), "w") as f:
+            f.write(f"{name}: host ms per batch on the producer thread ({n} batches, "
+                    f"{1e3 * secs / n:.2f} ms each)\n")
+            for label, (sec, calls) in sorted(acc.items(), key=lambda kv: -kv[1][0]):
+                f.write(f"  {1e3 * sec / n:8.3f} ms  {calls / n:6.2f} calls  {label}\n")
     if sampler:
         sampler.stop.set()
         sampler.thread.join()
@@ -250,6 +332,8 @@ def main():
     ap.add_argument("--only", default=None)
     ap.add_argument("--child", default=None)
     ap.add_argument("--upload", action="store_true", help="time upload_many alone, then exit")
+    ap.add_argument("--timed", action="store_true",
+                    help="full: time the producer's calls (TIMED) instead of sampling")
     args = ap.parse_args()
     args.cpu, args.threads = False, 16
     os.makedirs(args.out, exist_ok=True)
@@ -263,7 +347,7 @@ def main():
     results = {}
     for name in names:
         cmd = [sys.executable, __file__, "--child", name, "--data", args.data, "--out", args.out,
-               "--budget", str(args.budget)]
+               "--budget", str(args.budget)] + (["--timed"] if args.timed else [])
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget * 4 + 120)
         got = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
         results[name] = json.loads(got[-1][7:]) if got else {"error": r.stderr[-800:]}

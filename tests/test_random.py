@@ -62,6 +62,11 @@ def test_gpu_draws_equal_cpu_draws():
     np.testing.assert_allclose(
         R.normal(1, "n", 0, ids, 3),
         cupy.asnumpy(R.normal(1, "n", 0, cupy.asarray(ids), 3, xp=cupy)), rtol=1e-12, atol=1e-12)
+    for shape in ((37, 1001), 4099, (0,)):
+        cpu = R.standard_normal(9, "dither", shape)
+        gpu = R.standard_normal(9, "dither", shape, xp=cupy)
+        assert gpu.dtype == cupy.float32 and gpu.shape == cpu.shape
+        np.testing.assert_allclose(cupy.asnumpy(gpu), cpu, rtol=2e-7, atol=2e-7)
 
 
 def test_philox_kernel_body_as_cpp_equals_numpy(tmp_path):
@@ -90,6 +95,44 @@ def test_philox_kernel_body_as_cpp_equals_numpy(tmp_path):
                 ctypes.c_int(rounds), *p[4:])
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
+
+
+def test_standard_normal_arrays():
+    """Whole arrays of normal draws (a dither's noise): distributed N(0, 1), independent from
+    one element to the next, a function of (seed, stream) and the flat index alone."""
+    z = R.standard_normal(5, "dither", (400, 501))
+    assert z.dtype == np.float32 and z.shape == (400, 501) and np.isfinite(z).all()
+    assert abs(z.mean()) < 0.01 and abs(z.std() - 1.0) < 0.01
+    assert abs(np.mean(np.abs(z) < 1.0) - 0.6827) < 0.005  # the normal's mass within 1 sd
+    flat = z.ravel()
+    for lag in (1, 2, 3):  # the two halves of a counter and neighbouring counters
+        assert abs(np.corrcoef(flat[:-lag], flat[lag:])[0, 1]) < 0.01
+    np.testing.assert_array_equal(R.standard_normal(5, "dither", 1001), flat[:1001])
+    np.testing.assert_array_equal(R.standard_normal(5, "dither", 7), R.standard_normal(5, "dither", 7))
+    for other in (R.standard_normal(6, "dither", 7), R.standard_normal(5, "noise", 7)):
+        assert not np.array_equal(other, flat[:7])
+    assert R.standard_normal(5, "dither", (3, 0)).shape == (3, 0)
+
+
+def test_standard_normal_kernel_body_as_cpp_equals_numpy(tmp_path):
+    """The GPU kernel's body (``NORMAL_BODY``), compiled as C++ here, gives numpy's values
+    (float64 log / cos of two C libraries: at most one float32 step apart)."""
+    import ctypes
+
+    from cpp_kernels import build
+
+    lib = build(
+        "#include <math.h>\n#include <stddef.h>\n"
+        'extern "C" void run(long long n, unsigned k0, unsigned k1, float* out) {\n'
+        "  for (ptrdiff_t i = 0; i < n; ++i) {\n    float z;\n"
+        + R.NORMAL_BODY + "    out[i] = z;\n  }\n}\n", tmp_path)
+    for seed in (0, 2**64 - 1, 77):
+        k0, k1 = R.stream_key(seed, "dither")
+        want = R.standard_normal(seed, "dither", 4099)
+        got = np.full(4099, np.nan, np.float32)
+        lib.run(ctypes.c_longlong(4099), ctypes.c_uint(k0), ctypes.c_uint(k1),
+                ctypes.c_void_p(got.ctypes.data))
+        np.testing.assert_allclose(got, want, rtol=2e-7, atol=2e-7)
 
 
 def test_small_draws_in_python_integers_equal_numpy(monkeypatch):

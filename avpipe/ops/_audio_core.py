@@ -97,17 +97,20 @@ def _mask_time(x, lengths_dev):
 
 
 def _normal(xp, seed, shape):
-    """float32 standard normal noise from a generator made for this call: numpy's PCG64
-    (ziggurat) on the CPU, cuRAND's Philox4x32-10 on the GPU (its set-up is one seed, where the
-    default XORWOW generator initialises thousands of states: milliseconds per call). The two
-    devices draw different values from the same seed."""
+    """float32 standard normal noise: numpy's PCG64 (ziggurat) on the CPU, the counter-based
+    :func:`avpipe.ops.random.standard_normal` on a GPU (one kernel, nothing to set up: a cuRAND
+    generator made per call waited for the whole device, which held a feed's producer to the
+    GPU's pace every batch). The two devices draw different values from the same seed (the
+    counter-based draws cost the CPU 15x PCG64's time). ``seed`` None: fresh noise."""
     if xp is np:
         return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
-    from cupy.cuda import curand
+    import secrets
 
-    philox = getattr(curand, "CURAND_RNG_PSEUDO_PHILOX4_32_10", 161)  # curand.h's value
-    rs = xp.random.RandomState(seed, method=philox)
-    return rs.standard_normal(shape, dtype=xp.float32)
+    from . import random as _random
+
+    if seed is None:
+        seed = secrets.randbits(64)
+    return _random.standard_normal(int(seed), "dither", shape, xp=xp)
 
 
 def dither(signals, lengths=None, *, scale=1e-5, seed=None):
