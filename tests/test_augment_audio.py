@@ -444,6 +444,16 @@ def test_gpu_ops_equal_cpu():
     outg = A.spec_augment(cp.asarray(feats), cp.asarray(fl), seed=4, adaptive_time_masks=0.05,
                           time_masks=8)  # fmt: skip
     np.testing.assert_array_equal(cp.asnumpy(outg), out)
+    # the masks drawn on the device are the host's; replayed from device params (views of the
+    # drawn table), host params and separate device arrays alike
+    kw = dict(seed=4, adaptive_time_masks=0.05, time_masks=8, return_params=True)
+    _, pc = A.spec_augment(feats, fl, **kw)
+    _, pg = A.spec_augment(cp.asarray(feats), fl, **kw)
+    for k in pc:
+        np.testing.assert_array_equal(cp.asnumpy(pg[k]), pc[k], err_msg=k)
+    for params in (pg, pc, {k: cp.array(v) for k, v in pc.items()}):
+        np.testing.assert_array_equal(
+            cp.asnumpy(A.apply_spec_augment(cp.asarray(feats), fl, params)), out)
 
 
 @pytest.mark.gpu

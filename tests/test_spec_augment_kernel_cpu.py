@@ -1,7 +1,8 @@
-"""The SpecAugment kernel (``avpipe/ops/_spec_augment.cu``), compiled as plain C++ and run here
-on the CPU, equals its numpy reference (``apply_spec_augment`` on numpy) exactly; the same
-source compiles for the GPU with nvcc where it is installed. The GPU test
-(test_augment_audio.py) runs it through NVRTC."""
+"""The SpecAugment kernels (``avpipe/ops/_spec_augment.cu``: the draws and the masks),
+compiled as plain C++ and run here on the CPU, equal their numpy references
+(``sample_spec_augment_params`` and ``apply_spec_augment`` on numpy) exactly; the same source
+compiles for the GPU with nvcc where it is installed. The GPU tests (test_augment_audio.py) run
+them through NVRTC."""
 
 from __future__ import annotations
 
@@ -12,15 +13,26 @@ import pytest
 from cpp_kernels import ELEMENTWISE_PRELUDE, build, ptx
 
 from avpipe.ops import audio_augment as A
+from avpipe.ops import random as R
 
-PRELUDE = ELEMENTWISE_PRELUDE
+PRELUDE = ELEMENTWISE_PRELUDE + "#define __device__\n"
 
 LAUNCHER = r"""
-extern "C" void run(long long total, const float* x, float* out, const long long* p, int kf,
-        int kt, long long F, long long T, float value) {
+extern "C" void run(long long total, const float* x, float* out, const long long* lens,
+        const long long* p, long long ld, int kf, int kt, long long F, long long T, float value) {
     blockDim.x = 1; threadIdx.x = 0;
     for (long long t = 0; t < total; ++t) { blockIdx.x = (unsigned)t;
-        avpipe_spec_augment(x, out, p, kf, kt, F, T, total, value); }
+        avpipe_spec_augment(x, out, lens, p, p + kf, p + 2 * kf, p + 2 * kf + kt, ld, kf, kt,
+                            F, T, total, value); }
+}
+extern "C" void draw(const long long* ids, const long long* lens, long long B, int kf, int kt,
+        long long n_mels, long long fcap, double time_width, int frac, double adaptive,
+        unsigned fk0, unsigned fk1, unsigned tk0, unsigned tk1, unsigned epoch, long long* p,
+        long long ld) {
+    blockDim.x = 1; threadIdx.x = 0;
+    for (long long b = 0; b < B; ++b) { blockIdx.x = (unsigned)b;
+        avpipe_spec_augment_draw(ids, lens, B, kf, kt, n_mels, fcap, time_width, frac, adaptive,
+                                 fk0, fk1, tk0, tk1, epoch, p, ld); }
 }
 """
 
@@ -28,7 +40,8 @@ extern "C" void run(long long total, const float* x, float* out, const long long
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     with open(A.SPEC_AUGMENT_KERNEL) as f:
-        return build(PRELUDE + f.read() + LAUNCHER, tmp_path_factory.mktemp("spec_kernel"))
+        source = PRELUDE + R.PHILOX_FUNCTION + f.read() + LAUNCHER
+    return build(source, tmp_path_factory.mktemp("spec_kernel"))
 
 
 def _p(a):
@@ -46,17 +59,50 @@ def test_kernel_equals_reference(lib, adaptive, value):
                                      time_masks=5, time_width=0.2,
                                      adaptive_time_masks=adaptive)  # fmt: skip
     ref = A.apply_spec_augment(x, lens, p, mask_value=value)
-    table = A.spec_augment_table(lens, p)
-    assert table.shape == (B, 1 + 2 * 2 + 2 * 5) and table.dtype == np.int64
+    table = A.spec_augment_table(p)
+    assert table.shape == (B, 2 * 2 + 2 * 5) and table.dtype == np.int64
     out = np.full_like(x, np.nan)
-    lib.run(ctypes.c_longlong(x.size), _p(x), _p(out), _p(table), ctypes.c_int(2),
-            ctypes.c_int(5), ctypes.c_longlong(F), ctypes.c_longlong(T), ctypes.c_float(value))
+    lib.run(ctypes.c_longlong(x.size), _p(x), _p(out), _p(lens), _p(table),
+            ctypes.c_longlong(table.shape[1]), ctypes.c_int(2), ctypes.c_int(5),
+            ctypes.c_longlong(F), ctypes.c_longlong(T), ctypes.c_float(value))
     np.testing.assert_array_equal(out, ref)
     assert (out != x).any()  # some cells were masked
     np.testing.assert_array_equal(out[4], x[4])  # an empty item is untouched
 
 
+@pytest.mark.parametrize("kf,kt,time_width,adaptive,n_mels,fwidth", [
+    (2, 10, 0.05, None, 80, 27),
+    (1, 5, 0.2, 0.05, 40, 12),
+    (3, 7, 25, None, 64, 100),  # widths in frames; the frequency cap above n_mels
+    (0, 4, 0.5, 0.01, 80, 27),
+    (2, 0, 0.05, None, 80, 27),
+])
+def test_draw_kernel_equals_the_sampler(lib, kf, kt, time_width, adaptive, n_mels, fwidth):
+    ids = np.array([0, 1, 7, 2**32 - 1, 2**32 + 5, 2**40 + 3, 123456789, 42], np.int64)
+    lens = np.array([1600, 0, 1, 19, 20, 21, 999, 5], np.int64)
+    for seed, epoch in ((0, 0), (2**63 + 11, 2**32 + 3), (17, 5)):
+        want = A.sample_spec_augment_params(seed, epoch, ids, lens, n_mels, freq_masks=kf,
+                                            freq_width=fwidth, time_masks=kt,
+                                            time_width=time_width,
+                                            adaptive_time_masks=adaptive)  # fmt: skip
+        ld = 2 * kf + 2 * kt
+        got = np.full((len(ids), ld), -99, np.int64)
+        fk = R.stream_key(seed, "spec_augment.freq")
+        tk = R.stream_key(seed, "spec_augment.time")
+        frac = time_width < 1
+        lib.draw(_p(ids), _p(lens), ctypes.c_longlong(len(ids)), ctypes.c_int(kf),
+                 ctypes.c_int(kt), ctypes.c_longlong(n_mels),
+                 ctypes.c_longlong(min(fwidth, n_mels)),
+                 ctypes.c_double(time_width if frac else int(time_width)), ctypes.c_int(frac),
+                 ctypes.c_double(-1.0 if adaptive is None else adaptive), ctypes.c_uint(fk[0]),
+                 ctypes.c_uint(fk[1]), ctypes.c_uint(tk[0]), ctypes.c_uint(tk[1]),
+                 ctypes.c_uint(epoch & 0xFFFFFFFF), _p(got), ctypes.c_longlong(ld))
+        np.testing.assert_array_equal(got, A.spec_augment_table(want))
+        if kt:
+            assert want["time_width"].any()  # a draw that could differ
+
+
 def test_kernel_compiles_for_the_gpu(tmp_path):
     with open(A.SPEC_AUGMENT_KERNEL) as f:
-        text = ptx(f.read(), tmp_path)
-    assert "avpipe_spec_augment" in text
+        text = ptx(R.PHILOX_FUNCTION + f.read(), tmp_path)
+    assert "avpipe_spec_augment" in text and "avpipe_spec_augment_draw" in text

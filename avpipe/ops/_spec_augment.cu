@@ -1,29 +1,85 @@
-// SpecAugment's masks applied to a batch of features in one pass: one thread per cell of
-// x [B, F, T] (float32). The numpy reference is apply_spec_augment in
-// avpipe/ops/audio_augment.py. p holds per item b, at p + b * (1 + 2 kf + 2 kt): its length
-// in frames, kf frequency-mask starts, kf widths, kt time-mask starts, kt widths. A cell
-// (b, f, t) with t < length is set to `value` when f lies in a frequency mask
-// [start, start + width) or t in a time mask [start, min(start + width, length)); cells at or
-// past the length are copied unchanged.
+// SpecAugment on a GPU: the masks' draws (one thread per item) and their application (one
+// thread per cell). The numpy references are sample_spec_augment_params and
+// apply_spec_augment in avpipe/ops/audio_augment.py; both kernels equal them exactly. The
+// source is compiled after ops.random's PHILOX_FUNCTION (avpipe_philox).
+//
+// A mask parameter table holds per item b, at p + b * ld: kf frequency-mask starts, kf widths,
+// kt time-mask starts, kt widths (int64).
 
+// Word j of (key, epoch, id): ops.random.words' counter (id low, id high, epoch, j / 4), lane
+// j % 4.
+__device__ inline unsigned int avpipe_word(unsigned int k0, unsigned int k1, long long id,
+                                           unsigned int epoch, int j) {
+    unsigned int o[4];
+    unsigned long long u = (unsigned long long)id;
+    avpipe_philox((unsigned int)u, (unsigned int)(u >> 32), epoch, (unsigned int)(j / 4), k0, k1,
+                  o[0], o[1], o[2], o[3]);
+    return o[j % 4];
+}
+
+// ops._augment_base.below: uniform on [0, span) by multiply-shift (span <= 0: 0)
+__device__ inline long long avpipe_below(unsigned int w, long long span) {
+    unsigned long long s = span > 0 ? (unsigned long long)span : 0ull;
+    return (long long)(((unsigned long long)w * s) >> 32);
+}
+
+// The draws of item b (sample_spec_augment_params): frequency masks from the stream key
+// (fk0, fk1): width uniform on 0..fcap, start on 0..n_mels - fcap; time masks from (tk0, tk1):
+// width uniform on 0..W, start on 0..max(0, length - W), with W = max(1, floor(length *
+// time_width)) where frac, else time_width frames; adaptive >= 0: only the first min(kt,
+// floor(length * adaptive)) time masks keep their width. (Each word is drawn as words() draws
+// it, a Philox call per word: a few dozen a batch item.)
+extern "C" __global__ void avpipe_spec_augment_draw(
+    const long long* ids, const long long* lens, long long B, int kf, int kt, long long n_mels,
+    long long fcap, double time_width, int frac, double adaptive, unsigned int fk0,
+    unsigned int fk1, unsigned int tk0, unsigned int tk1, unsigned int epoch, long long* p,
+    long long ld) {
+    long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= B) return;
+    long long id = ids[b], len = lens[b];
+    long long* q = p + b * ld;
+    for (int k = 0; k < kf; ++k) {
+        q[kf + k] = avpipe_below(avpipe_word(fk0, fk1, id, epoch, k), fcap + 1);
+        q[k] = avpipe_below(avpipe_word(fk0, fk1, id, epoch, kf + k), n_mels - fcap + 1);
+    }
+    long long W = frac ? (long long)floor((double)len * time_width) : (long long)time_width;
+    if (frac && W < 1) W = 1;
+    long long count = kt;
+    if (adaptive >= 0.0) {
+        long long c = (long long)floor((double)len * adaptive);
+        count = c < kt ? c : kt;
+    }
+    long long room = len - W + 1 > 1 ? len - W + 1 : 1;
+    for (int k = 0; k < kt; ++k) {
+        long long w = avpipe_below(avpipe_word(tk0, tk1, id, epoch, k), W + 1);
+        q[2 * kf + kt + k] = k < count ? w : 0;
+        q[2 * kf + k] = avpipe_below(avpipe_word(tk0, tk1, id, epoch, kt + k), room);
+    }
+}
+
+// The masks applied to x [B, F, T] (float32): a cell (b, f, t) with t < lens[b] is set to
+// `value` when f lies in a frequency mask [start, start + width) or t in a time mask [start,
+// min(start + width, length)); cells at or past the length are copied unchanged. The table's
+// four blocks may lie anywhere: fs, fw, ts, tw point at item 0's first entry of each, every
+// item's row `ld` entries after the previous one.
 extern "C" __global__ void avpipe_spec_augment(
-    const float* x, float* out, const long long* p, int kf, int kt, long long F, long long T,
-    long long total, float value) {
+    const float* x, float* out, const long long* lens, const long long* fs,
+    const long long* fw, const long long* ts, const long long* tw, long long ld, int kf, int kt,
+    long long F, long long T, long long total, float value) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
     long long t = i % T;
     long long f = (i / T) % F;
     long long b = i / (T * F);
-    const long long* q = p + b * (1 + 2 * (long long)kf + 2 * (long long)kt);
-    long long len = q[0];
+    long long len = lens[b], row = b * ld;
     bool m = false;
     if (t < len) {
         for (int k = 0; k < kf; ++k) {
-            long long s = q[1 + k], w = q[1 + kf + k];
+            long long s = fs[row + k], w = fw[row + k];
             if (f >= s && f < s + w) m = true;
         }
         for (int k = 0; k < kt; ++k) {
-            long long s = q[1 + 2 * kf + k], w = q[1 + 2 * kf + kt + k];
+            long long s = ts[row + k], w = tw[row + k];
             long long e = s + w < len ? s + w : len;
             if (t >= s && t < e) m = true;
         }

@@ -479,7 +479,15 @@ def sample_spec_augment_params(seed, epoch, ids, lengths, n_mels, *, freq_masks=
       ``min(time_masks, floor(r * length))`` masks (the others get width 0).
 
     Returns ``{"freq_start", "freq_width": int64 [B, freq_masks], "time_start",
-    "time_width": int64 [B, time_masks]}``."""
+    "time_width": int64 [B, time_masks]}``. On cupy one kernel draws them all
+    (``_spec_augment.cu``; this code is its reference, equal exactly), the four arrays views of
+    one table."""
+    if xp is not np:
+        table, _ = _spec_draws_on_device(
+            xp, seed, epoch, ids, lengths, n_mels, freq_masks=freq_masks, freq_width=freq_width,
+            time_masks=time_masks, time_width=time_width, adaptive_time_masks=adaptive_time_masks,
+            stream=stream)  # fmt: skip
+        return _spec_params_of(table, int(freq_masks), int(time_masks))
     ids = as_ids(ids, len(ids), xp)
     lens = on(xp, lengths, xp.int64).reshape(-1)
     kf, kt = int(freq_masks), int(time_masks)
@@ -529,40 +537,116 @@ def apply_spec_augment(features, lengths, params, *, mask_value=0.0):
 
 
 SPEC_AUGMENT_KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_spec_augment.cu")
+_SPEC_PARAMS = ("freq_start", "freq_width", "time_start", "time_width")
 
 
-def spec_augment_table(lengths, params):
-    """The kernel's per-item table: int64 ``[B, 1 + 2 kf + 2 kt]`` (length, frequency starts,
-    widths, time starts, widths), on the params' device (host lengths)."""
-    parts = [params[k] for k in ("freq_start", "freq_width", "time_start", "time_width")]
+def spec_augment_table(params):
+    """The kernels' mask table: int64 ``[B, 2 kf + 2 kt]`` (per item its frequency-mask starts,
+    widths, time-mask starts, widths), on the params' device."""
+    parts = [params[k] for k in _SPEC_PARAMS]
     xp = array_module(parts[0])
-    lens = xp.asarray(np.asarray(lengths, np.int64).reshape(-1, 1))
+    B = int(np.shape(parts[0])[0])
     return xp.ascontiguousarray(xp.concatenate(
-        [lens] + [xp.asarray(a, dtype=xp.int64).reshape(lens.shape[0], -1) for a in parts],
-        axis=1))
+        [xp.asarray(a, dtype=xp.int64).reshape(B, -1) for a in parts], axis=1))
+
+
+def _spec_params_of(table, kf, kt):
+    """The sampler's dict: views of the columns of a mask table."""
+    cuts = np.cumsum([0, kf, kf, kt, kt])
+    return {k: table[:, cuts[j] : cuts[j + 1]] for j, k in enumerate(_SPEC_PARAMS)}
+
+
+def _table_of(parts, kf, kt):
+    """The mask table whose column views the four param arrays are (as the device sampler
+    hands them out), or None."""
+    base = getattr(parts[0], "base", None)
+    if (base is None or base.ndim != 2 or base.dtype != np.int64 or not base.flags.c_contiguous
+            or base.shape[1] != 2 * kf + 2 * kt):  # fmt: skip
+        return None
+    for a, off in zip(parts, (0, kf, 2 * kf, 2 * kf + kt)):
+        if a.base is not base or a.data.ptr != base.data.ptr + 8 * off:
+            return None
+    return base
 
 
 @functools.cache
-def _spec_kernel(device_id: int):
+def _spec_kernels(device_id: int):
+    """(draw, apply) kernels of ``_spec_augment.cu`` on ``device_id``."""
     import cupy
 
     with open(SPEC_AUGMENT_KERNEL) as f, cupy.cuda.Device(device_id):
-        return cupy.RawKernel(f.read(), "avpipe_spec_augment")
+        mod = cupy.RawModule(code=R.PHILOX_FUNCTION + f.read())
+        return mod.get_function("avpipe_spec_augment_draw"), mod.get_function("avpipe_spec_augment")
 
 
-def _spec_augment_kernel(cupy, x, lens_host, params, mask_value):
-    kf = int(np.shape(params["freq_start"])[1]) if np.ndim(params["freq_start"]) == 2 else 0
-    kt = int(np.shape(params["time_start"])[1]) if np.ndim(params["time_start"]) == 2 else 0
-    (table,) = upload_many(cupy, [spec_augment_table(lens_host, params)])  # one copy, not waited for
+def _spec_draws_on_device(cupy, seed, epoch, ids, lengths, n_mels, *, freq_masks, freq_width,
+                          time_masks, time_width, adaptive_time_masks, stream):  # fmt: skip
+    """sample_spec_augment_params on a GPU: ``(table [B, 2 kf + 2 kt], lengths)`` on the device,
+    one kernel (host ids and lengths copied up in one copy, not waited for)."""
+    host_in = not (isinstance(ids, cupy.ndarray) or isinstance(lengths, cupy.ndarray))
+    if host_in:
+        ids = as_ids(ids, len(ids), np)
+        lens = np.asarray(host(lengths), np.int64).reshape(-1)
+    else:
+        ids = cupy.ascontiguousarray(as_ids(ids, len(ids), cupy))
+        lens = cupy.ascontiguousarray(cupy.asarray(lengths, dtype=cupy.int64).reshape(-1))
+    B = int(ids.shape[0])
+    if lens.shape[0] != B:
+        raise ValueError(f"lengths must have one entry per id ({B}), got {lens.shape[0]}")
+    if host_in:
+        ids, lens = upload_many(cupy, [ids, lens])
+    kf, kt = int(freq_masks), int(time_masks)
+    fcap = min(int(freq_width), int(n_mels))
+    frac = time_width < 1
+    ld = 2 * kf + 2 * kt
+    table = cupy.empty((B, ld), cupy.int64)
+    if B and ld:
+        fk = R.stream_key(seed, stream + ".freq")
+        tk = R.stream_key(seed, stream + ".time")
+        draw, _ = _spec_kernels(table.device.id)
+        draw(((B + 127) // 128,), (128,),
+             (ids, lens, np.int64(B), np.int32(kf), np.int32(kt), np.int64(n_mels),
+              np.int64(fcap), np.float64(time_width if frac else int(time_width)),
+              np.int32(frac),
+              np.float64(-1.0 if adaptive_time_masks is None else float(adaptive_time_masks)),
+              np.uint32(fk[0]), np.uint32(fk[1]), np.uint32(tk[0]), np.uint32(tk[1]),
+              np.uint32(int(epoch) & 0xFFFFFFFF), table, np.int64(ld)))  # fmt: skip
+    return table, lens
+
+
+def _spec_apply_kernel(cupy, x, lens, table, kf, kt, mask_value):
+    """The mask kernel over float32 ``x [B, F, T]``: ``lens`` (device int64 [B]), ``table``
+    (device int64 [B, 2 kf + 2 kt], contiguous rows)."""
     x = cupy.ascontiguousarray(x)
     B, F, T = x.shape
     out = cupy.empty_like(x)
     total = B * F * T
+    ld = 2 * kf + 2 * kt
     threads = 256
-    _spec_kernel(x.device.id)(((total + threads - 1) // threads,), (threads,),
-                              (x, out, table, np.int32(kf), np.int32(kt), np.int64(F),
-                               np.int64(T), np.int64(total), np.float32(mask_value)))
+    at = table.data.ptr
+    ptrs = [np.uint64(at + 8 * off) for off in (0, kf, 2 * kf, 2 * kf + kt)]
+    _, apply = _spec_kernels(x.device.id)
+    apply(((total + threads - 1) // threads,), (threads,),
+          (x, out, lens, *ptrs, np.int64(ld), np.int32(kf), np.int32(kt), np.int64(F),
+           np.int64(T), np.int64(total), np.float32(mask_value)))  # fmt: skip
     return out
+
+
+def _spec_augment_kernel(cupy, x, lens_host, params, mask_value):
+    """apply_spec_augment on a GPU: the params' table (one copy up with the lengths, where they
+    are on the host) and the mask kernel."""
+    kf = int(np.shape(params["freq_start"])[1]) if np.ndim(params["freq_start"]) == 2 else 0
+    kt = int(np.shape(params["time_start"])[1]) if np.ndim(params["time_start"]) == 2 else 0
+    lens = np.asarray(lens_host, np.int64).reshape(-1)
+    parts = [params[k] for k in _SPEC_PARAMS]
+    if all(isinstance(a, np.ndarray) for a in parts):  # host params: one copy for all
+        lens, table = upload_many(cupy, [lens, spec_augment_table(params)])
+    else:
+        (lens,) = upload_many(cupy, [lens])
+        table = _table_of(parts, kf, kt)
+        if table is None:
+            table = spec_augment_table({k: cupy.asarray(a) for k, a in zip(_SPEC_PARAMS, parts)})
+    return _spec_apply_kernel(cupy, x, lens, table, kf, kt, mask_value)
 
 
 def spec_augment(features, lengths=None, *, freq_masks=2, freq_width=27, time_masks=10,
@@ -579,12 +663,17 @@ def spec_augment(features, lengths=None, *, freq_masks=2, freq_width=27, time_ma
     xp = array_module(features)
     B, F, T = features.shape
     lens = _lengths(lengths, B, T)
-    # drawn on the host (the same draws as on the device: ops.random), applied on the device
-    # with the few parameters copied once
-    params = sample_spec_augment_params(
-        seed, epoch, _host_ids(features, ids), lens, F,
-        freq_masks=freq_masks, freq_width=freq_width, time_masks=time_masks,
-        time_width=time_width, adaptive_time_masks=adaptive_time_masks, xp=np)  # fmt: skip
+    kw = dict(freq_masks=freq_masks, freq_width=freq_width, time_masks=time_masks,
+              time_width=time_width, adaptive_time_masks=adaptive_time_masks,
+              stream="spec_augment")
+    if xp is not np and features.dtype == xp.float32 and features.size:
+        # drawn and applied on the device: two kernels, the ids and lengths copied up once
+        table, lens_d = _spec_draws_on_device(xp, seed, epoch, _host_ids(features, ids), lens,
+                                              F, **kw)
+        kf, kt = int(freq_masks), int(time_masks)
+        out = _spec_apply_kernel(xp, features, lens_d, table, kf, kt, mask_value)
+        return (out, _spec_params_of(table, kf, kt)) if return_params else out
+    params = sample_spec_augment_params(seed, epoch, _host_ids(features, ids), lens, F, **kw)
     out = apply_spec_augment(features, lens, params, mask_value=mask_value)
     if return_params:
         return out, {k: xp.asarray(v) for k, v in params.items()}
@@ -789,14 +878,14 @@ class SpecAugment(Augment):
         self.adaptive_time_masks, self.mask_value = adaptive_time_masks, mask_value
 
     def sample(self, data, *, seed, epoch=0, ids=None):
-        # drawn on the host (the same draws as on the device), copied once by the mask kernel
+        # on the features' device (on a GPU one kernel draws them: the same draws as the host's)
         x, lens = _data(data)
         B, F, T = x.shape
         return sample_spec_augment_params(
             seed, epoch, _host_ids(x, ids), _lengths(lens, B, T), F,
             freq_masks=self.freq_masks, freq_width=self.freq_width, time_masks=self.time_masks,
             time_width=self.time_width, adaptive_time_masks=self.adaptive_time_masks,
-            stream=self.stream, xp=np)  # fmt: skip
+            stream=self.stream, xp=array_module(x))  # fmt: skip
 
     def apply(self, data, params):
         x, lens = _data(data)

@@ -65,6 +65,14 @@ for (int r = 0; r < rounds; ++r) {
 }
 o0 = a0; o1 = a1; o2 = a2; o3 = a3;
 """
+# PHILOX_BODY as a device function, for kernels that draw their own parameters (prepended to
+# their source: ops/_spec_augment.cu's draws)
+PHILOX_FUNCTION = (
+    "__device__ inline void avpipe_philox(unsigned int c0, unsigned int c1, unsigned int c2,\n"
+    "    unsigned int c3, unsigned int k0, unsigned int k1, unsigned int& o0, unsigned int& o1,\n"
+    "    unsigned int& o2, unsigned int& o3) {\nconst int rounds = 10;\n" + PHILOX_BODY + "}\n")
+
+
 @functools.cache
 def _philox_kernel():
     import cupy

@@ -318,7 +318,7 @@ class RnntTask(Task):
         out = [("dither", 1)]
         if self.speed is not None:
             out.append(("speed_perturb", 1))
-        if self.spec_augment is not None:
+        if self.spec_augment is not None and not self.device.is_cuda:  # (a GPU draws its own)
             sa = self.spec_augment
             out += [("spec_augment.freq", 2 * int(sa["freq_masks"])),
                     ("spec_augment.time", 2 * int(sa["time_masks"]))]
