@@ -35,6 +35,9 @@ Contenders (each in its own child process; a missing library reports "n/a"):
   wall time (0: the input keeps up), and the feed's own ``stats()`` verdict.
 
 Each child prints ``RESULT {json}``; the parent writes OUT/bench_feeds.json and a table.
+``--repeat N`` runs the contenders in N interleaved rounds (a b a b ...): each value is the
+median of its rounds (every round's value in ``runs``), each share the ratio of medians (every
+round's own share beside it).
 """
 
 from __future__ import annotations
@@ -365,6 +368,9 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--threads", type=int, default=min(16, os.cpu_count() or 4))
     ap.add_argument("--cpu", action="store_true", help="small run on the CPU (no GPU)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds over the contenders, interleaved (a b a b ...): each value is "
+                         "the median of its rounds, each share the ratio of medians")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -383,9 +389,11 @@ def main():
     results = {"meta": {"cpu": args.cpu, "budget_s": args.budget, "batch": BATCH,
                         "video_batch": VBATCH, "model_step_s": STEP_S,
                         "time": time.strftime("%Y-%m-%dT%H:%M:%S")}, "results": {}}
+    results["meta"]["repeat"] = args.repeat
     path = os.path.join(args.out, "bench_feeds.json")
-    for name in names:
-        log(f"--- {name}")
+    runs = {}
+    for rnd, name in ((k, n) for k in range(max(1, args.repeat)) for n in names):
+        log(f"--- {name}" + (f" (round {rnd + 1})" if args.repeat > 1 else ""))
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--data", args.data,
                "--out", args.out, "--budget", str(args.budget), "--threads", str(args.threads)]
         if args.cpu:
@@ -400,6 +408,16 @@ def main():
         except subprocess.TimeoutExpired:
             entry = {"value": None, "error": "timed out"}
         entry["wall_s"] = round(time.time() - t0, 1)
+        runs.setdefault(name, []).append(entry)
+        if args.repeat > 1:  # the run of median value; every round's value beside it
+            vals = [e.get("value") for e in runs[name]]
+            done = sorted((e for e in runs[name] if e.get("value") is not None),
+                          key=lambda e: e["value"])
+            entry = dict(done[(len(done) - 1) // 2]) if done else dict(entry)
+            if len(done) % 2 == 0 and done:  # an even count: the mean of the middle two
+                entry["value"] = (done[len(done) // 2 - 1]["value"]
+                                  + done[len(done) // 2]["value"]) / 2
+            entry["runs"] = vals
         results["results"][name] = entry
         log(f"RESULT {name} {json.dumps(entry, default=str)}")
         with open(path, "w") as f:
@@ -426,6 +444,11 @@ def main():
             shares[with_aug] = round(1 - a / b, 4)
             log(f"augmentation share of {with_aug}: {shares[with_aug]:+.3f} "
                 f"(1 - {a:.1f} / {without} {b:.1f})")
+            ra, rb = r[with_aug].get("runs"), r[without].get("runs")
+            if ra and rb:  # each round's own share, for the spread
+                per = [round(1 - x / y, 4) for x, y in zip(ra, rb) if x and y]
+                shares[with_aug + "_rounds"] = per
+                log(f"  per round: {' '.join(f'{v:+.3f}' for v in per)}")
     if shares:
         results["augmentation_share"] = shares
         with open(path, "w") as f:

@@ -21,9 +21,10 @@
 #   bash benchmarks/gpu_session.sh targets    # the video and augmentation targets in one call
 #                                             # (~5 min with the data): the feeds with and without
 #                                             # their augmentation (its share of the feed's
-#                                             # time), the augmentation stacks against DALI, the
-#                                             # clip benchmark warm and cold against plain
-#                                             # PyNvVideoCodec and DALI -> $OUT/...
+#                                             # time; FEED_REPEAT interleaved rounds, 3, medians)
+#                                             # and DALI's RNN-T feed, the augmentation stacks
+#                                             # against DALI, the clip benchmark warm and cold
+#                                             # against plain PyNvVideoCodec and DALI -> $OUT/...
 #   bash benchmarks/gpu_session.sh xtargets   # the extraction targets (~4 min after the data):
 #                                             # float16 extraction on 16,384 and 65,536 files and
 #                                             # frames at 1 fps, each against DALI -> $OUT/x*
@@ -83,7 +84,9 @@ for step in "$@"; do
       # (BUDGET is 10 unless set: the feeds' budget is FEED_BUDGET, 5 s; a 3 s budget leaves
       # DALI's RNN-T feed mostly warming up, and the cold video feed its scan processes starting)
       python3 benchmarks/bench_feeds.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
-        --only avpipe_rnnt,avpipe_rnnt_noaug,avpipe_video,avpipe_video_noaug 2>&1 | tail -8
+        --repeat "${FEED_REPEAT:-3}" \
+        --only avpipe_rnnt,avpipe_rnnt_noaug,avpipe_video,avpipe_video_noaug 2>&1 | tail -10
+      anchors_only dali_rnnt_feed_aps
       python3 benchmarks/bench_augment.py --out "$OUT" --budget 3 2>&1 | tail -10
       python3 benchmarks/bench_video.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
         --only avpipe_clip_cps,avpipe_cold_clip_cps,pynvc_clip_cps,dali_video_reader_cps 2>&1 | tail -8 ;;
