@@ -26,7 +26,7 @@ import os
 import numpy as np
 
 from ..decoding.image import decode_image_batch
-from ..device import array_module, resolve_device
+from ..device import array_module, resolve_device, upload_many
 from ..formats import IMAGE_EXTENSIONS
 from ..ops import image_augment as _aug
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
@@ -155,12 +155,10 @@ class ImageTask(Task):
                                                    ratio=self.ratio)
             box = crop_view(im, int(crop["top"][0]), int(crop["left"][0]),
                             int(crop["height"][0]), int(crop["width"][0]))
-            y = resize_crop_normalize(box, size=(self.S, self.S), short_side=None,
-                                      crop_size=None, mean=self.mean, std=self.std,
-                                      dtype=self.dtype, layout="CHW")
-            if bool(_aug.sample_flip_params(self.seed, epoch, [i])["flip"][0]):
-                y = y[..., ::-1]
-            return y
+            flip = bool(_aug.sample_flip_params(self.seed, epoch, [i])["flip"][0])
+            return resize_crop_normalize(box, size=(self.S, self.S), short_side=None,
+                                         crop_size=None, mean=self.mean, std=self.std,
+                                         dtype=self.dtype, layout="CHW", flip=flip)
         return resize_crop_normalize(im, short_side=self.R, crop_size=self.S, mean=self.mean,
                                      std=self.std, dtype=self.dtype, layout="CHW")
 
@@ -173,5 +171,6 @@ class ImageTask(Task):
             images = xp.ascontiguousarray(xp.stack(ims))
         else:
             images = xp.zeros((0, 3, self.S, self.S), np.dtype(self.dtype))
-        labels = xp.asarray(np.array([self.labels[i] for i in ids], np.int64))
+        # (page-locked: a pageable copy would wait for the producer stream's stack above)
+        (labels,) = upload_many(xp, [np.array([self.labels[i] for i in ids], np.int64)])
         return {"images": images, "labels": labels, "paths": [it.path for _, it in pairs]}

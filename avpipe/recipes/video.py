@@ -49,7 +49,7 @@ import numpy as np
 
 from .. import settings
 from ..decoding import load_index
-from ..device import array_module, resolve_device
+from ..device import array_module, resolve_device, upload_many
 from ..ops import image_augment as _aug
 from ..ops import random as _rnd
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, crop, normalize, resize_crop_normalize
@@ -321,11 +321,15 @@ class VideoTask(Task):
             clips = xp.stack([xp.asarray(v) for v in values])
         else:
             clips = xp.zeros((0, self.T, 3, self.S, self.S), np.dtype(self.dtype))
-        out = {"clips": clips,
-               "labels": xp.asarray(np.array([self.labels[v] for v in vids], np.int64)),
-               "paths": [it.path for it in items]}
+        # the small arrays in one copy from page-locked memory (a copy from pageable memory
+        # would first wait for the producer stream's work: the stack above)
+        host = [np.array([self.labels[v] for v in vids], np.int64)]
         if not self.train:
-            out["video_index"] = xp.asarray(np.array(vids, np.int64))
-            out["view"] = xp.asarray(np.array([it.extra["view"] for it in items], np.int64))
+            host += [np.array(vids, np.int64),
+                     np.array([it.extra["view"] for it in items], np.int64)]
+        small = upload_many(xp, host)
+        out = {"clips": clips, "labels": small[0], "paths": [it.path for it in items]}
+        if not self.train:
+            out["video_index"], out["view"] = small[1], small[2]
         return out
 
