@@ -9,6 +9,8 @@
 #                                             # transform, timed alone      -> $OUT/profile_stages.json
 #   bash benchmarks/gpu_session.sh feedprof   # the RNN-T and video feeds run synchronously under
 #                                             # cProfile              -> $OUT/profile_feeds_*.txt
+#   bash benchmarks/gpu_session.sh vprobe     # a warm clip's steps timed by name, 16 threads and
+#                                             # 1 (where the clip rate goes) -> $OUT/probe_video_clips.txt
 #   bash benchmarks/gpu_session.sh quicktests # the gpu tests without the fuzz runs (first: fast)
 #   bash benchmarks/gpu_session.sh fuzztests  # the fuzz-marked gpu tests (quicktests + fuzztests
 #                                             # = every gpu test, in two calls) -> $OUT/gpu_fuzz_tests.log
@@ -76,6 +78,7 @@ for step in "$@"; do
            anchors_only dali_rnnt_feed_aps,dali_video_reader_cps ;;
     profile) data; python3 benchmarks/profile_stages.py --data /tmp/bench --out "$OUT" \
                --parts "${PARTS:-rnnt,video,chain,image}" 2>&1 | tail -24 ;;
+    vprobe) data; python3 benchmarks/probe_video_clips.py --data /tmp/bench --out "$OUT" 2>&1 | tail -24 ;;
     feedprof) data; python3 benchmarks/profile_stages.py --feeds --data /tmp/bench --out "$OUT" 2>&1 | tail -6 ;;
     augment) python3 benchmarks/bench_augment.py --out "$OUT" --budget "$BUDGET" 2>&1 | tail -25 ;;
     extract) data; python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT" --profile \

@@ -75,33 +75,6 @@ TIMED = [
 ]
 
 
-def time_calls(acc):
-    """Wrap :data:`TIMED` so that calls on the feed's producer thread add their wall time and
-    count to ``acc[label]``."""
-    import importlib
-
-    for mod_name, attr, label in TIMED:
-        parts = mod_name.split(".")
-        try:
-            owner = importlib.import_module(mod_name)
-        except ImportError:  # a class path: module + class
-            owner = getattr(importlib.import_module(".".join(parts[:-1])), parts[-1])
-        f = getattr(owner, attr)
-
-        def wrapped(*a, _f=f, _label=label, **k):
-            if not threading.current_thread().name.startswith("avpipe-feed-producer"):
-                return _f(*a, **k)
-            t0 = time.perf_counter()
-            try:
-                return _f(*a, **k)
-            finally:
-                rec = acc[_label]
-                rec[0] += time.perf_counter() - t0
-                rec[1] += 1
-
-        setattr(owner, attr, wrapped)
-
-
 class Sampler:
     """Counts the functions on the feed producer thread's stack every ``interval`` s: per
     function (cumulative) and per line of the innermost frame (own). Only that thread's stack
@@ -161,6 +134,7 @@ class Sampler:
 
 
 def child(name, args):
+    import _timing
     import bench_feeds
     import cupy
 
@@ -191,9 +165,9 @@ def child(name, args):
             return rs.standard_normal(shape, dtype=xp.float32)
 
         _audio._normal = once
-    acc = collections.defaultdict(lambda: [0.0, 0])
+    acc = {}
     if args.timed and name == "full":
-        time_calls(acc)
+        acc = _timing.time_calls(TIMED, _timing.on_thread("avpipe-feed-producer"))
     if name == "win2":  # the loader's windows read ahead: 2 (before 2026-12-02) instead of 4
         from avpipe.pipeline import _flac_windows
 
@@ -224,8 +198,7 @@ def child(name, args):
         with open(os.path.join(args.out, "probe_rnnt_timed.txt"), "w") as f:
             f.write(f"{name}: host ms per batch on the producer thread ({n} batches, "
                     f"{1e3 * secs / n:.2f} ms each)\n")
-            for label, (sec, calls) in sorted(acc.items(), key=lambda kv: -kv[1][0]):
-                f.write(f"  {1e3 * sec / n:8.3f} ms  {calls / n:6.2f} calls  {label}\n")
+            f.write(_timing.report(acc, n, "batch") + "\n")
     if sampler:
         sampler.stop.set()
         sampler.thread.join()
