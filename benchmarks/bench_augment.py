@@ -23,7 +23,8 @@ Workloads (the same data for both; generated, no files):
     kernels for the batch, then flip + jitter (random order per clip) + normalize in one pass
     plus the frames' gray means).
   - ``avpipe_video_recipe``: the video recipe's default train stack as it runs it
-    (``VideoTask._train_transform`` per clip, then stacked as its collate does): the random
+    (the batch's draws in one pass, ``VideoTask.ahead``, then ``VideoTask._train_transform``
+    per clip, stacked as its collate does): the random
     resized crop folded into the fused resize + normalize (float16 ``[T, C, H, W]``), and the
     flip; no colour jitter (off by default there). The recipe's defaults except ``scale``,
     0.08-1 as above. ``avpipe_video_recipe_cold``: the same with the resize tap tables'
@@ -170,11 +171,16 @@ def bench_avpipe_video_recipe(args, before=None):
                      scale=(0.08, 1.0))  # fmt: skip
     state = {"epoch": 0}
 
+    from avpipe.ops import random as R
+
     def step():
         state["epoch"] += 1
         if before is not None:
             before()
-        return xp.stack([task._train_transform(x[i], i, state["epoch"]) for i in range(x.shape[0])])
+        task.epoch = state["epoch"]  # the batch's draws made at once, as the recipe's Task.ahead
+        with R.drawn_from(task.ahead([(i, None) for i in range(x.shape[0])])):
+            return xp.stack([task._train_transform(x[i], i, state["epoch"])
+                             for i in range(x.shape[0])])
 
     v, info = run_timed(step, args.budget, x.shape[0], sync)
     out = step()

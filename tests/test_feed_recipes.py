@@ -456,6 +456,32 @@ def test_video_train_extras_deterministic():
     assert any(not np.array_equal(x, y) for x, y in zip(a, plain))
 
 
+def test_video_train_draws_are_made_once_per_batch(monkeypatch):
+    """A training batch's draws (clip start, crop box, flip and the extras') come from one
+    Philox pass on the producer (Task.ahead): the decoding threads make none."""
+    import threading
+
+    from avpipe.ops import random as R
+
+    calls = []
+    lanes, ints = R.philox_lanes, R._philox_ints
+
+    def seen(f):
+        def g(*a):
+            calls.append(threading.current_thread().name)
+            return f(*a)
+        return g
+
+    monkeypatch.setattr(R, "philox_lanes", seen(lanes))
+    monkeypatch.setattr(R, "_philox_ints", seen(ints))
+    kw = dict(clip_length=4, stride=2, crop_size=32, batch_size=3, seed=2, device="cpu",
+              color_jitter=dict(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1),
+              grayscale_p=0.5, temporal_jitter=1)
+    batches = list(video_classification(LABELS, **kw))
+    assert batches and calls  # the producer drew
+    assert not [n for n in calls if n.startswith("avpipe-feed_")], calls
+
+
 def test_video_train_crop_matches_the_ops():
     # the recipe's crop + flip are image_augment's draws (keyed by seed, epoch, item id)
     from avpipe.decoding.video import VideoDecoder

@@ -219,6 +219,42 @@ def test_drawn_together_hands_out_the_same_words(monkeypatch):
     assert getattr(R._AHEAD, "words", None) is None
 
 
+def test_draw_ahead_serves_any_of_its_ids_on_any_thread(monkeypatch):
+    """A table drawn once (draw_ahead) serves each of its ids alone, in any order, to every
+    thread that enters drawn_from with it, without a Philox pass; ids it lacks are drawn."""
+    import threading
+
+    ids = np.array([11, 3, 2**40 + 7, 5])
+    reqs = [("clip", 1), ("random_resized_crop", 40)]
+    want = {s: R.words(9, s, 4, ids, n) for s, n in reqs}
+    table = R.draw_ahead(9, 4, ids, reqs)
+    passes = []
+    lanes, ints = R.philox_lanes, R._philox_ints
+    monkeypatch.setattr(R, "philox_lanes", lambda *a: passes.append(1) or lanes(*a))
+    monkeypatch.setattr(R, "_philox_ints", lambda *a: passes.append(1) or ints(*a))
+    got = {}
+
+    def item(k):
+        with R.drawn_from(table):
+            got[k] = {s: R.words(9, s, 4, [int(ids[k])], n) for s, n in reqs}
+
+    threads = [threading.Thread(target=item, args=(k,)) for k in range(len(ids))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert passes == []
+    for k in range(len(ids)):
+        for s, _ in reqs:
+            np.testing.assert_array_equal(got[k][s], want[s][k : k + 1])
+    with R.drawn_from(table):
+        np.testing.assert_array_equal(R.words(9, "clip", 4, ids[::-1], 1), want["clip"][::-1])
+        assert passes == []
+        R.words(9, "clip", 4, [11, 12], 1)  # 12 is not in the table: drawn
+        assert passes
+    assert getattr(R._AHEAD, "words", None) is None
+
+
 def test_numpy_philox_broadcasts_like_the_kernel():
     z = np.arange(30, dtype=np.uint32).reshape(3, 10)
     got = R.philox4x32(z, np.uint32(0), z, z, 1, 2)

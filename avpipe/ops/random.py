@@ -33,6 +33,8 @@ __all__ = [
     "words",
     "words_many",
     "drawn_together",
+    "draw_ahead",
+    "drawn_from",
     "uniform",
     "integers",
     "normal",
@@ -218,10 +220,15 @@ def words(seed, stream, epoch, ids, n: int, *, xp=np):
     k0, k1 = stream_key(seed, stream)
     if xp is np:
         ahead = getattr(_AHEAD, "words", None)
-        if ahead is not None:  # inside drawn_together: drawn already?
+        if ahead is not None:  # inside drawn_from / drawn_together: drawn already?
             hit = ahead.get((seed, stream, int(epoch), n))
-            if hit is not None and np.array_equal(hit[0], ids):
-                return hit[1].copy()
+            if hit is not None:
+                drawn_ids, drawn, row_of = hit
+                if drawn_ids.shape == ids.shape and np.array_equal(drawn_ids, ids):
+                    return drawn.copy()
+                rows = [row_of.get(i) for i in ids.tolist()]  # some of the drawn ids
+                if None not in rows:
+                    return drawn[rows]
     if xp is np and 0 < ids.shape[0] * blocks <= _SMALL:  # a few counters: Python integers
         e = int(epoch) & _MASK32
         r = _philox_ints([(i & _MASK32, (i >> 32) & _MASK32, e, b)
@@ -288,6 +295,32 @@ def words_many(seed, epoch, ids, requests):
 _AHEAD = threading.local()
 
 
+def draw_ahead(seed, epoch, ids, requests) -> dict:
+    """The words of ``(seed, stream, epoch, ids, n)`` for each ``(stream, n)`` of ``requests``,
+    drawn now in one :func:`words_many` pass, as a table for :func:`drawn_from` (read-only:
+    several threads may draw from one table)."""
+    ids_h = np.array(ids, np.int64, copy=True).reshape(-1)  # (ids changed later: no match)
+    requests = [(s, int(n)) for s, n in requests]
+    got = words_many(seed, epoch, ids_h, requests)
+    row_of = {}
+    for r, i in enumerate(ids_h.tolist()):
+        row_of.setdefault(i, r)
+    return {(seed, s, int(epoch), n): (ids_h, w, row_of) for (s, n), w in zip(requests, got)}
+
+
+@contextlib.contextmanager
+def drawn_from(table):
+    """Inside the block, this thread's host :func:`words` that ``table`` (:func:`draw_ahead`)
+    holds, for all of its ids or some of them, come from it: the same words, without a Philox
+    pass (a batch's draws made once, then read by the threads that decode its items)."""
+    outer = getattr(_AHEAD, "words", None)
+    _AHEAD.words = {**outer, **table} if outer else table
+    try:
+        yield
+    finally:
+        _AHEAD.words = outer
+
+
 @contextlib.contextmanager
 def drawn_together(seed, epoch, ids, requests):
     """Inside the block, this thread's host :func:`words` of ``(seed, stream, epoch, ids, n)``
@@ -295,16 +328,8 @@ def drawn_together(seed, epoch, ids, requests):
     entry: the same words, one Philox pass for all of a batch's draws instead of one per
     sampler (a recipe wraps its collate's samplers; a request no sampler makes, or a sampler
     that asks for something else, costs nothing wrong, only the saving)."""
-    ids_h = np.array(ids, np.int64, copy=True).reshape(-1)  # (ids changed later: no match)
-    requests = [(s, int(n)) for s, n in requests]
-    got = words_many(seed, epoch, ids_h, requests)
-    table = {(seed, s, int(epoch), n): (ids_h, w) for (s, n), w in zip(requests, got)}
-    outer = getattr(_AHEAD, "words", None)
-    _AHEAD.words = {**outer, **table} if outer else table
-    try:
+    with drawn_from(draw_ahead(seed, epoch, ids, requests)):
         yield
-    finally:
-        _AHEAD.words = outer
 
 
 def uniform(seed, stream, epoch, ids, n: int = 1, *, low=0.0, high=1.0, xp=np):

@@ -66,6 +66,7 @@ import atexit
 import collections
 import concurrent.futures as cf
 import contextlib
+import functools
 import os
 import queue
 import threading
@@ -78,6 +79,7 @@ import numpy as np
 from .._validate import check_choice, check_on_error, pos_float, pos_int
 from ..device import export, resolve_device
 from ..errors import DecodeTimeoutError
+from ..ops import random as _rnd
 from . import _order
 
 __all__ = ["Feed", "Task", "Batch", "dataset_class", "map_with_deadline"]  # + FeedDataset (lazy)
@@ -115,6 +117,9 @@ class Task:
     ``collate(values, pairs, epoch, step)``: decoded values -> a dict of batch fields (runs on
     the producer thread, inside the producer's CUDA stream on a GPU).
     ``array_fields``: the names of the fields that are arrays (moved to ``framework``).
+    ``ahead(pairs)``: the random words ``decode_one`` will draw for these items, drawn at once
+    on the submitting thread (:func:`avpipe.ops.random.draw_ahead`; None: no draws); each item
+    then decodes inside :func:`avpipe.ops.random.drawn_from` of it.
     """
 
     array_fields: tuple = ()
@@ -167,9 +172,17 @@ class Task:
             fill()
             yield fut()
 
+    def ahead(self, pairs):
+        """The draws of ``pairs``' ``decode_one`` made at once (a table for
+        :func:`avpipe.ops.random.drawn_from`), or None (the default: no draws)."""
+        return None
+
     def _submit(self, pairs):
         """Start decoding ``pairs`` on the pool; returns a function giving the values."""
-        futs = [(self.pool().submit(_timed, self.decode_one, p), p) for p in pairs]
+        table = self.ahead(pairs)
+        fn = self.decode_one if table is None else functools.partial(_drawn, table,
+                                                                        self.decode_one)
+        futs = [(self.pool().submit(_timed, fn, p), p) for p in pairs]
 
         def result():
             out, span = _collect(futs, self.deadline)
@@ -186,6 +199,12 @@ class Task:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def _drawn(table, fn, *args):
+    """``fn(*args)`` with the random words of ``table`` at hand (``Task.ahead``)."""
+    with _rnd.drawn_from(table):
+        return fn(*args)
 
 
 def _timed(fn, pair):

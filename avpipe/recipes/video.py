@@ -144,6 +144,21 @@ class VideoTask(Task):
     def views(self) -> int:
         return 1 if self.train else self.num_clips * self.num_crops
 
+    # -- draws ---------------------------------------------------------------------------------
+    def ahead(self, pairs):
+        """Task.ahead: a training batch's draws (clip start, crop box, flip and the extras') in
+        one Philox pass on the producer, read by the decoding threads."""
+        if not self.train:
+            return None
+        reqs = [("clip", 1), ("random_resized_crop", 40), ("flip", 1)]
+        if self.temporal_jitter > 0:
+            reqs.append(("temporal_jitter", 1 + self.T))
+        if self.color_jitter is not None:
+            reqs.append(("color_jitter", 8))
+        if self.grayscale_p > 0:
+            reqs.append(("grayscale", 1))
+        return _rnd.draw_ahead(self.seed, self.epoch, [i for i, _ in pairs], reqs)
+
     # -- frame indices -------------------------------------------------------------------------
     def _train_indices(self, n, i, epoch):
         """The training clip's frame indices [T] for a video of ``n`` frames."""
