@@ -221,8 +221,9 @@ def table(pairs, quality):
 
 def row_args(lens, up, down, new, meta):
     """The kernel's per-row host arrays: lens, up, down, half, ktaps, toff, n_out."""
-    rows = [meta[(int(u), int(d))] for u, d in zip(up, down)]
-    return (np.asarray(lens, np.int64), np.asarray(up, np.int32), np.asarray(down, np.int32),
+    up, down = np.asarray(up).reshape(-1), np.asarray(down).reshape(-1)
+    rows = [meta[p] for p in zip(up.tolist(), down.tolist())]  # (Python ints: no numpy scalars)
+    return (np.asarray(lens, np.int64), up.astype(np.int32), down.astype(np.int32),
             np.array([r[1] for r in rows], np.int32), np.array([r[2] for r in rows], np.int32),
             np.array([r[0] for r in rows], np.int64), np.asarray(new, np.int64))
 
@@ -270,7 +271,7 @@ def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
     ``new`` per row; ``x`` a float32 cupy ``[B, n]``)."""
     x = cupy.ascontiguousarray(x)
     B, n = x.shape
-    pairs = {(int(u), int(d)) for u, d in zip(up, down)}
+    pairs = set(zip(np.asarray(up).tolist(), np.asarray(down).tolist()))
     banked = _bank(cupy.cuda.Device().id, quality).get(cupy, pairs)  # taps on the device
     if banked is not None:  # the seven per-row arrays in one host-to-device copy
         taps, meta = banked
