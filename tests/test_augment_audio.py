@@ -257,6 +257,29 @@ def test_spec_augment_distributions():
     assert abs(ts.mean() - (400 - W) / 2) < 4
 
 
+def test_spec_augment_settings_and_params_are_checked():
+    lens = np.array([100, 50])
+    for kw, name in ((dict(freq_masks=-1), "freq_masks"), (dict(time_masks=-2), "time_masks"),
+                     (dict(adaptive_time_masks=-0.1), "adaptive_time_masks"),
+                     (dict(adaptive_time_masks=float("nan")), "adaptive_time_masks"),
+                     (dict(time_width=-0.05), "time_width"), (dict(freq_width=-3), "freq_width")):
+        with pytest.raises(ValueError, match=name):
+            A.sample_spec_augment_params(0, 0, np.arange(2), lens, 80, **kw)
+    p = A.sample_spec_augment_params(0, 0, np.arange(2), lens, 80, freq_masks=2, time_masks=3)
+    # the GPU path's check of given params: [B, k] or [1, k], widths as many as starts
+    parts, kf, kt = A._spec_parts(p, 2, np)
+    assert (kf, kt) == (2, 3) and all(a.shape[0] == 2 for a in parts)
+    one = {k: v[:1] for k, v in p.items()}
+    parts, _, _ = A._spec_parts(one, 2, np)
+    np.testing.assert_array_equal(parts[2], np.repeat(p["time_start"][:1], 2, axis=0))
+    with pytest.raises(ValueError, match="time_start"):
+        A._spec_parts({**p, "time_start": p["time_start"][:, :, None]}, 2, np)
+    with pytest.raises(ValueError, match="freq_start"):
+        A._spec_parts({**p, "freq_start": np.zeros((3, 2), np.int64)}, 2, np)
+    with pytest.raises(ValueError, match="as many"):
+        A._spec_parts({**p, "time_width": p["time_width"][:, :2]}, 2, np)
+
+
 def test_spec_augment_adaptive_counts():
     lens = np.array([1000, 400, 100, 10, 0])
     p = A.sample_spec_augment_params(0, 0, np.arange(5), lens, 80, time_masks=20, time_width=0.02,

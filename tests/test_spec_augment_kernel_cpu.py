@@ -48,6 +48,12 @@ def _p(a):
     return ctypes.c_void_p(a.ctypes.data)
 
 
+def _c(v):
+    """A numpy scalar as the ctypes value of its C type."""
+    return {np.int32: ctypes.c_int, np.int64: ctypes.c_longlong, np.uint32: ctypes.c_uint,
+            np.float64: ctypes.c_double}[type(v)](v.item())
+
+
 @pytest.mark.parametrize("adaptive", [None, 0.05])
 @pytest.mark.parametrize("value", [0.0, -3.5])
 def test_kernel_equals_reference(lib, adaptive, value):
@@ -87,16 +93,11 @@ def test_draw_kernel_equals_the_sampler(lib, kf, kt, time_width, adaptive, n_mel
                                             adaptive_time_masks=adaptive)  # fmt: skip
         ld = 2 * kf + 2 * kt
         got = np.full((len(ids), ld), -99, np.int64)
-        fk = R.stream_key(seed, "spec_augment.freq")
-        tk = R.stream_key(seed, "spec_augment.time")
-        frac = time_width < 1
-        lib.draw(_p(ids), _p(lens), ctypes.c_longlong(len(ids)), ctypes.c_int(kf),
-                 ctypes.c_int(kt), ctypes.c_longlong(n_mels),
-                 ctypes.c_longlong(min(fwidth, n_mels)),
-                 ctypes.c_double(time_width if frac else int(time_width)), ctypes.c_int(frac),
-                 ctypes.c_double(-1.0 if adaptive is None else adaptive), ctypes.c_uint(fk[0]),
-                 ctypes.c_uint(fk[1]), ctypes.c_uint(tk[0]), ctypes.c_uint(tk[1]),
-                 ctypes.c_uint(epoch & 0xFFFFFFFF), _p(got), ctypes.c_longlong(ld))
+        # the arguments as the GPU path builds them
+        checked = A._spec_settings(n_mels, kf, fwidth, kt, time_width, adaptive)
+        scalars = A._spec_draw_scalars(seed, epoch, n_mels, *checked, "spec_augment")
+        lib.draw(_p(ids), _p(lens), ctypes.c_longlong(len(ids)), *map(_c, scalars), _p(got),
+                 ctypes.c_longlong(ld))
         np.testing.assert_array_equal(got, A.spec_augment_table(want))
         if kt:
             assert want["time_width"].any()  # a draw that could differ

@@ -39,6 +39,7 @@ import os
 
 import numpy as np
 
+from .._validate import nonneg_float, nonneg_int
 from ..device import array_module, upload_many
 from . import random as R
 from ._augment_base import (
@@ -482,16 +483,14 @@ def sample_spec_augment_params(seed, epoch, ids, lengths, n_mels, *, freq_masks=
     "time_width": int64 [B, time_masks]}``. On cupy one kernel draws them all
     (``_spec_augment.cu``; this code is its reference, equal exactly), the four arrays views of
     one table."""
+    kf, F, kt, time_width, adaptive_time_masks = _spec_settings(
+        n_mels, freq_masks, freq_width, time_masks, time_width, adaptive_time_masks)
     if xp is not np:
-        table, _ = _spec_draws_on_device(
-            xp, seed, epoch, ids, lengths, n_mels, freq_masks=freq_masks, freq_width=freq_width,
-            time_masks=time_masks, time_width=time_width, adaptive_time_masks=adaptive_time_masks,
-            stream=stream)  # fmt: skip
-        return _spec_params_of(table, int(freq_masks), int(time_masks))
+        table, _ = _spec_draws_on_device(xp, seed, epoch, ids, lengths, n_mels, kf, F, kt,
+                                         time_width, adaptive_time_masks, stream)
+        return _spec_params_of(table, kf, kt)
     ids = as_ids(ids, len(ids), xp)
     lens = on(xp, lengths, xp.int64).reshape(-1)
-    kf, kt = int(freq_masks), int(time_masks)
-    F = min(int(freq_width), int(n_mels))
     wf = R.words(seed, stream + ".freq", epoch, ids, 2 * kf, xp=xp)
     fw = below(wf[:, :kf], F + 1, xp)
     fs = below(wf[:, kf:], int(n_mels) - F + 1, xp)
@@ -507,6 +506,18 @@ def sample_spec_augment_params(seed, epoch, ids, lengths, n_mels, *, freq_masks=
             xp.floor(lens.astype(xp.float64) * float(adaptive_time_masks)).astype(xp.int64), kt)
         tw = xp.where(xp.arange(kt)[None, :] < count[:, None], tw, 0)
     return {"freq_start": fs, "freq_width": fw, "time_start": ts, "time_width": tw}
+
+
+def _spec_settings(n_mels, freq_masks, freq_width, time_masks, time_width, adaptive_time_masks):
+    """The masks' settings, checked: ``(kf, F = min(freq_width, n_mels), kt, time_width,
+    adaptive_time_masks)``."""
+    kf = nonneg_int("freq_masks", freq_masks)
+    kt = nonneg_int("time_masks", time_masks)
+    fw = nonneg_float("freq_width", freq_width)
+    tw = nonneg_float("time_width", time_width)
+    r = None if adaptive_time_masks is None else nonneg_float("adaptive_time_masks",
+                                                              adaptive_time_masks)
+    return kf, min(int(fw), int(n_mels)), kt, tw, r
 
 
 def apply_spec_augment(features, lengths, params, *, mask_value=0.0):
@@ -556,17 +567,19 @@ def _spec_params_of(table, kf, kt):
     return {k: table[:, cuts[j] : cuts[j + 1]] for j, k in enumerate(_SPEC_PARAMS)}
 
 
-def _table_of(parts, kf, kt):
-    """The mask table whose column views the four param arrays are (as the device sampler
-    hands them out), or None."""
+def _table_of(cupy, parts, B, kf, kt):
+    """The mask table whose first ``B`` rows' column views the four param arrays are (as the
+    device sampler hands them out), or None."""
+    ld = 2 * kf + 2 * kt
     base = getattr(parts[0], "base", None)
-    if (base is None or base.ndim != 2 or base.dtype != np.int64 or not base.flags.c_contiguous
-            or base.shape[1] != 2 * kf + 2 * kt):  # fmt: skip
+    if (not isinstance(base, cupy.ndarray) or base.ndim != 2 or base.dtype != np.int64
+            or not base.flags.c_contiguous or base.shape[1] != ld or base.shape[0] < B):  # fmt: skip
         return None
-    for a, off in zip(parts, (0, kf, 2 * kf, 2 * kf + kt)):
-        if a.base is not base or a.data.ptr != base.data.ptr + 8 * off:
+    for a, k, off in zip(parts, (kf, kf, kt, kt), (0, kf, 2 * kf, 2 * kf + kt)):
+        if (not isinstance(a, cupy.ndarray) or a.base is not base or a.shape != (B, k)
+                or a.strides != (8 * ld, 8) or a.data.ptr != base.data.ptr + 8 * off):  # fmt: skip
             return None
-    return base
+    return base[:B]
 
 
 @functools.cache
@@ -579,10 +592,25 @@ def _spec_kernels(device_id: int):
         return mod.get_function("avpipe_spec_augment_draw"), mod.get_function("avpipe_spec_augment")
 
 
-def _spec_draws_on_device(cupy, seed, epoch, ids, lengths, n_mels, *, freq_masks, freq_width,
-                          time_masks, time_width, adaptive_time_masks, stream):  # fmt: skip
-    """sample_spec_augment_params on a GPU: ``(table [B, 2 kf + 2 kt], lengths)`` on the device,
-    one kernel (host ids and lengths copied up in one copy, not waited for)."""
+def _spec_draw_scalars(seed, epoch, n_mels, kf, F, kt, time_width, adaptive_time_masks,
+                       stream):  # fmt: skip
+    """The draw kernel's arguments between ``(ids, lens, B)`` and ``(table, ld)``, for checked
+    settings (:func:`_spec_settings`): adaptive None is passed as -1."""
+    frac = time_width < 1
+    fk = R.stream_key(seed, stream + ".freq")
+    tk = R.stream_key(seed, stream + ".time")
+    return (np.int32(kf), np.int32(kt), np.int64(n_mels), np.int64(F),
+            np.float64(time_width if frac else int(time_width)), np.int32(frac),
+            np.float64(-1.0 if adaptive_time_masks is None else adaptive_time_masks),
+            np.uint32(fk[0]), np.uint32(fk[1]), np.uint32(tk[0]), np.uint32(tk[1]),
+            np.uint32(int(epoch) & 0xFFFFFFFF))  # fmt: skip
+
+
+def _spec_draws_on_device(cupy, seed, epoch, ids, lengths, n_mels, kf, F, kt, time_width,
+                          adaptive_time_masks, stream):  # fmt: skip
+    """sample_spec_augment_params on a GPU for checked settings (:func:`_spec_settings`):
+    ``(table [B, 2 kf + 2 kt], lengths)`` on the device, one kernel (host ids and lengths copied
+    up in one copy, not waited for)."""
     host_in = not (isinstance(ids, cupy.ndarray) or isinstance(lengths, cupy.ndarray))
     if host_in:
         ids = as_ids(ids, len(ids), np)
@@ -595,22 +623,15 @@ def _spec_draws_on_device(cupy, seed, epoch, ids, lengths, n_mels, *, freq_masks
         raise ValueError(f"lengths must have one entry per id ({B}), got {lens.shape[0]}")
     if host_in:
         ids, lens = upload_many(cupy, [ids, lens])
-    kf, kt = int(freq_masks), int(time_masks)
-    fcap = min(int(freq_width), int(n_mels))
-    frac = time_width < 1
     ld = 2 * kf + 2 * kt
     table = cupy.empty((B, ld), cupy.int64)
     if B and ld:
-        fk = R.stream_key(seed, stream + ".freq")
-        tk = R.stream_key(seed, stream + ".time")
         draw, _ = _spec_kernels(table.device.id)
         draw(((B + 127) // 128,), (128,),
-             (ids, lens, np.int64(B), np.int32(kf), np.int32(kt), np.int64(n_mels),
-              np.int64(fcap), np.float64(time_width if frac else int(time_width)),
-              np.int32(frac),
-              np.float64(-1.0 if adaptive_time_masks is None else float(adaptive_time_masks)),
-              np.uint32(fk[0]), np.uint32(fk[1]), np.uint32(tk[0]), np.uint32(tk[1]),
-              np.uint32(int(epoch) & 0xFFFFFFFF), table, np.int64(ld)))  # fmt: skip
+             (ids, lens, np.int64(B),
+              *_spec_draw_scalars(seed, epoch, n_mels, kf, F, kt, time_width,
+                                  adaptive_time_masks, stream),
+              table, np.int64(ld)))  # fmt: skip
     return table, lens
 
 
@@ -621,7 +642,7 @@ def _spec_apply_kernel(cupy, x, lens, table, kf, kt, mask_value):
     B, F, T = x.shape
     out = cupy.empty_like(x)
     total = B * F * T
-    ld = 2 * kf + 2 * kt
+    ld = table.strides[0] // 8
     threads = 256
     at = table.data.ptr
     ptrs = [np.uint64(at + 8 * off) for off in (0, kf, 2 * kf, 2 * kf + kt)]
@@ -632,20 +653,40 @@ def _spec_apply_kernel(cupy, x, lens, table, kf, kt, mask_value):
     return out
 
 
+def _spec_parts(params, B, xp):
+    """The four param arrays checked against a batch of ``B``: each ``[B, k]`` or ``[1, k]``
+    (broadcast to the batch, as the numpy reference does), the widths as many as the starts.
+    Returns ``(parts, kf, kt)``."""
+    parts = [params[k] for k in _SPEC_PARAMS]
+    for k, a in zip(_SPEC_PARAMS, parts):
+        shape = tuple(np.shape(a))
+        if len(shape) != 2 or shape[0] not in (1, B):
+            raise ValueError(f"params[{k!r}] must be [{B}, masks] (or [1, masks]), got shape "
+                             f"{shape}")
+    kf, kt = int(np.shape(parts[0])[1]), int(np.shape(parts[2])[1])
+    if np.shape(parts[1])[1] != kf or np.shape(parts[3])[1] != kt:
+        raise ValueError("params' widths must be as many as their starts, got "
+                         f"{[tuple(np.shape(a)) for a in parts]}")
+    if B != 1 and any(np.shape(a)[0] == 1 for a in parts):
+        mod = np if all(isinstance(a, np.ndarray) for a in parts) else xp
+        parts = [mod.broadcast_to(mod.asarray(a), (B, np.shape(a)[1])) for a in parts]
+    return parts, kf, kt
+
+
 def _spec_augment_kernel(cupy, x, lens_host, params, mask_value):
     """apply_spec_augment on a GPU: the params' table (one copy up with the lengths, where they
     are on the host) and the mask kernel."""
-    kf = int(np.shape(params["freq_start"])[1]) if np.ndim(params["freq_start"]) == 2 else 0
-    kt = int(np.shape(params["time_start"])[1]) if np.ndim(params["time_start"]) == 2 else 0
+    B = x.shape[0]
+    parts, kf, kt = _spec_parts(params, B, cupy)
     lens = np.asarray(lens_host, np.int64).reshape(-1)
-    parts = [params[k] for k in _SPEC_PARAMS]
+    by_name = dict(zip(_SPEC_PARAMS, parts))
     if all(isinstance(a, np.ndarray) for a in parts):  # host params: one copy for all
-        lens, table = upload_many(cupy, [lens, spec_augment_table(params)])
+        lens, table = upload_many(cupy, [lens, spec_augment_table(by_name)])
     else:
         (lens,) = upload_many(cupy, [lens])
-        table = _table_of(parts, kf, kt)
+        table = _table_of(cupy, parts, B, kf, kt)
         if table is None:
-            table = spec_augment_table({k: cupy.asarray(a) for k, a in zip(_SPEC_PARAMS, parts)})
+            table = spec_augment_table({k: cupy.asarray(a) for k, a in by_name.items()})
     return _spec_apply_kernel(cupy, x, lens, table, kf, kt, mask_value)
 
 
@@ -668,9 +709,10 @@ def spec_augment(features, lengths=None, *, freq_masks=2, freq_width=27, time_ma
               stream="spec_augment")
     if xp is not np and features.dtype == xp.float32 and features.size:
         # drawn and applied on the device: two kernels, the ids and lengths copied up once
+        kf, fcap, kt, tw, r = _spec_settings(F, freq_masks, freq_width, time_masks, time_width,
+                                             adaptive_time_masks)
         table, lens_d = _spec_draws_on_device(xp, seed, epoch, _host_ids(features, ids), lens,
-                                              F, **kw)
-        kf, kt = int(freq_masks), int(time_masks)
+                                              F, kf, fcap, kt, tw, r, "spec_augment")
         out = _spec_apply_kernel(xp, features, lens_d, table, kf, kt, mask_value)
         return (out, _spec_params_of(table, kf, kt)) if return_params else out
     params = sample_spec_augment_params(seed, epoch, _host_ids(features, ids), lens, F, **kw)
