@@ -1,4 +1,6 @@
-"""The README's job examples (the three jobs, images beside video) run as written (on the CPU, from the repository's root)."""
+"""The README's job examples (the three jobs, images beside video) run as written (on the CPU,
+from a folder holding the repository's ``samples/``: what they write stays out of the
+checkout, where ``./dev demo`` writes its own output)."""
 
 from __future__ import annotations
 
@@ -20,11 +22,22 @@ def _job_blocks():
 
 
 @pytest.mark.parametrize("i", range(4))
-def test_readme_job_examples_run(i):
+def test_readme_job_examples_run(i, tmp_path):
     blocks = _job_blocks()
     assert len(blocks) == 4
+    (tmp_path / "samples").symlink_to(ROOT / "samples", target_is_directory=True)
     env = dict(os.environ, AVPIPE_DISABLE_GPU="1", PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", blocks[i]], cwd=ROOT, env=env,
+    out = subprocess.run([sys.executable, "-c", blocks[i]], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip()
+
+
+def test_readme_extract_example_and_demo_write_apart():
+    """``./dev demo`` (quickstart-out/, the CLI's shard size) and the README's extraction example
+    (its own folder, 4 files a shard) do not share an output folder: either one run first made
+    the other refuse it (an output folder keeps its shard size)."""
+    dev = (ROOT / "dev").read_text()
+    demo_out = re.search(r"--out (\S+)", dev[dev.index("extract samples"):]).group(1)
+    (example,) = [b for b in _job_blocks() if "run_extract" in b]
+    assert f'out_dir="{demo_out}"' not in example and 'out_dir="' in example
