@@ -39,7 +39,8 @@ Workloads (the same data for both; generated, no files):
 Throughput: items (utterances, clips) per second over ``--budget`` seconds after a warm-up; the
 input is on the device before timing for both (DALI's external source is fed device arrays).
 ``--cpu`` runs avpipe's stacks on numpy and DALI's with its CPU operators, to check the script
-here (no GPU numbers). Prints a table and writes DIR/bench_augment.json.
+here (no GPU numbers). Prints a table and writes DIR/bench_augment.json. ``--profile N``
+first prints the N functions with the most host time (cProfile) over 50 steps of each.
 """
 
 from __future__ import annotations
@@ -83,10 +84,24 @@ def video_batch(n=8, t=16, h=360, w=640, seed=0):
     return base + noise  # frames alike, as in a clip
 
 
+PROFILE = []  # --profile N: the top N functions of each timed loop by their own time
+
+
 def run_timed(step, budget, items, sync, warmup=1, min_iters=3):
     for _ in range(warmup):
         step()
     sync()
+    if PROFILE:  # the host's time per call by function (cProfile slows every Python call)
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(max(min_iters, 50)):
+            step()
+        sync()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(PROFILE[0])
     t0 = time.perf_counter()
     iters = 0
     while iters < min_iters or time.perf_counter() - t0 < budget:
@@ -312,7 +327,11 @@ def main():
     ap.add_argument("--frames", type=int, default=16)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--quality", default="high", choices=["high", "fast"], help="avpipe resampling")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also print the N functions with the most host time in 50 steps")
     args = ap.parse_args()
+    if args.profile:
+        PROFILE.append(args.profile)
     names = [n for n in CONTENDERS if not args.only or n in args.only.split(",")]
     results = {}
     for name in names:
