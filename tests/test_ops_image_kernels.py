@@ -273,7 +273,8 @@ class _FakeCupy:
 
         def get_function(self, name):
             return {"avp_hpass_u8": _fake_hpass(np.uint8), "avp_hpass_f32": _fake_hpass(np.float32),
-                    "avp_vpass": _fake_vpass}[name]  # fmt: skip
+                    "avp_vpass": _fake_vpass, "avp_direct_u8": _fake_direct(np.uint8),
+                    "avp_direct_f32": _fake_direct(np.float32)}[name]  # fmt: skip
 
 
 def _fake_hpass(src_dtype):
@@ -308,6 +309,66 @@ def _fake_vpass(grid, block, args):
     _FakeCupy.launches.append("v")
 
 
+def _direct_axis(size_in, size_out, lo, n, off, size, interp, aa, flip=False):
+    """avp_taps + avp_at for output positions lo .. lo + n of an axis: the input indices and
+    weights [n, K] (numpy's axis_weights: the kernel's weights bit for bit, the C++ test below
+    checks), moved by ``off`` and clamped into the input's ``size``."""
+    idx, w = R.axis_weights(size_in, size_out, interp, aa, lo, lo + n)
+    idx = np.clip(np.asarray(idx) + off, 0, size - 1)
+    return (idx[::-1], np.asarray(w)[::-1]) if flip else (idx, np.asarray(w))
+
+
+def _fake_direct(src_dtype):
+    def launch(grid, block, args):
+        (src, sn, sh, sw, sc, n, c, y_in, y_out, y_lo, y_off, y_size, oh, x_in, x_out, x_lo,
+         x_off, x_size, ow, flip, cubic, aa, round_mid, *ab) = args[:31]  # fmt: skip
+        nchw, mode, out, ob = args[31:]
+        assert len(args) == 35 and src.dtype == src_dtype and out.flags.c_contiguous
+        assert all(isinstance(v, np.int64) for v in (sn, sh, sw, sc, ob))
+        assert all(isinstance(v, np.int32) for v in (n, c, y_in, y_out, y_lo, y_off, y_size, oh,
+                                                     x_in, x_out, x_lo, x_off, x_size, ow, flip,
+                                                     cubic, aa, round_mid, nchw, mode))  # fmt: skip
+        assert all(isinstance(v, np.float32) for v in ab) and grid[0] * block[0] >= 1
+        assert out.shape == ((n, c, oh, ow) if nchw else (n, oh, ow, c)) and ob == c * oh * ow
+        it = src.itemsize
+        x = np.lib.stride_tricks.as_strided(np.asarray(src), src.shape,
+                                            (sn * it, sh * it, sw * it, sc * it))  # fmt: skip
+        interp = "bicubic" if cubic else "bilinear"
+        yi, yw = _direct_axis(int(y_in), int(y_out), int(y_lo), int(oh), int(y_off),
+                              int(y_size), interp, bool(aa))  # fmt: skip
+        xi, xw = _direct_axis(int(x_in), int(x_out), int(x_lo), int(ow), int(x_off),
+                              int(x_size), interp, bool(aa), bool(flip))  # fmt: skip
+        xf = x.astype(np.float32)
+        acc = np.zeros((n, oh, ow, c), np.float32)
+        for ky in range(yi.shape[1]):  # each row's horizontal sum, then the vertical tap
+            rows = xf[:, yi[:, ky]]  # [n, oh, W, c]
+            h = np.zeros((n, oh, ow, c), np.float32)
+            for kx in range(xi.shape[1]):
+                h += xw[None, None, :, kx, None] * rows[:, :, xi[:, kx]]
+            if round_mid:
+                h = np.clip(np.floor(h + np.float32(0.5)), 0, 255)
+            acc += yw[None, :, ky, None, None] * h
+        if mode == K.MODE_U8:
+            y = np.clip(np.floor(acc + np.float32(0.5)), 0, 255).astype(np.uint8)
+        else:
+            a, b = np.array(ab[:4], np.float32)[:c], np.array(ab[4:], np.float32)[:c]
+            y = (acc * a + b).astype(np.float16 if mode == K.MODE_F16 else np.float32)
+        out[...] = np.ascontiguousarray(y.transpose(0, 3, 1, 2)) if nchw else y
+        _FakeCupy.launches.append("d")
+
+    return launch
+
+
+@pytest.fixture(params=["direct", "two_pass"])
+def kernel_path(request, monkeypatch):
+    """Each test of the kernels' glue on both paths: the one-pass kernel (``"d"``) where it
+    fits, and the two passes (``"h"``, ``"v"``) it leaves the large filters to."""
+    if request.param == "two_pass":
+        monkeypatch.setattr(K, "_DIRECT_WORK", 0)
+        return ["h", "v"]
+    return ["d"]
+
+
 @pytest.fixture
 def fake_cupy(monkeypatch):
     import sys
@@ -322,7 +383,7 @@ def fake_cupy(monkeypatch):
 
 
 @pytest.mark.parametrize("interp,antialias", [("bilinear", True), ("bicubic", False)])
-def test_launch_glue_with_emulated_kernels(fake_cupy, interp, antialias):
+def test_launch_glue_with_emulated_kernels(fake_cupy, kernel_path, interp, antialias):
     x = _picture(3, 61, 83, c=4, seed=5)
     views = [x, x[::2, 3:50, ::-1, 2::-1], np.ascontiguousarray(x.transpose(0, 2, 1, 3))
              .transpose(0, 2, 1, 3), x.astype(np.float32)[:, ::-1], x.astype(np.float64)]  # fmt: skip
@@ -354,7 +415,7 @@ def test_launch_glue_with_emulated_kernels(fake_cupy, interp, antialias):
                 a=a,
                 b=b,
             )
-            assert fake_cupy.launches == ["h", "v"]
+            assert fake_cupy.launches == kernel_path
             assert got.shape == ref.shape and got.dtype == ref.dtype
             d = np.abs(np.asarray(got, np.float32) - ref.astype(np.float32))
             assert d.max() <= (1e-4 if dtype == "float32" else 2e-3 * 3), d.max()
@@ -386,7 +447,8 @@ def _square_window(h, w, margin=0.02):
 @pytest.mark.parametrize("interp", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("antialias", [True, False])
 @pytest.mark.parametrize("case", range(len(WINDOW_CASES)))
-def test_window_of_the_image_gives_the_whole_images_result(case, interp, antialias, fake_cupy):
+def test_window_of_the_image_gives_the_whole_images_result(case, interp, antialias, fake_cupy,
+                                                           kernel_path):  # fmt: skip
     n, h, w, short, crop = WINDOW_CASES[case]
     x = _picture(n, h, w, seed=case)
     top, left, ch, cw = _square_window(h, w)
@@ -615,9 +677,9 @@ def test_flip_is_the_mirrored_result():
 
 
 @pytest.mark.parametrize("window", [None, (10, 20, 81, 123)])
-def test_flip_folded_into_the_kernel_tables(fake_cupy, window):
-    """The kernels' flip is the horizontal table in reverse order: the emulated launches give
-    the numpy ``flip=True`` result (two launches, no extra pass)."""
+def test_flip_folded_into_the_kernel_tables(fake_cupy, kernel_path, window):
+    """The kernels' flip is the horizontal taps in reverse order: the emulated launches give
+    the numpy ``flip=True`` result (no extra pass)."""
     x = _picture(2, 61, 83, seed=4)
     full_h, full_w = (61, 83) if window is None else window[2:]
     m, sd = np.array([0.4, 0.5, 0.45]), np.array([0.2, 0.25, 0.3])
@@ -633,7 +695,7 @@ def test_flip_folded_into_the_kernel_tables(fake_cupy, window):
                          "bilinear", True, mode=K.MODE_F32, nchw=layout == "NCHW",
                          a=(1 / 255 / sd).astype(np.float32), b=(-m / sd).astype(np.float32),
                          window=window, flip=True)  # fmt: skip
-        assert fake_cupy.launches == ["h", "v"]
+        assert fake_cupy.launches == kernel_path
         assert got.shape == ref.shape
         assert np.abs(np.asarray(got, np.float32) - ref).max() <= 1e-4
         unflipped = I.resize_crop_normalize(x, **opts)
@@ -685,3 +747,136 @@ def test_device_tables_of_a_square_crop_keep_each_axis_role(fake_cupy):
         xt, xw, yt, yw = K._device_tables(_FakeCupy, p, 0)
         assert np.array_equal(np.asarray(xt), p.x.table)
         assert np.array_equal(np.asarray(yt), p.y.table)
+
+
+# --- the one-pass kernel's taps, compiled as C++ ------------------------------------------------
+
+_TAPS_PRELUDE = r"""
+#include <math.h>
+#define __device__
+#define __forceinline__ inline
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
+"""
+
+_TAPS_LAUNCHER = r"""
+extern "C" int taps(int in_size, int out_size, int i, int cubic, int aa, int* first, float* w) {
+    return avp_taps(in_size, out_size, i, cubic, aa, first, w);
+}
+extern "C" int tap_index(int first, int j, int n, int in_size) {
+    return avp_tap_index(first, j, n, in_size);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def taps_lib(tmp_path_factory):
+    from cpp_kernels import build
+
+    src = K._SOURCE
+    body = src[src.index("#define AVP_MAXTAP") : src.index("// The input row / column of a tap")]
+    return build(_TAPS_PRELUDE + body + _TAPS_LAUNCHER, tmp_path_factory.mktemp("image_taps"),
+                 flags=("-ffp-contract=off",))  # fmt: skip
+
+
+@pytest.mark.parametrize("interp", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("antialias", [True, False])
+def test_direct_kernel_taps_are_numpys(taps_lib, interp, antialias):
+    """avp_taps (the one-pass kernel's weights, computed per output pixel) gives
+    ``axis_weights``' taps bit for bit: the same indices (clamped as torch's filters clamp) and
+    float32 weights, numpy's zero-weight padding aside. Sizes from 1 to 1000, up and down,
+    including downscales whose taps reach 16 (PIL's sums of 8 and more, pairwise)."""
+    import ctypes
+
+    sizes = [(1, 1), (1, 7), (7, 1), (5, 224), (224, 224), (360, 224), (640, 224), (225, 224),
+             (1000, 224), (900, 130), (37, 53), (53, 37), (1000, 999), (3, 1000)]  # fmt: skip
+    first = ctypes.c_int()
+    w = (ctypes.c_float * K.MAX_DIRECT_TAPS)()
+    checked = 0
+    for size_in, size_out in sizes:
+        if K.axis_taps_bound(size_in, size_out, interp, antialias) > K.MAX_DIRECT_TAPS:
+            continue
+        idx, ref = R.axis_weights(size_in, size_out, interp, antialias)
+        for i in range(size_out):
+            n = taps_lib.taps(size_in, size_out, i, interp == "bicubic", antialias,
+                              ctypes.byref(first), w)  # fmt: skip
+            k = abs(n)
+            got_idx = [taps_lib.tap_index(first.value, j, n, size_in) for j in range(k)]
+            got_w = np.array(w[:k], np.float32)
+            assert got_idx == list(idx[i, :k]), (size_in, size_out, i)
+            np.testing.assert_array_equal(got_w, ref[i, :k])  # bit for bit
+            assert not np.any(ref[i, k:])  # numpy's padding: zero weights
+            assert k <= K.axis_taps_bound(size_in, size_out, interp, antialias)
+            checked += 1
+    assert checked > 2000
+
+
+def test_box_is_the_crop_resized(fake_cupy, kernel_path):
+    """``resize_crop_normalize(box=...)`` is ``crop`` then the resize (numpy, bit for bit), and
+    the kernels read the box in place (the emulated launches: no view, the same values)."""
+    x = _picture(2, 61, 83, seed=6)
+    m, sd = np.array([0.4, 0.5, 0.45]), np.array([0.2, 0.25, 0.3])
+    for box, flip in (((3, 5, 40, 70), False), ((0, 0, 61, 83), True), ((20, 60, 9, 23), True)):
+        opts = dict(size=(40, 48), short_side=None, crop_size=None, mean=m, std=sd,
+                    dtype="float32", flip=flip)  # fmt: skip
+        ref = I.resize_crop_normalize(I.crop(x, *box), **opts)
+        assert np.array_equal(I.resize_crop_normalize(x, box=box, **opts), ref)
+        fake_cupy.launches = []
+        got = K.resample(x.view(_FakeArr), 40, 48, (0, 40), (0, 48), "bilinear", True,
+                         mode=K.MODE_F32, nchw=True, a=(1 / 255 / sd).astype(np.float32),
+                         b=(-m / sd).astype(np.float32), box=box, flip=flip)  # fmt: skip
+        assert fake_cupy.launches == kernel_path
+        assert np.abs(np.asarray(got, np.float32) - ref).max() <= 1e-4
+    for bad in [(0, 0, 62, 10), (-1, 0, 5, 5), (0, 80, 5, 5), (0, 0, 0, 5), (0, 0, 5), "abc",
+                (0.5, 0, 5, 5)]:  # fmt: skip
+        with pytest.raises(ValueError, match="box|crop"):
+            I.resize_crop_normalize(x, box=bad, size=8, short_side=None, crop_size=None)
+    with pytest.raises(ValueError, match="not both"):
+        I.resize_crop_normalize(x, box=(0, 0, 5, 5), window=(0, 0, 61, 83), short_side=8)
+
+
+def test_direct_kernel_takes_small_filters_only():
+    """The one-pass kernel reads every row's taps for each pixel: it takes resizes with few
+    taps per pixel (a clip's crop to 224), and leaves large downscales to the two passes."""
+    assert K.direct_fits(360, 224, 640, 224, "bilinear", True, 3)
+    assert K.direct_fits(1080, 224, 1920, 398, "bilinear", False, 3)  # torch's: 2 taps
+    assert not K.direct_fits(1080, 224, 1920, 398, "bilinear", True, 3)  # 11 x 11 taps
+    assert not K.direct_fits(360, 224, 640, 224, "bilinear", True, 5)  # 5 channels
+    assert K.axis_taps_bound(640, 224, "bilinear", True) == 7
+    assert K.axis_taps_bound(640, 224, "bicubic", True) == 13
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("interp,antialias", [("bilinear", True), ("bicubic", True),
+                                               ("bilinear", False), ("bicubic", False)])  # fmt: skip
+def test_gpu_direct_kernel_matches_two_passes_and_numpy(interp, antialias, monkeypatch):
+    """The one-pass kernel against the numpy path and the two passes on the same input: a
+    clip's random crops (box, flip) to 224 in float16 / float32, and a uint8 resize."""
+    import cupy
+
+    monkeypatch.delenv("AVPIPE_IMAGE_KERNELS", raising=False)
+    _kernels_available()
+    x = _picture(4, 360, 640, seed=12)
+    gx = cupy.asarray(x)
+    cases = [dict(box=(10, 30, 300, 400), flip=False), dict(box=(0, 0, 360, 640), flip=True),
+             dict(box=(200, 500, 60, 90), flip=True)]  # fmt: skip
+    for kw in cases:
+        assert K.direct_fits(kw["box"][2], 224, kw["box"][3], 224, interp, antialias, 3)
+        for dtype in ("float16", "float32"):
+            opts = dict(kw, size=(224, 224), short_side=None, crop_size=None, dtype=dtype,
+                        interpolation=interp, antialias=antialias)  # fmt: skip
+            one = I.resize_crop_normalize(gx, **opts)
+            _check(one, I.resize_crop_normalize(x, **opts), dtype)
+            work, K._DIRECT_WORK = K._DIRECT_WORK, 0  # the two passes
+            try:
+                two = I.resize_crop_normalize(gx, **opts)
+            finally:
+                K._DIRECT_WORK = work
+            d = cupy.abs(one.astype(cupy.float32) - two.astype(cupy.float32))
+            assert float(d.max()) <= (1e-5 if dtype == "float32" else 2e-3 * 3)
+    g8 = I.resize(gx, (200, 300), interpolation=interp, antialias=antialias)
+    c8 = I.resize(x, (200, 300), interpolation=interp, antialias=antialias)
+    d = np.abs(cupy.asnumpy(g8).astype(int) - c8)
+    assert d.max() <= 2 and d.mean() < 0.01

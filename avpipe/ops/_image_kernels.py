@@ -2,7 +2,15 @@
 
 The numpy path of :mod:`avpipe.ops.image` is the reference; these kernels compute the same
 linear map (the per-axis taps of :func:`avpipe.ops._image_resize.axis_weights`, with the crop
-window folded in) in two launches, accumulating in float32:
+window folded in), accumulating in float32, by one of two routes:
+
+* **one pass** (``avp_direct_*``, where :func:`direct_fits`: a few taps per pixel, as a clip's
+  crop to 224 has) — one thread per output pixel computes its taps itself (``avp_taps``: the
+  float64 steps of ``axis_weights``, its float32 weights bit for bit; a C++ build of it is
+  checked against numpy on the CPU), sums each input row's horizontal taps, then the vertical
+  ones, then ``v * a + b``: one launch, no host tables, no intermediate. The input's crop box,
+  a window of a larger image and a flip are offsets and a reversed order of the taps.
+* **two passes** (large downscales, whose taps the passes share):
 
 1. **horizontal pass** — reads the input ``[N, H, W, C]`` (uint8 or float32, any strides) in
    place and writes a float32 intermediate ``[N, rows, out_w, C]`` restricted to the input rows
@@ -13,12 +21,13 @@ window folded in) in two launches, accumulating in float32:
    constants) and writes float32 / float16 (round to nearest even) or uint8 (half up, clipped)
    straight into a contiguous NCHW or NHWC output.
 
-Each output row / column has a *sparse tap table*: the first input index, the number of taps and
-their weights (the dense ``axis_weights`` taps folded onto a contiguous window: duplicate
-indices of the clamped torch-style filters are summed, zero weights at the window ends dropped).
-:func:`plan` builds the tables on the host with numpy from the two axes' :func:`axis_plan`
-(cached per axis); the device copies are cached per axis and device. A horizontal flip of the
-output is the horizontal table in reverse order: no extra pass. One thread per output element, grid-stride loops, 64-bit index math.
+Each output row / column of the two passes has a *sparse tap table*: the first input index, the
+number of taps and their weights (the dense ``axis_weights`` taps folded onto a contiguous
+window: duplicate indices of the clamped torch-style filters are summed, zero weights at the
+window ends dropped). :func:`plan` builds the tables on the host with numpy from the two axes'
+:func:`axis_plan` (cached per axis); the device copies are cached per axis and device. A
+horizontal flip of the output is the horizontal table in reverse order: no extra pass. One
+thread per output element, grid-stride loops, 64-bit index math.
 
 If the kernels do not compile (NVRTC missing or failing) a warning is logged once and callers
 fall back to the array-module (cuBLAS) path; ``AVPIPE_IMAGE_KERNELS=0`` selects that path too.
@@ -190,9 +199,188 @@ extern "C" __global__ void avp_vpass(
         avp_vpass_impl<long long>(tmp, n, rows, ow, c, oh, ytab, yw, taps, a, bb, nchw, mode,
                                   out);
 }
+
+// ---- the one-pass kernel: each output pixel's taps computed in the kernel (no tables) ----------
+#define AVP_MAXTAP 16
+
+// |x| through the filter, in float64 (numpy's _triangle / _cubic step for step; no fused
+// multiply-adds, so the weights are numpy's bit for bit)
+__device__ __forceinline__ double avp_filter(double x, int cubic, double a) {
+    x = fabs(x);
+    if (!cubic) return x < 1.0 ? __dsub_rn(1.0, x) : 0.0;
+    const double x2 = __dmul_rn(x, x), x3 = __dmul_rn(x2, x);
+    if (x < 1.0)
+        return __dadd_rn(__dsub_rn(__dmul_rn(a + 2.0, x3), __dmul_rn(a + 3.0, x2)), 1.0);
+    if (x < 2.0)
+        return __dsub_rn(__dadd_rn(__dsub_rn(__dmul_rn(a, x3), __dmul_rn(__dmul_rn(5.0, a), x2)),
+                                   __dmul_rn(__dmul_rn(8.0, a), x)), __dmul_rn(4.0, a));
+    return 0.0;
+}
+
+// The taps of output position i of resizing an axis of in_size to out_size
+// (_image_resize.axis_weights): *first, the first input index, and n weights (float32, as the
+// tables hold them). aa: PIL's filters (widened when downscaling, renormalized; the sum as
+// numpy's pairwise sum adds them); else torch's interpolate (align_corners=False).
+__device__ __forceinline__ int avp_taps(int in_size, int out_size, int i, int cubic, int aa,
+                                        int* first, float* w) {
+    const double scale = (double)in_size / (double)out_size;
+    double k[AVP_MAXTAP];
+    int n;
+    if (aa) {
+        const double fscale = scale > 1.0 ? scale : 1.0;
+        const double support = __dmul_rn(cubic ? 2.0 : 1.0, fscale);
+        const double center = __dmul_rn((double)i + 0.5, scale);
+        long long xmin = (long long)__dadd_rn(__dsub_rn(center, support), 0.5);
+        long long xmax = (long long)__dadd_rn(__dadd_rn(center, support), 0.5);
+        if (xmin < 0) xmin = 0;
+        if (xmax > in_size) xmax = in_size;
+        n = (int)(xmax - xmin);
+        if (n < 0) n = 0;
+        if (n > AVP_MAXTAP) n = AVP_MAXTAP;  // (the host picks this kernel only below that)
+        for (int j = 0; j < n; ++j) {
+            const double t = __ddiv_rn(__dadd_rn(__dsub_rn((double)(xmin + j), center), 0.5),
+                                       fscale);
+            k[j] = avp_filter(t, cubic, -0.5);
+        }
+        double total;
+        if (n < 8) {
+            total = 0.0;
+            for (int j = 0; j < n; ++j) total = __dadd_rn(total, k[j]);
+        } else {  // numpy's pairwise_sum: eight accumulators, then the rest in order
+            double r[8];
+            for (int j = 0; j < 8; ++j) r[j] = k[j];
+            int j = 8;
+            for (; j + 8 <= n; j += 8)
+                for (int q = 0; q < 8; ++q) r[q] = __dadd_rn(r[q], k[j + q]);
+            total = __dadd_rn(__dadd_rn(__dadd_rn(r[0], r[1]), __dadd_rn(r[2], r[3])),
+                              __dadd_rn(__dadd_rn(r[4], r[5]), __dadd_rn(r[6], r[7])));
+            for (; j < n; ++j) total = __dadd_rn(total, k[j]);
+        }
+        const double div = total != 0.0 ? total : 1.0;
+        for (int j = 0; j < n; ++j) w[j] = (float)__ddiv_rn(k[j], div);
+        *first = (int)xmin;
+        return n;
+    }
+    double src = __dsub_rn(__dmul_rn((double)i + 0.5, scale), 0.5);
+    if (!cubic) {
+        if (src < 0.0) src = 0.0;
+        long long x0 = (long long)floor(src);
+        if (x0 > in_size - 1) x0 = in_size - 1;
+        const double lam = __dsub_rn(src, (double)x0);
+        *first = (int)x0;  // taps x0 and x0 + 1, clamped into the axis
+        w[0] = (float)__dsub_rn(1.0, lam);
+        w[1] = (float)lam;
+        return -2;
+    }
+    const long long x0 = (long long)floor(src);
+    const double t = __dsub_rn(src, (double)x0);
+    for (int j = 0; j < 4; ++j) w[j] = (float)avp_filter(__dsub_rn(t, (double)(j - 1)), 1, -0.75);
+    *first = (int)(x0 - 1);  // taps x0 - 1 .. x0 + 2, each clamped into the axis
+    return -4;
+}
+
+// The input index of tap j from avp_taps (n < 0: the taps are clamped into 0 .. in - 1)
+__device__ __forceinline__ int avp_tap_index(int first, int j, int n, int in_size) {
+    const int v = first + j;
+    if (n >= 0) return v;
+    return v < 0 ? 0 : (v > in_size - 1 ? in_size - 1 : v);
+}
+
+// The input row / column of a tap: t + off, clamped into the input's 0 .. size - 1 (a tap
+// outside it has a zero weight: the host checks a window holds every tap it reads)
+__device__ __forceinline__ long long avp_at(int t, int off, int size) {
+    const int v = t + off;
+    return (long long)(v < 0 ? 0 : (v > size - 1 ? size - 1 : v));
+}
+
+// out[b, oy, ox, ch] (NHWC) or [b, ch, oy, ox] (NCHW), b's block at out + b * ob elements:
+// output rows y_lo + oy and columns x_lo + ox (reversed when flip) of resizing the axes'
+// (y_in x x_in) geometry to (y_out x x_out); tap t of an axis reads input index t + off of
+// the input's y_size rows and x_size columns.
+// mode 0: float32 v * a + b, 1: float16 of it, 2: uint8 (rounded and clipped). round_mid:
+// each row's horizontal sum rounded and clipped to 0..255 first (PIL's 8-bit two passes).
+template <typename T, typename I>
+__device__ __forceinline__ void avp_direct_impl(
+    const T* __restrict__ src, long long sn, long long sh, long long sw, long long sc,
+    int n, int c, int y_in, int y_out, int y_lo, int y_off, int y_size, int oh,
+    int x_in, int x_out, int x_lo, int x_off, int x_size, int ow, int flip, int cubic, int aa,
+    int round_mid, float a0, float a1, float a2, float a3, float b0, float b1, float b2,
+    float b3, int nchw, int mode, void* __restrict__ out, long long ob)
+{
+    const float av[4] = {a0, a1, a2, a3}, bv[4] = {b0, b1, b2, b3};
+    const I total = (I)n * (I)oh * (I)ow;
+    const I step = (I)blockDim.x * (I)gridDim.x;
+    for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < total; i += step) {
+        const int ox = (int)(i % (I)ow);
+        I t = i / (I)ow;
+        const int oy = (int)(t % (I)oh);
+        const long long b = (long long)(t / (I)oh);
+        float wy[AVP_MAXTAP], wx[AVP_MAXTAP];
+        int fy, fx;
+        const int ny = avp_taps(y_in, y_out, y_lo + oy, cubic, aa, &fy, wy);
+        const int nx = avp_taps(x_in, x_out, x_lo + (flip ? ow - 1 - ox : ox), cubic, aa, &fx,
+                                wx);
+        const int ky_n = ny < 0 ? -ny : ny, kx_n = nx < 0 ? -nx : nx;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const T* base = src + b * sn;
+        for (int ky = 0; ky < ky_n; ++ky) {
+            const T* row = base + avp_at(avp_tap_index(fy, ky, ny, y_in), y_off, y_size) * sh;
+            float h[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int kx = 0; kx < kx_n; ++kx) {
+                const T* p = row + avp_at(avp_tap_index(fx, kx, nx, x_in), x_off, x_size) * sw;
+                for (int ch = 0; ch < c; ++ch) h[ch] += wx[kx] * avp_load<T>(p + ch * sc);
+            }
+            for (int ch = 0; ch < c; ++ch) {
+                const float v = round_mid ? fminf(fmaxf(floorf(h[ch] + 0.5f), 0.0f), 255.0f)
+                                          : h[ch];
+                acc[ch] += wy[ky] * v;
+            }
+        }
+        for (int ch = 0; ch < c; ++ch) {
+            const long long o = b * ob + (nchw ? ((long long)ch * oh + oy) * ow + ox
+                                               : ((long long)oy * ow + ox) * c + ch);
+            if (mode == 2) {
+                ((unsigned char*)out)[o] =
+                    (unsigned char)fminf(fmaxf(floorf(acc[ch] + 0.5f), 0.0f), 255.0f);
+            } else {
+                const float v = __fadd_rn(__fmul_rn(acc[ch], av[ch]), bv[ch]);
+                if (mode == 1) ((unsigned short*)out)[o] = avp_f2h(v);
+                else ((float*)out)[o] = v;
+            }
+        }
+    }
+}
+
+#define AVP_DIRECT_ARGS \
+    long long sn, long long sh, long long sw, long long sc, int n, int c, int y_in, int y_out, \
+    int y_lo, int y_off, int y_size, int oh, int x_in, int x_out, int x_lo, int x_off, \
+    int x_size, int ow, int flip, \
+    int cubic, int aa, int round_mid, float a0, float a1, float a2, float a3, float b0, \
+    float b1, float b2, float b3, int nchw, int mode, void* __restrict__ out, long long ob
+#define AVP_DIRECT_PASS \
+    sn, sh, sw, sc, n, c, y_in, y_out, y_lo, y_off, y_size, oh, x_in, x_out, x_lo, x_off, \
+    x_size, ow, flip, \
+    cubic, aa, round_mid, a0, a1, a2, a3, b0, b1, b2, b3, nchw, mode, out, ob
+
+extern "C" __global__ void avp_direct_u8(const unsigned char* __restrict__ src,
+                                         AVP_DIRECT_ARGS)
+{
+    if ((long long)n * oh * ow < AVP_SMALL)
+        avp_direct_impl<unsigned char, unsigned int>(src, AVP_DIRECT_PASS);
+    else
+        avp_direct_impl<unsigned char, long long>(src, AVP_DIRECT_PASS);
+}
+
+extern "C" __global__ void avp_direct_f32(const float* __restrict__ src, AVP_DIRECT_ARGS)
+{
+    if ((long long)n * oh * ow < AVP_SMALL)
+        avp_direct_impl<float, unsigned int>(src, AVP_DIRECT_PASS);
+    else
+        avp_direct_impl<float, long long>(src, AVP_DIRECT_PASS);
+}
 """
 
-_KERNEL_NAMES = ("avp_hpass_u8", "avp_hpass_f32", "avp_vpass")
+_KERNEL_NAMES = ("avp_hpass_u8", "avp_hpass_f32", "avp_vpass", "avp_direct_u8", "avp_direct_f32")
 
 
 def enabled() -> bool:
@@ -397,6 +585,27 @@ def _grid(total: int):
     return (min((total + _THREADS - 1) // _THREADS, _MAX_BLOCKS), 1, 1)
 
 
+MAX_DIRECT_TAPS = 16  # AVP_MAXTAP: taps per axis the one-pass kernel holds
+_DIRECT_WORK = 64  # the one-pass kernel's taps per pixel (rows x columns) at most
+
+
+def axis_taps_bound(in_size: int, out_size: int, interpolation: str, antialias: bool) -> int:
+    """At most how many taps an output position of this axis reads (``2 * ceil(support) + 1``
+    for PIL's widened filters; 2 or 4 for torch's)."""
+    if not antialias:
+        return 2 if interpolation == "bilinear" else 4
+    support = _rs._SUPPORT[interpolation] * max(in_size / out_size, 1.0)
+    return 2 * int(np.ceil(support)) + 1
+
+
+def direct_fits(y_in, out_h, x_in, out_w, interpolation, antialias, c) -> bool:
+    """Whether the one-pass kernel takes this resize: few taps per pixel (it reads every
+    row's taps for each output pixel; the two passes share them), at most 4 channels."""
+    ty = axis_taps_bound(y_in, out_h, interpolation, antialias)
+    tx = axis_taps_bound(x_in, out_w, interpolation, antialias)
+    return c <= 4 and max(ty, tx) <= MAX_DIRECT_TAPS and ty * tx <= _DIRECT_WORK
+
+
 def resample(
     xb,
     out_h: int,
@@ -411,43 +620,60 @@ def resample(
     a=None,
     b=None,
     window=None,
+    box=None,
     flip=False,
 ):
-    """Run both passes on cupy ``xb`` ``[N, H, W, C]``; returns a new contiguous cupy array
-    (``[N, C, h, w]`` if ``nchw`` else ``[N, h, w, C]``, float32 / float16 / uint8 by ``mode``),
-    or None when the kernels are unavailable (then the caller takes the array-module path).
+    """Resize cupy ``xb`` ``[N, H, W, C]``; returns a new contiguous cupy array (``[N, C, h, w]``
+    if ``nchw`` else ``[N, h, w, C]``, float32 / float16 / uint8 by ``mode``), or None when the
+    kernels are unavailable (then the caller takes the array-module path).
 
     ``a``, ``b``: per-channel float32 ``v * a + b`` for the float modes (default 1, 0); the
     uint8 mode also rounds/clips between the passes (PIL's 8-bit behaviour). ``window``:
     ``(top, left, full_h, full_w)``: ``xb`` holds that part of a larger image, which is what
-    ``out_h``/``rows``/``cols`` refer to (see :func:`plan`). ``flip``: the output mirrored
-    horizontally (the horizontal taps in reverse order)."""
+    ``out_h``/``rows``/``cols`` refer to (see :func:`plan`). ``box``: ``(top, left, height,
+    width)``: resize that region of ``xb`` (a crop folded into the resize, no view of it).
+    ``flip``: the output mirrored horizontally.
+
+    One launch with the taps computed in the kernel (no tables) where :func:`direct_fits`;
+    else the two passes with the host's tap tables."""
     import cupy
 
     device_id = int(xb.device.id)
     kern = _kernels(device_id)
     if kern is None:
         return None
-    n, h, w, c = (int(s) for s in xb.shape)
+    if box is not None and window is not None:
+        raise ValueError("give a box or a window, not both")
+    out_dtype = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}[mode]
+    c = int(xb.shape[3])
+    # the geometry: an axis of y_in (x_in) positions, position t at input row t + y_off
+    if box is not None:
+        y_off, x_off, y_in, x_in = (int(v) for v in box)
+    elif window is not None:
+        top, left, y_in, x_in = (int(v) for v in window)
+        y_off, x_off = -top, -left
+    else:
+        y_off, x_off, y_in, x_in = 0, 0, int(xb.shape[1]), int(xb.shape[2])
+    if direct_fits(y_in, out_h, x_in, out_w, interpolation, antialias, c):
+        if window is not None:  # ValueError if the taps reach outside the window
+            _rs.resize_taps(int(xb.shape[1]), int(xb.shape[2]), int(out_h), int(out_w),
+                            tuple(rows), tuple(cols), interpolation, bool(antialias),
+                            tuple(int(v) for v in window))  # fmt: skip
+        return _direct(cupy, kern, xb, (y_in, y_off, x_in, x_off), int(out_h), int(out_w), rows,
+                       cols, interpolation, antialias, mode, nchw, a, b, flip, out_dtype,
+                       device_id)  # fmt: skip
+    if box is not None:
+        xb = xb[:, y_off : y_off + y_in, x_off : x_off + x_in]
+    n, h, w = (int(s) for s in xb.shape[:3])
     p = plan(h, w, int(out_h), int(out_w), tuple(rows), tuple(cols), interpolation, antialias,
              None if window is None else tuple(int(v) for v in window), bool(flip))  # fmt: skip
     oh, ow = p.y.table.shape[0], p.x.table.shape[0]
-    out_dtype = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}[mode]
     with cupy.cuda.Device(device_id):
         shape = (n, c, oh, ow) if nchw else (n, oh, ow, c)
         out = cupy.empty(shape, dtype=out_dtype)
         if out.size == 0:
             return out
-        if xb.dtype == np.uint8:
-            hk = kern["avp_hpass_u8"]
-        else:
-            if xb.dtype != np.float32:
-                xb = xb.astype(cupy.float32)
-            hk = kern["avp_hpass_f32"]
-        item = xb.dtype.itemsize
-        if any(s % item for s in xb.strides):
-            xb = cupy.ascontiguousarray(xb)
-        sn, sh, sw, sc = (np.int64(s // item) for s in xb.strides)
+        xb, hk, (sn, sh, sw, sc) = _source(cupy, kern, xb, "avp_hpass")
         xtab, xw, ytab, yw = _device_tables(cupy, p, device_id)
         av = _device_vec(cupy, np.ones(c, np.float32) if a is None else a, device_id)
         bv = _device_vec(cupy, np.zeros(c, np.float32) if b is None else b, device_id)
@@ -474,4 +700,52 @@ def resample(
                 np.int32(1 if nchw else 0), np.int32(mode), out,
             ),
         )  # fmt: skip
+    return out
+
+
+def _source(cupy, kern, xb, prefix):
+    """``xb`` as the kernels read it (uint8 or float32, element strides), the kernel of
+    ``prefix`` for its type and the strides in elements."""
+    if xb.dtype == np.uint8:
+        k = kern[prefix + "_u8"]
+    else:
+        if xb.dtype != np.float32:
+            xb = xb.astype(cupy.float32)
+        k = kern[prefix + "_f32"]
+    item = xb.dtype.itemsize
+    if any(s % item for s in xb.strides):
+        xb = cupy.ascontiguousarray(xb)
+    return xb, k, tuple(np.int64(s // item) for s in xb.strides)
+
+
+def _direct(cupy, kern, xb, geometry, out_h, out_w, rows, cols, interpolation, antialias, mode,
+            nchw, a, b, flip, out_dtype, device_id):  # fmt: skip
+    """The one-pass kernel (see :func:`resample`); ``geometry``: ``(y_in, y_off, x_in,
+    x_off)``, each axis resized as ``*_in`` positions, position ``t`` at input index
+    ``t + *_off``."""
+    n, h, w, c = (int(s) for s in xb.shape)
+    y_in, y_off, x_in, x_off = geometry
+    (r0, r1), (c0, c1) = rows, cols
+    oh, ow = int(r1) - int(r0), int(c1) - int(c0)
+    av = [1.0] * c if a is None else [float(v) for v in np.asarray(a).reshape(-1)]
+    bv = [0.0] * c if b is None else [float(v) for v in np.asarray(b).reshape(-1)]
+    if len(av) != c or len(bv) != c:
+        raise ValueError(f"a and b must have {c} values, got {len(av)} and {len(bv)}")
+    with cupy.cuda.Device(device_id):
+        out = cupy.empty((n, c, oh, ow) if nchw else (n, oh, ow, c), dtype=out_dtype)
+        if out.size == 0:
+            return out
+        xb, k, (sn, sh, sw, sc) = _source(cupy, kern, xb, "avp_direct")
+        f32 = np.float32
+        k(_grid(n * oh * ow), (_THREADS, 1, 1), (
+            xb, sn, sh, sw, sc, np.int32(n), np.int32(c),
+            np.int32(y_in), np.int32(out_h), np.int32(r0), np.int32(y_off), np.int32(h),
+            np.int32(oh),
+            np.int32(x_in), np.int32(out_w), np.int32(c0), np.int32(x_off), np.int32(w),
+            np.int32(ow), np.int32(bool(flip)),
+            np.int32(interpolation == "bicubic"), np.int32(bool(antialias)),
+            np.int32(mode == MODE_U8), *(f32(v) for v in (av + [1.0] * (4 - c))),
+            *(f32(v) for v in (bv + [0.0] * (4 - c))),
+            np.int32(bool(nchw)), np.int32(mode), out, np.int64(c * oh * ow),
+        ))  # fmt: skip
     return out

@@ -261,6 +261,18 @@ def _check_window(window, h, w):
     return top, left, full_h, full_w
 
 
+def _check_box(box, h, w):
+    """``(top, left, height, width)`` inside an ``h x w`` image, validated."""
+    try:
+        top, left, height, width = (operator.index(v) for v in box)
+    except (TypeError, ValueError):
+        raise ValueError(f"box must be (top, left, height, width) ints, got {box!r}") from None
+    if height < 1 or width < 1:
+        raise ValueError(f"box must have a positive height and width, got {box!r}")
+    _crop_box(h, w, top, left, height, width)
+    return top, left, height, width
+
+
 def _center_offsets(h, w, ch, cw):
     # torchvision's center_crop rounding
     return int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
@@ -372,6 +384,7 @@ def resize_crop_normalize(
     dtype="float16",
     layout: str = "NCHW",
     window=None,
+    box=None,
     flip: bool = False,
 ):
     """resize (short side or size) -> center crop -> normalize -> dtype -> layout, fused.
@@ -390,6 +403,9 @@ def resize_crop_normalize(
     stream batch's ``windows``), is accepted when they are all the same (else ValueError: crops
     of one shape can come from images of different sizes; resize those in groups).
 
+    ``box=(top, left, height, width)``: resize that region of each image, as if ``x`` were
+    :func:`crop` of it (torchvision's ``resized_crop``; the region is read in place).
+
     ``flip=True`` mirrors the result horizontally, folded into the resize (the same values as
     flipping the result afterwards, without the extra pass).
     """
@@ -402,6 +418,11 @@ def resize_crop_normalize(
         raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
     xp, xb, single = _as_batch(x)
     n, h, w, c = xb.shape
+    if box is not None:
+        if window is not None:
+            raise ValueError(f"give box or window, not both; got box={box!r}, window={window!r}")
+        box = _check_box(box, h, w)
+        h, w = box[2], box[3]  # the geometry is the box's
     if window is not None:
         window = _check_window(_one_window(window, n), h, w)
         h, w = window[2], window[3]  # the geometry is the full image's
@@ -414,7 +435,7 @@ def resize_crop_normalize(
             raise ValueError(f"crop_size {crop_size!r} is larger than the resized {oh}x{ow} image")
         top, left = _center_offsets(oh, ow, ch, cw)
         rows, cols = (top, top + ch), (left, left + cw)
-    if xp is not np and _kern.enabled():  # two fused CUDA kernels (numpy path = reference)
+    if xp is not np and _kern.enabled():  # the fused CUDA kernels (numpy path = reference)
         dt = _dtype(dtype)
         if dt == np.uint8:
             raise ValueError(f"dtype must be float16 or float32, got {dtype!r}")
@@ -424,10 +445,12 @@ def resize_crop_normalize(
         b = (-m / s).astype(np.float32)
         mode = _kern.MODE_F16 if dt == np.float16 else _kern.MODE_F32
         y = _kern.resample(xb, oh, ow, rows, cols, interpolation, antialias, mode=mode,
-                           nchw=layout in ("NCHW", "CHW"), a=a, b=b, window=window,
+                           nchw=layout in ("NCHW", "CHW"), a=a, b=b, window=window, box=box,
                            flip=bool(flip))  # fmt: skip
         if y is not None:
             return y[0] if single else y
+    if box is not None:
+        xb = xb[:, box[0] : box[0] + box[2], box[1] : box[1] + box[3]]
     y = _resample(xp, _to_nchw_f32(xp, xb), oh, ow, interpolation, antialias, rows, cols,
                   window=window)  # fmt: skip
     if flip:

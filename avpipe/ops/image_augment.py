@@ -371,19 +371,19 @@ def random_resized_crop(x, size, *, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3
 
 
 def fused_resized_crop_normalize(x, params, size, *, in_layout=None, **kwargs):
-    """The recipe's folded path: for each clip, :func:`avpipe.ops.image.crop` to its box (a
-    view) fed to :func:`avpipe.ops.image.resize_crop_normalize` (``size=size, short_side=None,
-    crop_size=None``; its fused resize + normalize kernels on cupy). One call per clip, each
+    """The recipe's folded path: for each clip, :func:`avpipe.ops.image.resize_crop_normalize`
+    of its box (``box=..., size=size, short_side=None, crop_size=None``; its fused resize +
+    normalize kernel on cupy, the box read in place). One call per clip, each
     batched over the clip's frames; ``in_layout``: the input's (channels-last layouts read
     without a copy); ``kwargs`` go to ``resize_crop_normalize`` (mean, std,
     scale, dtype, layout of its output, interpolation, antialias). Returns ``[B, T, ...]``
     (``[B, ...]`` for images) stacked."""
-    from .image import crop, resize_crop_normalize
+    from .image import resize_crop_normalize
 
     xp, x5, _ = _canon(x, in_layout)
     top, left, hh, ww = (_hostv(params, k) for k in ("top", "left", "height", "width"))
     outs = [
-        resize_crop_normalize(crop(x5[b], int(top[b]), int(left[b]), int(hh[b]), int(ww[b])),
+        resize_crop_normalize(x5[b], box=(int(top[b]), int(left[b]), int(hh[b]), int(ww[b])),
                               size=_size(size), short_side=None, crop_size=None, **kwargs)
         for b in range(x5.shape[0])
     ]  # fmt: skip

@@ -52,7 +52,7 @@ from ..decoding import load_index
 from ..device import array_module, resolve_device, upload_many
 from ..ops import image_augment as _aug
 from ..ops import random as _rnd
-from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, crop, normalize, resize_crop_normalize
+from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, normalize, resize_crop_normalize
 from ..pipeline._scan_ahead import SCAN_DEPTH, ScanAhead, lookahead
 from ..pipeline.clips import ThreadStreams, decode_clip
 from ..pipeline.feed import Feed, Task, _collect, _timed
@@ -179,26 +179,25 @@ class VideoTask(Task):
 
     # -- transforms ----------------------------------------------------------------------------
     def _train_transform(self, frames, i, epoch):
-        """[T, H, W, 3] uint8 -> [T, 3, S, S]: the random resized crop (a view of the frames)
-        fed to the fused resize + normalize (``fused_resized_crop_normalize``'s parts, for one
-        clip) with the flip folded into the resize, (then colour jitter, grayscale)."""
+        """[T, H, W, 3] uint8 -> [T, 3, S, S]: the random resized crop's box read in place by
+        the fused resize + normalize (``resize_crop_normalize(box=...)``; on a GPU one launch
+        for the clip) with the flip folded into the resize, (then colour jitter, grayscale)."""
         xp = array_module(frames)
         T, H, W, _ = frames.shape
         p = _aug.sample_resized_crop_params(self.seed, epoch, [i], H, W, scale=self.scale,
                                             ratio=self.ratio)
-        x = crop(frames, int(p["top"][0]), int(p["left"][0]), int(p["height"][0]),
-                 int(p["width"][0]))
+        box = tuple(int(p[k][0]) for k in ("top", "left", "height", "width"))
         size = (self.S, self.S)
         # the flip commutes with the pixel-wise colour ops and the contrast's frame mean (that
         # mean now sums the pixels mirrored: float rounding may move a value by a float16 step)
         flip = bool(_aug.sample_flip_params(self.seed, epoch, [i])["flip"][0])
         if self.color_jitter is None and self.grayscale_p <= 0:
-            return resize_crop_normalize(x, size=size, short_side=None, crop_size=None,
-                                         mean=self.mean, std=self.std, dtype=self.dtype,
-                                         layout="NCHW", flip=flip)  # fmt: skip
+            return resize_crop_normalize(frames, box=box, size=size, short_side=None,
+                                         crop_size=None, mean=self.mean, std=self.std,
+                                         dtype=self.dtype, layout="NCHW", flip=flip)  # fmt: skip
         # the colour ops work on 0..255 values: normalize after them
-        y = resize_crop_normalize(x, size=size, short_side=None, crop_size=None, mean=0.0,
-                                  std=1.0, scale=1.0, dtype="float32", layout="NHWC",
+        y = resize_crop_normalize(frames, box=box, size=size, short_side=None, crop_size=None,
+                                  mean=0.0, std=1.0, scale=1.0, dtype="float32", layout="NHWC",
                                   flip=flip)[None]  # fmt: skip
         if self.color_jitter is not None:
             q = _aug.sample_color_jitter_params(self.seed, epoch, [i], **self.color_jitter)
