@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -297,9 +298,14 @@ __device__ __forceinline__ long long avp_at(int t, int off, int size) {
 // output rows y_lo + oy and columns x_lo + ox (reversed when flip) of resizing the axes'
 // (y_in x x_in) geometry to (y_out x x_out); tap t of an axis reads input index t + off of
 // the input's y_size rows and x_size columns.
+// A block (AVP_TILE^2 threads) computes a tile of AVP_TILE x AVP_TILE output pixels for the
+// images of chunk blockIdx.y (AVP_FRAMES of them; grid-stride over the chunks): its first
+// threads compute the tile's column and row taps into shared memory, once for all of them.
 // mode 0: float32 v * a + b, 1: float16 of it, 2: uint8 (rounded and clipped). round_mid:
 // each row's horizontal sum rounded and clipped to 0..255 first (PIL's 8-bit two passes).
-template <typename T, typename I>
+#define AVP_FRAMES 4
+#define AVP_TILE 16
+template <typename T>
 __device__ __forceinline__ void avp_direct_impl(
     const T* __restrict__ src, long long sn, long long sh, long long sw, long long sc,
     int n, int c, int y_in, int y_out, int y_lo, int y_off, int y_size, int oh,
@@ -307,45 +313,75 @@ __device__ __forceinline__ void avp_direct_impl(
     int round_mid, float a0, float a1, float a2, float a3, float b0, float b1, float b2,
     float b3, int nchw, int mode, void* __restrict__ out, long long ob)
 {
-    const float av[4] = {a0, a1, a2, a3}, bv[4] = {b0, b1, b2, b3};
-    const I total = (I)n * (I)oh * (I)ow;
-    const I step = (I)blockDim.x * (I)gridDim.x;
-    for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < total; i += step) {
-        const int ox = (int)(i % (I)ow);
-        I t = i / (I)ow;
-        const int oy = (int)(t % (I)oh);
-        const long long b = (long long)(t / (I)oh);
-        float wy[AVP_MAXTAP], wx[AVP_MAXTAP];
-        int fy, fx;
-        const int ny = avp_taps(y_in, y_out, y_lo + oy, cubic, aa, &fy, wy);
-        const int nx = avp_taps(x_in, x_out, x_lo + (flip ? ow - 1 - ox : ox), cubic, aa, &fx,
-                                wx);
-        const int ky_n = ny < 0 ? -ny : ny, kx_n = nx < 0 ? -nx : nx;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const T* base = src + b * sn;
-        for (int ky = 0; ky < ky_n; ++ky) {
-            const T* row = base + avp_at(avp_tap_index(fy, ky, ny, y_in), y_off, y_size) * sh;
-            float h[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int kx = 0; kx < kx_n; ++kx) {
-                const T* p = row + avp_at(avp_tap_index(fx, kx, nx, x_in), x_off, x_size) * sw;
-                for (int ch = 0; ch < c; ++ch) h[ch] += wx[kx] * avp_load<T>(p + ch * sc);
-            }
-            for (int ch = 0; ch < c; ++ch) {
-                const float v = round_mid ? fminf(fmaxf(floorf(h[ch] + 0.5f), 0.0f), 255.0f)
-                                          : h[ch];
-                acc[ch] += wy[ky] * v;
+    __shared__ float s_w[2][AVP_TILE][AVP_MAXTAP];  // [0]: the tile's columns, [1]: its rows
+    __shared__ long long s_at[2][AVP_TILE][AVP_MAXTAP];  // the taps' element offsets
+    __shared__ int s_n[2][AVP_TILE];
+    const int tiles_x = (ow + AVP_TILE - 1) / AVP_TILE;
+    const int tx0 = (int)(blockIdx.x % tiles_x) * AVP_TILE;
+    const int ty0 = (int)(blockIdx.x / tiles_x) * AVP_TILE;
+    const int tid = (int)threadIdx.x;
+    if (tid < 2 * AVP_TILE) {
+        const int axis = tid / AVP_TILE, j = tid % AVP_TILE;
+        const int o = axis == 0 ? tx0 + j : ty0 + j;
+        int cnt = 0;
+        if (o < (axis == 0 ? ow : oh)) {
+            int f;
+            float* w = s_w[axis][j];
+            if (axis == 0) {
+                const int nx = avp_taps(x_in, x_out, x_lo + (flip ? ow - 1 - o : o), cubic, aa,
+                                        &f, w);
+                cnt = nx < 0 ? -nx : nx;
+                for (int k = 0; k < cnt; ++k)
+                    s_at[0][j][k] = avp_at(avp_tap_index(f, k, nx, x_in), x_off, x_size) * sw;
+            } else {
+                const int ny = avp_taps(y_in, y_out, y_lo + o, cubic, aa, &f, w);
+                cnt = ny < 0 ? -ny : ny;
+                for (int k = 0; k < cnt; ++k)
+                    s_at[1][j][k] = avp_at(avp_tap_index(f, k, ny, y_in), y_off, y_size) * sh;
             }
         }
-        for (int ch = 0; ch < c; ++ch) {
-            const long long o = b * ob + (nchw ? ((long long)ch * oh + oy) * ow + ox
-                                               : ((long long)oy * ow + ox) * c + ch);
-            if (mode == 2) {
-                ((unsigned char*)out)[o] =
-                    (unsigned char)fminf(fmaxf(floorf(acc[ch] + 0.5f), 0.0f), 255.0f);
-            } else {
-                const float v = __fadd_rn(__fmul_rn(acc[ch], av[ch]), bv[ch]);
-                if (mode == 1) ((unsigned short*)out)[o] = avp_f2h(v);
-                else ((float*)out)[o] = v;
+        s_n[axis][j] = cnt;
+    }
+    __syncthreads();
+    const int lx = tid % AVP_TILE, ly = tid / AVP_TILE;
+    const int ox = tx0 + lx, oy = ty0 + ly;
+    if (ox >= ow || oy >= oh) return;  // (no barrier follows)
+    const float av[4] = {a0, a1, a2, a3}, bv[4] = {b0, b1, b2, b3};
+    const int kx_n = s_n[0][lx], ky_n = s_n[1][ly];
+    const float* wx = s_w[0][lx];
+    const float* wy = s_w[1][ly];
+    const long long* cx = s_at[0][lx];
+    const long long* ry = s_at[1][ly];
+    const int chunks = (n + AVP_FRAMES - 1) / AVP_FRAMES;
+    for (int chunk = (int)blockIdx.y; chunk < chunks; chunk += (int)gridDim.y) {
+        const int b_end = chunk * AVP_FRAMES + AVP_FRAMES < n ? chunk * AVP_FRAMES + AVP_FRAMES : n;
+        for (int b = chunk * AVP_FRAMES; b < b_end; ++b) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const T* base = src + (long long)b * sn;
+            for (int ky = 0; ky < ky_n; ++ky) {
+                const T* row = base + ry[ky];
+                float h[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                for (int kx = 0; kx < kx_n; ++kx) {
+                    const T* p = row + cx[kx];
+                    for (int ch = 0; ch < c; ++ch) h[ch] += wx[kx] * avp_load<T>(p + ch * sc);
+                }
+                for (int ch = 0; ch < c; ++ch) {
+                    const float v = round_mid ? fminf(fmaxf(floorf(h[ch] + 0.5f), 0.0f), 255.0f)
+                                              : h[ch];
+                    acc[ch] += wy[ky] * v;
+                }
+            }
+            for (int ch = 0; ch < c; ++ch) {
+                const long long o = (long long)b * ob + (nchw ? ((long long)ch * oh + oy) * ow + ox
+                                                              : ((long long)oy * ow + ox) * c + ch);
+                if (mode == 2) {
+                    ((unsigned char*)out)[o] =
+                        (unsigned char)fminf(fmaxf(floorf(acc[ch] + 0.5f), 0.0f), 255.0f);
+                } else {
+                    const float v = __fadd_rn(__fmul_rn(acc[ch], av[ch]), bv[ch]);
+                    if (mode == 1) ((unsigned short*)out)[o] = avp_f2h(v);
+                    else ((float*)out)[o] = v;
+                }
             }
         }
     }
@@ -365,18 +401,12 @@ __device__ __forceinline__ void avp_direct_impl(
 extern "C" __global__ void avp_direct_u8(const unsigned char* __restrict__ src,
                                          AVP_DIRECT_ARGS)
 {
-    if ((long long)n * oh * ow < AVP_SMALL)
-        avp_direct_impl<unsigned char, unsigned int>(src, AVP_DIRECT_PASS);
-    else
-        avp_direct_impl<unsigned char, long long>(src, AVP_DIRECT_PASS);
+    avp_direct_impl<unsigned char>(src, AVP_DIRECT_PASS);
 }
 
 extern "C" __global__ void avp_direct_f32(const float* __restrict__ src, AVP_DIRECT_ARGS)
 {
-    if ((long long)n * oh * ow < AVP_SMALL)
-        avp_direct_impl<float, unsigned int>(src, AVP_DIRECT_PASS);
-    else
-        avp_direct_impl<float, long long>(src, AVP_DIRECT_PASS);
+    avp_direct_impl<float>(src, AVP_DIRECT_PASS);
 }
 """
 
@@ -586,6 +616,8 @@ def _grid(total: int):
 
 
 MAX_DIRECT_TAPS = 16  # AVP_MAXTAP: taps per axis the one-pass kernel holds
+_FRAMES = 4  # AVP_FRAMES: the images a block of the one-pass kernel computes
+_TILE = 16  # AVP_TILE: a block's output pixels are AVP_TILE x AVP_TILE
 _DIRECT_WORK = 64  # the one-pass kernel's taps per pixel (rows x columns) at most
 
 
@@ -595,7 +627,7 @@ def axis_taps_bound(in_size: int, out_size: int, interpolation: str, antialias: 
     if not antialias:
         return 2 if interpolation == "bilinear" else 4
     support = _rs._SUPPORT[interpolation] * max(in_size / out_size, 1.0)
-    return 2 * int(np.ceil(support)) + 1
+    return 2 * math.ceil(support) + 1
 
 
 def direct_fits(y_in, out_h, x_in, out_w, interpolation, antialias, c) -> bool:
@@ -715,7 +747,7 @@ def _source(cupy, kern, xb, prefix):
     item = xb.dtype.itemsize
     if any(s % item for s in xb.strides):
         xb = cupy.ascontiguousarray(xb)
-    return xb, k, tuple(np.int64(s // item) for s in xb.strides)
+    return xb, k, tuple(np.array(xb.strides, np.int64) // item)
 
 
 def _direct(cupy, kern, xb, geometry, out_h, out_w, rows, cols, interpolation, antialias, mode,
@@ -727,25 +759,24 @@ def _direct(cupy, kern, xb, geometry, out_h, out_w, rows, cols, interpolation, a
     y_in, y_off, x_in, x_off = geometry
     (r0, r1), (c0, c1) = rows, cols
     oh, ow = int(r1) - int(r0), int(c1) - int(c0)
-    av = [1.0] * c if a is None else [float(v) for v in np.asarray(a).reshape(-1)]
-    bv = [0.0] * c if b is None else [float(v) for v in np.asarray(b).reshape(-1)]
+    av = [1.0] * c if a is None else np.asarray(a, np.float32).reshape(-1).tolist()
+    bv = [0.0] * c if b is None else np.asarray(b, np.float32).reshape(-1).tolist()
     if len(av) != c or len(bv) != c:
         raise ValueError(f"a and b must have {c} values, got {len(av)} and {len(bv)}")
     with cupy.cuda.Device(device_id):
         out = cupy.empty((n, c, oh, ow) if nchw else (n, oh, ow, c), dtype=out_dtype)
         if out.size == 0:
             return out
-        xb, k, (sn, sh, sw, sc) = _source(cupy, kern, xb, "avp_direct")
-        f32 = np.float32
-        k(_grid(n * oh * ow), (_THREADS, 1, 1), (
-            xb, sn, sh, sw, sc, np.int32(n), np.int32(c),
-            np.int32(y_in), np.int32(out_h), np.int32(r0), np.int32(y_off), np.int32(h),
-            np.int32(oh),
-            np.int32(x_in), np.int32(out_w), np.int32(c0), np.int32(x_off), np.int32(w),
-            np.int32(ow), np.int32(bool(flip)),
-            np.int32(interpolation == "bicubic"), np.int32(bool(antialias)),
-            np.int32(mode == MODE_U8), *(f32(v) for v in (av + [1.0] * (4 - c))),
-            *(f32(v) for v in (bv + [0.0] * (4 - c))),
-            np.int32(bool(nchw)), np.int32(mode), out, np.int64(c * oh * ow),
-        ))  # fmt: skip
+        xb, k, strides = _source(cupy, kern, xb, "avp_direct")
+        # the scalars in the kernel's order, made by one array each (a numpy scalar apiece
+        # costs more than the launch's other work)
+        ints = np.array([n, c, y_in, out_h, r0, y_off, h, oh, x_in, out_w, c0, x_off, w, ow,
+                         bool(flip), interpolation == "bicubic", bool(antialias),
+                         mode == MODE_U8], np.int32)  # fmt: skip
+        floats = np.array(av + [1.0] * (4 - c) + bv + [0.0] * (4 - c), np.float32)
+        tail = np.array([bool(nchw), mode], np.int32)
+        chunks = -(-n // _FRAMES)
+        tiles = -(-oh // _TILE) * -(-ow // _TILE)
+        k((tiles, min(chunks, 65535), 1), (_TILE * _TILE, 1, 1),
+          (xb, *strides, *ints, *floats, *tail, out, np.int64(c * oh * ow)))
     return out

@@ -34,6 +34,7 @@ arithmetic (bit-exact with PyAV's ``to_ndarray(format="rgb24")`` of the same yuv
 
 from __future__ import annotations
 
+import functools
 import numbers
 import operator
 
@@ -307,6 +308,29 @@ def _channel_vec(xp, v, c, param):
     return arr
 
 
+def _hashable(v):
+    """``v`` (a number or a sequence of them) as a cache key."""
+    if isinstance(v, (int, float, tuple)):
+        return v
+    return tuple(np.asarray(v, np.float64).reshape(-1).tolist())
+
+
+def _affine(mean, std, scale, c):
+    """normalize()'s per-channel float32 ``(a, b)``: ``x * a + b == (x * scale - mean) / std``
+    (cached: the same few constants on every call of a run)."""
+    return _affine_cached(_hashable(mean), _hashable(std), float(scale), int(c))
+
+
+@functools.lru_cache(maxsize=256)
+def _affine_cached(mean, std, scale, c):
+    m = _channel_vec(np, mean, c, "mean")
+    s = _channel_vec(np, std, c, "std")
+    a, b = (scale / s).astype(np.float32), (-m / s).astype(np.float32)
+    a.setflags(write=False)
+    b.setflags(write=False)
+    return a, b
+
+
 def normalize(x, mean, std, *, scale: float = 1.0, dtype="float32", layout: str = "NHWC"):
     """``(x * scale - mean) / std`` per channel, as ``dtype`` (float16 or float32).
 
@@ -322,10 +346,7 @@ def normalize(x, mean, std, *, scale: float = 1.0, dtype="float32", layout: str 
         raise ValueError(f"layout must be 'NHWC', 'HWC', 'NCHW' or 'CHW', got {layout!r}")
     cl = layout.endswith("C")
     c = x.shape[-1] if cl else x.shape[-3]
-    m = _channel_vec(xp, mean, c, "mean")
-    s = _channel_vec(xp, std, c, "std")
-    a = (scale / s).astype(np.float32)  # x * a + b == (x * scale - mean) / std
-    b = (-m / s).astype(np.float32)
+    a, b = _affine(mean, std, scale, c)  # x * a + b == (x * scale - mean) / std
     shape = (c,) if cl else (c, 1, 1)
     a = xp.asarray(a).reshape(shape)
     b = xp.asarray(b).reshape(shape)
@@ -439,10 +460,7 @@ def resize_crop_normalize(
         dt = _dtype(dtype)
         if dt == np.uint8:
             raise ValueError(f"dtype must be float16 or float32, got {dtype!r}")
-        m = _channel_vec(xp, mean, c, "mean")
-        s = _channel_vec(xp, std, c, "std")
-        a = (scale / s).astype(np.float32)  # the constants of normalize()
-        b = (-m / s).astype(np.float32)
+        a, b = _affine(mean, std, scale, c)  # the constants of normalize()
         mode = _kern.MODE_F16 if dt == np.float16 else _kern.MODE_F32
         y = _kern.resample(xb, oh, ow, rows, cols, interpolation, antialias, mode=mode,
                            nchw=layout in ("NCHW", "CHW"), a=a, b=b, window=window, box=box,

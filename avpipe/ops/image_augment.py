@@ -781,7 +781,7 @@ def _pixels(xp, x5, layout, *, flip=None, jitter=None, bound=None, norm=None):
     """cupy: flip, colour jitter and a :class:`Normalize` op (each optional, in that order) as
     one kernel (two with a jitter), with the dtype and layout the ops give one after another
     (the jitter's uint8 rounding kept before the normalize)."""
-    from .image import _channel_vec, _dtype
+    from .image import _affine, _dtype
 
     u8 = x5.dtype == np.uint8
     bound = float(bound if bound is not None else (255.0 if u8 else 1.0))
@@ -789,9 +789,7 @@ def _pixels(xp, x5, layout, *, flip=None, jitter=None, bound=None, norm=None):
         y = _ak.pixels(x5, flip=flip, jitter=jitter, bound=bound,
                        mode=_ak.MODE_U8 if u8 else _ak.MODE_F32)  # fmt: skip
         return _back(xp, y, layout)
-    s = _channel_vec(np, norm.std, 3, "std")
-    a = (norm.scale / s).astype(np.float32)  # image.normalize's constants
-    b = (-_channel_vec(np, norm.mean, 3, "mean") / s).astype(np.float32)
+    a, b = _affine(norm.mean, norm.std, norm.scale, 3)  # image.normalize's constants
     nchw = norm.out_layout in ("NCHW", "CHW")
     y = _ak.pixels(x5, flip=flip, jitter=jitter, bound=bound, round_u8=u8 and jitter is not None,
                    affine=(a, b), nchw=nchw, mode=_ak.MODE_F32)  # fmt: skip
