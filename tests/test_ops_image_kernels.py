@@ -844,6 +844,9 @@ def test_direct_kernel_takes_small_filters_only():
     assert K.direct_fits(1080, 224, 1920, 398, "bilinear", False, 3)  # torch's: 2 taps
     assert not K.direct_fits(1080, 224, 1920, 398, "bilinear", True, 3)  # 11 x 11 taps
     assert not K.direct_fits(360, 224, 640, 224, "bilinear", True, 5)  # 5 channels
+    # torch's 2 taps, but a tile's 16 rows read rows 67 apart: more than its shared memory
+    assert not K.direct_fits(1080, 16, 100, 100, "bilinear", False, 3)
+    assert K.direct_fits(1080, 120, 100, 100, "bilinear", False, 3)
     assert K.axis_taps_bound(640, 224, "bilinear", True) == 7
     assert K.axis_taps_bound(640, 224, "bicubic", True) == 13
 

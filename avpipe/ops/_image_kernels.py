@@ -299,12 +299,16 @@ __device__ __forceinline__ long long avp_at(int t, int off, int size) {
 // (y_in x x_in) geometry to (y_out x x_out); tap t of an axis reads input index t + off of
 // the input's y_size rows and x_size columns.
 // A block (AVP_TILE^2 threads) computes a tile of AVP_TILE x AVP_TILE output pixels for the
-// images of chunk blockIdx.y (AVP_FRAMES of them; grid-stride over the chunks): its first
-// threads compute the tile's column and row taps into shared memory, once for all of them.
+// images of chunk blockIdx.y (AVP_FRAMES of them; grid-stride over the chunks). Its first
+// threads compute the tile's column and row taps into shared memory, once; then, for each
+// image, the block sums the horizontal taps of every input row the tile's rows read (the
+// first pass, kept in shared memory: at most AVP_ROWS rows, which the host checks), and each
+// thread sums its pixel's vertical taps over them (the second pass): the two passes' values.
 // mode 0: float32 v * a + b, 1: float16 of it, 2: uint8 (rounded and clipped). round_mid:
 // each row's horizontal sum rounded and clipped to 0..255 first (PIL's 8-bit two passes).
 #define AVP_FRAMES 4
 #define AVP_TILE 16
+#define AVP_ROWS 144
 template <typename T>
 __device__ __forceinline__ void avp_direct_impl(
     const T* __restrict__ src, long long sn, long long sh, long long sw, long long sc,
@@ -314,8 +318,11 @@ __device__ __forceinline__ void avp_direct_impl(
     float b3, int nchw, int mode, void* __restrict__ out, long long ob)
 {
     __shared__ float s_w[2][AVP_TILE][AVP_MAXTAP];  // [0]: the tile's columns, [1]: its rows
-    __shared__ long long s_at[2][AVP_TILE][AVP_MAXTAP];  // the taps' element offsets
+    __shared__ long long s_col[AVP_TILE][AVP_MAXTAP];  // the column taps' element offsets
+    __shared__ int s_row[AVP_TILE][AVP_MAXTAP];  // the row taps' input rows
     __shared__ int s_n[2][AVP_TILE];
+    __shared__ int s_span[2];  // the first and last input row the tile reads
+    __shared__ float s_h[AVP_ROWS][AVP_TILE][4];  // the first pass, for one image
     const int tiles_x = (ow + AVP_TILE - 1) / AVP_TILE;
     const int tx0 = (int)(blockIdx.x % tiles_x) * AVP_TILE;
     const int ty0 = (int)(blockIdx.x / tiles_x) * AVP_TILE;
@@ -332,57 +339,77 @@ __device__ __forceinline__ void avp_direct_impl(
                                         &f, w);
                 cnt = nx < 0 ? -nx : nx;
                 for (int k = 0; k < cnt; ++k)
-                    s_at[0][j][k] = avp_at(avp_tap_index(f, k, nx, x_in), x_off, x_size) * sw;
+                    s_col[j][k] = avp_at(avp_tap_index(f, k, nx, x_in), x_off, x_size) * sw;
             } else {
                 const int ny = avp_taps(y_in, y_out, y_lo + o, cubic, aa, &f, w);
                 cnt = ny < 0 ? -ny : ny;
                 for (int k = 0; k < cnt; ++k)
-                    s_at[1][j][k] = avp_at(avp_tap_index(f, k, ny, y_in), y_off, y_size) * sh;
+                    s_row[j][k] = (int)avp_at(avp_tap_index(f, k, ny, y_in), y_off, y_size);
             }
         }
         s_n[axis][j] = cnt;
     }
     __syncthreads();
+    if (tid == 0) {
+        int lo = 0x7fffffff, hi = -1;
+        for (int j = 0; j < AVP_TILE; ++j)
+            for (int k = 0; k < s_n[1][j]; ++k) {
+                lo = min(lo, s_row[j][k]);
+                hi = max(hi, s_row[j][k]);
+            }
+        s_span[0] = lo;
+        s_span[1] = hi;
+    }
+    __syncthreads();
+    const int rlo = s_span[0], nrows = s_span[1] - s_span[0] + 1;
     const int lx = tid % AVP_TILE, ly = tid / AVP_TILE;
     const int ox = tx0 + lx, oy = ty0 + ly;
-    if (ox >= ow || oy >= oh) return;  // (no barrier follows)
+    const bool mine = ox < ow && oy < oh;
     const float av[4] = {a0, a1, a2, a3}, bv[4] = {b0, b1, b2, b3};
-    const int kx_n = s_n[0][lx], ky_n = s_n[1][ly];
-    const float* wx = s_w[0][lx];
-    const float* wy = s_w[1][ly];
-    const long long* cx = s_at[0][lx];
-    const long long* ry = s_at[1][ly];
     const int chunks = (n + AVP_FRAMES - 1) / AVP_FRAMES;
     for (int chunk = (int)blockIdx.y; chunk < chunks; chunk += (int)gridDim.y) {
         const int b_end = chunk * AVP_FRAMES + AVP_FRAMES < n ? chunk * AVP_FRAMES + AVP_FRAMES : n;
         for (int b = chunk * AVP_FRAMES; b < b_end; ++b) {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             const T* base = src + (long long)b * sn;
-            for (int ky = 0; ky < ky_n; ++ky) {
-                const T* row = base + ry[ky];
+            // first pass: the horizontal sums of the rows rlo .. rlo + nrows - 1
+            for (int q = tid; q < nrows * AVP_TILE; q += AVP_TILE * AVP_TILE) {
+                const int r = q / AVP_TILE, j = q % AVP_TILE;
+                const T* row = base + (long long)(rlo + r) * sh;
                 float h[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                for (int kx = 0; kx < kx_n; ++kx) {
-                    const T* p = row + cx[kx];
-                    for (int ch = 0; ch < c; ++ch) h[ch] += wx[kx] * avp_load<T>(p + ch * sc);
+                const int kn = s_n[0][j];  // 0 past the output's last column
+                for (int kx = 0; kx < kn; ++kx) {
+                    const T* p = row + s_col[j][kx];
+                    const float w = s_w[0][j][kx];
+                    for (int ch = 0; ch < c; ++ch) h[ch] += w * avp_load<T>(p + ch * sc);
+                }
+                for (int ch = 0; ch < c; ++ch)
+                    s_h[r][j][ch] = round_mid ? fminf(fmaxf(floorf(h[ch] + 0.5f), 0.0f), 255.0f)
+                                              : h[ch];
+            }
+            __syncthreads();
+            if (mine) {  // second pass: this pixel's vertical taps
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const int kn = s_n[1][ly];
+                for (int ky = 0; ky < kn; ++ky) {
+                    const float w = s_w[1][ly][ky];
+                    const float* hv = s_h[s_row[ly][ky] - rlo][lx];
+                    for (int ch = 0; ch < c; ++ch) acc[ch] += w * hv[ch];
                 }
                 for (int ch = 0; ch < c; ++ch) {
-                    const float v = round_mid ? fminf(fmaxf(floorf(h[ch] + 0.5f), 0.0f), 255.0f)
-                                              : h[ch];
-                    acc[ch] += wy[ky] * v;
+                    const long long o = (long long)b * ob
+                        + (nchw ? ((long long)ch * oh + oy) * ow + ox
+                                : ((long long)oy * ow + ox) * c + ch);
+                    if (mode == 2) {
+                        ((unsigned char*)out)[o] =
+                            (unsigned char)fminf(fmaxf(floorf(acc[ch] + 0.5f), 0.0f), 255.0f);
+                    } else {
+                        const float v = __fadd_rn(__fmul_rn(acc[ch], av[ch]), bv[ch]);
+                        if (mode == 1) ((unsigned short*)out)[o] = avp_f2h(v);
+                        else ((float*)out)[o] = v;
+                    }
                 }
             }
-            for (int ch = 0; ch < c; ++ch) {
-                const long long o = (long long)b * ob + (nchw ? ((long long)ch * oh + oy) * ow + ox
-                                                              : ((long long)oy * ow + ox) * c + ch);
-                if (mode == 2) {
-                    ((unsigned char*)out)[o] =
-                        (unsigned char)fminf(fmaxf(floorf(acc[ch] + 0.5f), 0.0f), 255.0f);
-                } else {
-                    const float v = __fadd_rn(__fmul_rn(acc[ch], av[ch]), bv[ch]);
-                    if (mode == 1) ((unsigned short*)out)[o] = avp_f2h(v);
-                    else ((float*)out)[o] = v;
-                }
-            }
+            __syncthreads();  // the next image's first pass overwrites s_h
         }
     }
 }
@@ -618,6 +645,7 @@ def _grid(total: int):
 MAX_DIRECT_TAPS = 16  # AVP_MAXTAP: taps per axis the one-pass kernel holds
 _FRAMES = 4  # AVP_FRAMES: the images a block of the one-pass kernel computes
 _TILE = 16  # AVP_TILE: a block's output pixels are AVP_TILE x AVP_TILE
+_DIRECT_ROWS = 144  # AVP_ROWS: the input rows of a tile's first pass at most
 _DIRECT_WORK = 64  # the one-pass kernel's taps per pixel (rows x columns) at most
 
 
@@ -631,11 +659,15 @@ def axis_taps_bound(in_size: int, out_size: int, interpolation: str, antialias: 
 
 
 def direct_fits(y_in, out_h, x_in, out_w, interpolation, antialias, c) -> bool:
-    """Whether the one-pass kernel takes this resize: few taps per pixel (it reads every
-    row's taps for each output pixel; the two passes share them), at most 4 channels."""
+    """Whether the one-pass kernel takes this resize: at most 16 taps an axis and 4 channels,
+    and the input rows that a tile's 16 output rows read fit its shared memory
+    (``_DIRECT_ROWS``). ``_DIRECT_WORK`` bounds the taps per pixel (the two passes are left
+    the large filters)."""
     ty = axis_taps_bound(y_in, out_h, interpolation, antialias)
     tx = axis_taps_bound(x_in, out_w, interpolation, antialias)
-    return c <= 4 and max(ty, tx) <= MAX_DIRECT_TAPS and ty * tx <= _DIRECT_WORK
+    rows = math.ceil((_TILE - 1) * y_in / out_h) + ty + 2  # the centres' spread, the taps
+    return (c <= 4 and max(ty, tx) <= MAX_DIRECT_TAPS and ty * tx <= _DIRECT_WORK
+            and rows <= _DIRECT_ROWS)  # fmt: skip
 
 
 def resample(
