@@ -28,7 +28,9 @@ Workloads (the same data for both; generated, no files):
     resized crop folded into the fused resize + normalize (float16 ``[T, C, H, W]``), and the
     flip; no colour jitter (off by default there). The recipe's defaults except ``scale``,
     0.08-1 as above. ``avpipe_video_recipe_cold``: the same with the resize tap tables'
-    caches emptied before every batch (every clip builds and copies up its tables).
+    caches emptied before every batch (what a clip costs when its crop's tables are new; since
+    the one-pass kernel computes its taps itself, only crops it leaves to the two passes
+    build tables).
   - ``dali_video``: external source of sequences (``FHWC``) -> ``fn.random_resized_crop`` ->
     ``fn.flip(horizontal=coin)`` -> ``fn.color_twist`` (brightness, contrast, saturation, hue
     in degrees; fixed order) -> ``fn.crop_mirror_normalize`` (``FCHW``, float).
