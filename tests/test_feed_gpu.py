@@ -142,6 +142,22 @@ def test_video_gpu_equals_cpu(train):
         _close_pixels(g.clips, c.clips)
 
 
+def test_video_gpu_deferred_clips_equal_per_clip():
+    """On a GPU, small training clips are resized in their batch's collate (one launch for
+    the batch): the same values as each clip resized on its thread (DEFER_BYTES 0)."""
+    kw = dict(clip_length=4, stride=2, crop_size=64, batch_size=3, seed=4, device="cuda")
+    feed = video_classification(LABELS, **kw)
+    assert feed.task._defer
+    batched = [b.clips for b in feed]
+    one = video_classification(LABELS, **kw)
+    one.task.DEFER_BYTES = 0
+    per_clip = [b.clips for b in one]
+    assert len(batched) == len(per_clip) == 2
+    for a, b in zip(batched, per_clip):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert float(abs(a.astype("float32") - b.astype("float32")).max()) == 0.0
+
+
 def test_video_gpu_train_extras_equal_cpu():
     # colour jitter / grayscale / temporal jitter draws are keyed by (seed, epoch, id)
     kw = dict(clip_length=4, stride=2, crop_size=64, batch_size=3, seed=5,

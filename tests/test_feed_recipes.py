@@ -508,6 +508,44 @@ def test_video_train_crop_matches_the_ops():
         np.testing.assert_array_equal(b.clips[i], y)
 
 
+def test_video_train_deferred_clips_resized_in_the_collate():
+    """The collate's batched crop of deferred clips (the GPU's path for small clips, forced
+    here on the CPU) gives the values of the per-clip transform: all clips deferred, and a mix
+    of deferred and transformed ones in batch order."""
+    from avpipe.recipes.video import _Deferred
+
+    kw = dict(clip_length=4, stride=2, crop_size=40, batch_size=3, seed=9, device="cpu")
+    ref = [b.clips for b in video_classification(LABELS, **kw)]
+    feed = video_classification(LABELS, **kw)
+    feed.task._defer = True
+    seen = []
+    resize = feed.task._resize_deferred
+
+    def spy(values, ids, epoch):
+        seen.append(sum(isinstance(v, _Deferred) for v in values))
+        return resize(values, ids, epoch)
+
+    feed.task._resize_deferred = spy
+    got = [b.clips for b in feed]
+    assert seen == [3, 3] and len(got) == len(ref)
+    for g, r in zip(got, ref):
+        np.testing.assert_array_equal(g, r)
+    # a mix: clip 1 transformed on its thread, clips 0 and 2 deferred
+    task = feed.task
+    task.epoch = 0
+    pairs = list(enumerate(feed.items[:3]))
+    vals = task.decode_items(pairs)
+    assert all(isinstance(v, _Deferred) for v in vals)
+    vals[1] = task._train_transform(vals[1].frames, 1, 0)
+    out = task._resize_deferred(vals, [0, 1, 2], 0)
+    want = [task._train_transform(v.frames, i, 0) if isinstance(v, _Deferred) else v
+            for i, v in enumerate(vals)]  # fmt: skip
+    assert isinstance(out, list) and not any(isinstance(v, _Deferred) for v in out)
+    for o, w in zip(out, want):
+        np.testing.assert_array_equal(o, w)
+    feed.close()
+
+
 def test_video_skip_bad_file(tmp_path):
     text = open(LABELS).read().splitlines()
     (tmp_path / "bad.mp4").write_bytes(b"\x00" * 1000)

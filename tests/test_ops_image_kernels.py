@@ -204,6 +204,10 @@ class _FakeArr(np.ndarray):
     device = type("D", (), {"id": 0})()
     copies: list = []
 
+    @property
+    def data(self):  # cupy's .data.ptr: the first element's address
+        return type("P", (), {"ptr": self.__array_interface__["data"][0]})()
+
     def set(self, arr, stream=None):
         _FakeArr.copies.append(np.asarray(arr).shape)
         self[...] = arr
@@ -274,7 +278,9 @@ class _FakeCupy:
         def get_function(self, name):
             return {"avp_hpass_u8": _fake_hpass(np.uint8), "avp_hpass_f32": _fake_hpass(np.float32),
                     "avp_vpass": _fake_vpass, "avp_direct_u8": _fake_direct(np.uint8),
-                    "avp_direct_f32": _fake_direct(np.float32)}[name]  # fmt: skip
+                    "avp_direct_f32": _fake_direct(np.float32),
+                    "avp_direct_items_u8": _fake_direct_items(np.uint8),
+                    "avp_direct_items_f32": _fake_direct_items(np.float32)}[name]  # fmt: skip
 
 
 def _fake_hpass(src_dtype):
@@ -318,6 +324,32 @@ def _direct_axis(size_in, size_out, lo, n, off, size, interp, aa, flip=False):
     return (idx[::-1], np.asarray(w)[::-1]) if flip else (idx, np.asarray(w))
 
 
+def _emulate_direct(x, y_in, y_out, y_lo, y_off, oh, x_in, x_out, x_lo, x_off, ow, flip, cubic,
+                    aa, round_mid, ab, mode):  # fmt: skip
+    """avp_direct_impl on ``x`` [n, H, W, c]: each input row's horizontal sum, then the
+    vertical taps, ``v * a + b``, the cast; ``[n, oh, ow, c]``."""
+    n, _, _, c = x.shape
+    interp = "bicubic" if cubic else "bilinear"
+    yi, yw = _direct_axis(int(y_in), int(y_out), int(y_lo), int(oh), int(y_off), x.shape[1],
+                          interp, bool(aa))  # fmt: skip
+    xi, xw = _direct_axis(int(x_in), int(x_out), int(x_lo), int(ow), int(x_off), x.shape[2],
+                          interp, bool(aa), bool(flip))  # fmt: skip
+    xf = x.astype(np.float32)
+    acc = np.zeros((n, oh, ow, c), np.float32)
+    for ky in range(yi.shape[1]):  # each row's horizontal sum, then the vertical tap
+        rows = xf[:, yi[:, ky]]  # [n, oh, W, c]
+        h = np.zeros((n, oh, ow, c), np.float32)
+        for kx in range(xi.shape[1]):
+            h += xw[None, None, :, kx, None] * rows[:, :, xi[:, kx]]
+        if round_mid:
+            h = np.clip(np.floor(h + np.float32(0.5)), 0, 255)
+        acc += yw[None, :, ky, None, None] * h
+    if mode == K.MODE_U8:
+        return np.clip(np.floor(acc + np.float32(0.5)), 0, 255).astype(np.uint8)
+    a, b = np.array(ab[:4], np.float32)[:c], np.array(ab[4:], np.float32)[:c]
+    return (acc * a + b).astype(np.float16 if mode == K.MODE_F16 else np.float32)
+
+
 def _fake_direct(src_dtype):
     def launch(grid, block, args):
         (src, sn, sh, sw, sc, n, c, y_in, y_out, y_lo, y_off, y_size, oh, x_in, x_out, x_lo,
@@ -330,31 +362,50 @@ def _fake_direct(src_dtype):
                                                      cubic, aa, round_mid, nchw, mode))  # fmt: skip
         assert all(isinstance(v, np.float32) for v in ab) and grid[0] * block[0] >= 1
         assert out.shape == ((n, c, oh, ow) if nchw else (n, oh, ow, c)) and ob == c * oh * ow
+        assert (y_size, x_size) == src.shape[1:3]
         it = src.itemsize
         x = np.lib.stride_tricks.as_strided(np.asarray(src), src.shape,
                                             (sn * it, sh * it, sw * it, sc * it))  # fmt: skip
-        interp = "bicubic" if cubic else "bilinear"
-        yi, yw = _direct_axis(int(y_in), int(y_out), int(y_lo), int(oh), int(y_off),
-                              int(y_size), interp, bool(aa))  # fmt: skip
-        xi, xw = _direct_axis(int(x_in), int(x_out), int(x_lo), int(ow), int(x_off),
-                              int(x_size), interp, bool(aa), bool(flip))  # fmt: skip
-        xf = x.astype(np.float32)
-        acc = np.zeros((n, oh, ow, c), np.float32)
-        for ky in range(yi.shape[1]):  # each row's horizontal sum, then the vertical tap
-            rows = xf[:, yi[:, ky]]  # [n, oh, W, c]
-            h = np.zeros((n, oh, ow, c), np.float32)
-            for kx in range(xi.shape[1]):
-                h += xw[None, None, :, kx, None] * rows[:, :, xi[:, kx]]
-            if round_mid:
-                h = np.clip(np.floor(h + np.float32(0.5)), 0, 255)
-            acc += yw[None, :, ky, None, None] * h
-        if mode == K.MODE_U8:
-            y = np.clip(np.floor(acc + np.float32(0.5)), 0, 255).astype(np.uint8)
-        else:
-            a, b = np.array(ab[:4], np.float32)[:c], np.array(ab[4:], np.float32)[:c]
-            y = (acc * a + b).astype(np.float16 if mode == K.MODE_F16 else np.float32)
+        y = _emulate_direct(x, y_in, y_out, y_lo, y_off, oh, x_in, x_out, x_lo, x_off, ow, flip,
+                            cubic, aa, round_mid, ab, mode)  # fmt: skip
         out[...] = np.ascontiguousarray(y.transpose(0, 3, 1, 2)) if nchw else y
         _FakeCupy.launches.append("d")
+
+    return launch
+
+
+def _at_address(ptr, dtype, shape, strides):
+    """A numpy view of memory at address ``ptr`` (a fake device pointer: host memory)."""
+    import ctypes
+
+    it = np.dtype(dtype).itemsize
+    lo = sum(min(0, (d - 1) * s) for d, s in zip(shape, strides)) * it
+    hi = (sum(max(0, (d - 1) * s) for d, s in zip(shape, strides)) + 1) * it
+    buf = (ctypes.c_uint8 * (hi - lo)).from_address(ptr + lo)
+    base = np.frombuffer(buf, np.uint8)
+    return np.lib.stride_tricks.as_strided(base[-lo:].view(dtype) if lo else base.view(dtype),
+                                           shape, tuple(s * it for s in strides))  # fmt: skip
+
+
+def _fake_direct_items(src_dtype):
+    def launch(grid, block, args):
+        table, c, y_out, oh, x_out, ow, cubic, aa, round_mid, *rest = args
+        ab, (nchw, mode, out, ob) = rest[:8], rest[8:]
+        assert len(args) == 21 and table.dtype == np.int64 and table.shape[1] == 14
+        assert all(isinstance(v, np.int32) for v in (c, y_out, oh, x_out, ow, cubic, aa,
+                                                     round_mid, nchw, mode))  # fmt: skip
+        assert all(isinstance(v, np.float32) for v in ab) and isinstance(ob, np.int64)
+        assert grid[2] == table.shape[0] and out.flags.c_contiguous
+        flat = np.asarray(out).reshape(-1).view(np.uint8)
+        for ptr, sn, sh, sw, sc, n, y_in, y_off, y_size, x_in, x_off, x_size, flip, off in \
+                np.asarray(table).tolist():  # fmt: skip
+            x = _at_address(ptr, src_dtype, (n, y_size, x_size, int(c)), (sn, sh, sw, sc))
+            y = _emulate_direct(x, y_in, y_out, 0, y_off, oh, x_in, x_out, 0, x_off, ow, flip,
+                                cubic, aa, round_mid, ab, mode)  # fmt: skip
+            y = np.ascontiguousarray(y.transpose(0, 3, 1, 2) if nchw else y)
+            assert ob == y[0].size
+            flat[off : off + y.nbytes] = y.view(np.uint8).reshape(-1)
+        _FakeCupy.launches.append("items")
 
     return launch
 
@@ -884,3 +935,39 @@ def test_gpu_direct_kernel_matches_two_passes_and_numpy(interp, antialias, monke
     c8 = I.resize(x, (200, 300), interpolation=interp, antialias=antialias)
     d = np.abs(cupy.asnumpy(g8).astype(int) - c8)
     assert d.max() <= 2 and d.mean() < 0.01
+
+
+def test_boxes_of_clips_of_any_size_in_one_launch(fake_cupy):
+    """``resample_boxes``: clips of different sizes and strides, each with its box and flip,
+    in one launch of the items kernel (emulated), equal the numpy reference: the recipe's
+    folded path over a list of clips (``fused_resized_crop_normalize``), one clip at a time."""
+    from avpipe.ops import image_augment as A
+
+    big = _picture(3, 61, 83, seed=8)
+    clips = [big, _picture(3, 40, 52, seed=9), big[:, 5:50, ::2]]  # the last one strided
+    params = {"top": np.array([3, 0, 10]), "left": np.array([5, 10, 2]),
+              "height": np.array([50, 40, 30]), "width": np.array([70, 30, 35]),
+              "flip": np.array([False, True, True])}  # fmt: skip
+    m, sd = np.array([0.4, 0.5, 0.45]), np.array([0.2, 0.25, 0.3])
+    for dtype, layout in (("float16", "NCHW"), ("float32", "NHWC")):
+        opts = dict(mean=m, std=sd, dtype=dtype, layout=layout)
+        ref = A.fused_resized_crop_normalize(clips, params, (40, 48), **opts)  # numpy
+        for b, c in enumerate(clips):  # one resize_crop_normalize per clip
+            box = tuple(int(params[k][b]) for k in ("top", "left", "height", "width"))
+            one = I.resize_crop_normalize(c, box=box, flip=bool(params["flip"][b]),
+                                          size=(40, 48), short_side=None, crop_size=None,
+                                          **opts)  # fmt: skip
+            assert np.array_equal(ref[b], one)
+        fake_cupy.launches = []
+        a, b_ = I._affine(m, sd, 1 / 255, 3)
+        boxes = list(zip(*(params[k].tolist() for k in ("top", "left", "height", "width"))))
+        got = K.resample_boxes([c.view(_FakeArr) for c in clips], boxes, params["flip"], 40, 48,
+                               "bilinear", True, nchw=layout == "NCHW", a=a, b=b_,
+                               mode=K.MODE_F16 if dtype == "float16" else K.MODE_F32)  # fmt: skip
+        assert fake_cupy.launches == ["items"]
+        assert got.shape == ref.shape and got.dtype == ref.dtype
+        d = np.abs(np.asarray(got, np.float32) - ref.astype(np.float32))
+        assert d.max() <= (1e-4 if dtype == "float32" else 2e-3 * 3), d.max()
+    # a box the one-pass kernel leaves to the two passes: None (the caller goes clip by clip)
+    assert K.resample_boxes([big.view(_FakeArr)], [(0, 0, 61, 83)], [False], 4, 4, "bilinear",
+                            True, nchw=True, mode=K.MODE_F32) is None  # fmt: skip

@@ -435,9 +435,37 @@ extern "C" __global__ void avp_direct_f32(const float* __restrict__ src, AVP_DIR
 {
     avp_direct_impl<float>(src, AVP_DIRECT_PASS);
 }
+
+// The one-pass kernel over a list of images of different sizes and strides (a batch of clips,
+// each with its own crop box and flip), all resized to oh x ow: blockIdx.z is the item, whose
+// AVP_ITEM int64 values are: its first element's address, its strides (image, row, column,
+// channel; elements), its images, y_in, y_off, y_size, x_in, x_off, x_size, flip, and its
+// output's byte offset from out.
+#define AVP_ITEM 14
+#define AVP_ITEMS_ARGS \
+    const long long* __restrict__ items, int c, int y_out, int oh, int x_out, int ow, int cubic, \
+    int aa, int round_mid, float a0, float a1, float a2, float a3, float b0, float b1, \
+    float b2, float b3, int nchw, int mode, char* __restrict__ out, long long ob
+#define AVP_ITEMS_PASS(T) \
+    const long long* it = items + (long long)blockIdx.z * AVP_ITEM; \
+    avp_direct_impl<T>((const T*)it[0], it[1], it[2], it[3], it[4], (int)it[5], c, (int)it[6], \
+                       y_out, 0, (int)it[7], (int)it[8], oh, (int)it[9], x_out, 0, (int)it[10], \
+                       (int)it[11], ow, (int)it[12], cubic, aa, round_mid, a0, a1, a2, a3, b0, \
+                       b1, b2, b3, nchw, mode, (void*)(out + it[13]), ob)
+
+extern "C" __global__ void avp_direct_items_u8(AVP_ITEMS_ARGS)
+{
+    AVP_ITEMS_PASS(unsigned char);
+}
+
+extern "C" __global__ void avp_direct_items_f32(AVP_ITEMS_ARGS)
+{
+    AVP_ITEMS_PASS(float);
+}
 """
 
-_KERNEL_NAMES = ("avp_hpass_u8", "avp_hpass_f32", "avp_vpass", "avp_direct_u8", "avp_direct_f32")
+_KERNEL_NAMES = ("avp_hpass_u8", "avp_hpass_f32", "avp_vpass", "avp_direct_u8", "avp_direct_f32",
+                 "avp_direct_items_u8", "avp_direct_items_f32")
 
 
 def enabled() -> bool:
@@ -811,4 +839,60 @@ def _direct(cupy, kern, xb, geometry, out_h, out_w, rows, cols, interpolation, a
         tiles = -(-oh // _TILE) * -(-ow // _TILE)
         k((tiles, min(chunks, 65535), 1), (_TILE * _TILE, 1, 1),
           (xb, *strides, *ints, *floats, *tail, out, np.int64(c * oh * ow)))
+    return out
+
+
+def resample_boxes(clips, boxes, flips, out_h: int, out_w: int, interpolation: str,
+                   antialias: bool, *, mode: int, nchw: bool, a=None, b=None):
+    """The one-pass kernel over cupy ``clips`` (each ``[N, H, W, C]``, the same ``N``, ``C``
+    and dtype; any sizes and strides), clip ``i``'s ``boxes[i]`` (top, left, height, width)
+    resized to ``out_h x out_w``, mirrored where ``flips[i]``: one launch and one small copy
+    for all of them. Returns ``[B, N, C, out_h, out_w]`` (``nchw``) or ``[B, N, out_h, out_w,
+    C]``, or None where the kernels are unavailable or a box needs the two passes (then the
+    caller resizes the clips one by one)."""
+    import cupy
+
+    B = len(clips)
+    n, _, _, c = (int(v) for v in clips[0].shape)
+    device_id = int(clips[0].device.id)
+    kern = _kernels(device_id)
+    if kern is None or B == 0 or B > 65535:
+        return None
+    dtype = clips[0].dtype
+    if dtype != np.uint8 and dtype != np.float32:
+        return None
+    for x, (_, _, bh, bw) in zip(clips, boxes):
+        if (x.ndim != 4 or x.dtype != dtype or int(x.shape[0]) != n or int(x.shape[3]) != c
+                or not direct_fits(int(bh), out_h, int(bw), out_w, interpolation, antialias,
+                                   c)):  # fmt: skip
+            return None
+    item = dtype.itemsize
+    out_dtype = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}[mode]
+    per = n * c * out_h * out_w
+    rows = []
+    for k, (x, (top, left, bh, bw), f) in enumerate(zip(clips, boxes, flips)):
+        st = x.strides
+        if any(v % item for v in st):
+            return None
+        rows.append([x.data.ptr, st[0] // item, st[1] // item, st[2] // item, st[3] // item, n,
+                     bh, top, x.shape[1], bw, left, x.shape[2], bool(f),
+                     k * per * np.dtype(out_dtype).itemsize])  # fmt: skip
+    av = [1.0] * c if a is None else np.asarray(a, np.float32).reshape(-1).tolist()
+    bv = [0.0] * c if b is None else np.asarray(b, np.float32).reshape(-1).tolist()
+    if len(av) != c or len(bv) != c:
+        raise ValueError(f"a and b must have {c} values, got {len(av)} and {len(bv)}")
+    with cupy.cuda.Device(device_id):
+        shape = (B, n, c, out_h, out_w) if nchw else (B, n, out_h, out_w, c)
+        out = cupy.empty(shape, dtype=out_dtype)
+        if out.size == 0:
+            return out
+        (table,) = upload_many(cupy, [np.array(rows, np.int64)])
+        ints = np.array([c, out_h, out_h, out_w, out_w, interpolation == "bicubic",
+                         bool(antialias), mode == MODE_U8], np.int32)  # fmt: skip
+        floats = np.array(av + [1.0] * (4 - c) + bv + [0.0] * (4 - c), np.float32)
+        tail = np.array([bool(nchw), mode], np.int32)
+        k = kern["avp_direct_items_u8" if dtype == np.uint8 else "avp_direct_items_f32"]
+        tiles = -(-out_h // _TILE) * -(-out_w // _TILE)
+        k((tiles, min(-(-n // _FRAMES), 65535), B), (_TILE * _TILE, 1, 1),
+          (table, *ints, *floats, *tail, out, np.int64(c * out_h * out_w)))
     return out

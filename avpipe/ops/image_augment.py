@@ -371,24 +371,62 @@ def random_resized_crop(x, size, *, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3
 
 
 def fused_resized_crop_normalize(x, params, size, *, in_layout=None, **kwargs):
-    """The recipe's folded path: for each clip, :func:`avpipe.ops.image.resize_crop_normalize`
-    of its box (``box=..., size=size, short_side=None, crop_size=None``; its fused resize +
-    normalize kernel on cupy, the box read in place). One call per clip, each
-    batched over the clip's frames; ``in_layout``: the input's (channels-last layouts read
-    without a copy); ``kwargs`` go to ``resize_crop_normalize`` (mean, std,
-    scale, dtype, layout of its output, interpolation, antialias). Returns ``[B, T, ...]``
-    (``[B, ...]`` for images) stacked."""
-    from .image import resize_crop_normalize
+    """The recipe's folded path: each clip's box (``params``: top, left, height, width [B];
+    ``flip`` [B] too, optional: mirrored where true) resized by
+    :func:`avpipe.ops.image.resize_crop_normalize` (``box=..., size=size, short_side=None,
+    crop_size=None``). ``x``: a batch (``in_layout``: its layout; channels-last layouts read
+    without a copy), or a list of ``[T, H, W, C]`` clips of any sizes (the same ``T``).
+    ``kwargs`` go to ``resize_crop_normalize`` (mean, std, scale, dtype, layout of its output,
+    interpolation, antialias). Returns ``[B, T, ...]`` (``[B, ...]`` for images).
 
-    xp, x5, _ = _canon(x, in_layout)
+    numpy: one call per clip (the reference). cupy: every clip in one launch of the one-pass
+    kernel (:func:`avpipe.ops._image_kernels.resample_boxes`) where its boxes fit it; else one
+    call per clip."""
+    from . import _image_kernels as _ik
+    from .image import (
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        _affine,
+        _check_box,
+        _check_interp,
+        _dtype,
+        resize_crop_normalize,
+    )
+
+    if isinstance(x, (list, tuple)):
+        clips, images = list(x), False
+        xp = array_module(clips[0]) if clips else np
+    else:
+        xp, x5, _ = _canon(x, in_layout)
+        clips, images = [x5[b] for b in range(x5.shape[0])], x.ndim == 4
     top, left, hh, ww = (_hostv(params, k) for k in ("top", "left", "height", "width"))
-    outs = [
-        resize_crop_normalize(x5[b], box=(int(top[b]), int(left[b]), int(hh[b]), int(ww[b])),
-                              size=_size(size), short_side=None, crop_size=None, **kwargs)
-        for b in range(x5.shape[0])
-    ]  # fmt: skip
-    y = xp.stack(outs)
-    return y[:, 0] if x.ndim == 4 else y
+    flips = _hostv(params, "flip") if "flip" in params else np.zeros(len(clips), bool)
+    boxes = [(int(top[b]), int(left[b]), int(hh[b]), int(ww[b])) for b in range(len(clips))]
+    flips = [bool(f) for f in flips]
+    oh, ow = _size(size)
+    y = None
+    if xp is not np and clips and _ik.enabled():
+        opts = dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, scale=1.0 / 255.0,
+                    interpolation="bilinear", antialias=True, dtype="float16", layout="NCHW")
+        bad = set(kwargs) - set(opts)
+        if bad:
+            raise TypeError(f"unexpected keyword arguments {sorted(bad)}")
+        opts.update(kwargs)
+        _check_interp(opts["interpolation"])
+        dt = _dtype(opts["dtype"])
+        for c, box in zip(clips, boxes):  # the numpy path's checks
+            _check_box(box, int(c.shape[-3]), int(c.shape[-2]))
+        if dt != np.uint8 and opts["layout"] in ("NCHW", "NHWC", "CHW", "HWC"):
+            a, b = _affine(opts["mean"], opts["std"], opts["scale"], int(clips[0].shape[-1]))
+            y = _ik.resample_boxes(clips, boxes, flips, oh, ow, opts["interpolation"],
+                                   opts["antialias"], nchw=opts["layout"] in ("NCHW", "CHW"),
+                                   mode=_ik.MODE_F16 if dt == np.float16 else _ik.MODE_F32,
+                                   a=a, b=b)  # fmt: skip
+    if y is None:
+        y = xp.stack([resize_crop_normalize(c, box=box, flip=f, size=(oh, ow), short_side=None,
+                                            crop_size=None, **kwargs)
+                      for c, box, f in zip(clips, boxes, flips)])  # fmt: skip
+    return y[:, 0] if images else y
 
 
 # --- centre crop and N-crop ----------------------------------------------------------------------

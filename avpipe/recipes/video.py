@@ -37,7 +37,14 @@ Decoding: :func:`avpipe.pipeline.clips.decode_clip` per item in a thread pool (i
 video of a batch: its views there share one open file and each clip is decoded once) (the same clip
 decoding as :class:`avpipe.pipeline.clips.ClipFeed`: a :class:`avpipe.VideoDecoder`, NVDEC on a
 GPU, PyAV on the CPU, only the frames a clip needs; the transform on the thread's own CUDA
-stream); a video shorter than a clip repeats its last frame.
+stream); a video shorter than a clip repeats its last frame. On a GPU, a training clip whose
+decoded frames take at most ``VideoTask.DEFER_BYTES`` (32 MiB: 16 frames up to about 540p) is
+cropped and resized with the rest of its batch when the batch is collated: every such clip's
+box in one launch (:func:`~avpipe.ops.image_augment.fused_resized_crop_normalize` on a list of
+clips) instead of a call per clip, at the cost of holding those decoded frames until then (the
+batches being decoded ahead: about two). Larger clips, and clips with colour jitter or
+grayscale, are transformed on their thread as they come. The draws and the values are the same
+either way.
 """
 
 from __future__ import annotations
@@ -110,8 +117,18 @@ def eval_views(videos, views):
             for v, it in enumerate(videos) for k in range(int(views))]
 
 
+@dataclasses.dataclass
+class _Deferred:
+    """A training clip's decoded frames, left for its batch's collate (``VideoTask``), and the
+    stream its frames were made on (which must not reuse their memory before that launch)."""
+
+    frames: object  # [T, H, W, 3] uint8 on the device
+    stream: object
+
+
 class VideoTask(Task):
     array_fields = ("clips", "labels", "video_index", "view")
+    DEFER_BYTES = 32 << 20  # a clip's decoded frames at most this: resized in the collate
 
     def __init__(self, *, labels, clip_length, stride, crop_size, train, seed, device,
                  num_clips=4, num_crops=3, scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3),
@@ -139,6 +156,9 @@ class VideoTask(Task):
         self._streams = ThreadStreams(device)
         self.index = None if index is None else load_index(index)
         self._scan_ahead = None  # started by the first decode_groups
+        # on a GPU, small training clips are cropped and resized a batch at a time (collate)
+        self._defer = (self.train and device.is_cuda and self.color_jitter is None
+                       and self.grayscale_p <= 0)  # fmt: skip
 
     @property
     def views(self) -> int:
@@ -209,6 +229,39 @@ class VideoTask(Task):
                       layout="NHWC")
         return xp.ascontiguousarray(xp.moveaxis(y, -1, 1))
 
+    def _resize_deferred(self, values, ids, epoch):
+        """The collate's part of the training transform: the deferred clips (``_Deferred``)
+        of ``values`` cropped and resized in one call, with their draws (the same as
+        ``_train_transform``'s, made for them at once). Returns the batch ``[B, T, 3, S, S]``
+        when every clip was deferred, else ``values`` with the deferred ones replaced."""
+        k = [j for j, v in enumerate(values) if isinstance(v, _Deferred)]
+        if not k:
+            return values
+        frames = [values[j].frames for j in k]
+        kid = [ids[j] for j in k]
+        with _rnd.drawn_together(self.seed, epoch, kid, [("random_resized_crop", 40),
+                                                         ("flip", 1)]):  # fmt: skip
+            hw = np.array([f.shape[1:3] for f in frames], np.int64)
+            p = _aug.sample_resized_crop_params(self.seed, epoch, kid, hw[:, 0], hw[:, 1],
+                                                scale=self.scale, ratio=self.ratio)
+            p["flip"] = _aug.sample_flip_params(self.seed, epoch, kid)["flip"]
+        y = _aug.fused_resized_crop_normalize(frames, p, self.S, mean=self.mean, std=self.std,
+                                              dtype=self.dtype, layout="NCHW")  # fmt: skip
+        streams = {id(v.stream): v.stream for j in k if (v := values[j]).stream is not None}
+        if streams:  # the frames' memory goes back to their streams: reused after this launch
+            import cupy
+
+            done = cupy.cuda.Event()
+            done.record()
+            for st in streams.values():
+                st.wait_event(done)
+        if len(k) == len(values):
+            return y
+        out = list(values)
+        for r, j in enumerate(k):
+            out[j] = y[r]
+        return out
+
     def _eval_views(self, frames):
         """[T, H, W, 3] uint8 -> [num_crops, T, 3, S, S]: short side to S, then the crops."""
         if self.num_crops == 1:  # the centre crop folded into the resize
@@ -272,6 +325,8 @@ class VideoTask(Task):
             def transform(frames, inv):
                 if inv is not None:  # a short video: repeated frames
                     frames = frames[array_module(frames).asarray(inv)]
+                if self._defer and frames.nbytes <= self.DEFER_BYTES:
+                    return _Deferred(frames, self._streams.get())
                 return self._train_transform(frames, i, epoch)
 
             out, _, _, _ = decode_clip(item.path, select, transform, device=self.device,
@@ -332,7 +387,9 @@ class VideoTask(Task):
         items = [it for _, it in pairs]
         vids = [i if self.train else it.extra["video"] for i, it in pairs]
         if values:
-            clips = xp.stack([xp.asarray(v) for v in values])
+            values = self._resize_deferred(values, [i for i, _ in pairs], epoch)
+            clips = values if not isinstance(values, list) else xp.stack(
+                [xp.asarray(v) for v in values])
         else:
             clips = xp.zeros((0, self.T, 3, self.S, self.S), np.dtype(self.dtype))
         # the small arrays in one copy from page-locked memory (a copy from pageable memory
