@@ -197,6 +197,11 @@ def test_kernel_source_is_complete():
         assert f'extern "C" __global__ void {name}(' in K._SOURCE
 
 
+class _Pointer:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
 class _FakeArr(np.ndarray):
     """A numpy array that answers ``.device.id`` and ``.set`` (a host-to-device copy) like a
     cupy array."""
@@ -206,7 +211,7 @@ class _FakeArr(np.ndarray):
 
     @property
     def data(self):  # cupy's .data.ptr: the first element's address
-        return type("P", (), {"ptr": self.__array_interface__["data"][0]})()
+        return _Pointer(self.__array_interface__["data"][0])
 
     def set(self, arr, stream=None):
         _FakeArr.copies.append(np.asarray(arr).shape)

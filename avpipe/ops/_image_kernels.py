@@ -861,22 +861,18 @@ def resample_boxes(clips, boxes, flips, out_h: int, out_w: int, interpolation: s
     dtype = clips[0].dtype
     if dtype != np.uint8 and dtype != np.float32:
         return None
-    for x, (_, _, bh, bw) in zip(clips, boxes):
-        if (x.ndim != 4 or x.dtype != dtype or int(x.shape[0]) != n or int(x.shape[3]) != c
-                or not direct_fits(int(bh), out_h, int(bw), out_w, interpolation, antialias,
-                                   c)):  # fmt: skip
-            return None
     item = dtype.itemsize
     out_dtype = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}[mode]
-    per = n * c * out_h * out_w
+    per = n * c * out_h * out_w * np.dtype(out_dtype).itemsize
     rows = []
     for k, (x, (top, left, bh, bw), f) in enumerate(zip(clips, boxes, flips)):
-        st = x.strides
-        if any(v % item for v in st):
-            return None
+        shape, st = x.shape, x.strides
+        if (len(shape) != 4 or x.dtype != dtype or shape[0] != n or shape[3] != c
+                or st[0] % item or st[1] % item or st[2] % item or st[3] % item
+                or not direct_fits(bh, out_h, bw, out_w, interpolation, antialias, c)):
+            return None  # fmt: skip
         rows.append([x.data.ptr, st[0] // item, st[1] // item, st[2] // item, st[3] // item, n,
-                     bh, top, x.shape[1], bw, left, x.shape[2], bool(f),
-                     k * per * np.dtype(out_dtype).itemsize])  # fmt: skip
+                     bh, top, shape[1], bw, left, shape[2], bool(f), k * per])  # fmt: skip
     av = [1.0] * c if a is None else np.asarray(a, np.float32).reshape(-1).tolist()
     bv = [0.0] * c if b is None else np.asarray(b, np.float32).reshape(-1).tolist()
     if len(av) != c or len(bv) != c:

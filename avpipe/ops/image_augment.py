@@ -260,24 +260,25 @@ def _rrc_boxes(w, height, width, scale, ratio):
     lr0, lr1 = math.log(r0), math.log(r1)
     aspect = np.exp(lr0 + (lr1 - lr0) * unit(w[:, 10:20], np)).tolist()
     words = w.tolist()
-    out = np.empty((4, B), np.int64)  # top, left, height, width
-    for b in range(B):
-        h, wd, row, asp = H[b], W[b], words[b], aspect[b]
+    span = s1 - s0
+    out = []  # (top, left, height, width) per item
+    for h, wd, row, asp in zip(H, W, words, aspect):
         area = float(h * wd)
         for k in range(10):
-            target = area * (s0 + (s1 - s0) * (row[k] * 2.0**-32))
+            target = area * (s0 + span * (row[k] * 2.0**-32))
             cw = round(math.sqrt(target * asp[k]))
             ch = round(math.sqrt(target / asp[k]))
             if 0 < cw <= wd and 0 < ch <= h:  # below(): multiply-shift of the word
-                out[:, b] = ((row[20 + k] * (h - ch + 1)) >> 32,
-                             (row[30 + k] * (wd - cw + 1)) >> 32, ch, cw)
+                out.append(((row[20 + k] * (h - ch + 1)) >> 32,
+                            (row[30 + k] * (wd - cw + 1)) >> 32, ch, cw))
                 break
         else:  # none fits: torchvision's centre crop of the ratio clamped into range
             in_ratio = wd / h if h else (math.inf if wd else math.nan)  # numpy's w / 0
             fw = wd if in_ratio < r0 else (round(h * r1) if in_ratio > r1 else wd)
             fh = round(wd / r0) if in_ratio < r0 else h
-            out[:, b] = ((h - fh) // 2, (wd - fw) // 2, fh, fw)
-    return {"top": out[0], "left": out[1], "height": out[2], "width": out[3]}
+            out.append(((h - fh) // 2, (wd - fw) // 2, fh, fw))
+    t = np.array(out, np.int64).reshape(B, 4).T
+    return {"top": t[0], "left": t[1], "height": t[2], "width": t[3]}
 
 
 def _per_item(v, B):

@@ -28,6 +28,7 @@ import threading
 import numpy as np
 
 __all__ = [
+    "drawn_table",
     "philox4x32",
     "stream_key",
     "words",
@@ -319,6 +320,12 @@ def drawn_from(table):
         yield
     finally:
         _AHEAD.words = outer
+
+
+def drawn_table():
+    """The table :func:`drawn_from` gives this thread now (None outside one): for work that
+    a later step draws for with the same table."""
+    return getattr(_AHEAD, "words", None)
 
 
 @contextlib.contextmanager

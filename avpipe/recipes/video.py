@@ -124,6 +124,7 @@ class _Deferred:
 
     frames: object  # [T, H, W, 3] uint8 on the device
     stream: object
+    draws: object = None  # the batch's Task.ahead table its thread drew from, if any
 
 
 class VideoTask(Task):
@@ -239,9 +240,13 @@ class VideoTask(Task):
             return values
         frames = [values[j].frames for j in k]
         kid = [ids[j] for j in k]
-        with _rnd.drawn_together(self.seed, epoch, kid, [("random_resized_crop", 40),
-                                                         ("flip", 1)]):  # fmt: skip
-            hw = np.array([f.shape[1:3] for f in frames], np.int64)
+        hw = np.array([f.shape[1:3] for f in frames], np.int64)
+        tables = {id(values[j].draws): values[j].draws for j in k}
+        (table,) = tables.values() if len(tables) == 1 else (None,)
+        # the words of Task.ahead's table (one batch's: one table), else one pass for them
+        with (_rnd.drawn_from(table) if table is not None else
+              _rnd.drawn_together(self.seed, epoch, kid, [("random_resized_crop", 40),
+                                                          ("flip", 1)])):  # fmt: skip
             p = _aug.sample_resized_crop_params(self.seed, epoch, kid, hw[:, 0], hw[:, 1],
                                                 scale=self.scale, ratio=self.ratio)
             p["flip"] = _aug.sample_flip_params(self.seed, epoch, kid)["flip"]
@@ -326,7 +331,7 @@ class VideoTask(Task):
                 if inv is not None:  # a short video: repeated frames
                     frames = frames[array_module(frames).asarray(inv)]
                 if self._defer and frames.nbytes <= self.DEFER_BYTES:
-                    return _Deferred(frames, self._streams.get())
+                    return _Deferred(frames, self._streams.get(), _rnd.drawn_table())
                 return self._train_transform(frames, i, epoch)
 
             out, _, _, _ = decode_clip(item.path, select, transform, device=self.device,
