@@ -536,6 +536,7 @@ def test_video_train_deferred_clips_resized_in_the_collate():
     pairs = list(enumerate(feed.items[:3]))
     vals = task.decode_items(pairs)
     assert all(isinstance(v, _Deferred) for v in vals)
+    assert all(v.draws is vals[0].draws is not None for v in vals)  # the batch's ahead table
     vals[1] = task._train_transform(vals[1].frames, 1, 0)
     out = task._resize_deferred(vals, [0, 1, 2], 0)
     want = [task._train_transform(v.frames, i, 0) if isinstance(v, _Deferred) else v

@@ -219,6 +219,21 @@ def test_drawn_together_hands_out_the_same_words(monkeypatch):
     assert getattr(R._AHEAD, "words", None) is None
 
 
+def test_drawn_table_is_the_table_in_effect():
+    """drawn_table(): the table a drawn_from block gives this thread (None outside one), which
+    serves a later drawn_from elsewhere (the video recipe's collate) with the same words."""
+    ids = [4, 8, 15]
+    table = R.draw_ahead(1, 0, ids, [("flip", 1)])
+    assert R.drawn_table() is None
+    with R.drawn_from(table):
+        got = R.drawn_table()
+        assert got is table
+    assert R.drawn_table() is None
+    with R.drawn_from(got):
+        np.testing.assert_array_equal(R.words(1, "flip", 0, [15, 4], 1),
+                                      R.words(1, "flip", 0, ids, 1)[[2, 0]])  # fmt: skip
+
+
 def test_draw_ahead_serves_any_of_its_ids_on_any_thread(monkeypatch):
     """A table drawn once (draw_ahead) serves each of its ids alone, in any order, to every
     thread that enters drawn_from with it, without a Philox pass; ids it lacks are drawn."""
