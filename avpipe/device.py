@@ -189,7 +189,7 @@ def upload_many(xp, arrays, *, wait: bool = False) -> list:
     On a GPU the buffer is pinned host memory and the copy is queued on the current stream
     without waiting: a copy from pageable memory first waits for all the work queued on the
     stream, which would hold the caller (a feed's producer) to the GPU's pace every batch. The
-    pinned buffer is kept until the copy is done (:func:`_keep_until_copied`). Work on other
+    pinned buffer is kept until the copy is done (:func:`keep_until_done`). Work on other
     streams must not read such views; ``wait=True`` (tables cached for every stream) copies on
     a stream of its own and returns when the copy is done, waiting for nothing else."""
     arrays = [np.ascontiguousarray(a) for a in arrays]
@@ -219,7 +219,7 @@ def upload_many(xp, arrays, *, wait: bool = False) -> list:
         if wait:
             st.synchronize()
         else:
-            _keep_until_copied(st.record(), mem)
+            keep_until_done(st.record(), mem)
     views = [dev[o : o + a.nbytes].view(a.dtype) for a, o in zip(arrays, offs)]
     return [v if a.ndim == 1 else v.reshape(a.shape) for a, v in zip(arrays, views)]
 
@@ -290,14 +290,16 @@ def _copy_stream(cupy, device_id: int):
         return cupy.cuda.Stream(non_blocking=True)
 
 
-_IN_FLIGHT: collections.deque = collections.deque()  # (event, pinned memory) of queued copies
+_IN_FLIGHT: collections.deque = collections.deque()  # (event, what it holds) of queued work
 _IN_FLIGHT_LOCK = threading.Lock()
 
 
-def _keep_until_copied(event, mem) -> None:
-    """Hold ``mem`` (a copy's pinned source) until ``event`` (recorded after the copy) is done;
-    the copies already done let go of theirs (in order, under a lock: the feeds' producers and
-    the video decode threads copy from several threads)."""
+def keep_until_done(event, mem) -> None:
+    """Hold ``mem`` until ``event`` (recorded after the work that reads it) is done: a copy's
+    pinned source, or device arrays made on other streams that a kernel reads (their memory
+    goes back to their own stream's pool when dropped, where work not ordered after that
+    kernel could reuse it). Work already done lets go of its memory (in order, under a lock:
+    the feeds' producers and the video decode threads call this from several threads)."""
     with _IN_FLIGHT_LOCK:
         _IN_FLIGHT.append((event, mem))
         while _IN_FLIGHT and _IN_FLIGHT[0][0].done:

@@ -77,6 +77,14 @@ def test_rrc_params_match_torchvision_rule(H, W, scale, ratio):
     assert np.all(p["left"] >= 0) and np.all(p["left"] + p["width"] <= W)
 
 
+@pytest.mark.parametrize("kw", [dict(scale=(-0.1, 1.0)), dict(scale=(0.1, float("nan"))),
+                                dict(ratio=(0.0, 1.0)), dict(ratio=(0.5, float("inf")))])
+def test_rrc_params_refuse_bad_ranges(kw):
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=name):
+        I.sample_resized_crop_params(0, 0, np.arange(3), 30, 50, **kw)
+
+
 def test_rrc_params_distribution():
     n, H, W = 10000, 360, 640
     p = I.sample_resized_crop_params(0, 0, np.arange(n), H, W)

@@ -230,7 +230,7 @@ def test_gpu_resampling_tap_bank_grows_and_equals_the_reference(monkeypatch):
 
 
 def test_pinned_sources_are_let_go_in_order_and_only_when_copied(monkeypatch):
-    """``upload_many``'s pinned sources (``_keep_until_copied``): a source is let go only once
+    """``upload_many``'s pinned sources (``keep_until_done``): a source is let go only once
     its copy's event is done and every earlier one's is, also with several threads copying."""
     import threading
 
@@ -241,15 +241,15 @@ def test_pinned_sources_are_let_go_in_order_and_only_when_copied(monkeypatch):
             self.done = done
 
     pending = Ev(False)
-    D._keep_until_copied(Ev(True), "a")
-    D._keep_until_copied(pending, "b")
-    D._keep_until_copied(Ev(True), "c")
+    D.keep_until_done(Ev(True), "a")
+    D.keep_until_done(pending, "b")
+    D.keep_until_done(Ev(True), "c")
     assert [m for _, m in D._IN_FLIGHT] == ["b", "c"]  # "a" let go; "c" waits behind "b"
     events = [Ev(False) for _ in range(400)]
 
     def copier(k):
         for e in events[k::4]:
-            D._keep_until_copied(e, e)
+            D.keep_until_done(e, e)
 
     threads = [threading.Thread(target=copier, args=(k,)) for k in range(4)]
     for t in threads:
@@ -261,5 +261,5 @@ def test_pinned_sources_are_let_go_in_order_and_only_when_copied(monkeypatch):
     pending.done = True
     for e in events:
         e.done = True
-    D._keep_until_copied(Ev(True), "d")
+    D.keep_until_done(Ev(True), "d")
     assert not D._IN_FLIGHT

@@ -903,6 +903,7 @@ def test_direct_kernel_takes_small_filters_only():
     # torch's 2 taps, but a tile's 16 rows read rows 67 apart: more than its shared memory
     assert not K.direct_fits(1080, 16, 100, 100, "bilinear", False, 3)
     assert K.direct_fits(1080, 120, 100, 100, "bilinear", False, 3)
+    assert not K.direct_fits(0, 224, 640, 224, "bilinear", True, 3)  # an empty axis
     assert K.axis_taps_bound(640, 224, "bilinear", True) == 7
     assert K.axis_taps_bound(640, 224, "bicubic", True) == 13
 

@@ -691,6 +691,8 @@ def direct_fits(y_in, out_h, x_in, out_w, interpolation, antialias, c) -> bool:
     and the input rows that a tile's 16 output rows read fit its shared memory
     (``_DIRECT_ROWS``). ``_DIRECT_WORK`` bounds the taps per pixel (the two passes are left
     the large filters)."""
+    if min(y_in, out_h, x_in, out_w) < 1:
+        return False
     ty = axis_taps_bound(y_in, out_h, interpolation, antialias)
     tx = axis_taps_bound(x_in, out_w, interpolation, antialias)
     rows = math.ceil((_TILE - 1) * y_in / out_h) + ty + 2  # the centres' spread, the taps

@@ -257,6 +257,10 @@ def _rrc_boxes(w, height, width, scale, ratio):
     H, W = (_per_item(v, B) for v in (height, width))
     s0, s1 = uniform_range(scale, "scale")
     r0, r1 = uniform_range(ratio, "ratio")
+    if not (0.0 <= s0 and math.isfinite(s1)):
+        raise ValueError(f"scale must be finite fractions of the area >= 0, got {scale!r}")
+    if not (0.0 < r0 and math.isfinite(r1)):
+        raise ValueError(f"ratio must be finite aspect ratios > 0, got {ratio!r}")
     lr0, lr1 = math.log(r0), math.log(r1)
     aspect = np.exp(lr0 + (lr1 - lr0) * unit(w[:, 10:20], np)).tolist()
     words = w.tolist()

@@ -56,7 +56,7 @@ import numpy as np
 
 from .. import settings
 from ..decoding import load_index
-from ..device import array_module, resolve_device, upload_many
+from ..device import array_module, keep_until_done, resolve_device, upload_many
 from ..ops import image_augment as _aug
 from ..ops import random as _rnd
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, normalize, resize_crop_normalize
@@ -119,11 +119,9 @@ def eval_views(videos, views):
 
 @dataclasses.dataclass
 class _Deferred:
-    """A training clip's decoded frames, left for its batch's collate (``VideoTask``), and the
-    stream its frames were made on (which must not reuse their memory before that launch)."""
+    """A training clip's decoded frames, left for its batch's collate (``VideoTask``)."""
 
     frames: object  # [T, H, W, 3] uint8 on the device
-    stream: object
     draws: object = None  # the batch's Task.ahead table its thread drew from, if any
 
 
@@ -250,16 +248,14 @@ class VideoTask(Task):
             p = _aug.sample_resized_crop_params(self.seed, epoch, kid, hw[:, 0], hw[:, 1],
                                                 scale=self.scale, ratio=self.ratio)
             p["flip"] = _aug.sample_flip_params(self.seed, epoch, kid)["flip"]
-        y = _aug.fused_resized_crop_normalize(frames, p, self.S, mean=self.mean, std=self.std,
-                                              dtype=self.dtype, layout="NCHW")  # fmt: skip
-        streams = {id(v.stream): v.stream for j in k if (v := values[j]).stream is not None}
-        if streams:  # the frames' memory goes back to their streams: reused after this launch
-            import cupy
-
-            done = cupy.cuda.Event()
-            done.record()
-            for st in streams.values():
-                st.wait_event(done)
+        try:
+            y = _aug.fused_resized_crop_normalize(frames, p, self.S, mean=self.mean,
+                                                  std=self.std, dtype=self.dtype, layout="NCHW")
+        except Exception as e:
+            if type(e).__name__ != "OutOfMemoryError":  # (cupy's)
+                raise
+            # the batch's output did not fit: each clip alone, as its thread would have
+            y = [self._train_transform(f, i, epoch) for f, i in zip(frames, kid)]
         if len(k) == len(values):
             return y
         out = list(values)
@@ -331,7 +327,7 @@ class VideoTask(Task):
                 if inv is not None:  # a short video: repeated frames
                     frames = frames[array_module(frames).asarray(inv)]
                 if self._defer and frames.nbytes <= self.DEFER_BYTES:
-                    return _Deferred(frames, self._streams.get(), _rnd.drawn_table())
+                    return _Deferred(frames, _rnd.drawn_table())
                 return self._train_transform(frames, i, epoch)
 
             out, _, _, _ = decode_clip(item.path, select, transform, device=self.device,
@@ -392,9 +388,16 @@ class VideoTask(Task):
         items = [it for _, it in pairs]
         vids = [i if self.train else it.extra["video"] for i, it in pairs]
         if values:
+            made = [v.frames if isinstance(v, _Deferred) else v for v in values]
             values = self._resize_deferred(values, [i for i, _ in pairs], epoch)
             clips = values if not isinstance(values, list) else xp.stack(
                 [xp.asarray(v) for v in values])
+            if self.device.is_cuda:  # the threads made these on their own streams' memory:
+                import cupy  # held until this stream's kernels that read them are done
+
+                done = cupy.cuda.Event()
+                done.record()
+                keep_until_done(done, made)
         else:
             clips = xp.zeros((0, self.T, 3, self.S, self.S), np.dtype(self.dtype))
         # the small arrays in one copy from page-locked memory (a copy from pageable memory
