@@ -812,6 +812,16 @@ def _source(cupy, kern, xb, prefix):
     return xb, k, tuple(np.array(xb.strides, np.int64) // item)
 
 
+def _affine_args(a, b, c):
+    """The one-pass kernels' ``a0..a3, b0..b3``: float32 ``v * a + b`` per channel (default 1,
+    0), padded to 4 channels."""
+    av = [1.0] * c if a is None else np.asarray(a, np.float32).reshape(-1).tolist()
+    bv = [0.0] * c if b is None else np.asarray(b, np.float32).reshape(-1).tolist()
+    if len(av) != c or len(bv) != c:
+        raise ValueError(f"a and b must have {c} values, got {len(av)} and {len(bv)}")
+    return np.array(av + [1.0] * (4 - c) + bv + [0.0] * (4 - c), np.float32)
+
+
 def _direct(cupy, kern, xb, geometry, out_h, out_w, rows, cols, interpolation, antialias, mode,
             nchw, a, b, flip, out_dtype, device_id):  # fmt: skip
     """The one-pass kernel (see :func:`resample`); ``geometry``: ``(y_in, y_off, x_in,
@@ -821,10 +831,7 @@ def _direct(cupy, kern, xb, geometry, out_h, out_w, rows, cols, interpolation, a
     y_in, y_off, x_in, x_off = geometry
     (r0, r1), (c0, c1) = rows, cols
     oh, ow = int(r1) - int(r0), int(c1) - int(c0)
-    av = [1.0] * c if a is None else np.asarray(a, np.float32).reshape(-1).tolist()
-    bv = [0.0] * c if b is None else np.asarray(b, np.float32).reshape(-1).tolist()
-    if len(av) != c or len(bv) != c:
-        raise ValueError(f"a and b must have {c} values, got {len(av)} and {len(bv)}")
+    floats = _affine_args(a, b, c)
     with cupy.cuda.Device(device_id):
         out = cupy.empty((n, c, oh, ow) if nchw else (n, oh, ow, c), dtype=out_dtype)
         if out.size == 0:
@@ -835,7 +842,6 @@ def _direct(cupy, kern, xb, geometry, out_h, out_w, rows, cols, interpolation, a
         ints = np.array([n, c, y_in, out_h, r0, y_off, h, oh, x_in, out_w, c0, x_off, w, ow,
                          bool(flip), interpolation == "bicubic", bool(antialias),
                          mode == MODE_U8], np.int32)  # fmt: skip
-        floats = np.array(av + [1.0] * (4 - c) + bv + [0.0] * (4 - c), np.float32)
         tail = np.array([bool(nchw), mode], np.int32)
         chunks = -(-n // _FRAMES)
         tiles = -(-oh // _TILE) * -(-ow // _TILE)
@@ -875,10 +881,7 @@ def resample_boxes(clips, boxes, flips, out_h: int, out_w: int, interpolation: s
             return None  # fmt: skip
         rows.append([x.data.ptr, st[0] // item, st[1] // item, st[2] // item, st[3] // item, n,
                      bh, top, shape[1], bw, left, shape[2], bool(f), k * per])  # fmt: skip
-    av = [1.0] * c if a is None else np.asarray(a, np.float32).reshape(-1).tolist()
-    bv = [0.0] * c if b is None else np.asarray(b, np.float32).reshape(-1).tolist()
-    if len(av) != c or len(bv) != c:
-        raise ValueError(f"a and b must have {c} values, got {len(av)} and {len(bv)}")
+    floats = _affine_args(a, b, c)
     with cupy.cuda.Device(device_id):
         shape = (B, n, c, out_h, out_w) if nchw else (B, n, out_h, out_w, c)
         out = cupy.empty(shape, dtype=out_dtype)
@@ -887,7 +890,6 @@ def resample_boxes(clips, boxes, flips, out_h: int, out_w: int, interpolation: s
         (table,) = upload_many(cupy, [np.array(rows, np.int64)])
         ints = np.array([c, out_h, out_h, out_w, out_w, interpolation == "bicubic",
                          bool(antialias), mode == MODE_U8], np.int32)  # fmt: skip
-        floats = np.array(av + [1.0] * (4 - c) + bv + [0.0] * (4 - c), np.float32)
         tail = np.array([bool(nchw), mode], np.int32)
         k = kern["avp_direct_items_u8" if dtype == np.uint8 else "avp_direct_items_f32"]
         tiles = -(-out_h // _TILE) * -(-out_w // _TILE)
