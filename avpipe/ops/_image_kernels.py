@@ -53,6 +53,7 @@ _MAX_BLOCKS = 1 << 20
 
 # Output modes of the vertical pass.
 MODE_F32, MODE_F16, MODE_U8 = 0, 1, 2
+_OUT_DTYPE = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}
 
 _SOURCE = r"""
 // flat indices below this (with the grid-stride step added) fit in 32 bits
@@ -738,7 +739,7 @@ def resample(
         return None
     if box is not None and window is not None:
         raise ValueError("give a box or a window, not both")
-    out_dtype = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}[mode]
+    out_dtype = _OUT_DTYPE[mode]
     c = int(xb.shape[3])
     # the geometry: an axis of y_in (x_in) positions, position t at input row t + y_off
     if box is not None:
@@ -870,7 +871,7 @@ def resample_boxes(clips, boxes, flips, out_h: int, out_w: int, interpolation: s
     if dtype != np.uint8 and dtype != np.float32:
         return None
     item = dtype.itemsize
-    out_dtype = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}[mode]
+    out_dtype = _OUT_DTYPE[mode]
     per = n * c * out_h * out_w * np.dtype(out_dtype).itemsize
     rows = []
     for k, (x, (top, left, bh, bw), f) in enumerate(zip(clips, boxes, flips)):

@@ -375,6 +375,19 @@ def random_resized_crop(x, size, *, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3
     return (y, params) if return_params else y
 
 
+@functools.cache
+def _rcn_defaults() -> dict:
+    """``resize_crop_normalize``'s defaults of the options the batched path takes (read-only:
+    cached)."""
+    import inspect
+
+    from .image import resize_crop_normalize
+
+    keep = ("mean", "std", "scale", "interpolation", "antialias", "dtype", "layout")
+    params = inspect.signature(resize_crop_normalize).parameters
+    return {k: params[k].default for k in keep}
+
+
 def fused_resized_crop_normalize(x, params, size, *, in_layout=None, **kwargs):
     """The recipe's folded path: each clip's box (``params``: top, left, height, width [B];
     ``flip`` [B] too, optional: mirrored where true) resized by
@@ -388,15 +401,7 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, **kwargs):
     kernel (:func:`avpipe.ops._image_kernels.resample_boxes`) where its boxes fit it; else one
     call per clip."""
     from . import _image_kernels as _ik
-    from .image import (
-        IMAGENET_MEAN,
-        IMAGENET_STD,
-        _affine,
-        _check_box,
-        _check_interp,
-        _dtype,
-        resize_crop_normalize,
-    )
+    from .image import _affine, _check_box, _check_interp, _dtype, resize_crop_normalize
 
     if isinstance(x, (list, tuple)):
         clips, images = list(x), False
@@ -411,12 +416,10 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, **kwargs):
     oh, ow = _size(size)
     y = None
     if xp is not np and clips and _ik.enabled():
-        opts = dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, scale=1.0 / 255.0,
-                    interpolation="bilinear", antialias=True, dtype="float16", layout="NCHW")
-        bad = set(kwargs) - set(opts)
+        bad = set(kwargs) - set(_rcn_defaults())
         if bad:
             raise TypeError(f"unexpected keyword arguments {sorted(bad)}")
-        opts.update(kwargs)
+        opts = {**_rcn_defaults(), **kwargs}
         _check_interp(opts["interpolation"])
         dt = _dtype(opts["dtype"])
         for c, box in zip(clips, boxes):  # the numpy path's checks

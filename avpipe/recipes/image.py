@@ -30,7 +30,6 @@ from ..device import array_module, resolve_device, upload_many
 from ..formats import IMAGE_EXTENSIONS
 from ..ops import image_augment as _aug
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
-from ..ops.image import crop as crop_view
 from ..pipeline.feed import Feed, Task
 from ..pipeline.image_stream import decode_image_stream
 from ..pipeline.sources import class_index, read_csv, read_folder, read_list
@@ -153,10 +152,9 @@ class ImageTask(Task):
             h, w = im.shape[:2]
             crop = _aug.sample_resized_crop_params(self.seed, epoch, [i], h, w, scale=self.scale,
                                                    ratio=self.ratio)
-            box = crop_view(im, int(crop["top"][0]), int(crop["left"][0]),
-                            int(crop["height"][0]), int(crop["width"][0]))
+            box = tuple(int(crop[k][0]) for k in ("top", "left", "height", "width"))
             flip = bool(_aug.sample_flip_params(self.seed, epoch, [i])["flip"][0])
-            return resize_crop_normalize(box, size=(self.S, self.S), short_side=None,
+            return resize_crop_normalize(im, box=box, size=(self.S, self.S), short_side=None,
                                          crop_size=None, mean=self.mean, std=self.std,
                                          dtype=self.dtype, layout="CHW", flip=flip)
         return resize_crop_normalize(im, short_side=self.R, crop_size=self.S, mean=self.mean,

@@ -128,6 +128,8 @@ class _Deferred:
 class VideoTask(Task):
     array_fields = ("clips", "labels", "video_index", "view")
     DEFER_BYTES = 32 << 20  # a clip's decoded frames at most this: resized in the collate
+    # the words a clip's random resized crop and flip draw (their samplers' streams and counts)
+    _CROP_DRAWS = (("random_resized_crop", 40), ("flip", 1))
 
     def __init__(self, *, labels, clip_length, stride, crop_size, train, seed, device,
                  num_clips=4, num_crops=3, scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3),
@@ -169,7 +171,7 @@ class VideoTask(Task):
         one Philox pass on the producer, read by the decoding threads."""
         if not self.train:
             return None
-        reqs = [("clip", 1), ("random_resized_crop", 40), ("flip", 1)]
+        reqs = [("clip", 1), *self._CROP_DRAWS]
         if self.temporal_jitter > 0:
             reqs.append(("temporal_jitter", 1 + self.T))
         if self.color_jitter is not None:
@@ -243,8 +245,7 @@ class VideoTask(Task):
         (table,) = tables.values() if len(tables) == 1 else (None,)
         # the words of Task.ahead's table (one batch's: one table), else one pass for them
         with (_rnd.drawn_from(table) if table is not None else
-              _rnd.drawn_together(self.seed, epoch, kid, [("random_resized_crop", 40),
-                                                          ("flip", 1)])):  # fmt: skip
+              _rnd.drawn_together(self.seed, epoch, kid, self._CROP_DRAWS)):
             p = _aug.sample_resized_crop_params(self.seed, epoch, kid, hw[:, 0], hw[:, 1],
                                                 scale=self.scale, ratio=self.ratio)
             p["flip"] = _aug.sample_flip_params(self.seed, epoch, kid)["flip"]
