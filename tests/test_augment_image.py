@@ -534,6 +534,43 @@ def test_gpu_kernels_equal_cpu(monkeypatch, kernels):
 
 
 @pytest.mark.gpu
+def test_gpu_resized_crop_paths_agree(monkeypatch):
+    """The resized crop by the one-pass kernel (each item's taps computed in the kernel, a
+    following flip folded in) and by the two passes with host tables (what boxes past the
+    one-pass kernel's limits take): the folded flip is exactly the flip applied after the
+    crop, and the two paths agree within a level (uint8) / float rounding (float32); the
+    chain gives the same draws on both and agrees with numpy on both."""
+    from avpipe.ops import _image_kernels as IK
+
+    cp = _cp()
+    x = _clips(shape=(6, 3, 90, 160, 3))
+    xg = cp.asarray(x)
+    ids = np.arange(6)
+    p = I.sample_resized_crop_params(2, 0, ids, 90, 160)
+    f = I.sample_flip_params(2, 1, ids)
+    assert f["flip"].any() and not f["flip"].all()
+    got = {}
+    for path in ("direct", "two_pass"):
+        if path == "two_pass":
+            monkeypatch.setattr(IK, "_DIRECT_WORK", 0)
+        for dtype in (None, "float32"):
+            y, flipped = I._resized_crop(xg, p, 32, "bilinear", True, None, dtype)
+            assert not flipped
+            yf, flipped = I._resized_crop(xg, p, 32, "bilinear", True, None, dtype, f["flip"])
+            assert flipped == (path == "direct")
+            if flipped:
+                np.testing.assert_array_equal(cp.asnumpy(yf), cp.asnumpy(I.apply_flip(y, f)))
+            got[path, dtype] = cp.asnumpy(y).astype(np.float32)
+        chain = I.video_train_chain(32)
+        yc, ps = chain(xg, seed=5, epoch=1, return_params=True)
+        ref = chain.apply(x, [{k: cp.asnumpy(v) for k, v in q.items()} for q in ps])
+        d = np.abs(cp.asnumpy(yc) - ref)
+        assert d.max() < 4 / 255 / 0.224 and np.mean(d > 1e-3) < 1e-2, path
+    assert np.abs(got["direct", None] - got["two_pass", None]).max() <= 1
+    np.testing.assert_allclose(got["direct", "float32"], got["two_pass", "float32"], atol=0.01)
+
+
+@pytest.mark.gpu
 def test_gpu_chain_device_params_paths_agree():
     """The chain's one-copy path (params and tables uploaded together at sampling, applied
     without a copy) gives exactly what a replay from host params (copied at apply) gives, on

@@ -23,6 +23,7 @@ import pytest
 from cpp_kernels import build, ptx
 
 from avpipe.ops import _augment_kernels as K
+from avpipe.ops import _image_kernels as IK
 from avpipe.ops import image as IM
 from avpipe.ops import image_augment as I
 
@@ -304,6 +305,10 @@ class DevArray:
     def __len__(self):
         return len(self.a)
 
+    @property
+    def data(self):  # cupy's .data.ptr: the first element's address
+        return type("Pointer", (), {"ptr": self.a.ctypes.data})()
+
     def _view(self, v, what):
         if not np.shares_memory(v, self.a):
             LOG.ops.append(what)
@@ -404,10 +409,29 @@ class FakeCupy:
 
     class RawModule:
         def __init__(self, code, options=()):
-            assert code is K.SOURCE
+            assert code is K.SOURCE or code is IK._SOURCE
+            self.image = code is IK._SOURCE
 
         def get_function(self, name):
+            if self.image:  # the image kernels' launches: their numpy emulation, where the
+                return _image_launch(name)  # tests of those kernels keep it
             return lambda grid, block, args: _fake_launch(name, grid, block, args)
+
+
+def _image_launch(name):
+    """The one-pass items kernel of ``_image_kernels`` as ``test_ops_image_kernels`` emulates
+    it (its arguments checked there), on the fake device's arrays; logged as a launch."""
+    from test_ops_image_kernels import _fake_direct_items
+
+    if not name.startswith("avp_direct_items_"):
+        return None
+    emulated = _fake_direct_items(np.uint8 if name.endswith("_u8") else np.float32)
+
+    def launch(grid, block, args):
+        LOG.launches.append(name)
+        emulated(grid, block, [a.a if isinstance(a, DevArray) else a for a in args])
+
+    return launch
 
 
 def _fake_launch(name, grid, block, args):
@@ -496,9 +520,11 @@ def dev(lib, monkeypatch):
     monkeypatch.setattr(K, "_VECS", {})
     monkeypatch.delenv("AVPIPE_IMAGE_KERNELS", raising=False)
     K._kernels.cache_clear()
+    IK._kernels.cache_clear()
     LOG.clear()
     yield FakeCupy
     K._kernels.cache_clear()
+    IK._kernels.cache_clear()
 
 
 def _up(x):
@@ -511,12 +537,40 @@ def _norm_consts():
     return (1 / 255 / s).astype(np.float32), (-np.asarray(IM.IMAGENET_MEAN) / s).astype(np.float32)
 
 
+@pytest.fixture(params=["direct", "two_pass"])
+def crop_path(request, monkeypatch):
+    """The resized crop's launches on each path: the one-pass items kernel of
+    ``_image_kernels`` (emulated in numpy), or the two passes with host tables that it leaves
+    large downscales to (forced by allowing the one-pass kernel no taps)."""
+    if request.param == "two_pass":
+        monkeypatch.setattr(IK, "_DIRECT_WORK", 0)
+        return {"u8": ["avp_crop_hpass_u8", "avp_crop_vpass"],
+                "f32": ["avp_crop_hpass_f32", "avp_crop_vpass"], "copies": 0}  # fmt: skip
+    return {"u8": ["avp_direct_items_u8"], "f32": ["avp_direct_items_f32"], "copies": 1}
+
+
+def _crop_reference(x5, p, oh, ow, flip, two_pass, mode=K.MODE_U8):
+    """The resized crop as the chain's path launches it, run here: the two passes from whole
+    plans (:func:`resized_crop_cpu`), or the one-pass kernel's emulation per item (``flip``
+    folded in)."""
+    if two_pass:
+        return resized_crop_cpu(lib=FakeCupy.lib, x5=x5, p=p, oh=oh, ow=ow, mode=mode)
+    from test_ops_image_kernels import _emulate_direct
+
+    ab = np.array([1, 1, 1, 1, 0, 0, 0, 0], np.float32)
+    return np.stack([_emulate_direct(x5[b], p["height"][b], oh, 0, p["top"][b], oh,
+                                     p["width"][b], ow, 0, p["left"][b], ow, bool(flip[b]), 0,
+                                     1, 0, ab, mode) for b in range(x5.shape[0])])  # fmt: skip
+
+
 @pytest.mark.parametrize("layout", [None, "BTCHW", "images"])
-def test_video_chain_batch_costs_four_launches_one_copy_no_sync(dev, layout):
-    """video_train_chain on the device: the resized crop (2 launches), the gray means and the
-    fused flip + jitter + normalize (1 each), all the batch's parameters and tables in one
-    host -> device copy, no device -> host sync; the same parameters as the numpy path, the
-    result within its tolerances and equal to the kernels launched directly on those params."""
+def test_video_chain_batch_costs_few_launches_no_sync(dev, crop_path, layout):
+    """video_train_chain on the device: the resized crop (1 launch, with the flip folded in;
+    2 for boxes past the one-pass kernel), the gray means and the fused (flip +) jitter +
+    normalize (1 each); the batch's parameters (and the two passes' tables) in one host ->
+    device copy, the one-pass kernel's table of items in one more; no device -> host sync; the
+    same parameters as the numpy path, the result within its tolerances and equal to the
+    kernels launched directly on those params."""
     x = _clips(shape=(4, 3, 36, 64, 3))
     if layout == "BTCHW":
         x = np.ascontiguousarray(np.moveaxis(x, -1, 2))
@@ -529,9 +583,8 @@ def test_video_chain_batch_costs_four_launches_one_copy_no_sync(dev, layout):
     chain(xd, seed=2, epoch=0)  # warm: the normalize constants go up once per device
     LOG.clear()
     got, psd = chain(xd, seed=2, epoch=1, return_params=True)
-    assert LOG.launches == ["avp_crop_hpass_u8", "avp_crop_vpass", "avp_gray_mean_u8",
-                            "avp_pixels_u8"]  # fmt: skip
-    assert len(LOG.copies) == 1 and LOG.ops == [] and LOG.syncs == []
+    assert LOG.launches == crop_path["u8"] + ["avp_gray_mean_u8", "avp_pixels_u8"]
+    assert len(LOG.copies) == 1 + crop_path["copies"] and LOG.ops == [] and LOG.syncs == []
     assert isinstance(got, DevArray)
     for a, b in zip(ps, psd):  # the same draws, on the device
         assert a.keys() == b.keys()
@@ -544,18 +597,21 @@ def test_video_chain_batch_costs_four_launches_one_copy_no_sync(dev, layout):
     assert d.max() < 4 / 255 / 0.224 and np.mean(d > 1e-3) < 1e-2
     # exactly the kernels launched directly on these parameters (tables from whole plans)
     x5 = x if x.ndim == 5 and layout is None else (np.moveaxis(x, 2, -1) if layout else x[:, None])
-    y5 = resized_crop_cpu(lib=FakeCupy.lib, x5=x5, p=ps[0], oh=16, ow=16, mode=K.MODE_U8)
-    want = pixels_cpu(FakeCupy.lib, y5, flip=ps[1]["flip"], jitter=ps[2], round_u8=True,
-                      affine=_norm_consts(), nchw=True)  # fmt: skip
+    two = crop_path["copies"] == 0
+    y5 = _crop_reference(x5, ps[0], 16, 16, ps[1]["flip"], two)
+    want = pixels_cpu(FakeCupy.lib, y5, flip=ps[1]["flip"] if two else None, jitter=ps[2],
+                      round_u8=True, affine=_norm_consts(), nchw=True)  # fmt: skip
     np.testing.assert_array_equal(g, want[:, 0] if x.ndim == 4 else want)
-    # replay with the device params: nothing copied; with host params: their one copy per
-    # kernel group (tables, pixel params)
+    # replay with the device params: nothing copied but the items' table; with host params:
+    # their one copy per kernel group (tables, pixel params)
+    n = len(LOG.launches)
     LOG.clear()
     np.testing.assert_array_equal(chain.apply(xd, psd).a, g)
-    assert len(LOG.launches) == 4 and LOG.copies == [] and LOG.syncs == [] and LOG.ops == []
+    assert len(LOG.launches) == n and len(LOG.copies) == crop_path["copies"]
+    assert LOG.syncs == [] and LOG.ops == []
     LOG.clear()
     np.testing.assert_array_equal(chain.apply(xd, ps).a, g)
-    assert len(LOG.launches) == 4 and len(LOG.copies) == 2 and LOG.syncs == [] and LOG.ops == []
+    assert len(LOG.launches) == n and len(LOG.copies) == 2 and LOG.syncs == [] and LOG.ops == []
 
 
 def test_changed_device_params_are_read_again(dev):
@@ -577,23 +633,25 @@ def test_changed_device_params_are_read_again(dev):
     assert d.max() < 4 / 255 / 0.224 and np.mean(d > 1e-3) < 1e-2
 
 
-def test_single_ops_and_module_functions_on_the_device(dev):
-    """Each op alone: its params in one copy, its launches, no sync; results as numpy's."""
+def test_single_ops_and_module_functions_on_the_device(dev, crop_path):
+    """Each op alone: its params in one copy (a one-pass crop's table of items in one more),
+    its launches, no sync; results as numpy's."""
     x = _clips(shape=(5, 3, 23, 31, 3))
     xd = _up(x)
     I.Normalize().apply(xd, {})  # warm the constants
+    crop = crop_path["u8"]
     cases = [
         (I.RandomFlip(0.5), ["avp_pixels_u8"], 0),
         (I.ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.7), ["avp_gray_mean_u8", "avp_pixels_u8"], 1),
-        (I.RandomResizedCrop(16), ["avp_crop_hpass_u8", "avp_crop_vpass"], 1),
-        (I.RandomResizedCrop(16, dtype="float32", interpolation="bicubic"),
-         ["avp_crop_hpass_u8", "avp_crop_vpass"], 0.255),
-        (I.RandomResizedCrop(5, antialias=False), ["avp_crop_hpass_u8", "avp_crop_vpass"], 1),
+        (I.RandomResizedCrop(16), crop, 1),
+        (I.RandomResizedCrop(16, dtype="float32", interpolation="bicubic"), crop, 0.255),
+        (I.RandomResizedCrop(5, antialias=False), crop, 1),
     ]  # fmt: skip
     for op, launches, tol in cases:
         LOG.clear()
         y, p = op(xd, seed=3, epoch=2, return_params=True)
-        assert LOG.launches == launches and len(LOG.copies) == 1, (op, LOG.copies)
+        extra = crop_path["copies"] if isinstance(op, I.RandomResizedCrop) else 0
+        assert LOG.launches == launches and len(LOG.copies) == 1 + extra, (op, LOG.copies)
         assert LOG.syncs == [] and LOG.ops == []
         ref, pr = op(x, seed=3, epoch=2, return_params=True)
         assert p.keys() == pr.keys() and all(np.array_equal(p[k].a, pr[k]) for k in p)
@@ -608,7 +666,7 @@ def test_single_ops_and_module_functions_on_the_device(dev):
     p = I.sample_resized_crop_params(1, 0, np.arange(5), 23, 31, xp=FakeCupy)
     assert len(LOG.copies) == 1 and all(isinstance(v, DevArray) for v in p.values())
     y = I.apply_resized_crop(xd, p, 12)
-    assert len(LOG.copies) == 2 and len(LOG.launches) == 2 and LOG.syncs == []
+    assert len(LOG.copies) == 2 and LOG.launches == crop and LOG.syncs == []
     ref = I.apply_resized_crop(x, {k: v.a for k, v in p.items()}, 12)
     assert np.abs(y.a.astype(int) - ref).max() <= 1
     LOG.clear()
@@ -617,7 +675,7 @@ def test_single_ops_and_module_functions_on_the_device(dev):
     assert len(LOG.copies) == 1 and LOG.launches == ["avp_pixels_u8"] and LOG.syncs == []
 
 
-def test_float_input_and_nhwc_float16_out(dev):
+def test_float_input_and_nhwc_float16_out(dev, crop_path):
     xf = _clips(shape=(3, 2, 20, 28, 3), dtype=np.float32)
     chain = I.Chain([I.RandomResizedCrop(10), I.RandomFlip(), I.ColorJitter(0.3, 0.3, 0.3, 0.05),
                      I.Normalize(dtype="float16", out_layout="NHWC", scale=1.0)])  # fmt: skip
@@ -625,8 +683,8 @@ def test_float_input_and_nhwc_float16_out(dev):
     chain(_up(xf), seed=0)  # warm the normalize constants
     LOG.clear()
     got = chain(_up(xf), seed=1)
-    assert LOG.launches == ["avp_crop_hpass_f32", "avp_crop_vpass", "avp_gray_mean_f32",
-                            "avp_pixels_f32"]  # fmt: skip
-    assert LOG.ops == ["astype"] and len(LOG.copies) == 1 and LOG.syncs == []
+    assert LOG.launches == crop_path["f32"] + ["avp_gray_mean_f32", "avp_pixels_f32"]
+    assert LOG.ops == ["astype"] and len(LOG.copies) == 1 + crop_path["copies"]
+    assert LOG.syncs == []
     assert got.shape == ref.shape and got.dtype == ref.dtype == np.float16
     np.testing.assert_allclose(got.a.astype(np.float32), ref.astype(np.float32), atol=2e-3 * 5)

@@ -977,3 +977,28 @@ def test_boxes_of_clips_of_any_size_in_one_launch(fake_cupy):
     # a box the one-pass kernel leaves to the two passes: None (the caller goes clip by clip)
     assert K.resample_boxes([big.view(_FakeArr)], [(0, 0, 61, 83)], [False], 4, 4, "bilinear",
                             True, nchw=True, mode=K.MODE_F32) is None  # fmt: skip
+
+
+def test_boxes_of_a_batch_in_one_launch(fake_cupy):
+    """``resample_boxes`` over one ``[B, T, H, W, C]`` array (the clip chain's resized crop:
+    each item's address from the batch's, no view of it), any strides: uint8 rounded once
+    (``round_mid=False``) equals ``apply_resized_crop``'s numpy reference within a level,
+    float32 within float rounding, and a flip mirrors the columns."""
+    from avpipe.ops import image_augment as A
+
+    x = np.stack([_picture(3, 45, 80, seed=s) for s in range(4)])  # [4, 3, 45, 80, 3]
+    p = A.sample_resized_crop_params(7, 0, np.arange(4), 45, 80)
+    boxes = list(zip(*(p[k].tolist() for k in ("top", "left", "height", "width"))))
+    flips = [False, True, False, True]
+    for v in (x, np.moveaxis(np.ascontiguousarray(np.moveaxis(x, -1, 2)), 2, -1)):  # strided
+        for mode, dtype in ((K.MODE_U8, None), (K.MODE_F32, "float32")):
+            ref = A.apply_resized_crop(x, p, (24, 30), dtype=dtype)
+            fake_cupy.launches = []
+            got = K.resample_boxes(v.view(_FakeArr), boxes, flips, 24, 30, "bilinear", True,
+                                   mode=mode, nchw=False, round_mid=False)  # fmt: skip
+            assert fake_cupy.launches == ["items"]
+            assert got.shape == ref.shape == (4, 3, 24, 30, 3) and got.dtype == ref.dtype
+            got = np.asarray(got)
+            got[1::2] = got[1::2, :, :, ::-1]  # the flipped items mirrored back
+            d = np.abs(got.astype(np.float32) - ref.astype(np.float32))
+            assert d.max() <= (1 if mode == K.MODE_U8 else 1e-3), d.max()

@@ -3,7 +3,8 @@
 The numpy code of :mod:`avpipe.ops.image_augment` is the reference; these kernels compute the
 same float32 arithmetic per element, in a handful of launches per batch:
 
-* **resized crop** (two launches for the whole batch): a horizontal pass reads each clip's crop
+* **resized crop** (two launches for the whole batch; used for the boxes that the one-pass
+  kernel of :mod:`avpipe.ops._image_kernels` cannot take, large downscales): a horizontal pass reads each clip's crop
   of the input in place (uint8 or float32, any strides) into a float32 intermediate of the rows
   the vertical taps touch, then a vertical pass writes ``[B, T, oh, ow, C]`` (float32, or uint8
   rounded half up once). Each item has its own sparse tap tables (the axes of

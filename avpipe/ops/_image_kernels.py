@@ -852,36 +852,49 @@ def _direct(cupy, kern, xb, geometry, out_h, out_w, rows, cols, interpolation, a
 
 
 def resample_boxes(clips, boxes, flips, out_h: int, out_w: int, interpolation: str,
-                   antialias: bool, *, mode: int, nchw: bool, a=None, b=None):
-    """The one-pass kernel over cupy ``clips`` (each ``[N, H, W, C]``, the same ``N``, ``C``
-    and dtype; any sizes and strides), clip ``i``'s ``boxes[i]`` (top, left, height, width)
-    resized to ``out_h x out_w``, mirrored where ``flips[i]``: one launch and one small copy
-    for all of them. Returns ``[B, N, C, out_h, out_w]`` (``nchw``) or ``[B, N, out_h, out_w,
-    C]``, or None where the kernels are unavailable or a box needs the two passes (then the
-    caller resizes the clips one by one)."""
+                   antialias: bool, *, mode: int, nchw: bool, a=None, b=None, round_mid=None):
+    """The one-pass kernel over cupy ``clips`` (a list of ``[N, H, W, C]`` clips, the same
+    ``N``, ``C`` and dtype, any sizes and strides; or one ``[B, N, H, W, C]`` array), clip
+    ``i``'s ``boxes[i]`` (top, left, height, width) resized to ``out_h x out_w``, mirrored where
+    ``flips[i]``: one launch and one small copy for all of them. ``round_mid``: round the
+    first pass to uint8 levels (PIL's 8-bit two passes; by default in the uint8 mode, whose
+    output is otherwise the float sums rounded once). Returns ``[B, N, C, out_h, out_w]``
+    (``nchw``) or ``[B, N, out_h, out_w, C]``, or None where the kernels are unavailable or a
+    box needs the two passes (then the caller resizes the clips one by one)."""
     import cupy
 
-    B = len(clips)
-    n, _, _, c = (int(v) for v in clips[0].shape)
-    device_id = int(clips[0].device.id)
-    kern = _kernels(device_id)
-    if kern is None or B == 0 or B > 65535:
+    if isinstance(clips, (list, tuple)):
+        B = len(clips)
+        first = clips[0] if B else None
+        items = [(x.data.ptr, x.shape, x.strides, x.dtype) for x in clips]
+    else:  # one batch: its items' addresses without a view of each
+        B, first = int(clips.shape[0]), clips
+        base, st0 = clips.data.ptr, clips.strides[0]
+        items = [(base + k * st0, clips.shape[1:], clips.strides[1:], clips.dtype)
+                 for k in range(B)]  # fmt: skip
+    if B == 0 or B > 65535:
         return None
-    dtype = clips[0].dtype
+    n, _, _, c = (int(v) for v in first.shape[-4:])
+    device_id = int(first.device.id)
+    kern = _kernels(device_id)
+    if kern is None:
+        return None
+    dtype = first.dtype
     if dtype != np.uint8 and dtype != np.float32:
         return None
     item = dtype.itemsize
     out_dtype = _OUT_DTYPE[mode]
     per = n * c * out_h * out_w * np.dtype(out_dtype).itemsize
     rows = []
-    for k, (x, (top, left, bh, bw), f) in enumerate(zip(clips, boxes, flips)):
-        shape, st = x.shape, x.strides
-        if (len(shape) != 4 or x.dtype != dtype or shape[0] != n or shape[3] != c
+    for k, ((ptr, shape, st, dt), (top, left, bh, bw), f) in enumerate(zip(items, boxes, flips)):
+        if (len(shape) != 4 or dt != dtype or shape[0] != n or shape[3] != c
                 or st[0] % item or st[1] % item or st[2] % item or st[3] % item
                 or not direct_fits(bh, out_h, bw, out_w, interpolation, antialias, c)):
             return None  # fmt: skip
-        rows.append([x.data.ptr, st[0] // item, st[1] // item, st[2] // item, st[3] // item, n,
+        rows.append([ptr, st[0] // item, st[1] // item, st[2] // item, st[3] // item, n,
                      bh, top, shape[1], bw, left, shape[2], bool(f), k * per])  # fmt: skip
+    if round_mid is None:
+        round_mid = mode == MODE_U8
     floats = _affine_args(a, b, c)
     with cupy.cuda.Device(device_id):
         shape = (B, n, c, out_h, out_w) if nchw else (B, n, out_h, out_w, c)
@@ -890,7 +903,7 @@ def resample_boxes(clips, boxes, flips, out_h: int, out_w: int, interpolation: s
             return out
         (table,) = upload_many(cupy, [np.array(rows, np.int64)])
         ints = np.array([c, out_h, out_h, out_w, out_w, interpolation == "bicubic",
-                         bool(antialias), mode == MODE_U8], np.int32)  # fmt: skip
+                         bool(antialias), bool(round_mid)], np.int32)  # fmt: skip
         tail = np.array([bool(nchw), mode], np.int32)
         k = kern["avp_direct_items_u8" if dtype == np.uint8 else "avp_direct_items_f32"]
         tiles = -(-out_h // _TILE) * -(-out_w // _TILE)

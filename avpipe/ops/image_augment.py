@@ -34,12 +34,15 @@ for float input, or given); uint8 input is computed in float32 and rounded once 
 
 On cupy (uint8 / float32, 3 channels) the resized crop, flip, colour jitter and normalize run
 as fused CUDA kernels (:mod:`avpipe.ops._augment_kernels`; the numpy code here is their
-reference): the resized crop in two launches for the batch (the crops read in place, per-item
-taps), flip / jitter / normalize in one launch each (the jitter plus one for the frames' gray
-means), and a :class:`Chain` runs a resized crop followed by flip, colour jitter and normalize
-ops as one run (their ``fuse``): four launches a batch. The parameters are drawn on the host
-(one vectorized Philox pass for all the run's streams) and go to the device in one copy with
-the crop's tap tables; the params dicts remember those host arrays, so applying them (or
+reference): the resized crop in one launch for the batch (the one-pass resize of
+:mod:`avpipe.ops._image_kernels`, each item's box read in place and its taps computed in the
+kernel; boxes past its limits take two launches with per-item host tap tables), flip / jitter /
+normalize in one launch each (the jitter plus one for the frames' gray means), and a
+:class:`Chain` runs a resized crop followed by flip, colour jitter and normalize ops as one run
+(their ``fuse``): the flip folded into the crop's launch, then one for the gray means and one
+for the pixels, three launches a batch. The parameters are drawn on the host (one vectorized
+Philox pass for all the run's streams) and go to the device in one copy (with the crop's tap
+tables where it needs them); the params dicts remember those host arrays, so applying them (or
 replaying them) never reads the device back and never waits for it. ``AVPIPE_IMAGE_KERNELS=0``:
 the array-module path.
 
@@ -60,6 +63,7 @@ import numpy as np
 from .._validate import check_choice
 from ..device import array_module, upload_many
 from . import _augment_kernels as _ak
+from . import _image_kernels as _ik
 from . import _image_resize as _rs
 from . import random as R
 from ._augment_base import (
@@ -210,6 +214,15 @@ def _hostv(params, key):
     return params.host(key) if isinstance(params, _DeviceParams) else host(params[key])
 
 
+def _known_on_host(params, key):
+    """``params[key]`` on the host if that needs no device -> host copy, else None."""
+    if isinstance(params, _DeviceParams):
+        d, h = params._host.get(key, (None, None))
+        return h if d is not None and params.get(key) is d else None
+    v = params[key]
+    return None if hasattr(v, "__cuda_array_interface__") else np.asarray(v)
+
+
 def _to_xp(xp, params: dict):
     """A params dict of host arrays on ``xp``: itself (numpy) or a :class:`_DeviceParams` of one
     copy for all its arrays (to the current device)."""
@@ -319,11 +332,20 @@ def apply_resized_crop(x, params, size, *, interpolation="bilinear", antialias=T
     :func:`avpipe.ops.image.crop` on float input (the same taps: ``antialias=True`` PIL's
     filters, ``False`` torch's ``interpolate``), within float32 rounding. All items at once:
     out = Ry[b] @ frame @ Rx[b]^T with per-item dense weight matrices (the crop is their
-    nonzero columns): two batched GEMMs over the items, no per-item device work. cupy: two
-    kernel launches with per-item sparse taps reading the crops in place (within 1e-3 of the
-    value range of numpy on float output, 1 level on uint8; the taps' copy to the device is
-    skipped for params a :class:`RandomResizedCrop` drew: they went up with them). uint8 in ->
-    uint8 out (rounded once), else float32; ``dtype`` overrides."""
+    nonzero columns): two batched GEMMs over the items, no per-item device work. cupy: one
+    launch of the one-pass kernel for the batch, each item's taps computed in the kernel
+    (:func:`avpipe.ops._image_kernels.resample_boxes`); boxes past its limits (large
+    downscales) take two launches with per-item sparse taps from the host (their copy to the
+    device skipped for params a :class:`RandomResizedCrop` drew: they went up with them).
+    Either reads the crops in place, within 1e-3 of the value range of numpy on float output,
+    1 level on uint8. uint8 in -> uint8 out (rounded once), else float32; ``dtype``
+    overrides."""
+    return _resized_crop(x, params, size, interpolation, antialias, layout, dtype)[0]
+
+
+def _resized_crop(x, params, size, interpolation, antialias, layout, dtype, flip=None):
+    """:func:`apply_resized_crop`, and ``flip`` (host bool [B], or None) folded into the
+    one-pass kernel where it takes the batch: returns ``(y, whether y is flipped)``."""
     if interpolation not in ("bilinear", "bicubic"):
         raise ValueError(f"interpolation must be 'bilinear' or 'bicubic', got {interpolation!r}")
     xp, x5, layout = _canon(x, layout)
@@ -332,18 +354,21 @@ def apply_resized_crop(x, params, size, *, interpolation="bilinear", antialias=T
     top, left, hh, ww = (_hostv(params, k) for k in ("top", "left", "height", "width"))
     if ((top < 0) | (left < 0) | (top + hh > H) | (left + ww > W) | (hh <= 0) | (ww <= 0)).any():
         raise ValueError(f"crop boxes must lie inside the {H}x{W} frames")
-    if _kernel_ok(x5, 0):  # cupy: two launches for the batch, reading the crops in place
-        dt = np.dtype(np.uint8 if x5.dtype == np.uint8 else np.float32)
-        dt = np.dtype(dtype) if dtype is not None else dt
+    if _kernel_ok(x5, 0):  # cupy: one launch for the batch (two past the one-pass kernel's
+        dt = np.dtype(np.uint8 if x5.dtype == np.uint8 else np.float32)  # limits), reading
+        dt = np.dtype(dtype) if dtype is not None else dt  # the crops in place
         mode = _ak.MODE_U8 if dt == np.uint8 else _ak.MODE_F32
-        tag = _crop_tag(oh, ow, interpolation, antialias)
-        got = params.stashed(tag) if isinstance(params, _DeviceParams) else None
-        if got is not None:  # the tables went up with the params
-            y = _ak.crop_launch(x5, *got, oh, ow, mode=mode)
-        else:
-            y = _ak.resized_crop(x5, top, left, hh, ww, oh, ow, interpolation, bool(antialias),
-                                 mode=mode)  # fmt: skip
-        return _back(xp, y if y.dtype == dt else y.astype(dt), layout)
+        y = _crop_direct(x5, (top, left, hh, ww), flip, oh, ow, interpolation, antialias, mode)
+        flipped = y is not None and flip is not None
+        if y is None:
+            tag = _crop_tag(oh, ow, interpolation, antialias)
+            got = params.stashed(tag) if isinstance(params, _DeviceParams) else None
+            if got is not None:  # the tables went up with the params
+                y = _ak.crop_launch(x5, *got, oh, ow, mode=mode)
+            else:
+                y = _ak.resized_crop(x5, top, left, hh, ww, oh, ow, interpolation,
+                                     bool(antialias), mode=mode)  # fmt: skip
+        return _back(xp, y if y.dtype == dt else y.astype(dt), layout), flipped
     ry = xp.asarray(_crop_matrices(top, hh, H, oh, interpolation, bool(antialias)))
     rxt = xp.asarray(np.ascontiguousarray(
         _crop_matrices(left, ww, W, ow, interpolation, bool(antialias)).transpose(0, 2, 1)))
@@ -360,7 +385,28 @@ def apply_resized_crop(x, params, size, *, interpolation="bilinear", antialias=T
         t = xp.ascontiguousarray(xp.transpose(t, (0, 2, 1, 3))).reshape(B, H, T * C * ow)
         y = xp.matmul(ry, t).reshape(B, oh, T, C, ow)
         y = xp.transpose(y, (0, 2, 1, 4, 3))
-    return _back(xp, xp.ascontiguousarray(_finish(xp, y, x5.dtype, dtype)), layout)
+    return _back(xp, xp.ascontiguousarray(_finish(xp, y, x5.dtype, dtype)), layout), False
+
+
+def _direct_ok(heights, widths, oh, ow, interpolation, antialias, c) -> bool:
+    """Whether every box of these sizes goes to the one-pass kernel (no host tap tables)."""
+    fits = _ik.direct_fits
+    return c <= 4 and all(fits(int(h), oh, int(w), ow, interpolation, antialias, c)
+                          for h, w in zip(heights, widths))  # fmt: skip
+
+
+def _crop_direct(x5, box, flip, oh, ow, interpolation, antialias, mode):
+    """cupy ``x5`` ``[B, T, H, W, C]``: each item's box (host ``top, left, height, width``
+    [B]) resized to ``oh x ow`` and mirrored where ``flip`` (host bool [B] or None) by one
+    launch of the one-pass kernel, float32 (``MODE_F32``) or uint8 rounded once
+    (``MODE_U8``), ``[B, T, oh, ow, C]``; None where a box needs the two passes."""
+    if x5.shape[-1] > 4 or not _ik.enabled():
+        return None
+    B = int(x5.shape[0])
+    boxes = list(zip(*(np.asarray(v, np.int64).reshape(-1).tolist() for v in box)))
+    flips = [False] * B if flip is None else np.asarray(flip, bool).reshape(-1).tolist()
+    return _ik.resample_boxes(x5, boxes, flips, oh, ow, interpolation, bool(antialias),
+                              mode=mode, nchw=False, round_mid=False)  # fmt: skip
 
 
 def random_resized_crop(x, size, *, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), seed=0,
@@ -400,7 +446,6 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, **kwargs):
     numpy: one call per clip (the reference). cupy: every clip in one launch of the one-pass
     kernel (:func:`avpipe.ops._image_kernels.resample_boxes`) where its boxes fit it; else one
     call per clip."""
-    from . import _image_kernels as _ik
     from .image import _affine, _check_box, _check_interp, _dtype, resize_crop_normalize
 
     if isinstance(x, (list, tuple)):
@@ -874,11 +919,19 @@ def _pixel_ops(x, ops, params):
 def _clip_ops(x, ops, params):
     """:class:`Chain`'s ``fuse`` of a run of :class:`RandomResizedCrop` (first, if there),
     :class:`RandomFlip`, :class:`ColorJitter` and :class:`Normalize`: on cupy the resized crop
-    (two launches) then the pixel ops in one pass (:func:`_pixel_ops`), their device inputs
-    already uploaded by :func:`_sample_run` (no copy, no sync); otherwise the ops in turn."""
+    (one launch, with a flip that follows it) then the pixel ops in one pass
+    (:func:`_pixel_ops`), their device inputs already uploaded by :func:`_sample_run` (no copy,
+    no sync); otherwise the ops in turn."""
     if isinstance(ops[0], RandomResizedCrop):
-        x = ops[0].apply(x, params[0])
+        crop, p = ops[0], params[0]
         ops, params = ops[1:], params[1:]
+        flip = None  # a flip right after the crop (the same layout) folded into its kernel,
+        if ops and type(ops[0]) is RandomFlip and ops[0].layout == crop.layout:  # when its
+            flip = _known_on_host(params[0], "flip")  # values are known without a read back
+        x, flipped = _resized_crop(x, p, crop.size, crop.interpolation, crop.antialias,
+                                   crop.layout, crop.dtype, flip)  # fmt: skip
+        if flipped:
+            ops, params = ops[1:], params[1:]
     return _pixel_ops(x, ops, params) if ops else x
 
 
@@ -930,9 +983,11 @@ def _draw(x, ops, seed, epoch, ids):
         if isinstance(op, RandomResizedCrop):
             _, xr, _ = _canon(x, op.layout)
             hosts.append(_rrc_boxes(w[0], xr.shape[2], xr.shape[3], op.scale, op.ratio))
-            if xp is not np and op.interpolation in ("bilinear", "bicubic") and _kernel_ok(xr, 0):
-                oh, ow = _size(op.size)
-                hp = hosts[-1]
+            oh, ow = _size(op.size)
+            hp = hosts[-1]
+            if (xp is not np and op.interpolation in ("bilinear", "bicubic") and _kernel_ok(xr, 0)
+                    and not _direct_ok(hp["height"], hp["width"], oh, ow, op.interpolation,
+                                       op.antialias, int(xr.shape[-1]))):  # fmt: skip
                 crops[i] = (_crop_tag(oh, ow, op.interpolation, op.antialias),
                             *_ak.crop_tables(hp["top"], hp["left"], hp["height"], hp["width"],
                                              oh, ow, op.interpolation, op.antialias))  # fmt: skip
