@@ -16,13 +16,11 @@ from avpipe.ops import _resample as R
 PRELUDE = ELEMENTWISE_PRELUDE
 
 LAUNCHER = r"""
-extern "C" void run(long long total, const float* x, long long n_in, const long long* lens,
-        const int* up, const int* down, const int* half, const int* ktaps, const long long* toff,
-        const float* taps, const long long* n_out, float* out, long long width) {
+extern "C" void run(long long total, const float* x, long long n_in, const long long* rows,
+        const float* taps, float* out, long long width) {
     blockDim.x = 1; threadIdx.x = 0;
     for (long long t = 0; t < total; ++t) { blockIdx.x = (unsigned)t;
-        avpipe_resample_rows(x, n_in, lens, up, down, half, ktaps, toff, taps, n_out, out,
-                             width, total); }
+        avpipe_resample_rows(x, n_in, rows, taps, out, width, total); }
 }
 """
 
@@ -47,12 +45,11 @@ def run_cpu(lib, x, lens, rates, target, quality):
     width = int(new.max())
     pairs = tuple(sorted({(int(u), int(d)) for u, d in zip(up, down)}))
     taps, meta = R.table(pairs, quality)
-    args = R.row_args(lens, up, down, new, meta)
+    rows = R.row_args(lens, up, down, new, meta)
+    assert rows.shape == (B, 7) and rows.dtype == np.int64 and rows.flags.c_contiguous
     out = np.full((B, width), np.nan, np.float32)
-    ln, u, d, half, kt, toff, n_out = args
     I64 = ctypes.c_longlong
-    lib.run(I64(B * width), _p(x), I64(n), _p(ln), _p(u), _p(d), _p(half), _p(kt), _p(toff),
-            _p(taps), _p(n_out), _p(out), I64(width))
+    lib.run(I64(B * width), _p(x), I64(n), _p(rows), _p(taps), _p(out), I64(width))
     return out, new
 
 

@@ -692,13 +692,19 @@ def direct_fits(y_in, out_h, x_in, out_w, interpolation, antialias, c) -> bool:
     and the input rows that a tile's 16 output rows read fit its shared memory
     (``_DIRECT_ROWS``). ``_DIRECT_WORK`` bounds the taps per pixel (the two passes are left
     the large filters)."""
+    return _fits(int(y_in), int(out_h), int(x_in), int(out_w), interpolation, bool(antialias),
+                 int(c), _DIRECT_WORK, _DIRECT_ROWS)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=8192)
+def _fits(y_in, out_h, x_in, out_w, interpolation, antialias, c, work, max_rows) -> bool:
+    """:func:`direct_fits` (cached: a batch of random crops meets a few hundred box sizes)."""
     if min(y_in, out_h, x_in, out_w) < 1:
         return False
     ty = axis_taps_bound(y_in, out_h, interpolation, antialias)
     tx = axis_taps_bound(x_in, out_w, interpolation, antialias)
     rows = math.ceil((_TILE - 1) * y_in / out_h) + ty + 2  # the centres' spread, the taps
-    return (c <= 4 and max(ty, tx) <= MAX_DIRECT_TAPS and ty * tx <= _DIRECT_WORK
-            and rows <= _DIRECT_ROWS)  # fmt: skip
+    return c <= 4 and max(ty, tx) <= MAX_DIRECT_TAPS and ty * tx <= work and rows <= max_rows
 
 
 def resample(

@@ -220,12 +220,13 @@ def table(pairs, quality):
 
 
 def row_args(lens, up, down, new, meta):
-    """The kernel's per-row host arrays: lens, up, down, half, ktaps, toff, n_out."""
+    """The kernel's per-row table: int64 ``[B, 7]``, each row its length, up, down, half width
+    ``W``, taps per phase ``K``, taps' offset and output length."""
     up, down = np.asarray(up).reshape(-1), np.asarray(down).reshape(-1)
-    rows = [meta[p] for p in zip(up.tolist(), down.tolist())]  # (Python ints: no numpy scalars)
-    return (np.asarray(lens, np.int64), up.astype(np.int32), down.astype(np.int32),
-            np.array([r[1] for r in rows], np.int32), np.array([r[2] for r in rows], np.int32),
-            np.array([r[0] for r in rows], np.int64), np.asarray(new, np.int64))
+    m = np.array([meta[p] for p in zip(up.tolist(), down.tolist())], np.int64).reshape(-1, 3)
+    return np.stack([np.asarray(lens, np.int64).reshape(-1), up.astype(np.int64),
+                     down.astype(np.int64), m[:, 1], m[:, 2], m[:, 0],
+                     np.asarray(new, np.int64).reshape(-1)], axis=1)  # fmt: skip
 
 
 class _TapBank:
@@ -273,18 +274,15 @@ def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
     B, n = x.shape
     pairs = set(zip(np.asarray(up).tolist(), np.asarray(down).tolist()))
     banked = _bank(cupy.cuda.Device().id, quality).get(cupy, pairs)  # taps on the device
-    if banked is not None:  # the seven per-row arrays in one host-to-device copy
+    if banked is not None:  # the per-row table in one host-to-device copy
         taps, meta = banked
-        ln, u, d, half, ktaps, toff, n_out = upload_many(cupy, row_args(lens, up, down, new,
-                                                                          meta))
+        (rows,) = upload_many(cupy, [row_args(lens, up, down, new, meta)])
     else:  # many distinct rates: this batch's taps travel with its rows, in one copy
         host, meta = table(tuple(sorted(pairs)), quality)
-        ln, u, d, half, ktaps, toff, n_out, taps = upload_many(
-            cupy, [*row_args(lens, up, down, new, meta), host])
+        rows, taps = upload_many(cupy, [row_args(lens, up, down, new, meta), host])
     out = cupy.empty((B, int(width)), cupy.float32)
     total = B * int(width)
     threads = 256
     _kernel(cupy.cuda.Device().id)(((total + threads - 1) // threads,), (threads,),
-                  (x, np.int64(n), ln, u, d, half, ktaps, toff, taps, n_out, out,
-                   np.int64(width), np.int64(total)))
+                  (x, np.int64(n), rows, taps, out, np.int64(width), np.int64(total)))
     return out
