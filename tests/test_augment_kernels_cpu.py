@@ -545,8 +545,8 @@ def crop_path(request, monkeypatch):
     if request.param == "two_pass":
         monkeypatch.setattr(IK, "_DIRECT_WORK", 0)
         return {"u8": ["avp_crop_hpass_u8", "avp_crop_vpass"],
-                "f32": ["avp_crop_hpass_f32", "avp_crop_vpass"], "copies": 0}  # fmt: skip
-    return {"u8": ["avp_direct_items_u8"], "f32": ["avp_direct_items_f32"], "copies": 1}
+                "f32": ["avp_crop_hpass_f32", "avp_crop_vpass"], "two_pass": True}  # fmt: skip
+    return {"u8": ["avp_direct_items_u8"], "f32": ["avp_direct_items_f32"], "two_pass": False}
 
 
 def _crop_reference(x5, p, oh, ow, flip, two_pass, mode=K.MODE_U8):
@@ -567,10 +567,10 @@ def _crop_reference(x5, p, oh, ow, flip, two_pass, mode=K.MODE_U8):
 def test_video_chain_batch_costs_few_launches_no_sync(dev, crop_path, layout):
     """video_train_chain on the device: the resized crop (1 launch, with the flip folded in;
     2 for boxes past the one-pass kernel), the gray means and the fused (flip +) jitter +
-    normalize (1 each); the batch's parameters (and the two passes' tables) in one host ->
-    device copy, the one-pass kernel's table of items in one more; no device -> host sync; the
-    same parameters as the numpy path, the result within its tolerances and equal to the
-    kernels launched directly on those params."""
+    normalize (1 each); the batch's parameters and the crop's tables (the one-pass kernel's
+    table of items, or the two passes' taps) in one host -> device copy; no device -> host
+    sync; the same parameters as the numpy path, the result within its tolerances and equal to
+    the kernels launched directly on those params."""
     x = _clips(shape=(4, 3, 36, 64, 3))
     if layout == "BTCHW":
         x = np.ascontiguousarray(np.moveaxis(x, -1, 2))
@@ -584,7 +584,7 @@ def test_video_chain_batch_costs_few_launches_no_sync(dev, crop_path, layout):
     LOG.clear()
     got, psd = chain(xd, seed=2, epoch=1, return_params=True)
     assert LOG.launches == crop_path["u8"] + ["avp_gray_mean_u8", "avp_pixels_u8"]
-    assert len(LOG.copies) == 1 + crop_path["copies"] and LOG.ops == [] and LOG.syncs == []
+    assert len(LOG.copies) == 1 and LOG.ops == [] and LOG.syncs == []
     assert isinstance(got, DevArray)
     for a, b in zip(ps, psd):  # the same draws, on the device
         assert a.keys() == b.keys()
@@ -597,18 +597,20 @@ def test_video_chain_batch_costs_few_launches_no_sync(dev, crop_path, layout):
     assert d.max() < 4 / 255 / 0.224 and np.mean(d > 1e-3) < 1e-2
     # exactly the kernels launched directly on these parameters (tables from whole plans)
     x5 = x if x.ndim == 5 and layout is None else (np.moveaxis(x, 2, -1) if layout else x[:, None])
-    two = crop_path["copies"] == 0
+    two = crop_path["two_pass"]
     y5 = _crop_reference(x5, ps[0], 16, 16, ps[1]["flip"], two)
     want = pixels_cpu(FakeCupy.lib, y5, flip=ps[1]["flip"] if two else None, jitter=ps[2],
                       round_u8=True, affine=_norm_consts(), nchw=True)  # fmt: skip
     np.testing.assert_array_equal(g, want[:, 0] if x.ndim == 4 else want)
-    # replay with the device params: nothing copied but the items' table; with host params:
-    # their one copy per kernel group (tables, pixel params)
+    # replay with the device params: nothing copied; with host params: their one copy per
+    # kernel group (tables, pixel params); on other data: the crop's table of items again
     n = len(LOG.launches)
     LOG.clear()
     np.testing.assert_array_equal(chain.apply(xd, psd).a, g)
-    assert len(LOG.launches) == n and len(LOG.copies) == crop_path["copies"]
-    assert LOG.syncs == [] and LOG.ops == []
+    assert len(LOG.launches) == n and LOG.copies == [] and LOG.syncs == [] and LOG.ops == []
+    LOG.clear()
+    np.testing.assert_array_equal(chain.apply(_up(x), psd).a, g)
+    assert len(LOG.copies) == (0 if two else 1) and LOG.syncs == [] and LOG.ops == []
     LOG.clear()
     np.testing.assert_array_equal(chain.apply(xd, ps).a, g)
     assert len(LOG.launches) == n and len(LOG.copies) == 2 and LOG.syncs == [] and LOG.ops == []
@@ -634,8 +636,8 @@ def test_changed_device_params_are_read_again(dev):
 
 
 def test_single_ops_and_module_functions_on_the_device(dev, crop_path):
-    """Each op alone: its params in one copy (a one-pass crop's table of items in one more),
-    its launches, no sync; results as numpy's."""
+    """Each op alone: its params (and a crop's tables) in one copy, its launches, no sync;
+    results as numpy's."""
     x = _clips(shape=(5, 3, 23, 31, 3))
     xd = _up(x)
     I.Normalize().apply(xd, {})  # warm the constants
@@ -650,8 +652,7 @@ def test_single_ops_and_module_functions_on_the_device(dev, crop_path):
     for op, launches, tol in cases:
         LOG.clear()
         y, p = op(xd, seed=3, epoch=2, return_params=True)
-        extra = crop_path["copies"] if isinstance(op, I.RandomResizedCrop) else 0
-        assert LOG.launches == launches and len(LOG.copies) == 1 + extra, (op, LOG.copies)
+        assert LOG.launches == launches and len(LOG.copies) == 1, (op, LOG.copies)
         assert LOG.syncs == [] and LOG.ops == []
         ref, pr = op(x, seed=3, epoch=2, return_params=True)
         assert p.keys() == pr.keys() and all(np.array_equal(p[k].a, pr[k]) for k in p)
@@ -684,7 +685,6 @@ def test_float_input_and_nhwc_float16_out(dev, crop_path):
     LOG.clear()
     got = chain(_up(xf), seed=1)
     assert LOG.launches == crop_path["f32"] + ["avp_gray_mean_f32", "avp_pixels_f32"]
-    assert LOG.ops == ["astype"] and len(LOG.copies) == 1 + crop_path["copies"]
-    assert LOG.syncs == []
+    assert LOG.ops == ["astype"] and len(LOG.copies) == 1 and LOG.syncs == []
     assert got.shape == ref.shape and got.dtype == ref.dtype == np.float16
     np.testing.assert_allclose(got.a.astype(np.float32), ref.astype(np.float32), atol=2e-3 * 5)

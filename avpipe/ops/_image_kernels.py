@@ -869,6 +869,22 @@ def resample_boxes(clips, boxes, flips, out_h: int, out_w: int, interpolation: s
     box needs the two passes (then the caller resizes the clips one by one)."""
     import cupy
 
+    got = box_items(clips, boxes, flips, out_h, out_w, interpolation, antialias, mode=mode)
+    if got is None:
+        return None
+    rows, geometry = got
+    with cupy.cuda.Device(geometry[4]):
+        (table,) = upload_many(cupy, [rows])
+    return launch_boxes(table, geometry, out_h, out_w, interpolation, antialias, mode=mode,
+                        nchw=nchw, a=a, b=b, round_mid=round_mid)  # fmt: skip
+
+
+def box_items(clips, boxes, flips, out_h: int, out_w: int, interpolation: str, antialias: bool,
+              *, mode: int):  # fmt: skip
+    """:func:`resample_boxes`' table of items (host int64 ``[B, 14]``: each clip's address,
+    strides, geometry, flip and output offset) and ``geometry = (B, N, C, dtype, device id)``;
+    None where it cannot take the clips. The table holds the clips' addresses: it is valid
+    for these arrays only."""
     if isinstance(clips, (list, tuple)):
         B = len(clips)
         first = clips[0] if B else None
@@ -882,15 +898,13 @@ def resample_boxes(clips, boxes, flips, out_h: int, out_w: int, interpolation: s
         return None
     n, _, _, c = (int(v) for v in first.shape[-4:])
     device_id = int(first.device.id)
-    kern = _kernels(device_id)
-    if kern is None:
+    if _kernels(device_id) is None:
         return None
     dtype = first.dtype
     if dtype != np.uint8 and dtype != np.float32:
         return None
     item = dtype.itemsize
-    out_dtype = _OUT_DTYPE[mode]
-    per = n * c * out_h * out_w * np.dtype(out_dtype).itemsize
+    per = n * c * out_h * out_w * np.dtype(_OUT_DTYPE[mode]).itemsize
     rows = []
     for k, ((ptr, shape, st, dt), (top, left, bh, bw), f) in enumerate(zip(items, boxes, flips)):
         if (len(shape) != 4 or dt != dtype or shape[0] != n or shape[3] != c
@@ -899,19 +913,29 @@ def resample_boxes(clips, boxes, flips, out_h: int, out_w: int, interpolation: s
             return None  # fmt: skip
         rows.append([ptr, st[0] // item, st[1] // item, st[2] // item, st[3] // item, n,
                      bh, top, shape[1], bw, left, shape[2], bool(f), k * per])  # fmt: skip
+    return np.array(rows, np.int64), (B, n, c, dtype, device_id)
+
+
+def launch_boxes(table, geometry, out_h: int, out_w: int, interpolation: str, antialias: bool,
+                 *, mode: int, nchw: bool, a=None, b=None, round_mid=None):  # fmt: skip
+    """The one launch of :func:`resample_boxes` for a table of items already on the device
+    (:func:`box_items`' rows and geometry)."""
+    import cupy
+
+    B, n, c, dtype, device_id = geometry
     if round_mid is None:
         round_mid = mode == MODE_U8
     floats = _affine_args(a, b, c)
     with cupy.cuda.Device(device_id):
         shape = (B, n, c, out_h, out_w) if nchw else (B, n, out_h, out_w, c)
-        out = cupy.empty(shape, dtype=out_dtype)
+        out = cupy.empty(shape, dtype=_OUT_DTYPE[mode])
         if out.size == 0:
             return out
-        (table,) = upload_many(cupy, [np.array(rows, np.int64)])
         ints = np.array([c, out_h, out_h, out_w, out_w, interpolation == "bicubic",
                          bool(antialias), bool(round_mid)], np.int32)  # fmt: skip
         tail = np.array([bool(nchw), mode], np.int32)
-        k = kern["avp_direct_items_u8" if dtype == np.uint8 else "avp_direct_items_f32"]
+        k = _kernels(device_id)["avp_direct_items_u8" if dtype == np.uint8 else
+                                "avp_direct_items_f32"]  # fmt: skip
         tiles = -(-out_h // _TILE) * -(-out_w // _TILE)
         k((tiles, min(-(-n // _FRAMES), 65535), B), (_TILE * _TILE, 1, 1),
           (table, *ints, *floats, *tail, out, np.int64(c * out_h * out_w)))

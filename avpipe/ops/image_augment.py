@@ -358,7 +358,16 @@ def _resized_crop(x, params, size, interpolation, antialias, layout, dtype, flip
         dt = np.dtype(np.uint8 if x5.dtype == np.uint8 else np.float32)  # limits), reading
         dt = np.dtype(dtype) if dtype is not None else dt  # the crops in place
         mode = _ak.MODE_U8 if dt == np.uint8 else _ak.MODE_F32
-        y = _crop_direct(x5, (top, left, hh, ww), flip, oh, ow, interpolation, antialias, mode)
+        got = None
+        if isinstance(params, _DeviceParams):  # the table of items went up with the params
+            got = params.stashed(_items_tag(x5, oh, ow, interpolation, antialias, mode, flip))
+        if got is not None:
+            (table,), geometry = got
+            y = _ik.launch_boxes(table, geometry, oh, ow, interpolation, bool(antialias),
+                                 mode=mode, nchw=False, round_mid=False)  # fmt: skip
+        else:
+            y = _crop_direct(x5, (top, left, hh, ww), flip, oh, ow, interpolation, antialias,
+                             mode)  # fmt: skip
         flipped = y is not None and flip is not None
         if y is None:
             tag = _crop_tag(oh, ow, interpolation, antialias)
@@ -1001,6 +1010,11 @@ def _draw(x, ops, seed, epoch, ids):
             hosts.append({})
     if xp is np:
         return hosts
+    for i, op in enumerate(ops):  # the one-pass crops' tables of items (a flip after the
+        if isinstance(op, RandomResizedCrop) and i not in crops:  # crop folded in)
+            got = _items_ahead(x, ops, hosts, i)
+            if got is not None:
+                crops[i] = got
     arrays = [v for hp in hosts for v in hp.values()]
     for _, tables, _ in crops.values():
         arrays += tables
@@ -1010,6 +1024,43 @@ def _draw(x, ops, seed, epoch, ids):
     for i, (tag, tables, meta) in crops.items():
         out[i]._stash[tag] = (tuple(next(views) for _ in tables), meta)
     return out
+
+
+def _items_tag(x5, oh, ow, interpolation, antialias, mode, flip):
+    """The key of a one-pass crop's device table of items in its params' stash: the table
+    holds the input's address and geometry, the output and the flips."""
+    return ("crop_items", x5.data.ptr, tuple(x5.shape), tuple(x5.strides), x5.dtype.str,
+            int(oh), int(ow), interpolation, bool(antialias), mode,
+            None if flip is None else tuple(np.asarray(flip, bool).tolist()))  # fmt: skip
+
+
+def _crop_mode(op, x5):
+    dt = np.dtype(op.dtype) if op.dtype is not None else (
+        np.dtype(np.uint8) if x5.dtype == np.uint8 else np.dtype(np.float32))
+    return _ak.MODE_U8 if dt == np.uint8 else _ak.MODE_F32
+
+
+def _items_ahead(x, ops, hosts, i):
+    """``(tag, (table,), geometry)``: the table of items :func:`_resized_crop` will launch the
+    crop ``ops[i]`` with (its boxes ``hosts[i]``, the flips of a :class:`RandomFlip` right after
+    it, as :func:`_clip_ops` folds them), to go up with the params; None where the one-pass
+    kernel does not take it."""
+    op = ops[i]
+    _, x5, _ = _canon(x, op.layout)
+    oh, ow = _size(op.size)
+    if op.interpolation not in ("bilinear", "bicubic") or not _kernel_ok(x5, 0) or x5.shape[-1] > 4:
+        return None
+    nxt = ops[i + 1] if i + 1 < len(ops) else None
+    flip = hosts[i + 1]["flip"] if type(nxt) is RandomFlip and nxt.layout == op.layout else None
+    hp, B = hosts[i], int(x5.shape[0])
+    boxes = list(zip(*(hp[k].tolist() for k in ("top", "left", "height", "width"))))
+    flips = [False] * B if flip is None else flip.tolist()
+    mode = _crop_mode(op, x5)
+    got = _ik.box_items(x5, boxes, flips, oh, ow, op.interpolation, bool(op.antialias), mode=mode)
+    if got is None:
+        return None
+    return (_items_tag(x5, oh, ow, op.interpolation, op.antialias, mode, flip), (got[0],),
+            got[1])  # fmt: skip
 
 
 _clip_ops.sample = _sample_run
