@@ -34,6 +34,11 @@ Workloads (the same data for both; generated, no files):
     caches emptied before every batch (what a clip costs when its crop's tables are new; since
     the one-pass kernel computes its taps itself, only crops it leaves to the two passes
     build tables).
+  - ``avpipe_video_recipe_jitter``: the recipe's stack with its ``color_jitter`` on
+    (brightness, contrast, saturation 0.4, hue 0.1), as it runs on a GPU: the batch's crops in
+    one launch in the collate, then the jitter and the normalize in one pass (plus the frames'
+    gray means). ``dali_video_recipe_jitter``: ``dali_video_recipe`` with ``dali_video``'s
+    ``fn.color_twist`` before the mirror and normalize.
   - ``dali_video``: external source of sequences (``FHWC``) -> ``fn.random_resized_crop`` ->
     ``fn.flip(horizontal=coin)`` -> ``fn.color_twist`` (brightness, contrast, saturation, hue
     in degrees; fixed order) -> ``fn.crop_mirror_normalize`` (``FCHW``, float).
@@ -66,7 +71,7 @@ import numpy as np  # noqa: E402
 SR = 16000
 CONTENDERS = ["avpipe_audio", "dali_audio", "avpipe_video", "avpipe_video_recipe",
               "avpipe_video_recipe_per_clip", "avpipe_video_recipe_cold", "dali_video",
-              "dali_video_recipe"]
+              "dali_video_recipe", "avpipe_video_recipe_jitter", "dali_video_recipe_jitter"]
 
 
 def log(*a):
@@ -187,7 +192,14 @@ def bench_avpipe_video_recipe_per_clip(args):
     return bench_avpipe_video_recipe(args, defer_bytes=0)
 
 
-def bench_avpipe_video_recipe(args, before=None, defer_bytes=None):
+def bench_avpipe_video_recipe_jitter(args):
+    """The recipe's stack with its colour jitter on (brightness, contrast, saturation 0.4, hue
+    0.1): in the collate, the batch's crops in one launch, then the jitter and the normalize
+    in one pass (plus the frames' gray means)."""
+    return bench_avpipe_video_recipe(args, color_jitter=JITTER)
+
+
+def bench_avpipe_video_recipe(args, before=None, defer_bytes=None, color_jitter=None):
     from avpipe.device import resolve_device
     from avpipe.recipes.video import VideoTask, _Deferred
 
@@ -195,7 +207,7 @@ def bench_avpipe_video_recipe(args, before=None, defer_bytes=None):
     x = xp.asarray(video_batch(args.video_batch, args.frames))
     task = VideoTask(labels=[0] * x.shape[0], clip_length=args.frames, stride=1, crop_size=224,
                      train=True, seed=0, device=resolve_device("cpu" if args.cpu else "cuda"),
-                     scale=(0.08, 1.0))  # fmt: skip
+                     scale=(0.08, 1.0), color_jitter=color_jitter)  # fmt: skip
     if defer_bytes is not None:
         task.DEFER_BYTES = defer_bytes
     state = {"epoch": 0}
@@ -262,6 +274,7 @@ def bench_dali_audio(args):
     return _run_dali(pipe_fn, B, args)
 
 
+JITTER = dict(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)
 _MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 _STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 
@@ -291,24 +304,38 @@ def bench_dali_video(args):
 
     def rest(v):
         v = fn.flip(v, horizontal=fn.random.coin_flip(probability=0.5))
-        v = fn.color_twist(v, brightness=fn.random.uniform(range=[0.6, 1.4]),
-                           contrast=fn.random.uniform(range=[0.6, 1.4]),
-                           saturation=fn.random.uniform(range=[0.6, 1.4]),
-                           hue=fn.random.uniform(range=[-36.0, 36.0]))  # fmt: skip
+        v = _color_twist(v)
         return fn.crop_mirror_normalize(v, dtype=types.FLOAT, output_layout="FCHW", mean=_MEAN,
                                         std=_STD)  # fmt: skip
 
     return _dali_clips(args, rest)
 
 
-def bench_dali_video_recipe(args):
+def bench_dali_video_recipe(args, twist=False):
     from nvidia.dali import fn, types
 
     def rest(v):
+        if twist:
+            v = _color_twist(v)
         return fn.crop_mirror_normalize(v, dtype=types.FLOAT16, output_layout="FCHW", mean=_MEAN,
                                         std=_STD, mirror=fn.random.coin_flip(probability=0.5))  # fmt: skip
 
     return _dali_clips(args, rest)
+
+
+def bench_dali_video_recipe_jitter(args):
+    """``dali_video_recipe`` with ``fn.color_twist`` (``dali_video``'s) before the mirror and
+    normalize."""
+    return bench_dali_video_recipe(args, twist=True)
+
+
+def _color_twist(v):
+    from nvidia.dali import fn
+
+    return fn.color_twist(v, brightness=fn.random.uniform(range=[0.6, 1.4]),
+                          contrast=fn.random.uniform(range=[0.6, 1.4]),
+                          saturation=fn.random.uniform(range=[0.6, 1.4]),
+                          hue=fn.random.uniform(range=[-36.0, 36.0]))  # fmt: skip
 
 
 def _run_dali(pipe_fn, B, args):
@@ -366,10 +393,11 @@ def main():
         d = results.get(f"dali_{kind}", {}).get("items_per_s")
         if a and d:
             results[f"ratio_avpipe_over_dali_{kind}"] = round(a / d, 3)
-    r = results.get("avpipe_video_recipe", {}).get("items_per_s")
-    d = results.get("dali_video_recipe", {}).get("items_per_s")
-    if r and d:
-        results["ratio_avpipe_recipe_over_dali_recipe"] = round(r / d, 3)
+    for tail in ("", "_jitter"):
+        r = results.get(f"avpipe_video_recipe{tail}", {}).get("items_per_s")
+        d = results.get(f"dali_video_recipe{tail}", {}).get("items_per_s")
+        if r and d:
+            results[f"ratio_avpipe_recipe{tail}_over_dali_recipe{tail}"] = round(r / d, 3)
     out = {"device": "cpu" if args.cpu else "gpu", "results": results, "args": vars(args)}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench_augment.json"), "w") as f:

@@ -142,10 +142,17 @@ def test_video_gpu_equals_cpu(train):
         _close_pixels(g.clips, c.clips)
 
 
-def test_video_gpu_deferred_clips_equal_per_clip():
-    """On a GPU, small training clips are resized in their batch's collate (one launch for
-    the batch): the same values as each clip resized on its thread (DEFER_BYTES 0)."""
-    kw = dict(clip_length=4, stride=2, crop_size=64, batch_size=3, seed=4, device="cuda")
+_JITTER = dict(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)
+
+
+@pytest.mark.parametrize("colour", [{}, {"color_jitter": _JITTER},
+                                    {"color_jitter": _JITTER, "grayscale_p": 0.5}])  # fmt: skip
+def test_video_gpu_deferred_clips_equal_per_clip(colour):
+    """On a GPU, small training clips are resized (and colour-jittered) in their batch's
+    collate (one launch for the batch's crops, one pass for the jitter and the normalize):
+    the same values as each clip transformed on its thread (DEFER_BYTES 0)."""
+    kw = dict(clip_length=4, stride=2, crop_size=64, batch_size=3, seed=4, device="cuda",
+              **colour)  # fmt: skip
     feed = video_classification(LABELS, **kw)
     assert feed.task._defer
     batched = [b.clips for b in feed]

@@ -508,13 +508,20 @@ def test_video_train_crop_matches_the_ops():
         np.testing.assert_array_equal(b.clips[i], y)
 
 
-def test_video_train_deferred_clips_resized_in_the_collate():
+_JITTER = dict(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)
+
+
+@pytest.mark.parametrize("colour", [{}, {"color_jitter": _JITTER},
+                                    {"color_jitter": _JITTER, "grayscale_p": 0.5}])  # fmt: skip
+def test_video_train_deferred_clips_resized_in_the_collate(colour):
     """The collate's batched crop of deferred clips (the GPU's path for small clips, forced
-    here on the CPU) gives the values of the per-clip transform: all clips deferred, and a mix
-    of deferred and transformed ones in batch order."""
+    here on the CPU), colour jitter and grayscale included, gives the values of the per-clip
+    transform: all clips deferred, and a mix of deferred and transformed ones in batch
+    order."""
     from avpipe.recipes.video import _Deferred
 
-    kw = dict(clip_length=4, stride=2, crop_size=40, batch_size=3, seed=9, device="cpu")
+    kw = dict(clip_length=4, stride=2, crop_size=40, batch_size=3, seed=9, device="cpu",
+              **colour)  # fmt: skip
     ref = [b.clips for b in video_classification(LABELS, **kw)]
     feed = video_classification(LABELS, **kw)
     feed.task._defer = True

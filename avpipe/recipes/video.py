@@ -59,7 +59,7 @@ from ..decoding import load_index
 from ..device import array_module, keep_until_done, resolve_device, upload_many
 from ..ops import image_augment as _aug
 from ..ops import random as _rnd
-from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, normalize, resize_crop_normalize
+from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
 from ..pipeline._scan_ahead import SCAN_DEPTH, ScanAhead, lookahead
 from ..pipeline.clips import ThreadStreams, decode_clip
 from ..pipeline.feed import Feed, Task, _collect, _timed
@@ -157,9 +157,9 @@ class VideoTask(Task):
         self._streams = ThreadStreams(device)
         self.index = None if index is None else load_index(index)
         self._scan_ahead = None  # started by the first decode_groups
-        # on a GPU, small training clips are cropped and resized a batch at a time (collate)
-        self._defer = (self.train and device.is_cuda and self.color_jitter is None
-                       and self.grayscale_p <= 0)  # fmt: skip
+        # on a GPU, small training clips are cropped, resized (and colour-jittered) a batch
+        # at a time (the collate)
+        self._defer = self.train and device.is_cuda
 
     @property
     def views(self) -> int:
@@ -171,14 +171,20 @@ class VideoTask(Task):
         one Philox pass on the producer, read by the decoding threads."""
         if not self.train:
             return None
-        reqs = [("clip", 1), *self._CROP_DRAWS]
+        reqs = [("clip", 1), *self._transform_draws()]
         if self.temporal_jitter > 0:
             reqs.append(("temporal_jitter", 1 + self.T))
+        return _rnd.draw_ahead(self.seed, self.epoch, [i for i, _ in pairs], reqs)
+
+    def _transform_draws(self):
+        """The words a clip's training transform draws: its samplers' streams and counts (the
+        crop and flip, the colour jitter and grayscale where on)."""
+        reqs = list(self._CROP_DRAWS)
         if self.color_jitter is not None:
             reqs.append(("color_jitter", 8))
         if self.grayscale_p > 0:
             reqs.append(("grayscale", 1))
-        return _rnd.draw_ahead(self.seed, self.epoch, [i for i, _ in pairs], reqs)
+        return reqs
 
     # -- frame indices -------------------------------------------------------------------------
     def _train_indices(self, n, i, epoch):
@@ -203,7 +209,6 @@ class VideoTask(Task):
         """[T, H, W, 3] uint8 -> [T, 3, S, S]: the random resized crop's box read in place by
         the fused resize + normalize (``resize_crop_normalize(box=...)``; on a GPU one launch
         for the clip) with the flip folded into the resize, (then colour jitter, grayscale)."""
-        xp = array_module(frames)
         T, H, W, _ = frames.shape
         p = _aug.sample_resized_crop_params(self.seed, epoch, [i], H, W, scale=self.scale,
                                             ratio=self.ratio)
@@ -220,15 +225,7 @@ class VideoTask(Task):
         y = resize_crop_normalize(frames, box=box, size=size, short_side=None, crop_size=None,
                                   mean=0.0, std=1.0, scale=1.0, dtype="float32", layout="NHWC",
                                   flip=flip)[None]  # fmt: skip
-        if self.color_jitter is not None:
-            q = _aug.sample_color_jitter_params(self.seed, epoch, [i], **self.color_jitter)
-            y = _aug.apply_color_jitter(y, q, bound=255.0, layout="BTHWC")
-        if self.grayscale_p > 0:
-            q = _aug.sample_grayscale_params(self.seed, epoch, [i], p=self.grayscale_p)
-            y = _aug.apply_grayscale(y, q, layout="BTHWC")
-        y = normalize(y[0], self.mean, self.std, scale=1.0 / 255.0, dtype=self.dtype,
-                      layout="NHWC")
-        return xp.ascontiguousarray(xp.moveaxis(y, -1, 1))
+        return self._colour_chain().apply(y, [*self._colour_draws([i], epoch), {}])[0]
 
     def _resize_deferred(self, values, ids, epoch):
         """The collate's part of the training transform: the deferred clips (``_Deferred``)
@@ -245,13 +242,21 @@ class VideoTask(Task):
         (table,) = tables.values() if len(tables) == 1 else (None,)
         # the words of Task.ahead's table (one batch's: one table), else one pass for them
         with (_rnd.drawn_from(table) if table is not None else
-              _rnd.drawn_together(self.seed, epoch, kid, self._CROP_DRAWS)):
+              _rnd.drawn_together(self.seed, epoch, kid, self._transform_draws())):
             p = _aug.sample_resized_crop_params(self.seed, epoch, kid, hw[:, 0], hw[:, 1],
                                                 scale=self.scale, ratio=self.ratio)
             p["flip"] = _aug.sample_flip_params(self.seed, epoch, kid)["flip"]
+            colour = self._colour_draws(kid, epoch)
         try:
-            y = _aug.fused_resized_crop_normalize(frames, p, self.S, mean=self.mean,
-                                                  std=self.std, dtype=self.dtype, layout="NCHW")
+            if not colour:
+                y = _aug.fused_resized_crop_normalize(frames, p, self.S, mean=self.mean,
+                                                      std=self.std, dtype=self.dtype,
+                                                      layout="NCHW")  # fmt: skip
+            else:  # 0..255 floats, then the colour ops and the normalize over the batch
+                y = _aug.fused_resized_crop_normalize(frames, p, self.S, mean=0.0, std=1.0,
+                                                      scale=1.0, dtype="float32",
+                                                      layout="NHWC")  # fmt: skip
+                y = self._colour_chain().apply(y, [*colour, {}])
         except Exception as e:
             if type(e).__name__ != "OutOfMemoryError":  # (cupy's)
                 raise
@@ -263,6 +268,30 @@ class VideoTask(Task):
         for r, j in enumerate(k):
             out[j] = y[r]
         return out
+
+    def _colour_draws(self, ids, epoch):
+        """The colour jitter's and grayscale's params of clips ``ids`` (those on), in
+        :meth:`_colour_chain`'s order."""
+        out = []
+        if self.color_jitter is not None:
+            out.append(_aug.sample_color_jitter_params(self.seed, epoch, ids,
+                                                       **self.color_jitter))  # fmt: skip
+        if self.grayscale_p > 0:
+            out.append(_aug.sample_grayscale_params(self.seed, epoch, ids, p=self.grayscale_p))
+        return out
+
+    def _colour_chain(self):
+        """Colour jitter, grayscale (those on) and the normalize of ``[B, T, S, S, 3]`` 0..255
+        floats to ``[B, T, 3, S, S]``: on a GPU the jitter and the normalize in one pass
+        where no grayscale comes between them. The transform's steps, for a batch."""
+        ops = []
+        if self.color_jitter is not None:
+            ops.append(_aug.ColorJitter(**self.color_jitter, bound=255.0, layout="BTHWC"))
+        if self.grayscale_p > 0:
+            ops.append(_aug.RandomGrayscale(self.grayscale_p, layout="BTHWC"))
+        ops.append(_aug.Normalize(self.mean, self.std, scale=1.0 / 255.0, dtype=self.dtype,
+                                  out_layout="NCHW", layout="BTHWC"))  # fmt: skip
+        return _aug.Chain(ops)
 
     def _eval_views(self, frames):
         """[T, H, W, 3] uint8 -> [num_crops, T, 3, S, S]: short side to S, then the crops."""
