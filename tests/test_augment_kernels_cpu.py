@@ -438,7 +438,8 @@ def _fake_launch(name, grid, block, args):
     base, kind = (name, None) if name == "avp_crop_vpass" else tuple(name.rsplit("_", 1))
     sig = SIGNATURES[base]
     assert len(args) == len(sig), (name, len(args))
-    assert len(grid) == len(block) == 3 and grid[0] >= 1 and block[0] == 256
+    assert len(grid) == len(block) == 3 and grid[0] >= 1
+    assert block[0] == (K._MEAN_THREADS if base == "avp_gray_mean" else 256)
     conv, arrays = [], []
     for a, t in zip(args, sig):
         if t in _CTYPE:

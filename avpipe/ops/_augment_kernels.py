@@ -43,6 +43,7 @@ from . import _image_kernels as _ik
 log = logging.getLogger("avpipe")
 
 _THREADS = 256
+_MEAN_THREADS = 1024  # AVP_MEAN_THREADS: a frame's gray mean, one block per frame
 _MAX_BLOCKS = 1 << 20
 MODE_F32, MODE_U8 = 0, 2  # output modes (as in _image_kernels)
 
@@ -132,6 +133,8 @@ __device__ __forceinline__ float avp_factor(int op, long long it, const double* 
 }
 
 // ---- gray mean per frame (contrast) ----------------------------------------------------------
+// one block per frame (grid-stride over the frames), AVP_MEAN_THREADS threads at most
+#define AVP_MEAN_THREADS 1024
 template <typename T>
 __device__ void avp_gray_mean_impl(
     const T* __restrict__ src, long long sb, long long st, long long sh, long long sw,
@@ -139,22 +142,35 @@ __device__ void avp_gray_mean_impl(
     const double* fb, const double* fc, const double* fs, const double* fh, float bound,
     float* __restrict__ mean)
 {
-    __shared__ double part[256];
+    __shared__ double part[AVP_MEAN_THREADS];
     const long long npix = (long long)h * w;
+    // each thread's pixels step blockDim.x apart: (dy, dx) rows and columns (no division per
+    // pixel)
+    const int dy = (int)(blockDim.x / (unsigned)w), dx = (int)(blockDim.x % (unsigned)w);
     for (long long fr = blockIdx.x; fr < (long long)nb * nt; fr += gridDim.x) {
         const long long it = fr / nt, t = fr % nt;
         const T* base = src + it * sb + t * st;
+        int ops[4];
+        float fac[4];
+        int nops = 0;
+        for (; nops < 4; ++nops) {  // the steps before the contrast's
+            ops[nops] = (int)order[it * 4 + nops];
+            if (ops[nops] == 1) break;
+            fac[nops] = avp_factor(ops[nops], it, fb, fc, fs, fh);
+        }
         double acc = 0.0;
+        int y = (int)(threadIdx.x / (unsigned)w), x = (int)(threadIdx.x % (unsigned)w);
         for (long long p = threadIdx.x; p < npix; p += blockDim.x) {
-            const long long y = p / w, x = p % w;
-            const T* q = base + y * sh + x * sw;
+            const T* q = base + (long long)y * sh + (long long)x * sw;
             float r = avp_ld<T>(q), g = avp_ld<T>(q + sc), b = avp_ld<T>(q + 2 * sc);
-            for (int k = 0; k < 4; ++k) {
-                const int op = (int)order[it * 4 + k];
-                if (op == 1) break;
-                avp_step(op, avp_factor(op, it, fb, fc, fs, fh), 0.0f, bound, r, g, b);
-            }
+            for (int k = 0; k < nops; ++k) avp_step(ops[k], fac[k], 0.0f, bound, r, g, b);
             acc += (double)avp_gray(r, g, b);
+            x += dx;
+            y += dy;
+            if (x >= w) {
+                x -= w;
+                ++y;
+            }
         }
         part[threadIdx.x] = acc;
         __syncthreads();
@@ -528,7 +544,7 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
             order, *fac = vals
             mean = cupy.empty(B * T, cupy.float32)
             grid = (max(1, min(B * T, _MAX_BLOCKS)), 1, 1)
-            kern[f"avp_gray_mean_{kind}"](grid, (_THREADS, 1, 1), (
+            kern[f"avp_gray_mean_{kind}"](grid, (_MEAN_THREADS, 1, 1), (
                 src, *st, np.int32(B), np.int32(T), np.int32(H), np.int32(W), order, *fac,
                 np.float32(bound), mean))  # fmt: skip
         else:
