@@ -221,8 +221,9 @@ __device__ void avp_pixels_impl(
         I t_ = i / (I)w;
         const int y = (int)(t_ % (I)h);
         t_ /= (I)h;
+        const I it_ = t_ / (I)nt;  // (in I: no 64-bit division per pixel where it fits)
         const long long fr = (long long)t_;  // it * nt + t
-        const long long it = fr / nt, t = fr % nt;
+        const long long it = (long long)it_, t = (long long)(t_ - it_ * (I)nt);
         const int xs = (flip != 0 && flip[it]) ? w - 1 - x : x;
         const T* q = src + it * sb + t * st + (long long)y * sh + (long long)xs * sw;
         float v[3] = {avp_ld<T>(q), avp_ld<T>(q + sc), avp_ld<T>(q + 2 * sc)};
