@@ -122,6 +122,27 @@ def test_resample_gpu_vs_cpu():
         assert np.abs(cp.asnumpy(rg) - r).max() <= 1e-5
 
 
+def test_resample_rows_of_a_wider_buffer_gpu():
+    """The speed perturbation's kernel on a slice of a wider batch (a feed's rows in its
+    loader's buffer, read in place) equals it on a contiguous copy, and numpy within float32
+    rounding."""
+    from avpipe.ops import _resample as R
+
+    cp = _cp()
+    rng = np.random.default_rng(1)
+    wide = rng.standard_normal((5, 9000)).astype(np.float32)
+    lens = np.array([6000, 5000, 100, 0, 6000])
+    rates = np.array([13600, 16000, 17000, 14400, 18400])
+    x = cp.asarray(wide)[:, :6000]
+    assert not x.flags.c_contiguous
+    got, new = R.resample_rows(x, lens, rates, 16000, quality="fast")
+    same, _ = R.resample_rows(cp.ascontiguousarray(x), lens, rates, 16000, quality="fast")
+    ref, new_ref = R.resample_rows(wide[:, :6000], lens, rates, 16000, quality="fast")
+    np.testing.assert_array_equal(new, new_ref)
+    np.testing.assert_array_equal(cp.asnumpy(got), cp.asnumpy(same))
+    np.testing.assert_allclose(cp.asnumpy(got), ref, atol=2e-6, rtol=2e-6)
+
+
 def test_load_audio_to_gpu(tmp_path):
     cp = _cp()
     sf = pytest.importorskip("soundfile")

@@ -129,3 +129,39 @@ def test_taps_cache_holds_a_speed_perturbation_grid():
             R._taps32(16000 // g, r // g, "fast")
     info = R._taps32.cache_info()
     assert info.misses == 31 and info.hits == 31
+
+
+def test_rows_of_a_wider_buffer_read_in_place(monkeypatch):
+    """``_rows_kernel`` on a slice of a wider batch (a feed's rows in its loader's buffer):
+    the kernel gets the parent's row stride and no copy is made (an emulated cupy whose
+    ``ascontiguousarray`` would record one)."""
+    calls = []
+
+    class FakeCupy:
+        float32 = np.float32
+
+        class cuda:
+            class Device:
+                id = 0
+
+        @staticmethod
+        def ascontiguousarray(a):
+            calls.append("copy")
+            return np.ascontiguousarray(a)
+
+        @staticmethod
+        def empty(shape, dtype):
+            return np.empty(shape, dtype)
+
+    launched = []
+    monkeypatch.setattr(R, "_bank", lambda dev, q: type("B", (), {"get": lambda self, c, p: (
+        None, {pair: (0, 1, 1) for pair in p})})())  # fmt: skip
+    monkeypatch.setattr(R, "upload_many", lambda cp, arrays: arrays)
+    monkeypatch.setattr(R, "_kernel", lambda dev: lambda grid, block, args: launched.append(args))
+    wide = np.zeros((3, 100), np.float32)
+    R._rows_kernel(FakeCupy, wide[:, :60], np.array([60, 50, 40]), np.ones(3, int),
+                   np.ones(3, int), np.array([60, 50, 40]), 60, "fast")  # fmt: skip
+    assert calls == [] and launched[0][1] == 100  # the parent's row stride
+    R._rows_kernel(FakeCupy, wide[:, ::2], np.array([50, 50, 50]), np.ones(3, int),
+                   np.ones(3, int), np.array([50, 50, 50]), 50, "fast")  # fmt: skip
+    assert calls == ["copy"] and launched[1][1] == 50  # strided samples: copied first

@@ -5,7 +5,7 @@
 // phase (m * down) mod up; samples outside 0 .. lens[b) count as zeros. Positions at or past
 // n_out[b] are written as 0. Accumulates in float32, tap by tap. The per-row values are one
 // int64 table rows[b * 7 + ...]: lens, up, down, half (W), ktaps (K), toff (the row's taps'
-// offset in `taps`), n_out.
+// offset in `taps`), n_out. Row b of x starts at x + b * n_in.
 
 extern "C" __global__ void avpipe_resample_rows(
     const float* x, long long n_in, const long long* rows, const float* taps, float* out,

@@ -269,9 +269,12 @@ def _bank(device_id: int, quality: str) -> _TapBank:
 
 def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
     """``out [B, width]`` float32 by the kernel (host int64 ``lens``, ``up``, ``down``,
-    ``new`` per row; ``x`` a float32 cupy ``[B, n]``)."""
-    x = cupy.ascontiguousarray(x)
-    B, n = x.shape
+    ``new`` per row; ``x`` a float32 cupy ``[B, n]``, its rows read in place where its samples
+    are contiguous: a feed's batch is a slice of its loader's wider buffer)."""
+    if x.strides[1] != 4 or x.strides[0] % 4 or x.strides[0] < 0:
+        x = cupy.ascontiguousarray(x)
+    B = x.shape[0]
+    n = x.strides[0] // 4  # the kernel's row stride (it reads a row's first lens[b] samples)
     pairs = set(zip(np.asarray(up).tolist(), np.asarray(down).tolist()))
     banked = _bank(cupy.cuda.Device().id, quality).get(cupy, pairs)  # taps on the device
     if banked is not None:  # the per-row table in one host-to-device copy
