@@ -90,7 +90,7 @@ for step in "$@"; do
         --repeat "${FEED_REPEAT:-3}" \
         --only avpipe_rnnt,avpipe_rnnt_noaug,avpipe_video,avpipe_video_noaug 2>&1 | tail -10
       anchors_only dali_rnnt_feed_aps
-      python3 benchmarks/bench_augment.py --out "$OUT" --budget 3 2>&1 | tail -12
+      python3 benchmarks/bench_augment.py --out "$OUT" --budget 3 2>&1 | tail -16
       python3 benchmarks/bench_video.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
         --only avpipe_clip_cps,avpipe_cold_clip_cps,pynvc_clip_cps,dali_video_reader_cps 2>&1 | tail -8 ;;
     xtargets) data

@@ -50,6 +50,7 @@ either way.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import numpy as np
@@ -225,7 +226,7 @@ class VideoTask(Task):
         y = resize_crop_normalize(frames, box=box, size=size, short_side=None, crop_size=None,
                                   mean=0.0, std=1.0, scale=1.0, dtype="float32", layout="NHWC",
                                   flip=flip)[None]  # fmt: skip
-        return self._colour_chain().apply(y, [*self._colour_draws([i], epoch), {}])[0]
+        return self._colour.apply(y, [*self._colour_draws([i], epoch), {}])[0]
 
     def _resize_deferred(self, values, ids, epoch):
         """The collate's part of the training transform: the deferred clips (``_Deferred``)
@@ -256,7 +257,7 @@ class VideoTask(Task):
                 y = _aug.fused_resized_crop_normalize(frames, p, self.S, mean=0.0, std=1.0,
                                                       scale=1.0, dtype="float32",
                                                       layout="NHWC")  # fmt: skip
-                y = self._colour_chain().apply(y, [*colour, {}])
+                y = self._colour.apply(y, [*colour, {}])
         except Exception as e:
             if type(e).__name__ != "OutOfMemoryError":  # (cupy's)
                 raise
@@ -280,10 +281,15 @@ class VideoTask(Task):
             out.append(_aug.sample_grayscale_params(self.seed, epoch, ids, p=self.grayscale_p))
         return out
 
+    @functools.cached_property
+    def _colour(self):
+        return self._colour_chain()
+
     def _colour_chain(self):
         """Colour jitter, grayscale (those on) and the normalize of ``[B, T, S, S, 3]`` 0..255
         floats to ``[B, T, 3, S, S]``: on a GPU the jitter and the normalize in one pass
-        where no grayscale comes between them. The transform's steps, for a batch."""
+        where no grayscale comes between them. The transform's steps, for a batch (made once:
+        ``_colour``)."""
         ops = []
         if self.color_jitter is not None:
             ops.append(_aug.ColorJitter(**self.color_jitter, bound=255.0, layout="BTHWC"))
