@@ -1002,3 +1002,15 @@ def test_boxes_of_a_batch_in_one_launch(fake_cupy):
             got[1::2] = got[1::2, :, :, ::-1]  # the flipped items mirrored back
             d = np.abs(got.astype(np.float32) - ref.astype(np.float32))
             assert d.max() <= (1 if mode == K.MODE_U8 else 1e-3), d.max()
+
+
+def test_boxes_need_one_box_and_one_flip_a_clip(fake_cupy):
+    """A table of items with fewer boxes or flips than clips is refused with the counts named,
+    never built short (a clip left out of the table would come back as uninitialised memory)."""
+    x = np.stack([_picture(2, 20, 30, seed=s) for s in range(3)]).view(_FakeArr)
+    boxes = [(0, 0, 20, 30)] * 3
+    with pytest.raises(ValueError, match="3 clips, 2 boxes and 3 flips"):
+        K.box_items(x, boxes[:2], [False] * 3, 10, 10, "bilinear", True, mode=K.MODE_U8)
+    with pytest.raises(ValueError, match="3 clips, 3 boxes and 4 flips"):
+        K.box_items(x, boxes, [False] * 4, 10, 10, "bilinear", True, mode=K.MODE_U8)
+    assert K.box_items(x, boxes, [False] * 3, 10, 10, "bilinear", True, mode=K.MODE_U8) is not None

@@ -894,6 +894,9 @@ def box_items(clips, boxes, flips, out_h: int, out_w: int, interpolation: str, a
         base, st0 = clips.data.ptr, clips.strides[0]
         items = [(base + k * st0, clips.shape[1:], clips.strides[1:], clips.dtype)
                  for k in range(B)]  # fmt: skip
+    if len(boxes) != B or len(flips) != B:
+        raise ValueError(f"box_items: {B} clips, {len(boxes)} boxes and {len(flips)} flips; "
+                         "one box and one flip a clip")
     if B == 0 or B > 65535:
         return None
     n, _, _, c = (int(v) for v in first.shape[-4:])
