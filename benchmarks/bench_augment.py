@@ -221,8 +221,10 @@ def bench_avpipe_video_recipe(args, before=None, defer_bytes=None, color_jitter=
         if before is not None:
             before()
         task.epoch = e  # the batch's draws made at once, as the recipe's Task.ahead
-        with R.drawn_from(task.ahead([(i, None) for i in ids])):  # then each decoding thread:
-            vals = [_Deferred(x[i], None) if task._defer and x[i].nbytes <= task.DEFER_BYTES
+        with R.drawn_from(task.ahead([(i, None) for i in ids])):  # then each decoding thread
+            # (a deferred clip carries the table it drew from, which the collate reads again)
+            vals = [_Deferred(x[i], R.drawn_table()) if task._defer
+                    and x[i].nbytes <= task.DEFER_BYTES
                     else task._train_transform(x[i], i, e) for i in ids]  # fmt: skip
         y = task._resize_deferred(vals, ids, e)  # the collate
         return xp.stack(y) if isinstance(y, list) else y

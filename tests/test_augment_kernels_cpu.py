@@ -30,12 +30,21 @@ from avpipe.ops import image_augment as I
 PRELUDE = r"""
 #include <math.h>
 #define __global__
+#define __launch_bounds__(n)
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
 #define __syncthreads()
 #define __fmul_rn(a, b) ((a) * (b))
 #define __fadd_rn(a, b) ((a) + (b))
+#define AVP_F2H_DEFINED
+#include <string.h>
+static inline unsigned short avp_f2h(float v) {  // the GPU's cvt.rn.f16.f32
+    _Float16 h = (_Float16)v;
+    unsigned short u;
+    memcpy(&u, &h, 2);
+    return u;
+}
 struct Dim3 { unsigned x; };
 static Dim3 threadIdx, blockIdx, blockDim, gridDim;
 extern "C" void avp_cpu_block(unsigned b, unsigned nblocks) {
@@ -83,8 +92,7 @@ def pixels_cpu(lib, x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, 
     """:func:`avpipe.ops._augment_kernels.pixels`, its launches run here."""
     B, T, H, W, _ = x5.shape
     kind, src = _src(x5)
-    out = np.empty((B, T, 3, H, W) if nchw else (B, T, H, W, 3),
-                   np.uint8 if mode == K.MODE_U8 else np.float32)  # fmt: skip
+    out = np.empty((B, T, 3, H, W) if nchw else (B, T, H, W, 3), K._OUT_DTYPE[mode])
     fl = None if flip is None else np.ascontiguousarray(flip, bool).view(np.uint8)
     keep = [fl]
     if jitter is not None:
@@ -182,6 +190,31 @@ def test_color_jitter(lib, random_order, p):
     x = _clips()
     d = pixels_cpu(lib, x, jitter=cj, mode=K.MODE_U8).astype(int) - I.apply_color_jitter(x, cj)
     assert np.abs(d).max() <= 1 and np.mean(d != 0) < 1e-3
+
+
+def test_float16_output_is_the_float32_rounded(lib):
+    """Mode float16 writes each float32 result rounded to nearest even (numpy's astype), bit
+    for bit: the normalize to float16 without a second pass over the output."""
+    x = _clips()
+    cj = I.sample_color_jitter_params(2, 0, np.arange(5), brightness=0.4, contrast=0.4,
+                                      saturation=0.4, hue=0.1)  # fmt: skip
+    s = np.asarray(IM.IMAGENET_STD)
+    ab = ((1 / 255 / s).astype(np.float32), (-np.asarray(IM.IMAGENET_MEAN) / s).astype(np.float32))
+    for nchw in (False, True):
+        kw = dict(jitter=cj, round_u8=True, affine=ab, nchw=nchw)
+        f32 = pixels_cpu(lib, x, mode=K.MODE_F32, **kw)
+        f16 = pixels_cpu(lib, x, mode=K.MODE_F16, **kw)
+        assert f16.dtype == np.float16 and f16.shape == f32.shape
+        np.testing.assert_array_equal(f16.view(np.uint16), f32.astype(np.float16).view(np.uint16))
+    # halfway cases and the ends of float16's range round as numpy does
+    v = np.array([1 + 2**-11, 1 + 3 * 2**-11, 65519.0, 65520.0, 1e-8, -2.5e-5, 6.1e-5],
+                 np.float32)  # fmt: skip
+    xs = np.zeros((1, 1, 1, v.size, 3), np.float32)
+    xs[..., 0] = v
+    got = pixels_cpu(lib, xs, affine=(np.ones(3, np.float32), np.zeros(3, np.float32)),
+                     mode=K.MODE_F16)  # fmt: skip
+    np.testing.assert_array_equal(got[..., 0].view(np.uint16),
+                                  v.astype(np.float16).view(np.uint16)[None, None, None])
 
 
 def test_normalize_and_fused_run(lib):
@@ -350,6 +383,12 @@ class DevArray:
 
 
 class _Stream:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
     def record(self):
         return type("Event", (), {"done": True})()
 
@@ -493,7 +532,7 @@ def _check_sizes(base, args):
             assert size(args[16]) in (0, nb * nt) and (size(args[16]) == 0) == (size(args[11]) == 0)
             assert size(args[19]) in (0, 3) and size(args[20]) in (0, 3)
             nchw, mode, out = int(args[21]), int(args[22]), args[23]
-            assert out.dtype == (np.uint8 if mode == K.MODE_U8 else np.float32)
+            assert out.dtype == K._OUT_DTYPE[mode]
             assert out.shape == ((nb, nt, 3, h, w) if nchw else (nb, nt, h, w, 3))
     if base == "avp_crop_hpass":
         maxrows, ow, c, taps = int(args[8]), int(args[9]), int(args[10]), int(args[15])
@@ -686,6 +725,7 @@ def test_float_input_and_nhwc_float16_out(dev, crop_path):
     LOG.clear()
     got = chain(_up(xf), seed=1)
     assert LOG.launches == crop_path["f32"] + ["avp_gray_mean_f32", "avp_pixels_f32"]
-    assert LOG.ops == ["astype"] and len(LOG.copies) == 1 and LOG.syncs == []
+    # the kernel writes float16 itself: no astype pass after it
+    assert LOG.ops == [] and len(LOG.copies) == 1 and LOG.syncs == []
     assert got.shape == ref.shape and got.dtype == ref.dtype == np.float16
     np.testing.assert_allclose(got.a.astype(np.float32), ref.astype(np.float32), atol=2e-3 * 5)

@@ -45,7 +45,8 @@ log = logging.getLogger("avpipe")
 _THREADS = 256
 _MEAN_THREADS = 1024  # AVP_MEAN_THREADS: a frame's gray mean, one block per frame
 _MAX_BLOCKS = 1 << 20
-MODE_F32, MODE_U8 = 0, 2  # output modes (as in _image_kernels)
+MODE_F32, MODE_F16, MODE_U8 = 0, 1, 2  # output modes (as in _image_kernels)
+_OUT_DTYPE = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}
 
 SOURCE = r"""
 #ifndef AVP_MUL
@@ -59,6 +60,15 @@ template <> __device__ __forceinline__ float avp_ld<unsigned char>(const unsigne
     return (float)(*p);
 }
 template <> __device__ __forceinline__ float avp_ld<float>(const float* p) { return *p; }
+
+#ifndef AVP_F2H_DEFINED
+// float -> float16 bits, rounded to nearest even (numpy's astype(float16))
+__device__ __forceinline__ unsigned short avp_f2h(float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+#endif
 
 __device__ __forceinline__ float avp_clip(float v, float hi) { return fminf(fmaxf(v, 0.0f), hi); }
 
@@ -183,7 +193,7 @@ __device__ void avp_gray_mean_impl(
     }
 }
 
-extern "C" __global__ void avp_gray_mean_u8(
+extern "C" __global__ void __launch_bounds__(AVP_MEAN_THREADS) avp_gray_mean_u8(
     const unsigned char* src, long long sb, long long st, long long sh, long long sw,
     long long sc, int nb, int nt, int h, int w, const long long* order, const double* fb,
     const double* fc, const double* fs, const double* fh, float bound, float* mean)
@@ -192,7 +202,7 @@ extern "C" __global__ void avp_gray_mean_u8(
                                       fh, bound, mean);
 }
 
-extern "C" __global__ void avp_gray_mean_f32(
+extern "C" __global__ void __launch_bounds__(AVP_MEAN_THREADS) avp_gray_mean_f32(
     const float* src, long long sb, long long st, long long sh, long long sw,
     long long sc, int nb, int nt, int h, int w, const long long* order, const double* fb,
     const double* fc, const double* fs, const double* fh, float bound, float* mean)
@@ -204,7 +214,8 @@ extern "C" __global__ void avp_gray_mean_f32(
 // ---- flip + jitter + round + normalize + layout, one thread per pixel -------------------------
 // flip: [B] bytes or null; order: [B, 4] or null (no jitter); mean: [B * T] (with a jitter);
 // round_u8: floor(v + 0.5) clipped to 0..255 after the jitter; a, bb: v * a[c] + bb[c] or null;
-// out: contiguous [B, T, H, W, 3] (nchw 0) or [B, T, 3, H, W] (nchw 1), float32 or uint8 (mode 2).
+// out: contiguous [B, T, H, W, 3] (nchw 0) or [B, T, 3, H, W] (nchw 1), float32 (mode 0),
+// float16 (mode 1: the float32 value rounded to nearest even) or uint8 (mode 2).
 template <typename T, typename I>
 __device__ void avp_pixels_impl(
     const T* __restrict__ src, long long sb, long long st, long long sh, long long sw,
@@ -241,6 +252,7 @@ __device__ void avp_pixels_impl(
             const long long j = nchw ? ((fr * 3 + c) * h + y) * (long long)w + x
                                      : (long long)i * 3 + c;
             if (mode == 2) ((unsigned char*)out)[j] = avp_u8(o);
+            else if (mode == 1) ((unsigned short*)out)[j] = avp_f2h(o);
             else ((float*)out)[j] = o;
         }
     }
@@ -490,7 +502,10 @@ def _vec(cupy, v, device_id):
     if hit is None:
         if len(_VECS) > 256:
             _VECS.clear()
-        hit = _VECS[key] = cupy.asarray(v)
+        # cached for every stream (the recipe's decode threads each run on their own): the
+        # copy completes before the array is handed out
+        (hit,) = upload_many(cupy, [v], wait=True)
+        _VECS[key] = hit
     return hit
 
 
@@ -514,7 +529,8 @@ def on_device(cupy, values, dtypes):
 def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=None, nchw=False,
            mode=MODE_F32):  # fmt: skip
     """cupy ``x5`` ``[B, T, H, W, 3]`` (uint8 / float32, any strides) -> a new contiguous
-    ``[B, T, H, W, 3]`` (``nchw``: ``[B, T, 3, H, W]``) float32 / uint8 array: ``flip`` (bool
+    ``[B, T, H, W, 3]`` (``nchw``: ``[B, T, 3, H, W]``) array of ``mode``'s dtype (float32,
+    float16: the float32 values rounded to nearest even, or uint8): ``flip`` (bool
     [B]) mirrors items, ``jitter`` (the colour-jitter params dict) applies the jitter in each
     item's order, ``round_u8`` rounds to uint8 levels after it, ``affine = (a, b)`` (3 float32
     each) maps ``v * a + b``. The parameters may be on the device (used in place) or the host
@@ -529,7 +545,7 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
     with cupy.cuda.Device(dev):
         src, kind = _src(cupy, x5)
         shape = (B, T, 3, H, W) if nchw else (B, T, H, W, 3)
-        out = cupy.empty(shape, np.uint8 if mode == MODE_U8 else np.float32)
+        out = cupy.empty(shape, _OUT_DTYPE[mode])
         if out.size == 0:
             return out
         st = _strides(src)

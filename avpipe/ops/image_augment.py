@@ -891,12 +891,13 @@ def _pixels(xp, x5, layout, *, flip=None, jitter=None, bound=None, norm=None):
         return _back(xp, y, layout)
     a, b = _affine(norm.mean, norm.std, norm.scale, 3)  # image.normalize's constants
     nchw = norm.out_layout in ("NCHW", "CHW")
-    y = _ak.pixels(x5, flip=flip, jitter=jitter, bound=bound, round_u8=u8 and jitter is not None,
-                   affine=(a, b), nchw=nchw, mode=_ak.MODE_F32)  # fmt: skip
     dt = _dtype(norm.dtype)
     if dt == np.uint8:
         raise ValueError(f"dtype must be float16 or float32, got {norm.dtype!r}")
-    if dt != np.float32:
+    y = _ak.pixels(x5, flip=flip, jitter=jitter, bound=bound, round_u8=u8 and jitter is not None,
+                   affine=(a, b), nchw=nchw,
+                   mode=_ak.MODE_F16 if dt == np.float16 else _ak.MODE_F32)  # fmt: skip
+    if dt != y.dtype:
         y = y.astype(dt)
     if nchw:
         return y[:, 0] if layout in ("BHWC", "BCHW") else y
