@@ -207,6 +207,18 @@ def _taps32(up, down, quality):
     return t, W, h.shape[1]
 
 
+class _PairMeta(dict):
+    """:func:`table`'s ``{(up, down): (offset, W, K)}``, with each pair's row of
+    :func:`row_args`' columns ``(W, K, offset)`` kept as one array (a batch's rows gathered
+    from it, not built item by item)."""
+
+    def __init__(self, items):
+        super().__init__(items)
+        self.index = {k: i for i, k in enumerate(self)}
+        self.cols = np.array([(W, K, off) for off, W, K in self.values()],
+                             np.int64).reshape(-1, 3)  # fmt: skip
+
+
 def table(pairs, quality):
     """Host float32 taps of every ``(up, down)`` in ``pairs`` concatenated, and per pair its
     ``(offset, half width W, taps per phase K)``."""
@@ -216,17 +228,26 @@ def table(pairs, quality):
         parts.append(t)
         meta[(u, d)] = (off, W, K)
         off += t.size
-    return np.concatenate(parts), meta
+    return np.concatenate(parts), _PairMeta(meta)
 
 
-def row_args(lens, up, down, new, meta):
+def row_args(lens, up, down, new, meta, keys=None):
     """The kernel's per-row table: int64 ``[B, 7]``, each row its length, up, down, half width
-    ``W``, taps per phase ``K``, taps' offset and output length."""
-    up, down = np.asarray(up).reshape(-1), np.asarray(down).reshape(-1)
-    m = np.array([meta[p] for p in zip(up.tolist(), down.tolist())], np.int64).reshape(-1, 3)
-    return np.stack([np.asarray(lens, np.int64).reshape(-1), up.astype(np.int64),
-                     down.astype(np.int64), m[:, 1], m[:, 2], m[:, 0],
-                     np.asarray(new, np.int64).reshape(-1)], axis=1)  # fmt: skip
+    ``W``, taps per phase ``K``, taps' offset and output length. ``keys``: the rows' ``(up,
+    down)`` pairs where the caller has them."""
+    up = np.asarray(up, np.int64).reshape(-1)
+    down = np.asarray(down, np.int64).reshape(-1)
+    if keys is None:
+        keys = list(zip(up.tolist(), down.tolist()))
+    if not isinstance(meta, _PairMeta):
+        meta = _PairMeta(meta)
+    out = np.empty((up.shape[0], 7), np.int64)
+    out[:, 0] = np.asarray(lens, np.int64).reshape(-1)
+    out[:, 1] = up
+    out[:, 2] = down
+    out[:, 3:6] = meta.cols[[meta.index[k] for k in keys]]
+    out[:, 6] = np.asarray(new, np.int64).reshape(-1)
+    return out
 
 
 class _TapBank:
@@ -275,14 +296,15 @@ def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
         x = cupy.ascontiguousarray(x)
     B = x.shape[0]
     n = x.strides[0] // 4  # the kernel's row stride (it reads a row's first lens[b] samples)
-    pairs = set(zip(np.asarray(up).tolist(), np.asarray(down).tolist()))
+    keys = list(zip(np.asarray(up).tolist(), np.asarray(down).tolist()))
+    pairs = set(keys)
     banked = _bank(cupy.cuda.Device().id, quality).get(cupy, pairs)  # taps on the device
     if banked is not None:  # the per-row table in one host-to-device copy
         taps, meta = banked
-        (rows,) = upload_many(cupy, [row_args(lens, up, down, new, meta)])
+        (rows,) = upload_many(cupy, [row_args(lens, up, down, new, meta, keys)])
     else:  # many distinct rates: this batch's taps travel with its rows, in one copy
         host, meta = table(tuple(sorted(pairs)), quality)
-        rows, taps = upload_many(cupy, [row_args(lens, up, down, new, meta), host])
+        rows, taps = upload_many(cupy, [row_args(lens, up, down, new, meta, keys), host])
     out = cupy.empty((B, int(width)), cupy.float32)
     total = B * int(width)
     threads = 256

@@ -596,14 +596,22 @@ def _spec_draw_scalars(seed, epoch, n_mels, kf, F, kt, time_width, adaptive_time
                        stream):  # fmt: skip
     """The draw kernel's arguments between ``(ids, lens, B)`` and ``(table, ld)``, for checked
     settings (:func:`_spec_settings`): adaptive None is passed as -1."""
+    fixed = _spec_draw_fixed(seed, int(n_mels), kf, F, kt, float(time_width),
+                             None if adaptive_time_masks is None else float(adaptive_time_masks),
+                             stream)  # fmt: skip
+    return fixed + (np.uint32(int(epoch) & 0xFFFFFFFF),)
+
+
+@functools.lru_cache(maxsize=64)
+def _spec_draw_fixed(seed, n_mels, kf, F, kt, time_width, adaptive_time_masks, stream):
+    """:func:`_spec_draw_scalars` but the epoch's (the same from batch to batch of a run)."""
     frac = time_width < 1
     fk = R.stream_key(seed, stream + ".freq")
     tk = R.stream_key(seed, stream + ".time")
     return (np.int32(kf), np.int32(kt), np.int64(n_mels), np.int64(F),
             np.float64(time_width if frac else int(time_width)), np.int32(frac),
             np.float64(-1.0 if adaptive_time_masks is None else adaptive_time_masks),
-            np.uint32(fk[0]), np.uint32(fk[1]), np.uint32(tk[0]), np.uint32(tk[1]),
-            np.uint32(int(epoch) & 0xFFFFFFFF))  # fmt: skip
+            np.uint32(fk[0]), np.uint32(fk[1]), np.uint32(tk[0]), np.uint32(tk[1]))  # fmt: skip
 
 
 def _spec_draws_on_device(cupy, seed, epoch, ids, lengths, n_mels, kf, F, kt, time_width,
