@@ -337,6 +337,36 @@ def test_flac_reader_processes_read_files_into_their_slots(tmp_path):
     assert not readers.alive and all(w.proc.poll() is not None for w in procs)  # all gone
 
 
+def test_flac_reader_process_replaced_has_its_start_to_answer(tmp_path):
+    """A reader process started in place of a lost one is not held to the request timeout
+    while it starts (a fresh interpreter takes about 0.3 s): its first answer has the
+    start's allowance (BOOT_S), as the first processes had; later ones the timeout."""
+    import signal
+
+    from avpipe.pipeline._flac_windows import ProcessReaders
+
+    paths = []
+    for k in range(2):
+        p = tmp_path / f"f{k}.bin"
+        p.write_bytes(bytes([k + 1]) * 64)
+        paths.append(str(p))
+    offsets = np.array([0, 64, 128], np.int64)
+    readers = ProcessReaders(2, timeout=0.1)
+    try:
+        readers.allocate(1, 256)
+        os.kill(readers._state["procs"][1].pid, signal.SIGKILL)
+        readers._state["procs"][1].proc.wait()
+        errors = readers.read(0, offsets, paths)
+        assert set(errors) == {1}
+        new = readers._state["procs"][1]
+        assert not new.answered
+        assert readers.read(0, offsets, paths) == {}  # the new process, on its first answer
+        assert new.answered and readers._state["procs"][1] is new
+        assert readers.views[0][:128].tolist() == [1] * 64 + [2] * 64
+    finally:
+        readers.close()
+
+
 def test_flac_reader_processes_replace_a_dead_or_stuck_process(tmp_path):
     """A reader process that died or does not answer in time is replaced: its files are
     reported (read) or the call raises multiprocessing.TimeoutError (map), and the next calls

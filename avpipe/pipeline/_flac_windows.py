@@ -171,14 +171,18 @@ class ProcessReaders:
                         sent.append(True)
                     except (OSError, ValueError):
                         sent.append(False)
-                deadline = time.monotonic() + timeout
+                t0 = time.monotonic()
+                deadline = t0 + timeout
                 out = []
                 for k in range(len(requests)):
                     why = "a reader process is gone"
                     if sent[k]:
                         w = procs[k]
+                        # a process started in place of a lost one answers its first request
+                        # after starting: it has BOOT_S for that, as the first ones had
+                        end = deadline if w.answered else max(deadline, t0 + self.BOOT_S)
                         try:
-                            if w.poll(max(0.0, deadline - time.monotonic())):
+                            if w.poll(max(0.0, end - time.monotonic())):
                                 out.append(w.recv())
                                 owed.discard(k)
                                 continue
