@@ -137,6 +137,10 @@ def test_rrc_uint8_and_fused_path():
     np.testing.assert_array_equal(np.moveaxis(yc, 2, -1), y8)
     yi = I.apply_resized_crop(x[:, 0], p, 16)
     np.testing.assert_array_equal(yi, y8[:, 0])
+    # one box and one flip a clip, or a ValueError naming the param (on every device)
+    for k, v in (("flip", np.zeros(4, bool)), ("height", p["height"][:2])):
+        with pytest.raises(ValueError, match=rf"params\['{k}'\] must have one value per clip \(3\)"):
+            I.fused_resized_crop_normalize(x, {**p, k: v}, 16, dtype="float32", layout="NHWC")
 
 
 # --- centre crop, N-crop -----------------------------------------------------------------------

@@ -107,3 +107,17 @@ def test_kernel_compiles_for_the_gpu(tmp_path):
     with open(A.SPEC_AUGMENT_KERNEL) as f:
         text = ptx(R.PHILOX_FUNCTION + f.read(), tmp_path)
     assert "avpipe_spec_augment" in text and "avpipe_spec_augment_draw" in text
+
+
+def test_draw_constants_keep_the_seed_check():
+    """The draw kernel's constants are cached per run, but a bool or float seed is refused as
+    the host draws refuse it, also after the int seed of the same value was used."""
+    A._spec_draw_scalars(1, 0, 80, 2, 27, 10, 0.05, None, "spec_augment")
+    for bad in (True, 1.0):
+        with pytest.raises(TypeError, match="seed must be an int"):
+            A._spec_draw_scalars(bad, 0, 80, 2, 27, 10, 0.05, None, "spec_augment")
+    a = A._spec_draw_scalars(1, 3, 80, 2, 27, 10, 0.05, None, "spec_augment")
+    b = A._spec_draw_scalars(np.int64(1), 3, 80, 2, 27, 10, 0.05, None, "spec_augment")
+    assert [int(v) if not isinstance(v, np.floating) else float(v) for v in a] == \
+        [int(v) if not isinstance(v, np.floating) else float(v) for v in b]  # fmt: skip
+    assert int(a[-1]) == 3

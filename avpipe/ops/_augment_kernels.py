@@ -215,7 +215,8 @@ extern "C" __global__ void __launch_bounds__(AVP_MEAN_THREADS) avp_gray_mean_f32
 // flip: [B] bytes or null; order: [B, 4] or null (no jitter); mean: [B * T] (with a jitter);
 // round_u8: floor(v + 0.5) clipped to 0..255 after the jitter; a, bb: v * a[c] + bb[c] or null;
 // out: contiguous [B, T, H, W, 3] (nchw 0) or [B, T, 3, H, W] (nchw 1), float32 (mode 0),
-// float16 (mode 1: the float32 value rounded to nearest even) or uint8 (mode 2).
+// float16 (mode 1: the float32 value rounded to nearest even, a NaN as the canonical one) or
+// uint8 (mode 2).
 template <typename T, typename I>
 __device__ void avp_pixels_impl(
     const T* __restrict__ src, long long sb, long long st, long long sh, long long sw,
@@ -500,8 +501,9 @@ def _vec(cupy, v, device_id):
     key = (v.tobytes(), device_id)
     hit = _VECS.get(key)
     if hit is None:
-        if len(_VECS) > 256:
-            _VECS.clear()
+        if len(_VECS) >= 256:  # full: this call's own copy, on its stream (the cached ones
+            (hit,) = upload_many(cupy, [v])  # may still be read by queued kernels: kept)
+            return hit
         # cached for every stream (the recipe's decode threads each run on their own): the
         # copy completes before the array is handed out
         (hit,) = upload_many(cupy, [v], wait=True)

@@ -602,7 +602,7 @@ def _spec_draw_scalars(seed, epoch, n_mels, kf, F, kt, time_width, adaptive_time
     return fixed + (np.uint32(int(epoch) & 0xFFFFFFFF),)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64, typed=True)  # typed: a bool or float seed is not 1's entry
 def _spec_draw_fixed(seed, n_mels, kf, F, kt, time_width, adaptive_time_masks, stream):
     """:func:`_spec_draw_scalars` but the epoch's (the same from batch to batch of a run)."""
     frac = time_width < 1

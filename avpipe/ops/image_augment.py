@@ -465,6 +465,10 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, **kwargs):
         clips, images = [x5[b] for b in range(x5.shape[0])], x.ndim == 4
     top, left, hh, ww = (_hostv(params, k) for k in ("top", "left", "height", "width"))
     flips = _hostv(params, "flip") if "flip" in params else np.zeros(len(clips), bool)
+    for k, v in zip(("top", "left", "height", "width", "flip"), (top, left, hh, ww, flips)):
+        if len(v) != len(clips):  # one value a clip, on every device
+            raise ValueError(f"params[{k!r}] must have one value per clip ({len(clips)}), got "
+                             f"{len(v)}")
     boxes = [(int(top[b]), int(left[b]), int(hh[b]), int(ww[b])) for b in range(len(clips))]
     flips = [bool(f) for f in flips]
     oh, ow = _size(size)
