@@ -337,25 +337,36 @@ def test_flac_reader_processes_read_files_into_their_slots(tmp_path):
     assert not readers.alive and all(w.proc.poll() is not None for w in procs)  # all gone
 
 
-def test_flac_reader_process_replaced_has_its_start_to_answer(tmp_path):
-    """A reader process started in place of a lost one is not held to the request timeout
-    while it starts (a fresh interpreter takes about 0.3 s): its first answer has the
-    start's allowance (BOOT_S), as the first processes had; later ones the timeout."""
+def _readers_one_killed(tmp_path, *, files, size, timeout):
+    """Two reader processes (``timeout``), a staging slot, the second process killed; ``files``
+    files of ``size`` bytes (file k all k + 1) and their offsets back to back."""
     import signal
 
     from avpipe.pipeline._flac_windows import ProcessReaders
 
     paths = []
-    for k in range(2):
+    for k in range(files):
         p = tmp_path / f"f{k}.bin"
-        p.write_bytes(bytes([k + 1]) * 64)
+        p.write_bytes(bytes([k + 1]) * size)
         paths.append(str(p))
-    offsets = np.array([0, 64, 128], np.int64)
-    readers = ProcessReaders(2, timeout=0.1)
+    offsets = np.arange(0, (files + 1) * size, size, dtype=np.int64)
+    readers = ProcessReaders(2, timeout=timeout)
     try:
-        readers.allocate(1, 256)
+        readers.allocate(1, 1024)
         os.kill(readers._state["procs"][1].pid, signal.SIGKILL)
         readers._state["procs"][1].proc.wait()
+    except BaseException:
+        readers.close()
+        raise
+    return readers, paths, offsets
+
+
+def test_flac_reader_process_replaced_has_its_start_to_answer(tmp_path):
+    """A reader process started in place of a lost one is not held to the request timeout
+    while it starts (a fresh interpreter takes about 0.3 s): its first answer has the
+    start's allowance (BOOT_S), as the first processes had; later ones the timeout."""
+    readers, paths, offsets = _readers_one_killed(tmp_path, files=2, size=64, timeout=0.1)
+    try:
         errors = readers.read(0, offsets, paths)
         assert set(errors) == {1}
         new = readers._state["procs"][1]
@@ -372,22 +383,10 @@ def test_flac_reader_processes_replace_a_dead_or_stuck_process(tmp_path):
     reported (read) or the call raises multiprocessing.TimeoutError (map), and the next calls
     are answered in full."""
     import multiprocessing as mp
-    import signal
     import time
 
-    from avpipe.pipeline._flac_windows import ProcessReaders
-
-    paths = []
-    for k in range(4):
-        p = tmp_path / f"f{k}.bin"
-        p.write_bytes(bytes([k + 1]) * 100)
-        paths.append(str(p))
-    offsets = np.arange(0, 500, 100, dtype=np.int64)
-    readers = ProcessReaders(2, timeout=0.5)
+    readers, paths, offsets = _readers_one_killed(tmp_path, files=4, size=100, timeout=0.5)
     try:
-        readers.allocate(1, 1024)
-        os.kill(readers._state["procs"][1].pid, signal.SIGKILL)
-        readers._state["procs"][1].proc.wait()
         errors = readers.read(0, offsets, paths)
         assert set(errors) == {2, 3} and all("died" in w or "gone" in w for w in errors.values())
         assert readers.read(0, offsets, paths) == {}
