@@ -14,7 +14,6 @@ import pytest
 ELEMENTWISE_PRELUDE = r"""
 #include <math.h>
 #define __global__
-#define __launch_bounds__(n)
 struct Dim3 { unsigned x; };
 static Dim3 threadIdx, blockIdx, blockDim;
 """
