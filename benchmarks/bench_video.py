@@ -10,7 +10,13 @@ RGB -> short side 224 (bilinear) -> center crop 224 -> ImageNet-normalized fp16 
   Cold contenders: avpipe_cold_clip_cps runs on 512+ distinct paths (hard links to the files), so
   every open in a pass misses the 256-entry scan cache (what a dataset of more than a few hundred
   videos sees); avpipe_nocache_clip_cps switches the scan cache off. avpipe_clip_cps and
-  pynvc_clip_cps also report NVDEC's utilisation (nvidia-smi, median over the run).
+  pynvc_clip_cps also report NVDEC's utilisation (nvidia-smi, median over the run);
+  avpipe_clip_nosmi_cps is avpipe_clip_cps without that sampling.
+  Timing: 16 workers take clips from one sequence of shuffled passes over the files, each as
+  soon as its last clip is done (run_passes' "stream"). avpipe_clip_passes_cps and
+  pynvc_clip_passes_cps time pass by pass instead, as anchors.py does: with 32 files every
+  thread waits for each pass's slowest clip every two clips.
+  avpipe_feed_iter_cps iterates ClipFeed itself (batches of 8) over the files listed 16 times.
 * pynvc_clip_cps  — plain PyNvVideoCodec SimpleDecoder (RGB output, get_batch_frames_by_index)
   + the same transform.
 * dali_video_reader_cps — DALI fn.readers.video (GPU) + resize + crop_mirror_normalize.
@@ -143,7 +149,15 @@ def cupy_transform(x):
 # ---------------------------------------------------------------------------------------------
 
 def run_passes(clip_fn, files, budget, max_passes=40):
-    """Warm-up pass, then passes (each file one clip, 16 threads) until budget seconds."""
+    """Warm-up pass, then ``THREADS`` workers until ``budget`` seconds (:data:`HARNESS`):
+
+    * ``"stream"`` (default): each worker takes the next ``(file, seed)`` of one sequence of
+      passes over ``files`` (each pass in a new seeded order) as soon as its last clip is done;
+      the clips finished by the end count. What a feed that keeps its threads busy sees.
+    * ``"passes"``: ``pool.map`` over one pass at a time, as ``anchors.py`` times its
+      PyNvVideoCodec clips. Over 32 files a pass is two clips a thread, and every thread waits
+      for the pass's slowest clip before the next pass starts (the barrier costs the rate
+      more the fewer files a pass has)."""
     import cupy
 
     errors = []
@@ -156,22 +170,65 @@ def run_passes(clip_fn, files, budget, max_passes=40):
                 errors.append(f"{args[0]}: {type(e).__name__}: {e}")
             return 0
 
-    with ThreadPoolExecutor(THREADS) as pool:
-        def one_pass(p):
-            order = random.Random(p).sample(files, len(files))
-            return sum(pool.map(safe, [(f, p * 100003 + i) for i, f in enumerate(order)]))
+    def pass_items(p):
+        order = random.Random(p).sample(files, len(files))
+        return [(f, p * 100003 + i) for i, f in enumerate(order)]
 
-        one_pass(10 ** 6)
+    with ThreadPoolExecutor(THREADS) as pool:
+        sum(pool.map(safe, pass_items(10 ** 6)))  # warm-up
         cupy.cuda.runtime.deviceSynchronize()
-        clips, passes, t0 = 0, 0, time.perf_counter()
-        while passes < max_passes:
-            clips += one_pass(passes)
-            passes += 1
-            if time.perf_counter() - t0 >= budget:
-                break
+        if HARNESS["mode"] == "passes":
+            clips, passes, t0 = 0, 0, time.perf_counter()
+            while passes < max_passes:
+                clips += sum(pool.map(safe, pass_items(passes)))
+                passes += 1
+                if time.perf_counter() - t0 >= budget:
+                    break
+        else:
+            lock = threading.Lock()
+            state = {"items": iter(()), "pass": 0, "clips": 0, "taken": 0}
+
+            def take():
+                with lock:
+                    item = next(state["items"], None)
+                    if item is None:
+                        state["items"] = iter(pass_items(state["pass"]))
+                        state["pass"] += 1
+                        item = next(state["items"])
+                    state["taken"] += 1
+                    return item
+
+            def worker(deadline):
+                while time.perf_counter() < deadline:
+                    n = safe(take())
+                    with lock:
+                        state["clips"] += n
+
+            t0 = time.perf_counter()
+            for f in [pool.submit(worker, t0 + budget) for _ in range(THREADS)]:
+                f.result()
+            clips, passes = state["clips"], state["taken"] / max(1, len(files))
         cupy.cuda.runtime.deviceSynchronize()
         secs = time.perf_counter() - t0
-    return clips / secs, {"clips": clips, "seconds": round(secs, 3), "passes": passes, "errors": errors}
+    return clips / secs, {"clips": clips, "seconds": round(secs, 3), "passes": passes,
+                          "harness": HARNESS["mode"], "errors": errors}
+
+
+HARNESS = {"mode": "stream"}
+
+
+def _passes(bench):
+    """``bench`` timed pass by pass (:func:`run_passes`' ``"passes"``, anchors.py's way)."""
+
+    def run(files, budget):
+        old = HARNESS["mode"]
+        HARNESS["mode"] = "passes"
+        try:
+            return bench(files, budget)
+        finally:
+            HARNESS["mode"] = old
+
+    return run
 
 
 def bench_avpipe(files, budget):
@@ -202,6 +259,32 @@ def bench_avpipe(files, budget):
     extra.update(transform="avpipe.pipeline.clips.ClipFeed (ops.image.resize_crop_normalize)",
                  transform_max_diff_vs_reference=diff, backends=stats)
     return cps, extra
+
+
+def bench_avpipe_feed(files, budget):
+    """``ClipFeed`` iterated (batches of 8, 16 threads) over ``files`` listed 16 times, epoch
+    after epoch, until ``budget`` seconds after a warm-up epoch."""
+    import cupy
+
+    from avpipe.pipeline.clips import ClipFeed
+
+    feed = ClipFeed(files * 16, clip_length=CLIP_LEN, stride=STRIDE, crop_size=CROP,
+                    threads=THREADS, batch_size=8, device="cuda")
+    errors = 0
+    for b in feed:
+        errors += len(b.errors)
+    cupy.cuda.runtime.deviceSynchronize()
+    clips, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < budget:
+        for b in feed:
+            clips += len(b.paths)
+            errors += len(b.errors)
+            assert b.clips is None or b.clips.shape[1:] == (CLIP_LEN, 3, CROP, CROP)
+    cupy.cuda.runtime.deviceSynchronize()
+    secs = time.perf_counter() - t0
+    feed.close()
+    return clips / secs, {"clips": clips, "seconds": round(secs, 3), "epochs": feed.epoch - 1,
+                          "errors": errors, "batch": 8}
 
 
 def bench_pynvc(files, budget):
@@ -377,6 +460,13 @@ BENCHES = {
     # the packet path with one packet per Decode call (each picture comes out at the next call)
     "avpipe_packets_chunk1_clip_cps": _with_env(bench_avpipe, AVPIPE_NVDEC_CHUNK="1"),
     "pynvc_clip_cps": _nvdec_utilisation(bench_pynvc),
+    # both timed pass by pass, with a barrier every 32 clips (as anchors.py times its clips)
+    "avpipe_clip_passes_cps": _passes(bench_avpipe),
+    "avpipe_clip_nosmi_cps": bench_avpipe,
+    "pynvc_clip_passes_cps": _passes(bench_pynvc),
+    # the feed itself: ClipFeed's batches of 8 (its threads busy across batches) over the
+    # files listed 16 times (warm: 32 distinct paths)
+    "avpipe_feed_iter_cps": bench_avpipe_feed,
     "dali_video_reader_cps": bench_dali,
 }
 

@@ -55,3 +55,39 @@ def test_clip_feed_clip_matches_sampler_and_transform():
     want = resize_crop_normalize(ref.data[0], short_side=48, crop_size=48, antialias=False)
     np.testing.assert_array_equal(c.data, want)
     assert c.backend == "pyav"
+
+
+def test_clip_feed_keeps_every_thread_busy_across_batches(monkeypatch):
+    """Iterating does not wait for a batch's slowest clip before starting the next batch's:
+    with 4 threads and batches of 2, four clips decode at once; batches keep the epoch's order
+    and at most threads + batch_size clips are decoded ahead."""
+    import threading
+    import time
+
+    from avpipe.pipeline.clips import Clip
+
+    paths = [f"v{i}.mp4" for i in range(12)]
+    feed = ClipFeed(paths, batch_size=2, threads=4, device="cpu", shuffle=False)
+    monkeypatch.setattr(feed, "_scan_ahead", lambda: type("Off", (), {"active": False})())
+    lock = threading.Lock()
+    state = {"now": 0, "peak": 0, "started": 0}
+
+    def clip(path, seed):
+        with lock:
+            state["now"] += 1
+            state["started"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.05)
+        with lock:
+            state["now"] -= 1
+        return Clip(data=np.zeros((1,), np.float16), indices=np.zeros(1, np.int64),
+                    pts_seconds=np.zeros(1), path=path, backend="pyav")
+
+    monkeypatch.setattr(feed, "clip", clip)
+    it = iter(feed)
+    first = next(it)
+    time.sleep(0.2)  # the consumer is slow: the threads went on, within the window
+    assert 4 < state["started"] <= 2 + feed._window()
+    rest = list(it)
+    assert state["peak"] == 4
+    assert [p for b in [first, *rest] for p in b.paths] == paths

@@ -14,10 +14,13 @@ then resized (short side), centre-cropped and normalized in one fused pass
 This is the workload ``benchmarks/bench_video.py`` measures (its ``avpipe`` contender calls
 :meth:`ClipFeed.clip` from its own threads). Threads overlap well here: decoding waits on NVDEC
 and the transform is one kernel, so a thread per decoder session keeps NVDEC's engines busy.
+Iterating keeps them busy across batches too: up to ``threads + batch_size`` clips are decoded
+ahead of the consumer, in the epoch's order (no thread waits for a batch's slowest clip).
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -239,6 +242,11 @@ class ClipFeed:
         except DecodeError as e:
             return pos, None, e
 
+    def _window(self) -> int:
+        """Clips decoded ahead at most: every thread busy, plus a batch (each batch's clips
+        are waited for in order while the threads go on with the next ones)."""
+        return self.threads + self.batch_size
+
     def __iter__(self) -> Iterator[ClipBatch]:
         epoch = self.epoch
         self.epoch += 1
@@ -247,25 +255,41 @@ class ClipFeed:
         xp = self.device.xp
         bs = self.batch_size
         ahead = self._scan_ahead()  # the next batches' files (_scan_ahead), kept across epochs
+        taker = ahead if ahead.active else None
+        pending: collections.deque = collections.deque()  # futures, in the epoch's order
+        nxt = scanned = 0  # work[:nxt] submitted to the threads, work[:scanned] to scan-ahead
         with ThreadPoolExecutor(self.threads) as pool:
-            taker = ahead if ahead.active else None
-            if ahead.active:
-                ahead.submit(p for _, p, _ in work[: SCAN_DEPTH * bs])
-            for b0 in range(0, len(work), bs):
-                if ahead.active:
-                    ahead.submit(
-                        p for _, p, _ in work[b0 + SCAN_DEPTH * bs : b0 + (SCAN_DEPTH + 1) * bs]
-                    )
-                done = list(pool.map(lambda w: self._one(w, taker), work[b0 : b0 + bs]))
-                good = [c for _, c, _ in done if c is not None]
-                errors = tuple((pos, e) for pos, _, e in done if e is not None)
-                if errors and self.on_error == "raise":
-                    raise errors[0][1]
-                clips = None
-                if good:
-                    with self.device.activate():
-                        clips = xp.stack([c.data for c in good])
-                yield ClipBatch(
-                    clips=clips, paths=tuple(c.path for c in good), errors=errors,
-                    device=str(self.device),
-                )  # fmt: skip
+
+            def fill():
+                # no barrier between batches: the threads go on with the next clips while a
+                # batch is stacked and consumed (at most _window() clips decoded ahead)
+                nonlocal nxt, scanned
+                while len(pending) < self._window() and nxt < len(work):
+                    if ahead.active:  # scans read SCAN_DEPTH batches before their decoding
+                        hi = min(len(work), nxt + (SCAN_DEPTH + 1) * bs)
+                        if hi > scanned:
+                            ahead.submit(p for _, p, _ in work[scanned:hi])
+                            scanned = hi
+                    pending.append(pool.submit(self._one, work[nxt], taker))
+                    nxt += 1
+
+            try:
+                for b0 in range(0, len(work), bs):
+                    fill()
+                    done = [pending.popleft().result() for _ in range(min(bs, len(work) - b0))]
+                    fill()
+                    good = [c for _, c, _ in done if c is not None]
+                    errors = tuple((pos, e) for pos, _, e in done if e is not None)
+                    if errors and self.on_error == "raise":
+                        raise errors[0][1]
+                    clips = None
+                    if good:
+                        with self.device.activate():
+                            clips = xp.stack([c.data for c in good])
+                    yield ClipBatch(
+                        clips=clips, paths=tuple(c.path for c in good), errors=errors,
+                        device=str(self.device),
+                    )  # fmt: skip
+            finally:  # an early stop (an error raised, the consumer's break): no new clips
+                for f in pending:
+                    f.cancel()
