@@ -71,9 +71,11 @@ def test_clip_feed_keeps_every_thread_busy_across_batches(monkeypatch):
     monkeypatch.setattr(feed, "_scan_ahead", lambda: type("Off", (), {"active": False})())
     lock = threading.Lock()
     state = {"now": 0, "peak": 0, "started": 0}
+    threads = set()
 
     def clip(path, seed):
         with lock:
+            threads.add(threading.get_ident())
             state["now"] += 1
             state["started"] += 1
             state["peak"] = max(state["peak"], state["now"])
@@ -91,3 +93,10 @@ def test_clip_feed_keeps_every_thread_busy_across_batches(monkeypatch):
     rest = list(it)
     assert state["peak"] == 4
     assert [p for b in [first, *rest] for p in b.paths] == paths
+    # the next epoch runs on the same threads (each keeps its decoder session); close() ends them
+    assert sum(len(b.paths) for b in feed) == len(paths) and len(threads) == 4
+    pool = feed._pool
+    feed.close()
+    assert feed._pool is None and pool._shutdown
+    assert sum(len(b.paths) for b in feed) == len(paths)  # a later epoch starts them again
+    feed.close()

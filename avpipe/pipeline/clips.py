@@ -181,6 +181,7 @@ class ClipFeed:
         )  # fmt: skip
         self._streams = ThreadStreams(self.device)
         self._ahead = None
+        self._pool = None  # the decoding threads, kept across epochs (their NVDEC sessions)
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -220,12 +221,24 @@ class ClipFeed:
             self._ahead_done = weakref.finalize(self, self._ahead.close)
         return self._ahead
 
+    def _threads(self) -> ThreadPoolExecutor:
+        """The decoding threads, started by the first epoch and kept for the next ones: each
+        keeps its decoder session and CUDA stream (a new thread opens new ones)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="avpipe-clips")
+            self._pool_done = weakref.finalize(self, self._pool.shutdown, wait=False,
+                                               cancel_futures=True)  # fmt: skip
+        return self._pool
+
     def close(self) -> None:
-        """Stop the scan-ahead processes (also done when the feed is collected); a later
-        epoch starts them again."""
+        """Stop the scan-ahead processes and the decoding threads (also done when the feed
+        is collected); a later epoch starts them again."""
         if self._ahead is not None:
             self._ahead_done()
             self._ahead = None
+        if self._pool is not None:
+            self._pool_done()
+            self._pool = None
 
     def _order(self, epoch: int) -> np.ndarray:
         n = len(self.paths)
@@ -243,9 +256,10 @@ class ClipFeed:
             return pos, None, e
 
     def _window(self) -> int:
-        """Clips decoded ahead at most: every thread busy, plus a batch (each batch's clips
-        are waited for in order while the threads go on with the next ones)."""
-        return self.threads + self.batch_size
+        """Clips decoded ahead at most: twice the threads plus a batch. Each batch's clips
+        are waited for in order while the threads go on with the next ones; the slack keeps
+        them busy while a slow clip holds up its batch."""
+        return 2 * self.threads + self.batch_size
 
     def __iter__(self) -> Iterator[ClipBatch]:
         epoch = self.epoch
@@ -258,38 +272,38 @@ class ClipFeed:
         taker = ahead if ahead.active else None
         pending: collections.deque = collections.deque()  # futures, in the epoch's order
         nxt = scanned = 0  # work[:nxt] submitted to the threads, work[:scanned] to scan-ahead
-        with ThreadPoolExecutor(self.threads) as pool:
+        pool = self._threads()
 
-            def fill():
-                # no barrier between batches: the threads go on with the next clips while a
-                # batch is stacked and consumed (at most _window() clips decoded ahead)
-                nonlocal nxt, scanned
-                while len(pending) < self._window() and nxt < len(work):
-                    if ahead.active:  # scans read SCAN_DEPTH batches before their decoding
-                        hi = min(len(work), nxt + (SCAN_DEPTH + 1) * bs)
-                        if hi > scanned:
-                            ahead.submit(p for _, p, _ in work[scanned:hi])
-                            scanned = hi
-                    pending.append(pool.submit(self._one, work[nxt], taker))
-                    nxt += 1
+        def fill():
+            # no barrier between batches: the threads go on with the next clips while a
+            # batch is stacked and consumed (at most _window() clips decoded ahead)
+            nonlocal nxt, scanned
+            while len(pending) < self._window() and nxt < len(work):
+                if ahead.active:  # scans read SCAN_DEPTH batches before their decoding
+                    hi = min(len(work), nxt + (SCAN_DEPTH + 1) * bs)
+                    if hi > scanned:
+                        ahead.submit(p for _, p, _ in work[scanned:hi])
+                        scanned = hi
+                pending.append(pool.submit(self._one, work[nxt], taker))
+                nxt += 1
 
-            try:
-                for b0 in range(0, len(work), bs):
-                    fill()
-                    done = [pending.popleft().result() for _ in range(min(bs, len(work) - b0))]
-                    fill()
-                    good = [c for _, c, _ in done if c is not None]
-                    errors = tuple((pos, e) for pos, _, e in done if e is not None)
-                    if errors and self.on_error == "raise":
-                        raise errors[0][1]
-                    clips = None
-                    if good:
-                        with self.device.activate():
-                            clips = xp.stack([c.data for c in good])
-                    yield ClipBatch(
-                        clips=clips, paths=tuple(c.path for c in good), errors=errors,
-                        device=str(self.device),
-                    )  # fmt: skip
-            finally:  # an early stop (an error raised, the consumer's break): no new clips
-                for f in pending:
-                    f.cancel()
+        try:
+            for b0 in range(0, len(work), bs):
+                fill()
+                done = [pending.popleft().result() for _ in range(min(bs, len(work) - b0))]
+                fill()
+                good = [c for _, c, _ in done if c is not None]
+                errors = tuple((pos, e) for pos, _, e in done if e is not None)
+                if errors and self.on_error == "raise":
+                    raise errors[0][1]
+                clips = None
+                if good:
+                    with self.device.activate():
+                        clips = xp.stack([c.data for c in good])
+                yield ClipBatch(
+                    clips=clips, paths=tuple(c.path for c in good), errors=errors,
+                    device=str(self.device),
+                )  # fmt: skip
+        finally:  # an early stop (an error raised, the consumer's break): no new clips
+            for f in pending:
+                f.cancel()
