@@ -45,18 +45,20 @@ static inline unsigned short avp_f2h(float v) {  // the GPU's cvt.rn.f16.f32
     memcpy(&u, &h, 2);
     return u;
 }
-struct Dim3 { unsigned x; };
+struct Dim3 { unsigned x, y; };
 static Dim3 threadIdx, blockIdx, blockDim, gridDim;
-extern "C" void avp_cpu_block(unsigned b, unsigned nblocks) {
+extern "C" void avp_cpu_block2(unsigned b, unsigned nblocks, unsigned by, unsigned nby) {
     blockDim.x = 1; threadIdx.x = 0; blockIdx.x = b; gridDim.x = nblocks;
+    blockDim.y = 1; threadIdx.y = 0; blockIdx.y = by; gridDim.y = nby;
 }
+extern "C" void avp_cpu_block(unsigned b, unsigned nblocks) { avp_cpu_block2(b, nblocks, 0, 1); }
 """
 
 P, LL, I32, F32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_float
 SRC = [P, LL, LL, LL, LL, LL]
 ARGTYPES = {
     "avp_gray_mean": SRC + [I32] * 4 + [P] * 5 + [F32, P],
-    "avp_pixels": SRC + [I32] * 4 + [P] * 7 + [F32, I32, P, P, I32, I32, P],
+    "avp_pixels": SRC + [I32] * 4 + [P] * 7 + [I32, F32, I32, P, P, I32, I32, P],
     "avp_crop_hpass": SRC + [I32] * 5 + [P] * 4 + [I32, P],
     "avp_crop_vpass": [P] + [I32] * 6 + [P, P, I32, I32, P],
 }
@@ -66,20 +68,21 @@ NBLOCKS = 5
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     return build(PRELUDE + K.SOURCE, tmp_path_factory.mktemp("augment_kernels"),
-                 flags=("-std=c++14", "-Wno-unused-function"))
+                 flags=("-std=c++14", "-Wno-unused-function", "-Wno-unknown-pragmas"))
 
 
 def _p(a):
     return None if a is None else ctypes.c_void_p(a.ctypes.data)
 
 
-def _launch(lib, name, *args):
+def _launch(lib, name, *args, rows=1):
     f = getattr(lib, name)
     f.argtypes = ARGTYPES[name.rsplit("_", 1)[0] if name != "avp_crop_vpass" else name]
     f.restype = None
-    for b in range(NBLOCKS):  # grid-stride loops over several blocks of one thread
-        lib.avp_cpu_block(b, NBLOCKS)
-        f(*args)
+    for by in range(rows):  # gridDim.y: the gray mean's parts of each frame
+        for b in range(NBLOCKS):  # grid-stride loops over several blocks of one thread
+            lib.avp_cpu_block2(b, NBLOCKS, by, rows)
+            f(*args)
 
 
 def _src(x5):
@@ -88,8 +91,9 @@ def _src(x5):
 
 
 def pixels_cpu(lib, x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=None,
-               nchw=False, mode=K.MODE_F32):  # fmt: skip
-    """:func:`avpipe.ops._augment_kernels.pixels`, its launches run here."""
+               nchw=False, mode=K.MODE_F32, parts=3):  # fmt: skip
+    """:func:`avpipe.ops._augment_kernels.pixels`, its launches run here (``parts``: each
+    frame's gray sum in that many parts, the gray-mean launch's ``gridDim.y``)."""
     B, T, H, W, _ = x5.shape
     kind, src = _src(x5)
     out = np.empty((B, T, 3, H, W) if nchw else (B, T, H, W, 3), K._OUT_DTYPE[mode])
@@ -99,17 +103,19 @@ def pixels_cpu(lib, x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, 
         order = np.ascontiguousarray(jitter["order"], np.int64)
         fac = [np.ascontiguousarray(jitter[n], np.float64)
                for n in ("brightness", "contrast", "saturation", "hue")]  # fmt: skip
-        mean = np.full(B * T, np.nan, np.float32)
+        mean = np.full(B * T * parts, np.nan, np.float64)
         _launch(lib, f"avp_gray_mean_{kind}", *src, B, T, H, W, _p(order), *map(_p, fac),
-                bound, _p(mean))  # fmt: skip
+                bound, _p(mean), rows=parts)  # fmt: skip
         keep += [order, fac, mean]
     else:
         order = mean = None
         fac = [None] * 4
+        parts = 0
     a, b = (None, None) if affine is None else (np.asarray(affine[0], np.float32),
                                                 np.asarray(affine[1], np.float32))  # fmt: skip
     _launch(lib, f"avp_pixels_{kind}", *src, B, T, H, W, _p(fl), _p(order), *map(_p, fac),
-            _p(mean), bound, int(round_u8), _p(a), _p(b), int(nchw), mode, _p(out))  # fmt: skip
+            _p(mean), parts, bound, int(round_u8), _p(a), _p(b), int(nchw), mode,
+            _p(out))  # fmt: skip
     return out
 
 
@@ -190,6 +196,21 @@ def test_color_jitter(lib, random_order, p):
     x = _clips()
     d = pixels_cpu(lib, x, jitter=cj, mode=K.MODE_U8).astype(int) - I.apply_color_jitter(x, cj)
     assert np.abs(d).max() <= 1 and np.mean(d != 0) < 1e-3
+
+
+def test_gray_mean_in_parts(lib):
+    """Each frame's gray sum split into any number of parts (the gray-mean launch's
+    ``gridDim.y``) gives the contrast the same frame mean: the jittered values agree to float
+    rounding whatever the split; ``mean_parts`` spreads a batch over about a thousand blocks."""
+    cj = I.sample_color_jitter_params(2, 3, np.arange(5), brightness=0.4, contrast=0.4,
+                                      saturation=0.4, hue=0.1)  # fmt: skip
+    xf = _clips(dtype=np.float32)
+    one = pixels_cpu(lib, xf, jitter=cj, bound=1.0, parts=1)
+    for parts in (2, 7):
+        np.testing.assert_allclose(pixels_cpu(lib, xf, jitter=cj, bound=1.0, parts=parts), one,
+                                   atol=1e-6, rtol=0)  # fmt: skip
+    assert K.mean_parts(128, 224 * 224) == 8 and K.mean_parts(1, 224 * 224) == 64
+    assert K.mean_parts(4, 100) == 1 and K.mean_parts(10**6, 224 * 224) == 1
 
 
 def test_float16_output_is_the_float32_rounded(lib):
@@ -287,9 +308,9 @@ def test_crop_tables_equal_whole_plans():
 # kernel's input type; "out": uint8 or float32 by the mode)
 _SRC = ["p:T", "i64", "i64", "i64", "i64", "i64"]
 SIGNATURES = {
-    "avp_gray_mean": _SRC + ["i32"] * 4 + ["p:int64"] + ["p:float64"] * 4 + ["f32", "p:float32"],
+    "avp_gray_mean": _SRC + ["i32"] * 4 + ["p:int64"] + ["p:float64"] * 4 + ["f32", "p:float64"],
     "avp_pixels": _SRC + ["i32"] * 4 + ["p:uint8?", "p:int64?"] + ["p:float64?"] * 4
-    + ["p:float32?", "f32", "i32", "p:float32?", "p:float32?", "i32", "i32", "p:out"],
+    + ["p:float64?", "i32", "f32", "i32", "p:float32?", "p:float32?", "i32", "i32", "p:out"],
     "avp_crop_hpass": _SRC + ["i32"] * 5 + ["p:int32", "p:int32", "p:int32", "p:float32", "i32",
                                             "p:float32"],
     "avp_crop_vpass": ["p:float32"] + ["i32"] * 6 + ["p:int32", "p:float32", "i32", "i32",
@@ -506,9 +527,10 @@ def _fake_launch(name, grid, block, args):
     f = getattr(FakeCupy.lib, name)
     f.argtypes = [P if t.startswith("p:") else _CTYPE[t][1] for t in sig]
     f.restype = None
-    for b in range(NBLOCKS):
-        FakeCupy.lib.avp_cpu_block(b, NBLOCKS)
-        f(*conv)
+    for by in range(int(grid[1])):
+        for b in range(NBLOCKS):
+            FakeCupy.lib.avp_cpu_block2(b, NBLOCKS, by, int(grid[1]))
+            f(*conv)
     LOG.launches.append(name)
 
 
@@ -528,11 +550,13 @@ def _check_sizes(base, args):
             assert size(args[10]) in (0, nb)
         assert size(args[k]) in (0, nb * 4) and all(size(f) in (0, nb) for f in args[k + 1 : k + 5])
         if base == "avp_gray_mean":
-            assert args[16].size == nb * nt
+            assert args[16].size % (nb * nt) == 0 and args[16].size // (nb * nt) >= 1
         else:
-            assert size(args[16]) in (0, nb * nt) and (size(args[16]) == 0) == (size(args[11]) == 0)
-            assert size(args[19]) in (0, 3) and size(args[20]) in (0, 3)
-            nchw, mode, out = int(args[21]), int(args[22]), args[23]
+            parts = int(args[17])
+            assert size(args[16]) in (0, nb * nt * parts) and (parts > 0) == (size(args[16]) > 0)
+            assert (size(args[16]) == 0) == (size(args[11]) == 0)
+            assert size(args[20]) in (0, 3) and size(args[21]) in (0, 3)
+            nchw, mode, out = int(args[22]), int(args[23]), args[24]
             assert out.dtype == K._OUT_DTYPE[mode]
             assert out.shape == ((nb, nt, 3, h, w) if nchw else (nb, nt, h, w, 3))
     if base == "avp_crop_hpass":

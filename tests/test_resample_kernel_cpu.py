@@ -9,18 +9,31 @@ import ctypes
 
 import numpy as np
 import pytest
-from cpp_kernels import ELEMENTWISE_PRELUDE, build, ptx
+from cpp_kernels import build, ptx
 
 from avpipe.ops import _resample as R
 
-PRELUDE = ELEMENTWISE_PRELUDE
+PRELUDE = r"""
+#include <math.h>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+struct Dim3 { unsigned x, y; };
+static Dim3 threadIdx, blockIdx, blockDim, gridDim;
+"""
 
+# the GPU's launch (_rows_kernel): blockIdx.x the output position (blockDim 1 here), blockIdx.y
+# the row, gridDim.y rows at most (a row past it is the next step of its block's loop)
 LAUNCHER = r"""
-extern "C" void run(long long total, const float* x, long long n_in, const long long* rows,
-        const float* taps, float* out, long long width) {
-    blockDim.x = 1; threadIdx.x = 0;
-    for (long long t = 0; t < total; ++t) { blockIdx.x = (unsigned)t;
-        avpipe_resample_rows(x, n_in, rows, taps, out, width, total); }
+extern "C" void run(int small, int grid_rows, int nrows, const float* x, long long n_in,
+        const long long* rows, const float* taps, float* out, long long width) {
+    blockDim.x = 1; threadIdx.x = 0; gridDim.y = (unsigned)grid_rows;
+    for (int by = 0; by < grid_rows; ++by)
+        for (long long m = 0; m < width; ++m) {
+            blockIdx.x = (unsigned)m; blockIdx.y = (unsigned)by;
+            if (small) avpipe_resample_rows32(x, n_in, rows, taps, out, width, nrows);
+            else avpipe_resample_rows(x, n_in, rows, taps, out, width, nrows);
+        }
 }
 """
 
@@ -35,8 +48,9 @@ def _p(a):
     return ctypes.c_void_p(a.ctypes.data)
 
 
-def run_cpu(lib, x, lens, rates, target, quality):
-    """The GPU runner's sequence (``_rows_kernel``), with the kernel run on the CPU."""
+def run_cpu(lib, x, lens, rates, target, quality, *, small=None, grid_rows=None):
+    """The GPU runner's sequence (``_rows_kernel``), with the kernel run on the CPU (``small``:
+    the 32-bit kernel, by default where ``index_fits``; ``grid_rows``: the grid's rows)."""
     x = np.ascontiguousarray(x, np.float32)
     B, n = x.shape
     g = np.gcd(rates, target)
@@ -49,7 +63,10 @@ def run_cpu(lib, x, lens, rates, target, quality):
     assert rows.shape == (B, 7) and rows.dtype == np.int64 and rows.flags.c_contiguous
     out = np.full((B, width), np.nan, np.float32)
     I64 = ctypes.c_longlong
-    lib.run(I64(B * width), _p(x), I64(n), _p(rows), _p(taps), _p(out), I64(width))
+    if small is None:
+        small = R.index_fits(width, down, lens)
+    lib.run(int(small), int(grid_rows or B), B, _p(x), I64(n), _p(rows), _p(taps), _p(out),
+            I64(width))  # fmt: skip
     return out, new
 
 
@@ -82,9 +99,34 @@ def test_kernel_equals_reference_per_row_rates(lib, quality):
     np.testing.assert_array_equal(out[b, : lens[b]], x[b, : lens[b]])
 
 
+def test_kernel_index_widths_and_grids_give_the_same_output(lib):
+    """The 32-bit and 64-bit index kernels, and a grid with fewer rows than the batch (rows
+    taken in steps of it), write the same values bit for bit; the taps at a row's edges (the
+    bounds-tested sum) and inside it (the plain one) both count."""
+    rng = np.random.default_rng(11)
+    lens = np.array([3000, 17, 0, 2999, 1500])
+    x = rng.standard_normal((5, 3000)).astype(np.float32)
+    rates = np.array([13600, 18400, 16000, 44100, 8000])
+    a, _ = run_cpu(lib, x, lens, rates, 16000, "fast", small=False)
+    b, _ = run_cpu(lib, x, lens, rates, 16000, "fast", small=True)
+    c, _ = run_cpu(lib, x, lens, rates, 16000, "fast", small=True, grid_rows=2)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
+    ref, _ = R.resample_rows(x, lens, rates, 16000, quality="fast")
+    np.testing.assert_allclose(a, ref, atol=2e-6, rtol=2e-6)
+
+
+def test_index_fits_32_bits():
+    assert R.index_fits(300_000, [17, 113], [256_000, 100])
+    assert not R.index_fits(5_000_000, [441], [100])  # 5e6 * 441 > 2**31
+    assert not R.index_fits(10, [1], [2**31 - 1])
+    assert R.index_fits(10, [], [])
+
+
 def test_kernel_compiles_for_the_gpu(tmp_path):
     with open(R.KERNEL_FILE) as f:
-        assert "avpipe_resample_rows" in ptx(f.read(), tmp_path)
+        code = ptx(f.read(), tmp_path)
+    assert "avpipe_resample_rows32" in code and "avpipe_resample_rows(" in code
 
 
 @pytest.mark.parametrize("rates", [(13900, 16000), (44100, 16000), (8000, 16000), (16000, 11025)])
@@ -157,7 +199,8 @@ def test_rows_of_a_wider_buffer_read_in_place(monkeypatch):
     monkeypatch.setattr(R, "_bank", lambda dev, q: type("B", (), {"get": lambda self, c, p: (
         None, {pair: (0, 1, 1) for pair in p})})())  # fmt: skip
     monkeypatch.setattr(R, "upload_many", lambda cp, arrays: arrays)
-    monkeypatch.setattr(R, "_kernel", lambda dev: lambda grid, block, args: launched.append(args))
+    monkeypatch.setattr(R, "_kernel",
+                        lambda dev, small=False: lambda grid, block, args: launched.append(args))
     wide = np.zeros((3, 100), np.float32)
     R._rows_kernel(FakeCupy, wide[:, :60], np.array([60, 50, 40]), np.ones(3, int),
                    np.ones(3, int), np.array([60, 50, 40]), 60, "fast")  # fmt: skip

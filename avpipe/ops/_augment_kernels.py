@@ -18,7 +18,8 @@ same float32 arithmetic per element, in a handful of launches per batch:
   to a contiguous ``[B, T, H, W, C]`` or ``[B, T, C, H, W]`` uint8 / float32 output.
 * **gray mean** (one launch, only with a jitter): each frame's mean luma of the image as it is
   when that item's contrast step comes (the previous steps applied on the fly; torchvision's
-  rule), one block per frame, float64 partial sums.
+  rule): each frame's float64 sum in a few parts (``mean_parts``: about a thousand blocks in
+  all, so that every SM has work), which the pixel kernel adds in order.
 
 The source is plain C++ with CUDA qualifiers (no CUDA headers): the CPU tests compile it with
 g++ behind a small prelude and run it against the numpy reference. Tolerances (GPU vs numpy):
@@ -43,7 +44,8 @@ from . import _image_kernels as _ik
 log = logging.getLogger("avpipe")
 
 _THREADS = 256
-_MEAN_THREADS = 1024  # AVP_MEAN_THREADS: a frame's gray mean, one block per frame
+_MEAN_THREADS = 256  # AVP_MEAN_THREADS: the gray means' blocks
+_MEAN_BLOCKS = 1024  # about this many blocks for the gray means: each frame in parts
 _MAX_BLOCKS = 1 << 20
 MODE_F32, MODE_F16, MODE_U8 = 0, 1, 2  # output modes (as in _image_kernels)
 _OUT_DTYPE = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}
@@ -143,20 +145,23 @@ __device__ __forceinline__ float avp_factor(int op, long long it, const double* 
 }
 
 // ---- gray mean per frame (contrast) ----------------------------------------------------------
-// one block per frame (grid-stride over the frames), AVP_MEAN_THREADS threads at most
-#define AVP_MEAN_THREADS 1024
+// The sum of each frame's gray values (after the steps before its contrast) in gridDim.y parts:
+// block (x, y) sums the pixels p = y * blockDim.x + threadIdx.x + k * gridDim.y * blockDim.x of
+// frames blockIdx.x, blockIdx.x + gridDim.x, ... into part[frame * gridDim.y + y] (float64). A
+// frame is spread over many blocks (all the SMs busy, each thread a few pixels whose loads can
+// be in flight together); the pixel kernel adds a frame's parts in order (avp_frame_mean): the
+// same mean on every run.
+#define AVP_MEAN_THREADS 256
 template <typename T>
 __device__ void avp_gray_mean_impl(
     const T* __restrict__ src, long long sb, long long st, long long sh, long long sw,
     long long sc, int nb, int nt, int h, int w, const long long* __restrict__ order,
     const double* fb, const double* fc, const double* fs, const double* fh, float bound,
-    float* __restrict__ mean)
+    double* __restrict__ part)
 {
-    __shared__ double part[AVP_MEAN_THREADS];
+    __shared__ double red[AVP_MEAN_THREADS];
     const long long npix = (long long)h * w;
-    // each thread's pixels step blockDim.x apart: (dy, dx) rows and columns (no division per
-    // pixel)
-    const int dy = (int)(blockDim.x / (unsigned)w), dx = (int)(blockDim.x % (unsigned)w);
+    const long long step = (long long)gridDim.y * blockDim.x;
     for (long long fr = blockIdx.x; fr < (long long)nb * nt; fr += gridDim.x) {
         const long long it = fr / nt, t = fr % nt;
         const T* base = src + it * sb + t * st;
@@ -169,50 +174,56 @@ __device__ void avp_gray_mean_impl(
             fac[nops] = avp_factor(ops[nops], it, fb, fc, fs, fh);
         }
         double acc = 0.0;
-        int y = (int)(threadIdx.x / (unsigned)w), x = (int)(threadIdx.x % (unsigned)w);
-        for (long long p = threadIdx.x; p < npix; p += blockDim.x) {
+        // (32-bit positions: the host sends frames of fewer than 2**31 pixels)
+#pragma unroll 4
+        for (unsigned p = blockIdx.y * blockDim.x + threadIdx.x; p < (unsigned)npix;
+             p += (unsigned)step) {
+            const int y = (int)(p / (unsigned)w), x = (int)(p - (unsigned)y * (unsigned)w);
             const T* q = base + (long long)y * sh + (long long)x * sw;
             float r = avp_ld<T>(q), g = avp_ld<T>(q + sc), b = avp_ld<T>(q + 2 * sc);
             for (int k = 0; k < nops; ++k) avp_step(ops[k], fac[k], 0.0f, bound, r, g, b);
             acc += (double)avp_gray(r, g, b);
-            x += dx;
-            y += dy;
-            if (x >= w) {
-                x -= w;
-                ++y;
-            }
         }
-        part[threadIdx.x] = acc;
+        red[threadIdx.x] = acc;
         __syncthreads();
         for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-            if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+            if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
             __syncthreads();
         }
-        if (threadIdx.x == 0) mean[fr] = (float)(part[0] / (double)npix);
+        if (threadIdx.x == 0) part[fr * gridDim.y + blockIdx.y] = red[0];
         __syncthreads();
     }
+}
+
+// a frame's gray mean from its `parts` sums (added in order)
+__device__ __forceinline__ float avp_frame_mean(const double* __restrict__ part, long long fr,
+                                                int parts, long long npix) {
+    double s = 0.0;
+    for (int k = 0; k < parts; ++k) s += part[fr * parts + k];
+    return (float)(s / (double)npix);
 }
 
 extern "C" __global__ void __launch_bounds__(AVP_MEAN_THREADS) avp_gray_mean_u8(
     const unsigned char* src, long long sb, long long st, long long sh, long long sw,
     long long sc, int nb, int nt, int h, int w, const long long* order, const double* fb,
-    const double* fc, const double* fs, const double* fh, float bound, float* mean)
+    const double* fc, const double* fs, const double* fh, float bound, double* part)
 {
     avp_gray_mean_impl<unsigned char>(src, sb, st, sh, sw, sc, nb, nt, h, w, order, fb, fc, fs,
-                                      fh, bound, mean);
+                                      fh, bound, part);
 }
 
 extern "C" __global__ void __launch_bounds__(AVP_MEAN_THREADS) avp_gray_mean_f32(
     const float* src, long long sb, long long st, long long sh, long long sw,
     long long sc, int nb, int nt, int h, int w, const long long* order, const double* fb,
-    const double* fc, const double* fs, const double* fh, float bound, float* mean)
+    const double* fc, const double* fs, const double* fh, float bound, double* part)
 {
     avp_gray_mean_impl<float>(src, sb, st, sh, sw, sc, nb, nt, h, w, order, fb, fc, fs, fh,
-                              bound, mean);
+                              bound, part);
 }
 
 // ---- flip + jitter + round + normalize + layout, one thread per pixel -------------------------
-// flip: [B] bytes or null; order: [B, 4] or null (no jitter); mean: [B * T] (with a jitter);
+// flip: [B] bytes or null; order: [B, 4] or null (no jitter); part: [B * T, parts] (with a
+// jitter: each frame's gray sums, avp_gray_mean's);
 // round_u8: floor(v + 0.5) clipped to 0..255 after the jitter; a, bb: v * a[c] + bb[c] or null;
 // out: contiguous [B, T, H, W, 3] (nchw 0) or [B, T, 3, H, W] (nchw 1), float32 (mode 0),
 // float16 (mode 1: the float32 value rounded to nearest even, a NaN as the canonical one) or
@@ -222,7 +233,7 @@ __device__ void avp_pixels_impl(
     const T* __restrict__ src, long long sb, long long st, long long sh, long long sw,
     long long sc, int nb, int nt, int h, int w, const unsigned char* __restrict__ flip,
     const long long* __restrict__ order, const double* fb, const double* fc, const double* fs,
-    const double* fh, const float* __restrict__ mean, float bound, int round_u8,
+    const double* fh, const double* __restrict__ part, int parts, float bound, int round_u8,
     const float* __restrict__ a, const float* __restrict__ bb, int nchw, int mode,
     void* __restrict__ out)
 {
@@ -240,7 +251,7 @@ __device__ void avp_pixels_impl(
         const T* q = src + it * sb + t * st + (long long)y * sh + (long long)xs * sw;
         float v[3] = {avp_ld<T>(q), avp_ld<T>(q + sc), avp_ld<T>(q + 2 * sc)};
         if (order != 0) {
-            const float m = mean[fr];
+            const float m = avp_frame_mean(part, fr, parts, (long long)h * w);
             for (int k = 0; k < 4; ++k) {
                 const int op = (int)order[it * 4 + k];
                 avp_step(op, avp_factor(op, it, fb, fc, fs, fh), m, bound, v[0], v[1], v[2]);
@@ -263,15 +274,16 @@ __device__ void avp_pixels_impl(
 extern "C" __global__ void NAME(                                                                \
     const T* src, long long sb, long long st, long long sh, long long sw, long long sc,         \
     int nb, int nt, int h, int w, const unsigned char* flip, const long long* order,            \
-    const double* fb, const double* fc, const double* fs, const double* fh, const float* mean,  \
-    float bound, int round_u8, const float* a, const float* bb, int nchw, int mode, void* out)  \
+    const double* fb, const double* fc, const double* fs, const double* fh, const double* part, \
+    int parts, float bound, int round_u8, const float* a, const float* bb, int nchw, int mode,  \
+    void* out)                                                                                  \
 {                                                                                               \
     if ((long long)nb * nt * h * w < AVP_SMALL)                                                 \
         avp_pixels_impl<T, unsigned int>(src, sb, st, sh, sw, sc, nb, nt, h, w, flip, order,    \
-            fb, fc, fs, fh, mean, bound, round_u8, a, bb, nchw, mode, out);                     \
+            fb, fc, fs, fh, part, parts, bound, round_u8, a, bb, nchw, mode, out);              \
     else                                                                                        \
         avp_pixels_impl<T, long long>(src, sb, st, sh, sw, sc, nb, nt, h, w, flip, order,       \
-            fb, fc, fs, fh, mean, bound, round_u8, a, bb, nchw, mode, out);                     \
+            fb, fc, fs, fh, part, parts, bound, round_u8, a, bb, nchw, mode, out);              \
 }
 AVP_PIXELS(avp_pixels_u8, unsigned char)
 AVP_PIXELS(avp_pixels_f32, float)
@@ -528,6 +540,14 @@ def on_device(cupy, values, dtypes):
     return out
 
 
+def mean_parts(frames: int, npix: int) -> int:
+    """The parts each frame's gray sum is split into (``gridDim.y`` of the gray-mean launch):
+    about ``_MEAN_BLOCKS`` blocks in all, at most one per ``_MEAN_THREADS`` pixels, 1..64."""
+    by_blocks = -(-_MEAN_BLOCKS // max(1, int(frames)))
+    by_pixels = -(-int(npix) // _MEAN_THREADS)
+    return max(1, min(64, by_blocks, by_pixels))
+
+
 def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=None, nchw=False,
            mode=MODE_F32):  # fmt: skip
     """cupy ``x5`` ``[B, T, H, W, 3]`` (uint8 / float32, any strides) -> a new contiguous
@@ -544,6 +564,8 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
     B, T, H, W, C = (int(s) for s in x5.shape)
     if C != 3:
         raise ValueError(f"the pixel kernel needs 3 channels, got {C}")
+    if H * W >= 2**31:  # (the gray means count a frame's pixels in 32 bits)
+        raise ValueError(f"frames of {H}x{W} pixels are too large for the pixel kernel")
     with cupy.cuda.Device(dev):
         src, kind = _src(cupy, x5)
         shape = (B, T, 3, H, W) if nchw else (B, T, H, W, 3)
@@ -561,19 +583,20 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
         fl = vals.pop(0).view(cupy.uint8) if flip is not None else 0
         if jitter is not None:
             order, *fac = vals
-            mean = cupy.empty(B * T, cupy.float32)
-            grid = (max(1, min(B * T, _MAX_BLOCKS)), 1, 1)
+            parts = mean_parts(B * T, H * W)
+            mean = cupy.empty(B * T * parts, cupy.float64)
+            grid = (max(1, min(B * T, _MAX_BLOCKS)), parts, 1)
             kern[f"avp_gray_mean_{kind}"](grid, (_MEAN_THREADS, 1, 1), (
                 src, *st, np.int32(B), np.int32(T), np.int32(H), np.int32(W), order, *fac,
                 np.float32(bound), mean))  # fmt: skip
         else:
-            order, mean = 0, 0
+            order, mean, parts = 0, 0, 0
             fac = [0, 0, 0, 0]
         a = b = 0
         if affine is not None:
             a, b = _vec(cupy, affine[0], dev), _vec(cupy, affine[1], dev)
         kern[f"avp_pixels_{kind}"](_grid(B * T * H * W), (_THREADS, 1, 1), (
             src, *st, np.int32(B), np.int32(T), np.int32(H), np.int32(W), fl, order, *fac, mean,
-            np.float32(bound), np.int32(1 if round_u8 else 0), a, b, np.int32(1 if nchw else 0),
-            np.int32(mode), out))  # fmt: skip
+            np.int32(parts), np.float32(bound), np.int32(1 if round_u8 else 0), a, b,
+            np.int32(1 if nchw else 0), np.int32(mode), out))  # fmt: skip
     return out

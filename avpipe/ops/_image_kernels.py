@@ -301,13 +301,14 @@ __device__ __forceinline__ long long avp_at(int t, int off, int size) {
 // the input's y_size rows and x_size columns.
 // A block (AVP_TILE^2 threads) computes a tile of AVP_TILE x AVP_TILE output pixels for the
 // images of chunk blockIdx.y (AVP_FRAMES of them; grid-stride over the chunks). Its first
-// threads compute the tile's column and row taps into shared memory, once; then, for each
-// image, the block sums the horizontal taps of every input row the tile's rows read (the
-// first pass, kept in shared memory: at most AVP_ROWS rows, which the host checks), and each
-// thread sums its pixel's vertical taps over them (the second pass): the two passes' values.
+// threads compute the tile's column and row taps into shared memory, once; then, for as many
+// images at once as AVP_ROWS rows hold, the block sums the horizontal taps of every input row
+// the tile's rows read (the first pass, kept in shared memory: one image's at most AVP_ROWS
+// rows, which the host checks), and each thread sums its pixel's vertical taps over them (the
+// second pass), image by image: the two passes' values.
 // mode 0: float32 v * a + b, 1: float16 of it, 2: uint8 (rounded and clipped). round_mid:
 // each row's horizontal sum rounded and clipped to 0..255 first (PIL's 8-bit two passes).
-#define AVP_FRAMES 4
+#define AVP_FRAMES 8
 #define AVP_TILE 16
 #define AVP_ROWS 144
 template <typename T>
@@ -368,49 +369,66 @@ __device__ __forceinline__ void avp_direct_impl(
     const bool mine = ox < ow && oy < oh;
     const float av[4] = {a0, a1, a2, a3}, bv[4] = {b0, b1, b2, b3};
     const int chunks = (n + AVP_FRAMES - 1) / AVP_FRAMES;
+    // the images whose first passes fit s_h together: done at once (fewer rounds of loads
+    // waited for and of barriers)
+    const int fsim = min(AVP_FRAMES, max(1, AVP_ROWS / nrows));
+    const int span = nrows * AVP_TILE;  // one image's first-pass values
     for (int chunk = (int)blockIdx.y; chunk < chunks; chunk += (int)gridDim.y) {
         const int b_end = chunk * AVP_FRAMES + AVP_FRAMES < n ? chunk * AVP_FRAMES + AVP_FRAMES : n;
-        for (int b = chunk * AVP_FRAMES; b < b_end; ++b) {
-            const T* base = src + (long long)b * sn;
-            // first pass: the horizontal sums of the rows rlo .. rlo + nrows - 1
-            for (int q = tid; q < nrows * AVP_TILE; q += AVP_TILE * AVP_TILE) {
-                const int r = q / AVP_TILE, j = q % AVP_TILE;
-                const T* row = base + (long long)(rlo + r) * sh;
+        for (int b0 = chunk * AVP_FRAMES; b0 < b_end; b0 += fsim) {
+            const int nf = min(fsim, b_end - b0);
+            // first pass: the horizontal sums of the rows rlo .. rlo + nrows - 1 of images
+            // b0 .. b0 + nf - 1 (image f's in s_h rows f * nrows ..)
+            for (int q = tid; q < nf * span; q += AVP_TILE * AVP_TILE) {
+                const int f = q / span, rr = q - f * span;
+                const int r = rr / AVP_TILE, j = rr % AVP_TILE;
+                const T* row = src + (long long)(b0 + f) * sn + (long long)(rlo + r) * sh;
                 float h[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 const int kn = s_n[0][j];  // 0 past the output's last column
                 for (int kx = 0; kx < kn; ++kx) {
                     const T* p = row + s_col[j][kx];
                     const float w = s_w[0][j][kx];
-                    for (int ch = 0; ch < c; ++ch) h[ch] += w * avp_load<T>(p + ch * sc);
+#pragma unroll
+                    for (int ch = 0; ch < 4; ++ch)  // (unrolled: h stays in registers)
+                        if (ch < c) h[ch] += w * avp_load<T>(p + ch * sc);
                 }
-                for (int ch = 0; ch < c; ++ch)
-                    s_h[r][j][ch] = round_mid ? fminf(fmaxf(floorf(h[ch] + 0.5f), 0.0f), 255.0f)
-                                              : h[ch];
+#pragma unroll
+                for (int ch = 0; ch < 4; ++ch)
+                    if (ch < c)
+                        s_h[f * nrows + r][j][ch] = round_mid
+                            ? fminf(fmaxf(floorf(h[ch] + 0.5f), 0.0f), 255.0f) : h[ch];
             }
             __syncthreads();
-            if (mine) {  // second pass: this pixel's vertical taps
-                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (mine) {  // second pass: this pixel's vertical taps, image by image
                 const int kn = s_n[1][ly];
-                for (int ky = 0; ky < kn; ++ky) {
-                    const float w = s_w[1][ly][ky];
-                    const float* hv = s_h[s_row[ly][ky] - rlo][lx];
-                    for (int ch = 0; ch < c; ++ch) acc[ch] += w * hv[ch];
-                }
-                for (int ch = 0; ch < c; ++ch) {
-                    const long long o = (long long)b * ob
-                        + (nchw ? ((long long)ch * oh + oy) * ow + ox
-                                : ((long long)oy * ow + ox) * c + ch);
-                    if (mode == 2) {
-                        ((unsigned char*)out)[o] =
-                            (unsigned char)fminf(fmaxf(floorf(acc[ch] + 0.5f), 0.0f), 255.0f);
-                    } else {
-                        const float v = __fadd_rn(__fmul_rn(acc[ch], av[ch]), bv[ch]);
-                        if (mode == 1) ((unsigned short*)out)[o] = avp_f2h(v);
-                        else ((float*)out)[o] = v;
+                for (int f = 0; f < nf; ++f) {
+                    const int b = b0 + f;
+                    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    for (int ky = 0; ky < kn; ++ky) {
+                        const float w = s_w[1][ly][ky];
+                        const float* hv = s_h[f * nrows + s_row[ly][ky] - rlo][lx];
+#pragma unroll
+                        for (int ch = 0; ch < 4; ++ch)
+                            if (ch < c) acc[ch] += w * hv[ch];
+                    }
+#pragma unroll
+                    for (int ch = 0; ch < 4; ++ch) {
+                        if (ch >= c) break;
+                        const long long o = (long long)b * ob
+                            + (nchw ? ((long long)ch * oh + oy) * ow + ox
+                                    : ((long long)oy * ow + ox) * c + ch);
+                        if (mode == 2) {
+                            ((unsigned char*)out)[o] =
+                                (unsigned char)fminf(fmaxf(floorf(acc[ch] + 0.5f), 0.0f), 255.0f);
+                        } else {
+                            const float v = __fadd_rn(__fmul_rn(acc[ch], av[ch]), bv[ch]);
+                            if (mode == 1) ((unsigned short*)out)[o] = avp_f2h(v);
+                            else ((float*)out)[o] = v;
+                        }
                     }
                 }
             }
-            __syncthreads();  // the next image's first pass overwrites s_h
+            __syncthreads();  // the next images' first pass overwrites s_h
         }
     }
 }
@@ -672,7 +690,7 @@ def _grid(total: int):
 
 
 MAX_DIRECT_TAPS = 16  # AVP_MAXTAP: taps per axis the one-pass kernel holds
-_FRAMES = 4  # AVP_FRAMES: the images a block of the one-pass kernel computes
+_FRAMES = 8  # AVP_FRAMES: the images a block of the one-pass kernel computes
 _TILE = 16  # AVP_TILE: a block's output pixels are AVP_TILE x AVP_TILE
 _DIRECT_ROWS = 144  # AVP_ROWS: the input rows of a tile's first pass at most
 _DIRECT_WORK = 64  # the one-pass kernel's taps per pixel (rows x columns) at most

@@ -13,8 +13,8 @@ from ``k * down`` on, so a strided view of the input (a window every ``down`` sa
 dense ``[L, up]`` block filter is one GEMM for all of them (rate pairs with a large ``up`` go
 phase by phase instead, one strided matrix-vector product per phase).
 
-On cupy, float32 input runs as one CUDA kernel (``_resample.cu``: one thread per output sample,
-the taps accumulated in float32 in order), for one rate (:func:`resample`) or a batch of rows at
+On cupy, float32 input runs as one CUDA kernel (``_resample.cu``: one thread per output sample
+and row, the taps accumulated in float32 in order, 32-bit index arithmetic where it fits), for one rate (:func:`resample`) or a batch of rows at
 their own rates (:func:`resample_rows`, speed perturbation). The array-module code here is its
 reference; the two agree within float32 rounding (a few 1e-7 of the signal's scale).
 """
@@ -189,11 +189,30 @@ def resample_rows(x, lengths, orig_rates, target_sr, *, quality="high"):
 
 
 @functools.cache
-def _kernel(device_id: int):
+def _kernels(device_id: int):
+    """``{"64": ..., "32": ...}``: the kernel with 64-bit and 32-bit index arithmetic."""
     import cupy
 
     with open(KERNEL_FILE) as f, cupy.cuda.Device(device_id):
-        return cupy.RawKernel(f.read(), "avpipe_resample_rows")
+        mod = cupy.RawModule(code=f.read())
+        return {"64": mod.get_function("avpipe_resample_rows"),
+                "32": mod.get_function("avpipe_resample_rows32")}  # fmt: skip
+
+
+def _kernel(device_id: int, small: bool = False):
+    """The kernel for ``device_id``; ``small``: its 32-bit index version (:func:`index_fits`)."""
+    return _kernels(device_id)["32" if small else "64"]
+
+
+def index_fits(width: int, down, lens) -> bool:
+    """Whether the kernel's index arithmetic fits 32-bit integers for a batch: every output
+    position times its row's ``down`` (``width * max(down)``), and every input index (a row's
+    length plus a filter's taps), below 2**31."""
+    down = np.asarray(down, np.int64).reshape(-1)
+    lens = np.asarray(lens, np.int64).reshape(-1)
+    if not down.size:
+        return True
+    return int(width) * int(down.max()) < 2**31 and int(lens.max()) < 2**31 - (1 << 20)
 
 
 @functools.lru_cache(maxsize=256)
@@ -306,8 +325,8 @@ def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
         host, meta = table(tuple(sorted(pairs)), quality)
         rows, taps = upload_many(cupy, [row_args(lens, up, down, new, meta, keys), host])
     out = cupy.empty((B, int(width)), cupy.float32)
-    total = B * int(width)
     threads = 256
-    _kernel(cupy.cuda.Device().id)(((total + threads - 1) // threads,), (threads,),
-                  (x, np.int64(n), rows, taps, out, np.int64(width), np.int64(total)))
+    grid = ((int(width) + threads - 1) // threads, min(B, 65535))
+    kern = _kernel(cupy.cuda.Device().id, index_fits(width, down, lens))
+    kern(grid, (threads,), (x, np.int64(n), rows, taps, out, np.int64(width), np.int32(B)))
     return out
