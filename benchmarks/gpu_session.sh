@@ -26,7 +26,8 @@
 #                                             # time; FEED_REPEAT interleaved rounds, 3, medians)
 #                                             # and DALI's RNN-T feed, the augmentation stacks
 #                                             # against DALI, the clip benchmark warm and cold
-#                                             # against plain PyNvVideoCodec and DALI -> $OUT/...
+#                                             # against plain PyNvVideoCodec and DALI (warm also
+#                                             # pass by pass, and ClipFeed iterated) -> $OUT/...
 #   bash benchmarks/gpu_session.sh xtargets   # the extraction targets (~4 min after the data):
 #                                             # float16 extraction on 16,384 and 65,536 files and
 #                                             # frames at 1 fps, each against DALI -> $OUT/x*
@@ -92,7 +93,8 @@ for step in "$@"; do
       anchors_only dali_rnnt_feed_aps
       python3 benchmarks/bench_augment.py --out "$OUT" --budget 3 2>&1 | tail -16
       python3 benchmarks/bench_video.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
-        --only avpipe_clip_cps,avpipe_cold_clip_cps,pynvc_clip_cps,dali_video_reader_cps 2>&1 | tail -8 ;;
+        --only avpipe_clip_cps,avpipe_cold_clip_cps,pynvc_clip_cps,avpipe_clip_passes_cps,pynvc_clip_passes_cps,avpipe_feed_iter_cps,dali_video_reader_cps \
+        2>&1 | tail -11 ;;
     xtargets) data
       python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT/x32" --profile \
         --dtype float16 --only avpipe_nemo,dali_nemo,avpipe_frames,dali_frames 2>&1 | tail -5

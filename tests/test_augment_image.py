@@ -143,6 +143,31 @@ def test_rrc_uint8_and_fused_path():
             I.fused_resized_crop_normalize(x, {**p, k: v}, 16, dtype="float32", layout="NHWC")
 
 
+def _crop_jitter_normalize_steps(x, p, cj, size, **norm):
+    """The steps ``fused_resized_crop_normalize(color_jitter=...)`` folds, one after another:
+    the crops as 0..255 floats, the colour jitter, the normalize."""
+    y = I.fused_resized_crop_normalize(x, p, size, mean=0.0, std=1.0, scale=1.0,
+                                       dtype="float32", layout="NHWC")  # fmt: skip
+    y = I.apply_color_jitter(y, cj, bound=255.0, layout="BTHWC")
+    return I.Normalize(norm["mean"], norm["std"], scale=1 / 255, dtype=norm["dtype"],
+                       out_layout=norm["layout"], layout="BTHWC").apply(y, {})  # fmt: skip
+
+
+def test_fused_crop_with_color_jitter_is_the_steps_in_turn():
+    x = _clips()
+    p = {**I.sample_resized_crop_params(2, 0, np.arange(3), 30, 50),
+         "flip": np.array([True, False, True])}  # fmt: skip
+    cj = I.sample_color_jitter_params(5, 0, np.arange(3), brightness=0.4, contrast=0.4,
+                                      saturation=0.4, hue=0.1)  # fmt: skip
+    for dtype, layout in (("float16", "NCHW"), ("float32", "NHWC")):
+        norm = dict(mean=IM.IMAGENET_MEAN, std=IM.IMAGENET_STD, dtype=dtype, layout=layout)
+        got = I.fused_resized_crop_normalize(x, p, 16, color_jitter=cj, bound=255.0,
+                                             scale=1 / 255, **norm)  # fmt: skip
+        want = _crop_jitter_normalize_steps(x, p, cj, 16, **norm)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
 # --- centre crop, N-crop -----------------------------------------------------------------------
 
 
@@ -454,6 +479,31 @@ def test_gpu_params_identical():
     for name, params in cpu.items():
         for k, v in params.items():
             np.testing.assert_array_equal(cp.asnumpy(gpu[name][k]), v, err_msg=f"{name}.{k}")
+
+
+@pytest.mark.gpu
+def test_gpu_fused_crop_with_color_jitter():
+    """On a GPU the folded crop + jitter + normalize (the jitter's params uploaded with the
+    crops' table) equals the same steps on the GPU one after another bit for bit, and the
+    numpy steps within the kernels' tolerance."""
+    cp = _cp()
+    x = _clips(shape=(4, 3, 60, 100, 3))
+    p = {**I.sample_resized_crop_params(1, 0, np.arange(4), 60, 100),
+         "flip": np.array([True, False, False, True])}  # fmt: skip
+    cj = I.sample_color_jitter_params(6, 0, np.arange(4), brightness=0.4, contrast=0.4,
+                                      saturation=0.4, hue=0.1)  # fmt: skip
+    norm = dict(mean=IM.IMAGENET_MEAN, std=IM.IMAGENET_STD, dtype="float16", layout="NCHW")
+    clips = [cp.asarray(c) for c in x]
+    got = I.fused_resized_crop_normalize(clips, p, 32, color_jitter=cj, scale=1 / 255, **norm)
+    steps = _crop_jitter_normalize_steps(clips, p, cj, 32, **norm)
+    assert isinstance(got, cp.ndarray) and got.dtype == np.float16
+    assert float(cp.abs(got.astype(cp.float32) - steps.astype(cp.float32)).max()) == 0.0
+    ref = _crop_jitter_normalize_steps(list(x), p, cj, 32, **norm)
+    # crops within 1e-3 of the range, the jitter within 1e-3 of it (a hue sector flipped by
+    # a rounding step moves a pixel more), then / (255 * std): in levels after normalization
+    d = np.abs(cp.asnumpy(got).astype(np.float32) - ref.astype(np.float32))
+    level = 1 / 255 / 0.225
+    assert d.mean() <= 0.1 * level and d.max() <= 8 * level, (float(d.mean()), float(d.max()))
 
 
 @pytest.mark.gpu

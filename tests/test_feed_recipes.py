@@ -300,11 +300,15 @@ def test_rnnt_batch_draws_in_one_philox_pass(monkeypatch):
     feed = rnnt_feed(MANIFEST, **kw)
     task = feed.task
     calls = {"lanes": 0, "ints": 0}
-    lanes, ints = R.philox_lanes, R._philox_ints
+    lanes, lanes32, ints = R.philox_lanes, R.philox_lanes32, R._philox_ints
 
     def count_lanes(*a):
         calls["lanes"] += 1
         return lanes(*a)
+
+    def count_lanes32(*a):  # (words_many's lanes)
+        calls["lanes"] += 1
+        return lanes32(*a)
 
     def count_ints(*a):
         calls["ints"] += 1
@@ -313,6 +317,7 @@ def test_rnnt_batch_draws_in_one_philox_pass(monkeypatch):
     pairs = list(enumerate(feed.items[:6]))
     values = task.decode_items(pairs)
     monkeypatch.setattr(R, "philox_lanes", count_lanes)
+    monkeypatch.setattr(R, "philox_lanes32", count_lanes32)
     monkeypatch.setattr(R, "_philox_ints", count_ints)
     got = task.collate(values, pairs, 0, 0)
     assert calls == {"lanes": 1, "ints": 0}
@@ -473,6 +478,7 @@ def test_video_train_draws_are_made_once_per_batch(monkeypatch):
         return g
 
     monkeypatch.setattr(R, "philox_lanes", seen(lanes))
+    monkeypatch.setattr(R, "philox_lanes32", seen(R.philox_lanes32))
     monkeypatch.setattr(R, "_philox_ints", seen(ints))
     kw = dict(clip_length=4, stride=2, crop_size=32, batch_size=3, seed=2, device="cpu",
               color_jitter=dict(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1),

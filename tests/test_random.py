@@ -198,8 +198,9 @@ def test_drawn_together_hands_out_the_same_words(monkeypatch):
     reqs = [("a", 3), ("b", 20)]
     want = {s: R.words(7, s, 2, ids, n) for s, n in reqs}
     passes = []
-    lanes = R.philox_lanes
+    lanes, lanes32 = R.philox_lanes, R.philox_lanes32  # (words, words_many)
     monkeypatch.setattr(R, "philox_lanes", lambda *a: passes.append(1) or lanes(*a))
+    monkeypatch.setattr(R, "philox_lanes32", lambda *a: passes.append(1) or lanes32(*a))
     with R.drawn_together(7, 2, ids, reqs):
         assert len(passes) == 1  # the one pass on entry; the words below come from it
         ids[0] = 6  # the caller's array changed afterwards: its words are drawn anew
@@ -244,8 +245,9 @@ def test_draw_ahead_serves_any_of_its_ids_on_any_thread(monkeypatch):
     want = {s: R.words(9, s, 4, ids, n) for s, n in reqs}
     table = R.draw_ahead(9, 4, ids, reqs)
     passes = []
-    lanes, ints = R.philox_lanes, R._philox_ints
+    lanes, lanes32, ints = R.philox_lanes, R.philox_lanes32, R._philox_ints
     monkeypatch.setattr(R, "philox_lanes", lambda *a: passes.append(1) or lanes(*a))
+    monkeypatch.setattr(R, "philox_lanes32", lambda *a: passes.append(1) or lanes32(*a))
     monkeypatch.setattr(R, "_philox_ints", lambda *a: passes.append(1) or ints(*a))
     got = {}
 
@@ -278,3 +280,19 @@ def test_numpy_philox_broadcasts_like_the_kernel():
         assert g.shape == (3, 10)
         np.testing.assert_array_equal(g, w)
 
+
+
+def test_philox_lanes32_equal_the_uint64_lanes(monkeypatch):
+    """The 32-bit lanes (a widening multiply read back as its halves) give the uint64 lanes'
+    words; so does their fallback where the machine is not little-endian."""
+    rng = np.random.default_rng(2)
+    a, b = (rng.integers(0, 2**32, (2, 37), dtype=np.uint64) for _ in range(2))
+    keys = R._round_keys(0xDEADBEEF, 0x12345678, 10).reshape(10, 2, 1)
+    x, y = R.philox_lanes(a, b, keys)
+    for little in (True, False):
+        monkeypatch.setattr(R, "_LITTLE", little)
+        x32, y32 = R.philox_lanes32(a.astype(np.uint32), b.astype(np.uint32),
+                                    keys.astype(np.uint32))  # fmt: skip
+        assert x32.dtype == y32.dtype == np.uint32
+        np.testing.assert_array_equal(x32, x.astype(np.uint32))
+        np.testing.assert_array_equal(y32, y.astype(np.uint32))

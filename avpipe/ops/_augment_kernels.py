@@ -18,8 +18,8 @@ same float32 arithmetic per element, in a handful of launches per batch:
   to a contiguous ``[B, T, H, W, C]`` or ``[B, T, C, H, W]`` uint8 / float32 output.
 * **gray mean** (one launch, only with a jitter): each frame's mean luma of the image as it is
   when that item's contrast step comes (the previous steps applied on the fly; torchvision's
-  rule): each frame's float64 sum in a few parts (``mean_parts``: about a thousand blocks in
-  all, so that every SM has work), which the pixel kernel adds in order.
+  rule): each frame's float64 sum in parts (``mean_parts``: a block per 8,192 pixels, so that
+  a batch's frames keep every SM busy), which the pixel kernel adds in order.
 
 The source is plain C++ with CUDA qualifiers (no CUDA headers): the CPU tests compile it with
 g++ behind a small prelude and run it against the numpy reference. Tolerances (GPU vs numpy):
@@ -45,7 +45,7 @@ log = logging.getLogger("avpipe")
 
 _THREADS = 256
 _MEAN_THREADS = 256  # AVP_MEAN_THREADS: the gray means' blocks
-_MEAN_BLOCKS = 1024  # about this many blocks for the gray means: each frame in parts
+_MEAN_PIXELS = 8192  # the gray means: a block (a part of a frame) per this many pixels
 _MAX_BLOCKS = 1 << 20
 MODE_F32, MODE_F16, MODE_U8 = 0, 1, 2  # output modes (as in _image_kernels)
 _OUT_DTYPE = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}
@@ -540,12 +540,12 @@ def on_device(cupy, values, dtypes):
     return out
 
 
-def mean_parts(frames: int, npix: int) -> int:
+def mean_parts(npix: int) -> int:
     """The parts each frame's gray sum is split into (``gridDim.y`` of the gray-mean launch):
-    about ``_MEAN_BLOCKS`` blocks in all, at most one per ``_MEAN_THREADS`` pixels, 1..64."""
-    by_blocks = -(-_MEAN_BLOCKS // max(1, int(frames)))
-    by_pixels = -(-int(npix) // _MEAN_THREADS)
-    return max(1, min(64, by_blocks, by_pixels))
+    one per ``_MEAN_PIXELS`` pixels, 1..64. A function of the frame's size alone, so a frame's
+    mean (its parts added in order) is the same in any batch: a clip transformed alone and in
+    its batch get the same values."""
+    return max(1, min(64, -(-int(npix) // _MEAN_PIXELS)))
 
 
 def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=None, nchw=False,
@@ -583,7 +583,7 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
         fl = vals.pop(0).view(cupy.uint8) if flip is not None else 0
         if jitter is not None:
             order, *fac = vals
-            parts = mean_parts(B * T, H * W)
+            parts = mean_parts(H * W)
             mean = cupy.empty(B * T * parts, cupy.float64)
             grid = (max(1, min(B * T, _MAX_BLOCKS)), parts, 1)
             kern[f"avp_gray_mean_{kind}"](grid, (_MEAN_THREADS, 1, 1), (

@@ -443,7 +443,8 @@ def _rcn_defaults() -> dict:
     return {k: params[k].default for k in keep}
 
 
-def fused_resized_crop_normalize(x, params, size, *, in_layout=None, **kwargs):
+def fused_resized_crop_normalize(x, params, size, *, in_layout=None, color_jitter=None,
+                                 bound=255.0, **kwargs):  # fmt: skip
     """The recipe's folded path: each clip's box (``params``: top, left, height, width [B];
     ``flip`` [B] too, optional: mirrored where true) resized by
     :func:`avpipe.ops.image.resize_crop_normalize` (``box=..., size=size, short_side=None,
@@ -452,9 +453,16 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, **kwargs):
     ``kwargs`` go to ``resize_crop_normalize`` (mean, std, scale, dtype, layout of its output,
     interpolation, antialias). Returns ``[B, T, ...]`` (``[B, ...]`` for images).
 
+    ``color_jitter``: :func:`sample_color_jitter_params`' params, applied between the resize
+    and the normalize (torchvision's order): the crops resized to ``0..bound`` float32 values,
+    :func:`apply_color_jitter` (``bound``), then :class:`Normalize` (``kwargs``' mean, std,
+    scale, dtype and layout) — the same values as those calls one after another.
+
     numpy: one call per clip (the reference). cupy: every clip in one launch of the one-pass
     kernel (:func:`avpipe.ops._image_kernels.resample_boxes`) where its boxes fit it; else one
-    call per clip."""
+    call per clip. With ``color_jitter`` on cupy: the crops' table of items and the jitter's
+    parameters in one host -> device copy, then the crop's, the gray means' and the pixels'
+    launches (jitter and normalize in one pass)."""
     from .image import _affine, _check_box, _check_interp, _dtype, resize_crop_normalize
 
     if isinstance(x, (list, tuple)):
@@ -472,27 +480,59 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, **kwargs):
     boxes = [(int(top[b]), int(left[b]), int(hh[b]), int(ww[b])) for b in range(len(clips))]
     flips = [bool(f) for f in flips]
     oh, ow = _size(size)
-    y = None
+    bad = set(kwargs) - set(_rcn_defaults())
+    if bad:
+        raise TypeError(f"unexpected keyword arguments {sorted(bad)}")
+    opts = {**_rcn_defaults(), **kwargs}
+    crop_kw = kwargs
+    if color_jitter is not None:  # the crops as 0..bound floats, channels last
+        crop_kw = {**kwargs, "mean": 0.0, "std": 1.0, "scale": 1.0, "dtype": "float32",
+                   "layout": "NHWC"}  # fmt: skip
+    y = jd = None
     if xp is not np and clips and _ik.enabled():
-        bad = set(kwargs) - set(_rcn_defaults())
-        if bad:
-            raise TypeError(f"unexpected keyword arguments {sorted(bad)}")
-        opts = {**_rcn_defaults(), **kwargs}
-        _check_interp(opts["interpolation"])
-        dt = _dtype(opts["dtype"])
+        copts = {**_rcn_defaults(), **crop_kw}
+        _check_interp(copts["interpolation"])
+        dt = _dtype(copts["dtype"])
         for c, box in zip(clips, boxes):  # the numpy path's checks
             _check_box(box, int(c.shape[-3]), int(c.shape[-2]))
-        if dt != np.uint8 and opts["layout"] in ("NCHW", "NHWC", "CHW", "HWC"):
-            a, b = _affine(opts["mean"], opts["std"], opts["scale"], int(clips[0].shape[-1]))
-            y = _ik.resample_boxes(clips, boxes, flips, oh, ow, opts["interpolation"],
-                                   opts["antialias"], nchw=opts["layout"] in ("NCHW", "CHW"),
-                                   mode=_ik.MODE_F16 if dt == np.float16 else _ik.MODE_F32,
-                                   a=a, b=b)  # fmt: skip
+        if dt != np.uint8 and copts["layout"] in ("NCHW", "NHWC", "CHW", "HWC"):
+            a, b = _affine(copts["mean"], copts["std"], copts["scale"], int(clips[0].shape[-1]))
+            mode = _ik.MODE_F16 if dt == np.float16 else _ik.MODE_F32
+            got = _ik.box_items(clips, boxes, flips, oh, ow, copts["interpolation"],
+                                copts["antialias"], mode=mode)  # fmt: skip
+            if got is not None:
+                rows, geometry = got
+                extra = []
+                if color_jitter is not None and _kernel_ok(clips[0][None], 3):
+                    extra = [np.ascontiguousarray(_hostv(color_jitter, "order"), np.int64)] + [
+                        np.ascontiguousarray(_hostv(color_jitter, k), np.float64)
+                        for k in _ORDER]  # fmt: skip
+                with xp.cuda.Device(geometry[4]):
+                    table, *dev = upload_many(xp, [rows, *extra])
+                y = _ik.launch_boxes(table, geometry, oh, ow, copts["interpolation"],
+                                     copts["antialias"], mode=mode,
+                                     nchw=copts["layout"] in ("NCHW", "CHW"), a=a, b=b)  # fmt: skip
+                if dev:
+                    jd = dict(zip(("order", *_ORDER), dev))
     if y is None:
         y = xp.stack([resize_crop_normalize(c, box=box, flip=f, size=(oh, ow), short_side=None,
-                                            crop_size=None, **kwargs)
+                                            crop_size=None, **crop_kw)
                       for c, box, f in zip(clips, boxes, flips)])  # fmt: skip
+    if color_jitter is not None:
+        y = _jitter_normalize(xp, y, color_jitter if jd is None else jd, bound, opts)
     return y[:, 0] if images else y
+
+
+def _jitter_normalize(xp, y, jitter, bound, opts):
+    """:func:`fused_resized_crop_normalize`'s colour jitter and normalize of ``y`` ``[B, T,
+    H, W, 3]`` 0..bound float32: on cupy one pass (and the gray means) with the jitter's
+    parameters where they are (uploaded with the crops' table), else :func:`apply_color_jitter`
+    then :class:`Normalize`."""
+    norm = Normalize(opts["mean"], opts["std"], scale=opts["scale"], dtype=opts["dtype"],
+                     out_layout=opts["layout"], layout="BTHWC")  # fmt: skip
+    if _kernel_ok(y):
+        return _pixels(xp, y, "BTHWC", jitter=jitter, bound=bound, norm=norm)
+    return norm.apply(apply_color_jitter(y, jitter, bound=bound, layout="BTHWC"), {})
 
 
 # --- centre crop and N-crop ----------------------------------------------------------------------

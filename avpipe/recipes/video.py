@@ -253,6 +253,11 @@ class VideoTask(Task):
                 y = _aug.fused_resized_crop_normalize(frames, p, self.S, mean=self.mean,
                                                       std=self.std, dtype=self.dtype,
                                                       layout="NCHW")  # fmt: skip
+            elif self.grayscale_p <= 0:  # the jitter between the crop and the normalize
+                y = _aug.fused_resized_crop_normalize(frames, p, self.S, color_jitter=colour[0],
+                                                      bound=255.0, mean=self.mean, std=self.std,
+                                                      scale=1.0 / 255.0, dtype=self.dtype,
+                                                      layout="NCHW")  # fmt: skip
             else:  # 0..255 floats, then the colour ops and the normalize over the batch
                 y = _aug.fused_resized_crop_normalize(frames, p, self.S, mean=0.0, std=1.0,
                                                       scale=1.0, dtype="float32",
