@@ -101,9 +101,12 @@ __device__ void avp_hue(float& r, float& g, float& b, float f, float bound) {
     if (maxc == r) hh = bc - gc;
     else if (maxc == g) hh = 2.0f + rc - bc;
     else hh = 4.0f + gc - rc;
-    float h = fmodf(hh / 6.0f + 1.0f, 1.0f);
-    h = fmodf(h + f, 1.0f);
-    if (h < 0.0f) h += 1.0f;
+    // Python's mod 1 of values in [-0.5, 2) as x - floor(x): fmodf's values exactly (x - 1 is
+    // exact on [1, 2); on [-0.5, 0) both give x + 1, rounded once), without its slow path
+    float h = hh / 6.0f + 1.0f;
+    h = h - floorf(h);
+    h = h + f;
+    h = h - floorf(h);
     const float v = maxc;
     const float i6 = floorf(h * 6.0f);
     const float fr = h * 6.0f - i6;
