@@ -60,7 +60,7 @@ def test_clip_feed_clip_matches_sampler_and_transform():
 def test_clip_feed_keeps_every_thread_busy_across_batches(monkeypatch):
     """Iterating does not wait for a batch's slowest clip before starting the next batch's:
     with 4 threads and batches of 2, four clips decode at once; batches keep the epoch's order
-    and at most threads + batch_size clips are decoded ahead."""
+    and at most ``_window()`` (2 * threads + batch_size) clips are decoded ahead."""
     import threading
     import time
 
@@ -99,4 +99,40 @@ def test_clip_feed_keeps_every_thread_busy_across_batches(monkeypatch):
     feed.close()
     assert feed._pool is None and pool._shutdown
     assert sum(len(b.paths) for b in feed) == len(paths)  # a later epoch starts them again
+    feed.close()
+
+
+def test_clip_feed_close_during_an_epoch_and_a_forked_child(monkeypatch):
+    """``close()`` while an epoch is iterated ends it with a RuntimeError saying so; a forked
+    child iterating a feed its parent iterated starts its own threads (the parent's pool has
+    none in the child) instead of waiting for ever."""
+    import os
+    import signal
+
+    from avpipe.pipeline.clips import Clip
+
+    paths = [f"v{i}.mp4" for i in range(12)]
+    feed = ClipFeed(paths, batch_size=2, threads=2, device="cpu", shuffle=False)
+    monkeypatch.setattr(feed, "_scan_ahead", lambda: type("Off", (), {"active": False})())
+    monkeypatch.setattr(feed, "clip", lambda path, seed: Clip(
+        data=np.zeros((1,), np.float16), indices=np.zeros(1, np.int64),
+        pts_seconds=np.zeros(1), path=path, backend="pyav"))  # fmt: skip
+    it = iter(feed)
+    next(it)
+    feed.close()
+    with pytest.raises(RuntimeError, match="close"):
+        list(it)
+    assert sum(len(b.paths) for b in feed) == len(paths)  # the next epoch starts anew
+    if not hasattr(os, "fork"):
+        return
+    pid = os.fork()
+    if pid == 0:  # the child: an epoch within 20 s, else killed by the alarm
+        signal.alarm(20)
+        try:
+            n = sum(len(b.paths) for b in feed)
+            os._exit(0 if n == len(paths) else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     feed.close()

@@ -64,7 +64,7 @@ def run_cpu(lib, x, lens, rates, target, quality, *, small=None, grid_rows=None)
     out = np.full((B, width), np.nan, np.float32)
     I64 = ctypes.c_longlong
     if small is None:
-        small = R.index_fits(width, down, lens)
+        small = R.index_fits(width, down, lens, max(v[2] for v in meta.values()))
     lib.run(int(small), int(grid_rows or B), B, _p(x), I64(n), _p(rows), _p(taps), _p(out),
             I64(width))  # fmt: skip
     return out, new
@@ -117,9 +117,11 @@ def test_kernel_index_widths_and_grids_give_the_same_output(lib):
 
 
 def test_index_fits_32_bits():
-    assert R.index_fits(300_000, [17, 113], [256_000, 100])
+    assert R.index_fits(300_000, [17, 113], [256_000, 100], 32)
     assert not R.index_fits(5_000_000, [441], [100])  # 5e6 * 441 > 2**31
     assert not R.index_fits(10, [1], [2**31 - 1])
+    assert R.index_fits(10, [1], [2**31 - 100], 64)
+    assert not R.index_fits(10, [1], [2**31 - 100], 2**20)  # a wide filter's reach past the row
     assert R.index_fits(10, [], [])
 
 

@@ -567,8 +567,8 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
     B, T, H, W, C = (int(s) for s in x5.shape)
     if C != 3:
         raise ValueError(f"the pixel kernel needs 3 channels, got {C}")
-    if H * W >= 2**31:  # (the gray means count a frame's pixels in 32 bits)
-        raise ValueError(f"frames of {H}x{W} pixels are too large for the pixel kernel")
+    if jitter is not None and H * W >= 2**31:  # (the gray means count pixels in 32 bits)
+        raise ValueError(f"frames of {H}x{W} pixels are too large for the gray means")
     with cupy.cuda.Device(dev):
         src, kind = _src(cupy, x5)
         shape = (B, T, 3, H, W) if nchw else (B, T, H, W, 3)

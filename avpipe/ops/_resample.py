@@ -204,15 +204,16 @@ def _kernel(device_id: int, small: bool = False):
     return _kernels(device_id)["32" if small else "64"]
 
 
-def index_fits(width: int, down, lens) -> bool:
+def index_fits(width: int, down, lens, ktaps: int = 0) -> bool:
     """Whether the kernel's index arithmetic fits 32-bit integers for a batch: every output
     position times its row's ``down`` (``width * max(down)``), and every input index (a row's
-    length plus a filter's taps), below 2**31."""
+    length plus its filter's taps, ``ktaps`` at most), below 2**31."""
     down = np.asarray(down, np.int64).reshape(-1)
     lens = np.asarray(lens, np.int64).reshape(-1)
     if not down.size:
         return True
-    return int(width) * int(down.max()) < 2**31 and int(lens.max()) < 2**31 - (1 << 20)
+    return (int(width) * int(down.max()) < 2**31
+            and int(lens.max()) + int(ktaps) + 1 < 2**31)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=256)
@@ -327,6 +328,7 @@ def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
     out = cupy.empty((B, int(width)), cupy.float32)
     threads = 256
     grid = ((int(width) + threads - 1) // threads, min(B, 65535))
-    kern = _kernel(cupy.cuda.Device().id, index_fits(width, down, lens))
+    kmax = max((int(v[2]) for v in meta.values()), default=0)  # (offset, W, K) per pair
+    kern = _kernel(cupy.cuda.Device().id, index_fits(width, down, lens, kmax))
     kern(grid, (threads,), (x, np.int64(n), rows, taps, out, np.int64(width), np.int32(B)))
     return out

@@ -454,7 +454,8 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, color_jitte
     interpolation, antialias). Returns ``[B, T, ...]`` (``[B, ...]`` for images).
 
     ``color_jitter``: :func:`sample_color_jitter_params`' params, applied between the resize
-    and the normalize (torchvision's order): the crops resized to ``0..bound`` float32 values,
+    and the normalize (torchvision's order; ``bound`` is used only with it): the crops resized
+    to ``0..bound`` float32 values,
     :func:`apply_color_jitter` (``bound``), then :class:`Normalize` (``kwargs``' mean, std,
     scale, dtype and layout) — the same values as those calls one after another.
 
@@ -480,16 +481,16 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, color_jitte
     boxes = [(int(top[b]), int(left[b]), int(hh[b]), int(ww[b])) for b in range(len(clips))]
     flips = [bool(f) for f in flips]
     oh, ow = _size(size)
-    bad = set(kwargs) - set(_rcn_defaults())
-    if bad:
-        raise TypeError(f"unexpected keyword arguments {sorted(bad)}")
-    opts = {**_rcn_defaults(), **kwargs}
+    opts = {**_rcn_defaults(), **kwargs}  # (the numpy path takes resize_crop_normalize's own)
     crop_kw = kwargs
     if color_jitter is not None:  # the crops as 0..bound floats, channels last
         crop_kw = {**kwargs, "mean": 0.0, "std": 1.0, "scale": 1.0, "dtype": "float32",
                    "layout": "NHWC"}  # fmt: skip
     y = jd = None
     if xp is not np and clips and _ik.enabled():
+        bad = set(kwargs) - set(_rcn_defaults())
+        if bad:
+            raise TypeError(f"unexpected keyword arguments {sorted(bad)}")
         copts = {**_rcn_defaults(), **crop_kw}
         _check_interp(copts["interpolation"])
         dt = _dtype(copts["dtype"])
