@@ -95,7 +95,7 @@ def test_clip_feed_keeps_every_thread_busy_across_batches(monkeypatch):
     assert [p for b in [first, *rest] for p in b.paths] == paths
     # the next epoch runs on the same threads (each keeps its decoder session); close() ends them
     assert sum(len(b.paths) for b in feed) == len(paths) and len(threads) == 4
-    pool = feed._pool
+    pool = feed._threads()  # the executor running the epochs
     feed.close()
     assert feed._pool is None and pool._shutdown
     assert sum(len(b.paths) for b in feed) == len(paths)  # a later epoch starts them again

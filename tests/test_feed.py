@@ -708,3 +708,32 @@ def test_torch_dataset_state_is_its_workers_states_and_resumes_its_workers():
     g = synth_feed(24, seed=5)  # a plain feed of the saving world size (1): all its ranks
     g.load_state_dict(st)
     assert epoch_ids(g) == want[4:]  # the rest of the global order, re-cut for 1 rank
+
+
+def test_task_threads_kept_across_epochs_and_a_forked_childs_own():
+    """A feed task's decoding threads (``_threads.ProcessThreads``) are kept from call to call;
+    a forked child of a process that used them gets its own (the parent's copy has no threads
+    there: work handed to it would wait for ever); ``close()`` stops them."""
+    import os
+    import signal
+
+    from avpipe.pipeline.feed import Task
+
+    task = Task()
+    task.threads = 2
+    first = task.pool()
+    assert first.submit(lambda: 7).result() == 7 and task.pool() is first
+    if hasattr(os, "fork"):
+        pid = os.fork()
+        if pid == 0:  # the child: an answer within 20 s, else killed by the alarm
+            signal.alarm(20)
+            try:
+                pool = task.pool()
+                os._exit(0 if pool is not first and pool.submit(lambda: 8).result() == 8 else 1)
+            except BaseException:
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert task.pool() is first  # the parent's pool, still
+    task.close()
+    assert first._shutdown and task._pool is None

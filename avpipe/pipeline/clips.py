@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import os
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -43,6 +42,7 @@ from ..errors import DecodeError
 from ..ops import image as _image
 from . import samplers
 from ._scan_ahead import SCAN_DEPTH, ScanAhead
+from ._threads import ProcessThreads
 
 __all__ = ["ClipFeed", "Clip", "ClipBatch", "ThreadStreams", "decode_clip"]
 
@@ -226,16 +226,12 @@ class ClipFeed:
 
     def _threads(self) -> ThreadPoolExecutor:
         """The decoding threads, started by the first epoch and kept for the next ones: each
-        keeps its decoder session and CUDA stream (a new thread opens new ones). A forked
-        child, whose copy of the pool has no threads, starts its own."""
-        if self._pool is not None and self._pool_pid != os.getpid():
-            self._pool = None  # (the parent's: its threads are not in this process)
+        keeps its decoder session and CUDA stream (a new thread opens new ones); a forked
+        child starts its own (:class:`._threads.ProcessThreads`)."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="avpipe-clips")
-            self._pool_pid = os.getpid()
-            self._pool_done = weakref.finalize(self, self._pool.shutdown, wait=False,
-                                               cancel_futures=True)  # fmt: skip
-        return self._pool
+            self._pool = ProcessThreads(self.threads, "avpipe-clips")
+            self._pool_done = weakref.finalize(self, self._pool.shutdown)
+        return self._pool.get()
 
     def close(self) -> None:
         """Stop the scan-ahead processes and the decoding threads (also done when the feed
@@ -299,8 +295,8 @@ class ClipFeed:
                 nxt += 1
 
         try:
+            fill()
             for b0 in range(0, len(work), bs):
-                fill()
                 try:
                     done = [pending.popleft().result() for _ in range(min(bs, len(work) - b0))]
                 except concurrent.futures.CancelledError:  # close() cancelled queued clips

@@ -81,6 +81,7 @@ from ..device import export, resolve_device
 from ..errors import DecodeTimeoutError
 from ..ops import random as _rnd
 from . import _order
+from ._threads import ProcessThreads
 
 __all__ = ["Feed", "Task", "Batch", "dataset_class", "map_with_deadline"]  # + FeedDataset (lazy)
 
@@ -137,9 +138,11 @@ class Task:
         self._all_items = items
 
     def pool(self):
+        """The decoding threads (:class:`._threads.ProcessThreads`: kept across epochs, a
+        forked child's own)."""
         if self._pool is None:
-            self._pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="avpipe-feed")
-        return self._pool
+            self._pool = ProcessThreads(self.threads, "avpipe-feed")
+        return self._pool.get()
 
     def decode_one(self, item_id, item):  # pragma: no cover - recipes override
         raise NotImplementedError
@@ -197,7 +200,7 @@ class Task:
 
     def close(self):
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
             self._pool = None
 
 
