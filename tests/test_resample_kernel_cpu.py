@@ -64,7 +64,7 @@ def run_cpu(lib, x, lens, rates, target, quality, *, small=None, grid_rows=None)
     out = np.full((B, width), np.nan, np.float32)
     I64 = ctypes.c_longlong
     if small is None:
-        small = R.index_fits(width, down, lens, max(v[2] for v in meta.values()))
+        small = R.index_fits(width, down, lens, max(v[2] for v in meta.values()), up)
     lib.run(int(small), int(grid_rows or B), B, _p(x), I64(n), _p(rows), _p(taps), _p(out),
             I64(width))  # fmt: skip
     return out, new
@@ -123,6 +123,8 @@ def test_index_fits_32_bits():
     assert R.index_fits(10, [1], [2**31 - 100], 64)
     assert not R.index_fits(10, [1], [2**31 - 100], 2**20)  # a wide filter's reach past the row
     assert R.index_fits(10, [], [])
+    assert R.index_fits(10, [1], [100], 64, [2**24])  # the tap-major table: K * up
+    assert not R.index_fits(10, [1], [100], 256, [2**24])
 
 
 def test_kernel_compiles_for_the_gpu(tmp_path):

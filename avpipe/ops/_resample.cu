@@ -2,7 +2,9 @@
 // output sample. The numpy reference is avpipe/ops/_resample.py (`resample`, `resample_rows`):
 // output sample m of row b sits at input time m * down[b] / up[b]; it is the dot product of
 // the row's samples base - (W - 1) .. base + W (base = floor(m * down / up)) with the taps of
-// phase (m * down) mod up; samples outside 0 .. lens[b) count as zeros. Positions at or past
+// phase (m * down) mod up; samples outside 0 .. lens[b) count as zeros. A rate pair's taps are
+// stored tap-major, [K, up] (tap i of phase ph at i * up + ph): a warp's 32 outputs have 32
+// different phases, and this way their loads of tap i fall in a few cache lines, not 32. Positions at or past
 // n_out[b] are written as 0. Accumulates in float32, tap by tap. The per-row values are one
 // int64 table rows[b * 7 + ...]: lens, up, down, half (W), ktaps (K), toff (the row's taps'
 // offset in `taps`), n_out. Row b of x starts at x + b * n_in; its output at out + b * width.
@@ -29,17 +31,17 @@ __device__ __forceinline__ void avpipe_resample_impl(
             const I base = md / u;
             const I ph = md - base * u;
             const int K = (int)r[4];
-            const float* h = taps + r[5] + (long long)ph * K;
+            const float* h = taps + r[5] + (long long)ph;  // tap i at h[i * u]
             const float* row = x + (long long)b * n_in;
             const I L = (I)r[0];
             const I j0 = base - (I)(r[3] - 1);
             if (j0 >= 0 && j0 + (I)K <= L) {
                 const float* p = row + j0;
-                for (int i = 0; i < K; ++i) acc += p[i] * h[i];
+                for (int i = 0; i < K; ++i) acc += p[i] * h[(I)i * u];
             } else {
                 I j = j0;
                 for (int i = 0; i < K; ++i, ++j) {
-                    if (j >= 0 && j < L) acc += row[j] * h[i];
+                    if (j >= 0 && j < L) acc += row[j] * h[(I)i * u];
                 }
             }
         }

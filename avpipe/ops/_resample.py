@@ -14,7 +14,9 @@ dense ``[L, up]`` block filter is one GEMM for all of them (rate pairs with a la
 phase by phase instead, one strided matrix-vector product per phase).
 
 On cupy, float32 input runs as one CUDA kernel (``_resample.cu``: one thread per output sample
-and row, the taps accumulated in float32 in order, 32-bit index arithmetic where it fits), for one rate (:func:`resample`) or a batch of rows at
+and row, the taps accumulated in float32 in order, 32-bit index arithmetic where it fits; each
+rate pair's taps stored tap-major, so that a warp's loads of a tap, one per phase, share a few
+cache lines), for one rate (:func:`resample`) or a batch of rows at
 their own rates (:func:`resample_rows`, speed perturbation). The array-module code here is its
 reference; the two agree within float32 rounding (a few 1e-7 of the signal's scale).
 """
@@ -204,25 +206,28 @@ def _kernel(device_id: int, small: bool = False):
     return _kernels(device_id)["32" if small else "64"]
 
 
-def index_fits(width: int, down, lens, ktaps: int = 0) -> bool:
+def index_fits(width: int, down, lens, ktaps: int = 0, up=()) -> bool:
     """Whether the kernel's index arithmetic fits 32-bit integers for a batch: every output
-    position times its row's ``down`` (``width * max(down)``), and every input index (a row's
-    length plus its filter's taps, ``ktaps`` at most), below 2**31."""
+    position times its row's ``down`` (``width * max(down)``), every input index (a row's
+    length plus its filter's taps, ``ktaps`` at most), and every tap's index in its pair's
+    tap-major table (``ktaps * max(up)``), below 2**31."""
     down = np.asarray(down, np.int64).reshape(-1)
     lens = np.asarray(lens, np.int64).reshape(-1)
+    up = np.asarray(up, np.int64).reshape(-1)
     if not down.size:
         return True
     return (int(width) * int(down.max()) < 2**31
-            and int(lens.max()) + int(ktaps) + 1 < 2**31)  # fmt: skip
+            and int(lens.max()) + int(ktaps) + 1 < 2**31
+            and int(ktaps) * (int(up.max()) if up.size else 1) < 2**31)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=256)
 def _taps32(up, down, quality):
-    """The kernel's taps of one rate pair: float32 ``[up * K]`` (read-only), ``W``, ``K``.
-    The same rate gets the identity (one tap of 1), as :func:`resample` returns its input
-    unchanged."""
+    """The kernel's taps of one rate pair: float32 ``[K * up]`` (read-only; tap-major: tap
+    ``i`` of phase ``p`` at ``i * up + p``), ``W``, ``K``. The same rate gets the identity (one
+    tap of 1), as :func:`resample` returns its input unchanged."""
     h, W = (np.ones((1, 1)), 1) if up == down else _taps(up, down, quality)
-    t = np.ascontiguousarray(h, np.float32).reshape(-1)
+    t = np.ascontiguousarray(h.T, np.float32).reshape(-1)
     t.setflags(write=False)
     return t, W, h.shape[1]
 
@@ -329,6 +334,6 @@ def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
     threads = 256
     grid = ((int(width) + threads - 1) // threads, min(B, 65535))
     kmax = max((int(v[2]) for v in meta.values()), default=0)  # (offset, W, K) per pair
-    kern = _kernel(cupy.cuda.Device().id, index_fits(width, down, lens, kmax))
+    kern = _kernel(cupy.cuda.Device().id, index_fits(width, down, lens, kmax, up))
     kern(grid, (threads,), (x, np.int64(n), rows, taps, out, np.int64(width), np.int32(B)))
     return out
