@@ -115,7 +115,7 @@ def pixels_cpu(lib, x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, 
                                                 np.asarray(affine[1], np.float32))  # fmt: skip
     _launch(lib, f"avp_pixels_{kind}", *src, B, T, H, W, _p(fl), _p(order), *map(_p, fac),
             _p(mean), parts, bound, int(round_u8), _p(a), _p(b), int(nchw), mode,
-            _p(out))  # fmt: skip
+            _p(out), rows=2)  # fmt: skip  (frames in steps of gridDim.y)
     return out
 
 
@@ -333,6 +333,16 @@ class Log:
 LOG = Log()
 
 
+class _Pointer:
+    """cupy's MemoryPointer: an address into an array's memory (``+`` an offset in bytes)."""
+
+    def __init__(self, ptr, base, off=0):
+        self.ptr, self.base, self.off = ptr, base, off
+
+    def __add__(self, o):
+        return _Pointer(self.ptr + o, self.base, self.off + o)
+
+
 class DevArray:
     """A device array: numpy memory behind just the cupy interface the dispatch uses; views
     are free, anything that computes is logged as device work, reading values on the host is
@@ -341,7 +351,10 @@ class DevArray:
     __module__ = "cupy"  # what avpipe.device takes for a cupy array
     device = type("Device", (), {"id": 0})()
 
-    def __init__(self, a):
+    def __init__(self, a, dtype=None, memptr=None):
+        if memptr is not None:  # cupy.ndarray(shape, dtype, memptr=...): over that memory
+            n = int(np.prod(a, dtype=np.int64))
+            a = np.frombuffer(memptr.base, dtype, n, memptr.off).reshape(a)
         self.a = a
 
     shape = property(lambda self: self.a.shape)
@@ -362,7 +375,7 @@ class DevArray:
 
     @property
     def data(self):  # cupy's .data.ptr: the first element's address
-        return type("Pointer", (), {"ptr": self.a.ctypes.data})()
+        return _Pointer(self.a.ctypes.data, self.a)
 
     def _view(self, v, what):
         if not np.shares_memory(v, self.a):

@@ -15,7 +15,9 @@ same float32 arithmetic per element, in a handful of launches per batch:
   copied up together): per pixel, an optional per-item horizontal flip, the colour jitter
   (brightness, contrast, saturation, hue in each item's order, torchvision's formulas, each
   clipped to ``0..bound``), rounding to uint8 levels, and ``v * a[c] + b[c]`` (normalize), written
-  to a contiguous ``[B, T, H, W, C]`` or ``[B, T, C, H, W]`` uint8 / float32 output.
+  to a contiguous ``[B, T, H, W, C]`` or ``[B, T, C, H, W]`` uint8 / float32 output. The grid's
+  ``y`` is the frames, so a thread reads its item's steps and its frame's mean once, not per
+  pixel.
 * **gray mean** (one launch, only with a jitter): each frame's mean luma of the image as it is
   when that item's contrast step comes (the previous steps applied on the fly; torchvision's
   rule): each frame's float64 sum in parts (``mean_parts``: a block per 8,192 pixels, so that
@@ -38,7 +40,7 @@ import logging
 
 import numpy as np
 
-from ..device import upload_many
+from ..device import _is_cupy, upload_many
 from . import _image_kernels as _ik
 
 log = logging.getLogger("avpipe")
@@ -47,6 +49,7 @@ _THREADS = 256
 _MEAN_THREADS = 256  # AVP_MEAN_THREADS: the gray means' blocks
 _MEAN_PIXELS = 8192  # the gray means: a block (a part of a frame) per this many pixels
 _MAX_BLOCKS = 1 << 20
+_PIXELS_PER_THREAD = 4  # the pixel kernel: a thread's pixels of a frame (its item's steps read once)
 MODE_F32, MODE_F16, MODE_U8 = 0, 1, 2  # output modes (as in _image_kernels)
 _OUT_DTYPE = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}
 
@@ -87,23 +90,25 @@ __device__ __forceinline__ float avp_blend(float f, float v, float m, float boun
     return avp_clip(AVP_ADD(AVP_MUL(f, v), AVP_MUL(1.0f - f, m)), bound);
 }
 
-// torchvision's _rgb2hsv, shift by f turns (Python-style mod 1), _hsv2rgb; values 0..bound
+// torchvision's _rgb2hsv, shift by f turns (Python-style mod 1), _hsv2rgb, on values 0..bound
+// without dividing them by bound: s, the channels' distances over the chroma and h are ratios
+// (the same at any scale), and v * bound is maxc. Two divisions where the formulas have eight
+// (the rest multiply by a reciprocal): the values differ from numpy's in the last bits only.
 __device__ void avp_hue(float& r, float& g, float& b, float f, float bound) {
-    r = r / bound; g = g / bound; b = b / bound;
     const float maxc = fmaxf(fmaxf(r, g), b);
     const float minc = fminf(fminf(r, g), b);
     const bool eqc = maxc == minc;
     const float cr = maxc - minc;
     const float s = cr / (eqc ? 1.0f : maxc);
-    const float crd = eqc ? 1.0f : cr;
-    const float rc = (maxc - r) / crd, gc = (maxc - g) / crd, bc = (maxc - b) / crd;
+    const float inv = 1.0f / (eqc ? 1.0f : cr);
+    const float rc = (maxc - r) * inv, gc = (maxc - g) * inv, bc = (maxc - b) * inv;
     float hh;
     if (maxc == r) hh = bc - gc;
     else if (maxc == g) hh = 2.0f + rc - bc;
     else hh = 4.0f + gc - rc;
-    // Python's mod 1 of values in [-0.5, 2) as x - floor(x): fmodf's values exactly (x - 1 is
-    // exact on [1, 2); on [-0.5, 0) both give x + 1, rounded once), without its slow path
-    float h = hh / 6.0f + 1.0f;
+    // Python's mod 1 of values in [-0.5, 2) as x - floor(x) (fmodf's values on these ranges,
+    // without its slow path)
+    float h = hh * (1.0f / 6.0f) + 1.0f;
     h = h - floorf(h);
     h = h + f;
     h = h - floorf(h);
@@ -111,9 +116,9 @@ __device__ void avp_hue(float& r, float& g, float& b, float f, float bound) {
     const float i6 = floorf(h * 6.0f);
     const float fr = h * 6.0f - i6;
     const int i = (((int)i6 % 6) + 6) % 6;
-    const float p = avp_clip(v * (1.0f - s), 1.0f);
-    const float q = avp_clip(v * (1.0f - s * fr), 1.0f);
-    const float t = avp_clip(v * (1.0f - s * (1.0f - fr)), 1.0f);
+    const float p = avp_clip(v * (1.0f - s), bound);
+    const float q = avp_clip(v * (1.0f - s * fr), bound);
+    const float t = avp_clip(v * (1.0f - s * (1.0f - fr)), bound);
     switch (i) {
         case 0: r = v; g = t; b = p; break;
         case 1: r = q; g = v; b = p; break;
@@ -122,7 +127,6 @@ __device__ void avp_hue(float& r, float& g, float& b, float f, float bound) {
         case 4: r = t; g = p; b = v; break;
         default: r = v; g = p; b = q; break;
     }
-    r = r * bound; g = g * bound; b = b * bound;
 }
 
 // one step of the jitter: op 0 brightness, 1 contrast (m: the frame's gray mean), 2 saturation,
@@ -147,13 +151,40 @@ __device__ __forceinline__ float avp_factor(int op, long long it, const double* 
     return (float)p[it];
 }
 
+// an item's jitter steps, read once per thread: the ops in its order and their factors
+struct AvpSteps {
+    int op0, op1, op2, op3;
+    float f0, f1, f2, f3;
+};
+
+__device__ __forceinline__ AvpSteps avp_steps(const long long* order, long long it,
+                                              const double* fb, const double* fc,
+                                              const double* fs, const double* fh) {
+    AvpSteps q;
+    q.op0 = (int)order[it * 4]; q.op1 = (int)order[it * 4 + 1];
+    q.op2 = (int)order[it * 4 + 2]; q.op3 = (int)order[it * 4 + 3];
+    q.f0 = avp_factor(q.op0, it, fb, fc, fs, fh); q.f1 = avp_factor(q.op1, it, fb, fc, fs, fh);
+    q.f2 = avp_factor(q.op2, it, fb, fc, fs, fh); q.f3 = avp_factor(q.op3, it, fb, fc, fs, fh);
+    return q;
+}
+
+// the item's steps before its contrast (n of them: 0..3), then the gray value
+__device__ __forceinline__ float avp_gray_before_contrast(const AvpSteps& q, int n, float bound,
+                                                          float r, float g, float b) {
+    if (n > 0) avp_step(q.op0, q.f0, 0.0f, bound, r, g, b);
+    if (n > 1) avp_step(q.op1, q.f1, 0.0f, bound, r, g, b);
+    if (n > 2) avp_step(q.op2, q.f2, 0.0f, bound, r, g, b);
+    return avp_gray(r, g, b);
+}
+
 // ---- gray mean per frame (contrast) ----------------------------------------------------------
 // The sum of each frame's gray values (after the steps before its contrast) in gridDim.y parts:
 // block (x, y) sums the pixels p = y * blockDim.x + threadIdx.x + k * gridDim.y * blockDim.x of
 // frames blockIdx.x, blockIdx.x + gridDim.x, ... into part[frame * gridDim.y + y] (float64). A
 // frame is spread over many blocks (all the SMs busy, each thread a few pixels whose loads can
 // be in flight together); the pixel kernel adds a frame's parts in order (avp_frame_mean): the
-// same mean on every run.
+// same mean on every run. An item's steps are read once per frame (not per pixel), and the
+// branches on them are the same for the whole block.
 #define AVP_MEAN_THREADS 256
 template <typename T>
 __device__ void avp_gray_mean_impl(
@@ -163,29 +194,20 @@ __device__ void avp_gray_mean_impl(
     double* __restrict__ part)
 {
     __shared__ double red[AVP_MEAN_THREADS];
-    const long long npix = (long long)h * w;
-    const long long step = (long long)gridDim.y * blockDim.x;
+    const unsigned npix = (unsigned)h * (unsigned)w;
+    const unsigned step = gridDim.y * blockDim.x;
     for (long long fr = blockIdx.x; fr < (long long)nb * nt; fr += gridDim.x) {
         const long long it = fr / nt, t = fr % nt;
         const T* base = src + it * sb + t * st;
-        int ops[4];
-        float fac[4];
-        int nops = 0;
-        for (; nops < 4; ++nops) {  // the steps before the contrast's
-            ops[nops] = (int)order[it * 4 + nops];
-            if (ops[nops] == 1) break;
-            fac[nops] = avp_factor(ops[nops], it, fb, fc, fs, fh);
-        }
+        const AvpSteps q = avp_steps(order, it, fb, fc, fs, fh);
+        const int n = q.op0 == 1 ? 0 : q.op1 == 1 ? 1 : q.op2 == 1 ? 2 : 3;
         double acc = 0.0;
         // (32-bit positions: the host sends frames of fewer than 2**31 pixels)
-#pragma unroll 4
-        for (unsigned p = blockIdx.y * blockDim.x + threadIdx.x; p < (unsigned)npix;
-             p += (unsigned)step) {
+        for (unsigned p = blockIdx.y * blockDim.x + threadIdx.x; p < npix; p += step) {
             const int y = (int)(p / (unsigned)w), x = (int)(p - (unsigned)y * (unsigned)w);
-            const T* q = base + (long long)y * sh + (long long)x * sw;
-            float r = avp_ld<T>(q), g = avp_ld<T>(q + sc), b = avp_ld<T>(q + 2 * sc);
-            for (int k = 0; k < nops; ++k) avp_step(ops[k], fac[k], 0.0f, bound, r, g, b);
-            acc += (double)avp_gray(r, g, b);
+            const T* e = base + (long long)y * sh + (long long)x * sw;
+            acc += (double)avp_gray_before_contrast(q, n, bound, avp_ld<T>(e), avp_ld<T>(e + sc),
+                                                    avp_ld<T>(e + 2 * sc));
         }
         red[threadIdx.x] = acc;
         __syncthreads();
@@ -224,13 +246,16 @@ extern "C" __global__ void __launch_bounds__(AVP_MEAN_THREADS) avp_gray_mean_f32
                               bound, part);
 }
 
-// ---- flip + jitter + round + normalize + layout, one thread per pixel -------------------------
+// ---- flip + jitter + round + normalize + layout ----------------------------------------------
+// Frames fr = blockIdx.y, + gridDim.y, ...; in a frame the pixels p = blockIdx.x * blockDim.x
+// + threadIdx.x, + gridDim.x * blockDim.x, ... (a thread reads its item's flip, steps and
+// frame mean once per frame; the branches on them are the same for the whole block).
 // flip: [B] bytes or null; order: [B, 4] or null (no jitter); part: [B * T, parts] (with a
 // jitter: each frame's gray sums, avp_gray_mean's);
 // round_u8: floor(v + 0.5) clipped to 0..255 after the jitter; a, bb: v * a[c] + bb[c] or null;
 // out: contiguous [B, T, H, W, 3] (nchw 0) or [B, T, 3, H, W] (nchw 1), float32 (mode 0),
 // float16 (mode 1: the float32 value rounded to nearest even, a NaN as the canonical one) or
-// uint8 (mode 2).
+// uint8 (mode 2). I: the type of a position in a frame (32 bits where a frame's values fit).
 template <typename T, typename I>
 __device__ void avp_pixels_impl(
     const T* __restrict__ src, long long sb, long long st, long long sh, long long sw,
@@ -240,35 +265,43 @@ __device__ void avp_pixels_impl(
     const float* __restrict__ a, const float* __restrict__ bb, int nchw, int mode,
     void* __restrict__ out)
 {
-    const I total = (I)nb * (I)nt * (I)h * (I)w;
-    const I step = (I)blockDim.x * (I)gridDim.x;
-    for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < total; i += step) {
-        const int x = (int)(i % (I)w);
-        I t_ = i / (I)w;
-        const int y = (int)(t_ % (I)h);
-        t_ /= (I)h;
-        const I it_ = t_ / (I)nt;  // (in I: no 64-bit division per pixel where it fits)
-        const long long fr = (long long)t_;  // it * nt + t
-        const long long it = (long long)it_, t = (long long)(t_ - it_ * (I)nt);
-        const int xs = (flip != 0 && flip[it]) ? w - 1 - x : x;
-        const T* q = src + it * sb + t * st + (long long)y * sh + (long long)xs * sw;
-        float v[3] = {avp_ld<T>(q), avp_ld<T>(q + sc), avp_ld<T>(q + 2 * sc)};
+    const I npix = (I)h * (I)w;
+    const I pstep = (I)blockDim.x * (I)gridDim.x;
+    const float a0 = a != 0 ? a[0] : 1.0f, a1 = a != 0 ? a[1] : 1.0f, a2 = a != 0 ? a[2] : 1.0f;
+    const float b0 = a != 0 ? bb[0] : 0.0f, b1 = a != 0 ? bb[1] : 0.0f;
+    const float b2 = a != 0 ? bb[2] : 0.0f;
+    for (long long fr = blockIdx.y; fr < (long long)nb * nt; fr += gridDim.y) {
+        const long long it = fr / nt, t = fr % nt;
+        const bool fl = flip != 0 && flip[it];
+        const T* base = src + it * sb + t * st;
+        AvpSteps q = {0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f};
+        float m = 0.0f;
         if (order != 0) {
-            const float m = avp_frame_mean(part, fr, parts, (long long)h * w);
-            for (int k = 0; k < 4; ++k) {
-                const int op = (int)order[it * 4 + k];
-                avp_step(op, avp_factor(op, it, fb, fc, fs, fh), m, bound, v[0], v[1], v[2]);
-            }
+            q = avp_steps(order, it, fb, fc, fs, fh);
+            m = avp_frame_mean(part, fr, parts, (long long)npix);
         }
-        for (int c = 0; c < 3; ++c) {
-            float o = v[c];
-            if (round_u8) o = avp_level(o);
-            if (a != 0) o = AVP_ADD(AVP_MUL(o, a[c]), bb[c]);
-            const long long j = nchw ? ((fr * 3 + c) * h + y) * (long long)w + x
-                                     : (long long)i * 3 + c;
-            if (mode == 2) ((unsigned char*)out)[j] = avp_u8(o);
-            else if (mode == 1) ((unsigned short*)out)[j] = avp_f2h(o);
-            else ((float*)out)[j] = o;
+        for (I p = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; p < npix; p += pstep) {
+            const int y = (int)(p / (I)w), x = (int)(p - (I)y * (I)w);
+            const int xs = fl ? w - 1 - x : x;
+            const T* e = base + (long long)y * sh + (long long)xs * sw;
+            float v[3] = {avp_ld<T>(e), avp_ld<T>(e + sc), avp_ld<T>(e + 2 * sc)};
+            if (order != 0) {
+                avp_step(q.op0, q.f0, m, bound, v[0], v[1], v[2]);
+                avp_step(q.op1, q.f1, m, bound, v[0], v[1], v[2]);
+                avp_step(q.op2, q.f2, m, bound, v[0], v[1], v[2]);
+                avp_step(q.op3, q.f3, m, bound, v[0], v[1], v[2]);
+            }
+            for (int c = 0; c < 3; ++c) {
+                float o = v[c];
+                if (round_u8) o = avp_level(o);
+                if (a != 0) o = AVP_ADD(AVP_MUL(o, c == 0 ? a0 : c == 1 ? a1 : a2),
+                                        c == 0 ? b0 : c == 1 ? b1 : b2);
+                const long long j = nchw ? (fr * 3 + c) * (long long)npix + (long long)p
+                                         : (fr * (long long)npix + (long long)p) * 3 + c;
+                if (mode == 2) ((unsigned char*)out)[j] = avp_u8(o);
+                else if (mode == 1) ((unsigned short*)out)[j] = avp_f2h(o);
+                else ((float*)out)[j] = o;
+            }
         }
     }
 }
@@ -281,7 +314,7 @@ extern "C" __global__ void NAME(                                                
     int parts, float bound, int round_u8, const float* a, const float* bb, int nchw, int mode,  \
     void* out)                                                                                  \
 {                                                                                               \
-    if ((long long)nb * nt * h * w < AVP_SMALL)                                                 \
+    if ((long long)h * w < AVP_SMALL)                                                           \
         avp_pixels_impl<T, unsigned int>(src, sb, st, sh, sw, sc, nb, nt, h, w, flip, order,    \
             fb, fc, fs, fh, part, parts, bound, round_u8, a, bb, nchw, mode, out);              \
     else                                                                                        \
@@ -418,6 +451,13 @@ def _grid(total: int):
     return (max(1, min((total + _THREADS - 1) // _THREADS, _MAX_BLOCKS)), 1, 1)
 
 
+def _pixel_grid(frames: int, npix: int):
+    """The pixel kernel's grid: ``y`` the frames (in steps of 65,535), ``x`` enough blocks for
+    ``_PIXELS_PER_THREAD`` of a frame's pixels a thread."""
+    per = _THREADS * _PIXELS_PER_THREAD
+    return (max(1, min(-(-npix // per), _MAX_BLOCKS)), max(1, min(frames, 65535)), 1)
+
+
 def _strides(x5):
     item = x5.dtype.itemsize
     return tuple(np.int64(s // item) for s in x5.strides)
@@ -531,7 +571,7 @@ def on_device(cupy, values, dtypes):
     arrays of the right kind as they are, the host ones in one host -> device copy."""
     out, pending = list(values), []
     for i, (v, dt) in enumerate(zip(values, dtypes)):
-        if hasattr(v, "__cuda_array_interface__"):
+        if not isinstance(v, np.ndarray) and (_is_cupy(v) or hasattr(v, "__cuda_array_interface__")):
             if v.dtype != dt or not v.flags.c_contiguous:
                 out[i] = cupy.ascontiguousarray(cupy.asarray(v, dtype=dt))
         else:
@@ -598,7 +638,7 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
         a = b = 0
         if affine is not None:
             a, b = _vec(cupy, affine[0], dev), _vec(cupy, affine[1], dev)
-        kern[f"avp_pixels_{kind}"](_grid(B * T * H * W), (_THREADS, 1, 1), (
+        kern[f"avp_pixels_{kind}"](_pixel_grid(B * T, H * W), (_THREADS, 1, 1), (
             src, *st, np.int32(B), np.int32(T), np.int32(H), np.int32(W), fl, order, *fac, mean,
             np.int32(parts), np.float32(bound), np.int32(1 if round_u8 else 0), a, b,
             np.int32(1 if nchw else 0), np.int32(mode), out))  # fmt: skip
