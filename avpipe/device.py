@@ -220,8 +220,13 @@ def upload_many(xp, arrays, *, wait: bool = False) -> list:
             st.synchronize()
         else:
             keep_until_done(st.record(), mem)
-    views = [dev[o : o + a.nbytes].view(a.dtype) for a, o in zip(arrays, offs)]
-    return [v if a.ndim == 1 else v.reshape(a.shape) for a, v in zip(arrays, views)]
+    if xp is np:
+        views = [dev[o : o + a.nbytes].view(a.dtype) for a, o in zip(arrays, offs)]
+        return [v if a.ndim == 1 else v.reshape(a.shape) for a, v in zip(arrays, views)]
+    # each array an ndarray over its part of the buffer: one object apiece, where a slice, a
+    # view and a reshape made three (a batch's tables are several small arrays, every batch)
+    base = dev.data
+    return [xp.ndarray(a.shape, a.dtype, memptr=base + o) for a, o in zip(arrays, offs)]
 
 
 def round_up_eighth(n: int) -> int:

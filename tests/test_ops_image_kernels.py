@@ -198,8 +198,13 @@ def test_kernel_source_is_complete():
 
 
 class _Pointer:
-    def __init__(self, ptr):
-        self.ptr = ptr
+    """cupy's MemoryPointer: an address into an array's memory (``+`` an offset in bytes)."""
+
+    def __init__(self, ptr, base=None, off=0):
+        self.ptr, self.base, self.off = ptr, base, off
+
+    def __add__(self, o):
+        return _Pointer(self.ptr + o, self.base, self.off + o)
 
 
 class _FakeArr(np.ndarray):
@@ -211,7 +216,7 @@ class _FakeArr(np.ndarray):
 
     @property
     def data(self):  # cupy's .data.ptr: the first element's address
-        return _Pointer(self.__array_interface__["data"][0])
+        return _Pointer(self.__array_interface__["data"][0], self)
 
     def set(self, arr, stream=None):
         _FakeArr.copies.append(np.asarray(arr).shape)
@@ -244,6 +249,12 @@ class _FakeCupy:
     launches: list = []
 
     uint8 = np.uint8
+
+    @staticmethod
+    def ndarray(shape, dtype, memptr):  # an array over a buffer's memory (no copy)
+        n = int(np.prod(shape, dtype=np.int64))
+        v = np.frombuffer(memptr.base, dtype, n, memptr.off).reshape(shape)
+        return v.view(_FakeArr)
 
     class cuda:
         Stream = _FakeStream

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -494,8 +495,11 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, color_jitte
         copts = {**_rcn_defaults(), **crop_kw}
         _check_interp(copts["interpolation"])
         dt = _dtype(copts["dtype"])
-        for c, box in zip(clips, boxes):  # the numpy path's checks
-            _check_box(box, int(c.shape[-3]), int(c.shape[-2]))
+        for c, box in zip(clips, boxes):  # the numpy path's checks (its messages where
+            h, w = c.shape[-3:-1]  # a box is outside its clip)
+            t, le, bh, bw = box
+            if not (0 <= t and 0 <= le and 0 < bh and 0 < bw and t + bh <= h and le + bw <= w):
+                _check_box(box, int(h), int(w))
         if dt != np.uint8 and copts["layout"] in ("NCHW", "NHWC", "CHW", "HWC"):
             a, b = _affine(copts["mean"], copts["std"], copts["scale"], int(clips[0].shape[-1]))
             mode = _ik.MODE_F16 if dt == np.float16 else _ik.MODE_F32
@@ -504,7 +508,7 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, color_jitte
             if got is not None:
                 rows, geometry = got
                 extra = []
-                if color_jitter is not None and _kernel_ok(clips[0][None], 3):
+                if color_jitter is not None and _kernel_ok(clips[0], 3):  # (its crops' kind)
                     extra = [np.ascontiguousarray(_hostv(color_jitter, "order"), np.int64)] + [
                         np.ascontiguousarray(_hostv(color_jitter, k), np.float64)
                         for k in _ORDER]  # fmt: skip
@@ -529,11 +533,22 @@ def _jitter_normalize(xp, y, jitter, bound, opts):
     H, W, 3]`` 0..bound float32: on cupy one pass (and the gray means) with the jitter's
     parameters where they are (uploaded with the crops' table), else :func:`apply_color_jitter`
     then :class:`Normalize`."""
+    if _kernel_ok(y):  # (_pixels with a Normalize's options, without making one per batch)
+        return _pixels(xp, y, "BTHWC", jitter=jitter, bound=bound, norm=_NormOpts(
+            opts["mean"], opts["std"], opts["scale"], opts["dtype"], opts["layout"]))
     norm = Normalize(opts["mean"], opts["std"], scale=opts["scale"], dtype=opts["dtype"],
                      out_layout=opts["layout"], layout="BTHWC")  # fmt: skip
-    if _kernel_ok(y):
-        return _pixels(xp, y, "BTHWC", jitter=jitter, bound=bound, norm=norm)
     return norm.apply(apply_color_jitter(y, jitter, bound=bound, layout="BTHWC"), {})
+
+
+class _NormOpts(NamedTuple):
+    """What :func:`_pixels` reads of a :class:`Normalize`."""
+
+    mean: object
+    std: object
+    scale: float
+    dtype: object
+    out_layout: str
 
 
 # --- centre crop and N-crop ----------------------------------------------------------------------
