@@ -46,7 +46,9 @@ Workloads (the same data for both; generated, no files):
     0.08-1) -> ``fn.crop_mirror_normalize`` (coin-flip mirror, ``FCHW``, float16); no colour
     twist (the recipe's default has none). ``avpipe_video_recipe`` is compared with it.
 
-Throughput: items (utterances, clips) per second over ``--budget`` seconds after a warm-up; the
+Throughput: items (utterances, clips) per second over ``--budget`` seconds after a warm-up
+(``--repeat N``: N rounds of every contender, interleaved, and the median of each; the ratios
+are ratios of medians); the
 input is on the device before timing for both (DALI's external source is fed device arrays).
 ``--cpu`` runs avpipe's stacks on numpy and DALI's with its CPU operators, to check the script
 here (no GPU numbers). Prints a table and writes DIR/bench_augment.json. ``--profile N``
@@ -368,6 +370,8 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--only", default="")
     ap.add_argument("--budget", type=float, default=10.0, help="seconds per contender (after warm-up)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds of every contender, interleaved; each figure is the median")
     ap.add_argument("--cpu", action="store_true", help="avpipe on numpy, DALI's CPU operators")
     ap.add_argument("--audio-batch", type=int, default=64)
     ap.add_argument("--video-batch", type=int, default=8)
@@ -380,16 +384,21 @@ def main():
     if args.profile:
         PROFILE.append(args.profile)
     names = [n for n in CONTENDERS if not args.only or n in args.only.split(",")]
-    results = {}
-    for name in names:
-        log(f"--- {name}{' (cpu)' if args.cpu else ''}")
-        try:
-            v, info = globals()[f"bench_{name}"](args)
-            results[name] = {"items_per_s": round(v, 2), **info}
-        except Exception as e:  # a missing library or an unsupported op: report, go on
-            traceback.print_exc()
-            results[name] = {"items_per_s": None, "error": f"{type(e).__name__}: {e}"[:300]}
-        log(f"{name}: {results[name]}")
+    results, rounds = {}, {n: [] for n in names}
+    for rnd in range(args.repeat):  # the contenders' rounds interleaved: a slow spell of the
+        for name in names:  # host hits every contender alike, not one of them
+            if results.get(name, {}).get("error"):
+                continue
+            log(f"--- {name}{' (cpu)' if args.cpu else ''} (round {rnd + 1}/{args.repeat})")
+            try:
+                v, info = globals()[f"bench_{name}"](args)
+                rounds[name].append(round(v, 2))
+                results[name] = {"items_per_s": float(np.median(rounds[name])),
+                                 "rounds": list(rounds[name]), **info}  # fmt: skip
+            except Exception as e:  # a missing library or an unsupported op: report, go on
+                traceback.print_exc()
+                results[name] = {"items_per_s": None, "error": f"{type(e).__name__}: {e}"[:300]}
+            log(f"{name}: {results[name]}")
     for kind in ("audio", "video"):
         a = results.get(f"avpipe_{kind}", {}).get("items_per_s")
         d = results.get(f"dali_{kind}", {}).get("items_per_s")
@@ -407,7 +416,7 @@ def main():
     log("\ncontender            items/s")
     for name, r in results.items():
         if isinstance(r, dict):
-            log(f"{name:20s} {r['items_per_s']}")
+            log(f"{name:20s} {r['items_per_s']}  rounds {r.get('rounds')}")
     for k, v in results.items():
         if k.startswith("ratio"):
             log(f"{k}: {v:.2f}x" + (" (--cpu: a check that the script runs, not the GPU figure)"

@@ -91,7 +91,7 @@ for step in "$@"; do
         --repeat "${FEED_REPEAT:-3}" \
         --only avpipe_rnnt,avpipe_rnnt_noaug,avpipe_video,avpipe_video_noaug 2>&1 | tail -10
       anchors_only dali_rnnt_feed_aps
-      python3 benchmarks/bench_augment.py --out "$OUT" --budget 3 2>&1 | tail -16
+      python3 benchmarks/bench_augment.py --out "$OUT" --budget 2 --repeat "${AUG_REPEAT:-3}" 2>&1 | tail -16
       python3 benchmarks/bench_video.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
         --only avpipe_clip_cps,avpipe_cold_clip_cps,pynvc_clip_cps,avpipe_clip_passes_cps,pynvc_clip_passes_cps,avpipe_feed_iter_cps,dali_video_reader_cps \
         2>&1 | tail -11 ;;
