@@ -214,6 +214,7 @@ def bench_avpipe_video_recipe(args, before=None, defer_bytes=None, color_jitter=
         task.DEFER_BYTES = defer_bytes
     state = {"epoch": 0}
     ids = list(range(x.shape[0]))
+    clips = [x[i] for i in ids]  # an array a clip, made once (as DALI's external source's)
 
     from avpipe.ops import random as R
 
@@ -225,9 +226,9 @@ def bench_avpipe_video_recipe(args, before=None, defer_bytes=None, color_jitter=
         task.epoch = e  # the batch's draws made at once, as the recipe's Task.ahead
         with R.drawn_from(task.ahead([(i, None) for i in ids])):  # then each decoding thread
             # (a deferred clip carries the table it drew from, which the collate reads again)
-            vals = [_Deferred(x[i], R.drawn_table()) if task._defer
-                    and x[i].nbytes <= task.DEFER_BYTES
-                    else task._train_transform(x[i], i, e) for i in ids]  # fmt: skip
+            vals = [_Deferred(clips[i], R.drawn_table()) if task._defer
+                    and clips[i].nbytes <= task.DEFER_BYTES
+                    else task._train_transform(clips[i], i, e) for i in ids]  # fmt: skip
         y = task._resize_deferred(vals, ids, e)  # the collate
         return xp.stack(y) if isinstance(y, list) else y
 

@@ -277,18 +277,24 @@ def _rrc_boxes(w, height, width, scale, ratio):
         raise ValueError(f"ratio must be finite aspect ratios > 0, got {ratio!r}")
     lr0, lr1 = math.log(r0), math.log(r1)
     aspect = np.exp(lr0 + (lr1 - lr0) * unit(w[:, 10:20], np)).tolist()
-    words = w.tolist()
-    span = s1 - s0
+    first = w[:, _FIRST_ATTEMPT].tolist()  # attempt 0's scale, top and left words (it mostly
+    span = s1 - s0  # fits: an item's other words are read only when it does not)
     out = []  # (top, left, height, width) per item
-    for h, wd, row, asp in zip(H, W, words, aspect):
+    for b, (h, wd, asp) in enumerate(zip(H, W, aspect)):
         area = float(h * wd)
+        row = None
         for k in range(10):
-            target = area * (s0 + span * (row[k] * 2.0**-32))
+            if k == 0:
+                ws, wt, wl = first[b]
+            else:
+                if row is None:
+                    row = w[b].tolist()
+                ws, wt, wl = row[k], row[20 + k], row[30 + k]
+            target = area * (s0 + span * (ws * 2.0**-32))
             cw = round(math.sqrt(target * asp[k]))
             ch = round(math.sqrt(target / asp[k]))
             if 0 < cw <= wd and 0 < ch <= h:  # below(): multiply-shift of the word
-                out.append(((row[20 + k] * (h - ch + 1)) >> 32,
-                            (row[30 + k] * (wd - cw + 1)) >> 32, ch, cw))
+                out.append(((wt * (h - ch + 1)) >> 32, (wl * (wd - cw + 1)) >> 32, ch, cw))
                 break
         else:  # none fits: torchvision's centre crop of the ratio clamped into range
             in_ratio = wd / h if h else (math.inf if wd else math.nan)  # numpy's w / 0
@@ -299,10 +305,15 @@ def _rrc_boxes(w, height, width, scale, ratio):
     return {"top": t[0], "left": t[1], "height": t[2], "width": t[3]}
 
 
+_FIRST_ATTEMPT = [0, 20, 30]  # the random resized crop's words of its first attempt
+
+
 def _per_item(v, B):
     """``v`` (an int, or one per item) as a list of ``B`` Python ints."""
     if isinstance(v, (int, np.integer)):
         return [int(v)] * B
+    if type(v) is np.ndarray and v.shape == (B,) and v.dtype.kind in "iu":
+        return v.tolist()
     return np.broadcast_to(np.asarray(host(v), np.int64), (B,)).tolist()
 
 
@@ -685,7 +696,8 @@ def _jitter_bounds(brightness, contrast, saturation, hue):
 def _jitter_params(u, bounds, random_order, a):
     """:func:`sample_color_jitter_params`' host arrays from each clip's 8 uniforms ``u`` (4
     factors, 4 sort keys of the order) and whether it is applied (``a``; None: all)."""
-    fac = np.stack([lo + (hi - lo) * u[:, k] for k, (lo, hi) in enumerate(bounds)])
+    lo, hi = np.array(bounds, np.float64).T[:, :, None]  # [4, 1] each
+    fac = lo + (hi - lo) * u[:, :4].T  # [4, B]: the same float64 steps as factor by factor
     if random_order:
         order = np.argsort(u[:, 4:8], axis=1, kind="stable").astype(np.int64)
     else:

@@ -249,7 +249,7 @@ def words(seed, stream, epoch, ids, n: int, *, xp=np):
             hit = ahead.get((seed, stream, int(epoch), n))
             if hit is not None:
                 drawn_ids, drawn, row_of = hit
-                if drawn_ids.shape == ids.shape and np.array_equal(drawn_ids, ids):
+                if drawn_ids.shape == ids.shape and (drawn_ids == ids).all():
                     return drawn.copy()
                 rows = [row_of.get(i) for i in ids.tolist()]  # some of the drawn ids
                 if None not in rows:
