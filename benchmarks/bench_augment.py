@@ -371,7 +371,7 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--only", default="")
     ap.add_argument("--budget", type=float, default=10.0, help="seconds per contender (after warm-up)")
-    ap.add_argument("--repeat", type=int, default=1,
+    ap.add_argument("--repeat", type=lambda v: max(1, int(v)), default=1,
                     help="rounds of every contender, interleaved; each figure is the median")
     ap.add_argument("--cpu", action="store_true", help="avpipe on numpy, DALI's CPU operators")
     ap.add_argument("--audio-batch", type=int, default=64)
@@ -398,7 +398,9 @@ def main():
                                  "rounds": list(rounds[name]), **info}  # fmt: skip
             except Exception as e:  # a missing library or an unsupported op: report, go on
                 traceback.print_exc()
-                results[name] = {"items_per_s": None, "error": f"{type(e).__name__}: {e}"[:300]}
+                err = f"{type(e).__name__}: {e}"[:300]
+                results[name] = ({**results[name], "error": err} if rounds[name] else
+                                 {"items_per_s": None, "error": err})  # (earlier rounds kept)
             log(f"{name}: {results[name]}")
     for kind in ("audio", "video"):
         a = results.get(f"avpipe_{kind}", {}).get("items_per_s")

@@ -262,6 +262,8 @@ def test_color_jitter_distributions():
     p = I.sample_color_jitter_params(0, 0, np.arange(n), brightness=0.4, contrast=(0.5, 2.0),
                                      saturation=1.5, hue=0.1)  # fmt: skip
     b, c, s, h = p["brightness"], p["contrast"], p["saturation"], p["hue"]
+    assert all(v.dtype == np.float64 and v.shape == (n,) and v.flags.c_contiguous
+               for v in (b, c, s, h))  # fmt: skip  (plain arrays, as they are handed out)
     assert b.min() >= 0.6 and b.max() < 1.4 and abs(b.mean() - 1.0) < 0.01
     assert c.min() >= 0.5 and c.max() < 2.0
     assert s.min() >= 0.0 and s.max() < 2.5  # max(0, 1 - 1.5)

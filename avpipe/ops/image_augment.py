@@ -697,7 +697,8 @@ def _jitter_params(u, bounds, random_order, a):
     """:func:`sample_color_jitter_params`' host arrays from each clip's 8 uniforms ``u`` (4
     factors, 4 sort keys of the order) and whether it is applied (``a``; None: all)."""
     lo, hi = np.array(bounds, np.float64).T[:, :, None]  # [4, 1] each
-    fac = lo + (hi - lo) * u[:, :4].T  # [4, B]: the same float64 steps as factor by factor
+    # [4, B]: the same float64 steps as factor by factor (each factor's row contiguous)
+    fac = np.ascontiguousarray(lo + (hi - lo) * u[:, :4].T)
     if random_order:
         order = np.argsort(u[:, 4:8], axis=1, kind="stable").astype(np.int64)
     else:
