@@ -4,8 +4,8 @@
 // the row's samples base - (W - 1) .. base + W (base = floor(m * down / up)) with the taps of
 // phase (m * down) mod up; samples outside 0 .. lens[b) count as zeros. A rate pair's taps are
 // stored tap-major, [K, up] (tap i of phase ph at i * up + ph): a warp's 32 outputs have 32
-// different phases, and this way their loads of tap i fall in a few cache lines, not 32. Positions at or past
-// n_out[b] are written as 0. Accumulates in float32, tap by tap. The per-row values are one
+// different phases, and this way their loads of tap i fall in a few cache lines, not 32.
+// Positions at or past n_out[b] are written as 0. Accumulates in float32, tap by tap. The per-row values are one
 // int64 table rows[b * 7 + ...]: lens, up, down, half (W), ktaps (K), toff (the row's taps'
 // offset in `taps`), n_out. Row b of x starts at x + b * n_in; its output at out + b * width.
 //
