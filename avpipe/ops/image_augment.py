@@ -506,11 +506,8 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, color_jitte
         copts = {**_rcn_defaults(), **crop_kw}
         _check_interp(copts["interpolation"])
         dt = _dtype(copts["dtype"])
-        for c, box in zip(clips, boxes):  # the numpy path's checks (its messages where
-            h, w = c.shape[-3:-1]  # a box is outside its clip)
-            t, le, bh, bw = box
-            if not (0 <= t and 0 <= le and 0 < bh and 0 < bw and t + bh <= h and le + bw <= w):
-                _check_box(box, int(h), int(w))
+        for c, box in zip(clips, boxes):  # the numpy path's checks
+            _check_box(box, int(c.shape[-3]), int(c.shape[-2]))
         if dt != np.uint8 and copts["layout"] in ("NCHW", "NHWC", "CHW", "HWC"):
             a, b = _affine(copts["mean"], copts["std"], copts["scale"], int(clips[0].shape[-1]))
             mode = _ik.MODE_F16 if dt == np.float16 else _ik.MODE_F32
