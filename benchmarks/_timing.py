@@ -1,6 +1,7 @@
 """Wall time of named calls while a benchmark runs: for the probes (``probe_*.py``), which
 wrap a module's functions or a class's methods by name and add up the seconds and calls of each
-(the calls a filter accepts, e.g. those on one thread). A call inside another counts in both."""
+(the calls a filter accepts, e.g. those on one thread). A call inside another counts in both.
+And the benchmarks' interleaved rounds: :func:`median_run` of a contender's rounds."""
 
 from __future__ import annotations
 
@@ -58,3 +59,15 @@ def report(acc, per: int, unit: str) -> str:
         lines.append(f"  {1e3 * sec / max(per, 1):8.3f} ms  {calls / max(per, 1):7.2f} calls"
                      f"  per {unit}  {label}")
     return "\n".join(lines)
+
+
+def median_run(runs, key="value"):
+    """The round of median ``key`` among ``runs`` (dicts; those whose ``key`` is None left
+    out), as a copy with ``runs``: every round's value in order. An even count gives the mean of
+    the middle two as ``key``. No round with a value: a copy of the last round."""
+    done = sorted((r for r in runs if r.get(key) is not None), key=lambda r: r[key])
+    out = dict(done[(len(done) - 1) // 2]) if done else dict(runs[-1])
+    if done and len(done) % 2 == 0:
+        out[key] = (done[len(done) // 2 - 1][key] + done[len(done) // 2][key]) / 2
+    out["runs"] = [r.get(key) for r in runs]
+    return out

@@ -67,7 +67,9 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
+import _timing  # noqa: E402
 import numpy as np  # noqa: E402
 
 SR = 16000
@@ -393,9 +395,8 @@ def main():
             log(f"--- {name}{' (cpu)' if args.cpu else ''} (round {rnd + 1}/{args.repeat})")
             try:
                 v, info = globals()[f"bench_{name}"](args)
-                rounds[name].append(round(v, 2))
-                results[name] = {"items_per_s": float(np.median(rounds[name])),
-                                 "rounds": list(rounds[name]), **info}  # fmt: skip
+                rounds[name].append({"items_per_s": round(v, 2), **info})
+                results[name] = _timing.median_run(rounds[name], "items_per_s")
             except Exception as e:  # a missing library or an unsupported op: report, go on
                 traceback.print_exc()
                 err = f"{type(e).__name__}: {e}"[:300]
@@ -419,7 +420,7 @@ def main():
     log("\ncontender            items/s")
     for name, r in results.items():
         if isinstance(r, dict):
-            log(f"{name:20s} {r['items_per_s']}  rounds {r.get('rounds')}")
+            log(f"{name:20s} {r['items_per_s']}  rounds {r.get('runs')}")
     for k, v in results.items():
         if k.startswith("ratio"):
             log(f"{k}: {v:.2f}x" + (" (--cpu: a check that the script runs, not the GPU figure)"

@@ -55,6 +55,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+import _timing  # noqa: E402
 import numpy as np  # noqa: E402
 
 SR = 16000
@@ -410,14 +411,7 @@ def main():
         entry["wall_s"] = round(time.time() - t0, 1)
         runs.setdefault(name, []).append(entry)
         if args.repeat > 1:  # the run of median value; every round's value beside it
-            vals = [e.get("value") for e in runs[name]]
-            done = sorted((e for e in runs[name] if e.get("value") is not None),
-                          key=lambda e: e["value"])
-            entry = dict(done[(len(done) - 1) // 2]) if done else dict(entry)
-            if len(done) % 2 == 0 and done:  # an even count: the mean of the middle two
-                entry["value"] = (done[len(done) // 2 - 1]["value"]
-                                  + done[len(done) // 2]["value"]) / 2
-            entry["runs"] = vals
+            entry = _timing.median_run(runs[name])
         results["results"][name] = entry
         log(f"RESULT {name} {json.dumps(entry, default=str)}")
         with open(path, "w") as f:
