@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from cpp_kernels import build, ptx
 
+from avpipe import device as D
 from avpipe.ops import _augment_kernels as K
 from avpipe.ops import _image_kernels as IK
 from avpipe.ops import image as IM
@@ -55,10 +56,18 @@ extern "C" void avp_cpu_block(unsigned b, unsigned nblocks) { avp_cpu_block2(b, 
 """
 
 P, LL, I32, F32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_float
+
+
+class Tab(ctypes.Structure):
+    """device.py's AvpTable: a launch's own table, passed by value."""
+
+    _fields_ = [("w", ctypes.c_longlong * (D.TABLE_BYTES // 8))]
+
+
 SRC = [P, LL, LL, LL, LL, LL]
 ARGTYPES = {
-    "avp_gray_mean": SRC + [I32] * 4 + [P] * 5 + [F32, P],
-    "avp_pixels": SRC + [I32] * 4 + [P] * 7 + [I32, F32, I32, P, P, I32, I32, P],
+    "avp_gray_mean": SRC + [I32] * 4 + [P] * 5 + [F32, P, Tab, I32],
+    "avp_pixels": SRC + [I32] * 4 + [P] * 7 + [I32, F32, I32, P, P, I32, I32, P, Tab, I32],
     "avp_crop_hpass": SRC + [I32] * 5 + [P] * 4 + [I32, P],
     "avp_crop_vpass": [P] + [I32] * 6 + [P, P, I32, I32, P],
 }
@@ -91,32 +100,56 @@ def _src(x5):
 
 
 def pixels_cpu(lib, x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=None,
-               nchw=False, mode=K.MODE_F32, parts=3):  # fmt: skip
+               nchw=False, mode=K.MODE_F32, parts=3, inl=False):  # fmt: skip
     """:func:`avpipe.ops._augment_kernels.pixels`, its launches run here (``parts``: each
-    frame's gray sum in that many parts, the gray-mean launch's ``gridDim.y``)."""
+    frame's gray sum in that many parts, the gray-mean launch's ``gridDim.y``; ``inl``: the
+    flips and the jitter's parameters in the launches' own table, as a GPU takes host ones)."""
     B, T, H, W, _ = x5.shape
     kind, src = _src(x5)
     out = np.empty((B, T, 3, H, W) if nchw else (B, T, H, W, 3), K._OUT_DTYPE[mode])
     fl = None if flip is None else np.ascontiguousarray(flip, bool).view(np.uint8)
     keep = [fl]
+    tab = Tab()
     if jitter is not None:
         order = np.ascontiguousarray(jitter["order"], np.int64)
         fac = [np.ascontiguousarray(jitter[n], np.float64)
                for n in ("brightness", "contrast", "saturation", "hue")]  # fmt: skip
-        mean = np.full(B * T * parts, np.nan, np.float64)
-        _launch(lib, f"avp_gray_mean_{kind}", *src, B, T, H, W, _p(order), *map(_p, fac),
-                bound, _p(mean), rows=parts)  # fmt: skip
-        keep += [order, fac, mean]
+        keep += [order, fac]
+    if inl:  # each array at a byte offset of the table, the pointers carrying the offsets
+        arrays = ([] if fl is None else [fl]) + ([] if jitter is None else [order, *fac])
+        table, offs = D.launch_table(_TablesOn, arrays)
+        tab = Tab.from_buffer_copy(table.tobytes())
+        ptrs = iter(ctypes.c_void_p(int(o)) for o in offs)
+        pfl = None if fl is None else next(ptrs)
+        porder, pfac = (None, [None] * 4) if jitter is None else (next(ptrs), list(ptrs))
     else:
-        order = mean = None
-        fac = [None] * 4
+        pfl = _p(fl)
+        porder, pfac = (None, [None] * 4) if jitter is None else (_p(order), list(map(_p, fac)))
+    if jitter is not None:
+        mean = np.full(B * T * parts, np.nan, np.float64)
+        _launch(lib, f"avp_gray_mean_{kind}", *src, B, T, H, W, porder, *pfac, bound, _p(mean),
+                tab, int(inl), rows=parts)  # fmt: skip
+        keep += [mean]
+    else:
+        mean = None
         parts = 0
     a, b = (None, None) if affine is None else (np.asarray(affine[0], np.float32),
                                                 np.asarray(affine[1], np.float32))  # fmt: skip
-    _launch(lib, f"avp_pixels_{kind}", *src, B, T, H, W, _p(fl), _p(order), *map(_p, fac),
+    _launch(lib, f"avp_pixels_{kind}", *src, B, T, H, W, pfl, porder, *pfac,
             _p(mean), parts, bound, int(round_u8), _p(a), _p(b), int(nchw), mode,
-            _p(out), rows=2)  # fmt: skip  (frames in steps of gridDim.y)
+            _p(out), tab, int(inl), rows=2)  # fmt: skip  (frames in steps of gridDim.y)
     return out
+
+
+class _TablesOn:
+    """A stand-in for cupy whose device reads launch tables (compute capability 9.0)."""
+
+    class cuda:
+        class Device:
+            def __init__(self, i=0):
+                self.id = int(i)
+
+            compute_capability = "90"
 
 
 def plan_tables(top, left, height, width, oh, ow, interpolation="bilinear", antialias=True):
@@ -262,6 +295,47 @@ def test_normalize_and_fused_run(lib):
     np.testing.assert_array_equal(np.moveaxis(nhwc, -1, 2), got)
 
 
+def test_parameters_in_the_launch_table_give_the_same_pixels(lib):
+    """The flips and the jitter's parameters read from the launches' own table (byte offsets
+    in the pointer arguments) give the values of the same parameters read from memory, bit
+    for bit, with and without a jitter."""
+    x = _clips()
+    ids = np.arange(5)
+    f = I.sample_flip_params(3, 1, ids)["flip"]
+    cj = I.sample_color_jitter_params(3, 1, ids, brightness=0.4, contrast=0.4, saturation=0.4,
+                                      hue=0.1)  # fmt: skip
+    assert f.any() and not f.all()
+    for kw in (dict(flip=f, jitter=cj, round_u8=True, affine=_norm_consts(), nchw=True),
+               dict(jitter=cj, mode=K.MODE_U8), dict(flip=f, mode=K.MODE_U8)):
+        want = pixels_cpu(lib, x, **kw)
+        np.testing.assert_array_equal(pixels_cpu(lib, x, inl=True, **kw), want)
+    # the table really is read: other parameters in it give other pixels
+    cj2 = {**cj, "brightness": cj["brightness"] * 0.5}
+    assert not np.array_equal(pixels_cpu(lib, x, jitter=cj2, mode=K.MODE_U8, inl=True),
+                              pixels_cpu(lib, x, jitter=cj, mode=K.MODE_U8))  # fmt: skip
+
+
+def test_launch_table_packs_at_aligned_offsets_and_refuses_what_does_not_fit():
+    a = np.arange(3, dtype=np.uint8)
+    b = np.array([1.5, -2.0])
+    table, offs = D.launch_table(_TablesOn, [a, b])  # (offset 0 never: null stays "none")
+    assert [int(o) for o in offs] == [8, 16] and all(isinstance(o, np.uint64) for o in offs)
+    raw = table.tobytes()
+    assert len(raw) == D.TABLE_BYTES and raw[8:11] == a.tobytes() and raw[16:32] == b.tobytes()
+    assert not any(raw[:8]) and not any(raw[11:16]) and not any(raw[32:])
+    rows = np.zeros((64, 7), np.int64)  # a batch of 64 resampling rows fits
+    assert D.launch_table(_TablesOn, [rows]) is not None
+    assert D.launch_table(_TablesOn, [rows, a]) is None
+    assert D.launch_table(np, [a]) is None  # numpy: no launches
+
+    class Old(_TablesOn):
+        class cuda:
+            class Device(_TablesOn.cuda.Device):
+                compute_capability = "61"  # no __grid_constant__: copies as before
+
+    assert D.launch_table(Old, [a]) is None
+
+
 @pytest.mark.parametrize("interpolation,antialias", [("bilinear", True), ("bicubic", True),
                                                      ("bilinear", False)])  # fmt: skip
 def test_resized_crop(lib, interpolation, antialias):
@@ -305,12 +379,15 @@ def test_crop_tables_equal_whole_plans():
 
 # each kernel's parameters as its CUDA signature declares them: "i64" long long, "i32" int,
 # "f32" float, "p:<dtype>" a device pointer ("?": may be null, passed as 0; "T": the
-# kernel's input type; "out": uint8 or float32 by the mode)
+# kernel's input type; "out": uint8 or float32 by the mode), "tab" the launch's own table (its
+# last argument, "inl", set: the per-item parameters' pointers are byte offsets into it)
 _SRC = ["p:T", "i64", "i64", "i64", "i64", "i64"]
 SIGNATURES = {
-    "avp_gray_mean": _SRC + ["i32"] * 4 + ["p:int64"] + ["p:float64"] * 4 + ["f32", "p:float64"],
+    "avp_gray_mean": _SRC + ["i32"] * 4 + ["p:int64"] + ["p:float64"] * 4
+    + ["f32", "p:float64", "tab", "i32"],
     "avp_pixels": _SRC + ["i32"] * 4 + ["p:uint8?", "p:int64?"] + ["p:float64?"] * 4
-    + ["p:float64?", "i32", "f32", "i32", "p:float32?", "p:float32?", "i32", "i32", "p:out"],
+    + ["p:float64?", "i32", "f32", "i32", "p:float32?", "p:float32?", "i32", "i32", "p:out",
+       "tab", "i32"],
     "avp_crop_hpass": _SRC + ["i32"] * 5 + ["p:int32", "p:int32", "p:int32", "p:float32", "i32",
                                             "p:float32"],
     "avp_crop_vpass": ["p:float32"] + ["i32"] * 6 + ["p:int32", "p:float32", "i32", "i32",
@@ -515,7 +592,18 @@ def _fake_launch(name, grid, block, args):
     assert len(grid) == len(block) == 3 and grid[0] >= 1
     assert block[0] == (K._MEAN_THREADS if base == "avp_gray_mean" else 256)
     conv, arrays = [], []
+    inl = "tab" in sig and int(args[-1]) == 1
     for a, t in zip(args, sig):
+        if t == "tab":
+            assert isinstance(a, np.void) and a.dtype == D._TABLE, (name, type(a))
+            conv.append(Tab.from_buffer_copy(a.tobytes()))
+            arrays.append(None)
+            continue
+        if inl and isinstance(a, np.uint64):  # an offset into the launch's table
+            assert t.startswith("p:") and int(a) % 8 == 0 and int(a) < D.TABLE_BYTES, (name, t)
+            conv.append(ctypes.c_void_p(int(a)))
+            arrays.append(None)
+            continue
         if t in _CTYPE:
             assert type(a) is _CTYPE[t][0], (name, t, type(a))
             conv.append(_CTYPE[t][1](a))
@@ -538,7 +626,7 @@ def _fake_launch(name, grid, block, args):
         arrays.append(a)
     _check_sizes(base, args)
     f = getattr(FakeCupy.lib, name)
-    f.argtypes = [P if t.startswith("p:") else _CTYPE[t][1] for t in sig]
+    f.argtypes = [P if t.startswith("p:") else Tab if t == "tab" else _CTYPE[t][1] for t in sig]
     f.restype = None
     for by in range(int(grid[1])):
         for b in range(NBLOCKS):
@@ -549,7 +637,9 @@ def _fake_launch(name, grid, block, args):
 
 def _check_sizes(base, args):
     """The arrays a launch reads and writes hold what its scalars say (no read out of bounds)."""
-    size = lambda a: 0 if isinstance(a, int) else a.size  # noqa: E731
+    def size(a, want=1):  # (an offset into the launch's table: its size unknown, taken as want)
+        return 0 if isinstance(a, int) else want if isinstance(a, np.uint64) else a.size
+
     if base in ("avp_gray_mean", "avp_pixels", "avp_crop_hpass"):
         src, strides = args[0], args[1:6]
         assert tuple(int(s) for s in strides) == tuple(s // src.dtype.itemsize for s in src.strides)
@@ -560,8 +650,9 @@ def _check_sizes(base, args):
         assert args[0].shape[2:] == (h, w, 3)
         k = 10 if base == "avp_gray_mean" else 11
         if base == "avp_pixels":
-            assert size(args[10]) in (0, nb)
-        assert size(args[k]) in (0, nb * 4) and all(size(f) in (0, nb) for f in args[k + 1 : k + 5])
+            assert size(args[10], nb) in (0, nb)
+        assert size(args[k], nb * 4) in (0, nb * 4)
+        assert all(size(f, nb) in (0, nb) for f in args[k + 1 : k + 5])
         if base == "avp_gray_mean":
             assert args[16].size % (nb * nt) == 0 and args[16].size // (nb * nt) >= 1
         else:
@@ -767,6 +858,41 @@ def test_float_input_and_nhwc_float16_out(dev, crop_path):
     assert LOG.ops == [] and len(LOG.copies) == 1 and LOG.syncs == []
     assert got.shape == ref.shape and got.dtype == ref.dtype == np.float16
     np.testing.assert_allclose(got.a.astype(np.float32), ref.astype(np.float32), atol=2e-3 * 5)
+
+
+@pytest.mark.parametrize("jitter", [True, False])
+def test_recipe_batch_sends_its_tables_in_the_launches(dev, monkeypatch, jitter):
+    """The recipe's folded path (``fused_resized_crop_normalize``) on a device that reads
+    launch tables: the crops' items and the jitter's parameters travel in the launches'
+    parameters, no host -> device copy at all; the same values as with the copies."""
+    x = _clips(shape=(4, 3, 36, 64, 3))
+    ids = np.arange(4)
+    p = I.sample_resized_crop_params(6, 2, ids, 36, 64, scale=(0.25, 1.0))
+    p["flip"] = I.sample_flip_params(6, 2, ids)["flip"]
+    cj = I.sample_color_jitter_params(6, 2, ids, brightness=0.4, contrast=0.4, saturation=0.4,
+                                      hue=0.1) if jitter else None  # fmt: skip
+    kw = dict(color_jitter=cj, bound=255.0, mean=IM.IMAGENET_MEAN, std=IM.IMAGENET_STD,
+              scale=1 / 255, dtype="float16", layout="NCHW")  # fmt: skip
+    clips = [_up(c) for c in x]
+    I.fused_resized_crop_normalize(clips, p, 16, **kw)  # warm the normalize constants
+    LOG.clear()
+    want = I.fused_resized_crop_normalize(clips, p, 16, **kw).a
+    copies = len(LOG.copies)
+    assert copies == (2 if jitter else 1)  # the items' table (and the jitter's parameters)
+    monkeypatch.setattr(FakeCupy.cuda.Device, "compute_capability", "90", raising=False)
+    D._tables_ok.cache_clear()
+    try:
+        LOG.clear()
+        got = I.fused_resized_crop_normalize(clips, p, 16, **kw).a
+        assert LOG.copies == [] and LOG.syncs == [] and LOG.ops == []
+        assert LOG.launches == ["avp_direct_items_u8"] + (
+            ["avp_gray_mean_f32", "avp_pixels_f32"] if jitter else [])
+        np.testing.assert_array_equal(got, want)
+        ref = I.fused_resized_crop_normalize(list(x), p, 16, **kw)  # numpy
+        d = np.abs(got.astype(np.float32) - ref.astype(np.float32))
+        assert d.max() < 4 / 255 / 0.224 and np.mean(d > 1e-2) < 1e-2
+    finally:
+        D._tables_ok.cache_clear()
 
 
 def test_cached_constants_wait_for_their_copy_and_are_never_dropped(dev):

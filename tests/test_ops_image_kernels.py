@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from avpipe import device as D
 from avpipe.ops import _image_kernels as K
 from avpipe.ops import _image_resize as R
 from avpipe.ops import image as I
@@ -406,8 +407,17 @@ def _at_address(ptr, dtype, shape, strides):
 def _fake_direct_items(src_dtype):
     def launch(grid, block, args):
         table, c, y_out, oh, x_out, ow, cubic, aa, round_mid, *rest = args
-        ab, (nchw, mode, out, ob) = rest[:8], rest[8:]
-        assert len(args) == 21 and table.dtype == np.int64 and table.shape[1] == 14
+        ab, (nchw, mode, out, ob, tab, inl) = rest[:8], rest[8:]
+        assert len(args) == 23 and isinstance(tab, np.void) and tab.dtype == D._TABLE
+        assert isinstance(inl, np.int32) and int(inl) in (0, 1)
+        if inl:  # the items in the launch's own table, table its byte offset there
+            assert isinstance(table, np.uint64) and int(table) % 8 == 0
+            words = np.frombuffer(tab.tobytes(), np.int64)
+            at = int(table) // 8
+            table = words[at : at + 14 * int(grid[2])].reshape(-1, 14)
+        else:
+            assert tab.tobytes() == D.NO_TABLE.tobytes()
+        assert table.dtype == np.int64 and table.shape[1] == 14
         assert all(isinstance(v, np.int32) for v in (c, y_out, oh, x_out, ow, cubic, aa,
                                                      round_mid, nchw, mode))  # fmt: skip
         assert all(isinstance(v, np.float32) for v in ab) and isinstance(ob, np.int64)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from cpp_kernels import build, ptx
 
+from avpipe import device as D
 from avpipe.ops import _resample as R
 
 PRELUDE = r"""
@@ -26,13 +27,14 @@ static Dim3 threadIdx, blockIdx, blockDim, gridDim;
 # the row, gridDim.y rows at most (a row past it is the next step of its block's loop)
 LAUNCHER = r"""
 extern "C" void run(int small, int grid_rows, int nrows, const float* x, long long n_in,
-        const long long* rows, const float* taps, float* out, long long width) {
+        const long long* rows, const float* taps, float* out, long long width,
+        const AvpTable* tab, int inl) {
     blockDim.x = 1; threadIdx.x = 0; gridDim.y = (unsigned)grid_rows;
     for (int by = 0; by < grid_rows; ++by)
         for (long long m = 0; m < width; ++m) {
             blockIdx.x = (unsigned)m; blockIdx.y = (unsigned)by;
-            if (small) avpipe_resample_rows32(x, n_in, rows, taps, out, width, nrows);
-            else avpipe_resample_rows(x, n_in, rows, taps, out, width, nrows);
+            if (small) avpipe_resample_rows32(x, n_in, rows, taps, out, width, nrows, *tab, inl);
+            else avpipe_resample_rows(x, n_in, rows, taps, out, width, nrows, *tab, inl);
         }
 }
 """
@@ -41,16 +43,18 @@ extern "C" void run(int small, int grid_rows, int nrows, const float* x, long lo
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     with open(R.KERNEL_FILE) as f:
-        return build(PRELUDE + f.read() + LAUNCHER, tmp_path_factory.mktemp("resample_kernel"))
+        return build(PRELUDE + D.TABLE_CUDA + f.read() + LAUNCHER,
+                     tmp_path_factory.mktemp("resample_kernel"))  # fmt: skip
 
 
 def _p(a):
     return ctypes.c_void_p(a.ctypes.data)
 
 
-def run_cpu(lib, x, lens, rates, target, quality, *, small=None, grid_rows=None):
+def run_cpu(lib, x, lens, rates, target, quality, *, small=None, grid_rows=None, inl=False):
     """The GPU runner's sequence (``_rows_kernel``), with the kernel run on the CPU (``small``:
-    the 32-bit kernel, by default where ``index_fits``; ``grid_rows``: the grid's rows)."""
+    the 32-bit kernel, by default where ``index_fits``; ``grid_rows``: the grid's rows;
+    ``inl``: the rows table in the launch's own table, as a GPU takes a batch's that fits)."""
     x = np.ascontiguousarray(x, np.float32)
     B, n = x.shape
     g = np.gcd(rates, target)
@@ -65,8 +69,13 @@ def run_cpu(lib, x, lens, rates, target, quality, *, small=None, grid_rows=None)
     I64 = ctypes.c_longlong
     if small is None:
         small = R.index_fits(width, down, lens, max(v[2] for v in meta.values()), up)
-    lib.run(int(small), int(grid_rows or B), B, _p(x), I64(n), _p(rows), _p(taps), _p(out),
-            I64(width))  # fmt: skip
+    tab = np.zeros(D.TABLE_BYTES // 8, np.int64)
+    at = _p(rows)
+    if inl:  # the rows at byte 8 of the table (the pointer argument then carries 8)
+        tab[1 : 1 + rows.size] = rows.reshape(-1)
+        at = ctypes.c_void_p(8)
+    lib.run(int(small), int(grid_rows or B), B, _p(x), I64(n), at, _p(taps), _p(out),
+            I64(width), _p(tab), ctypes.c_int(int(inl)))  # fmt: skip
     return out, new
 
 
@@ -100,9 +109,10 @@ def test_kernel_equals_reference_per_row_rates(lib, quality):
 
 
 def test_kernel_index_widths_and_grids_give_the_same_output(lib):
-    """The 32-bit and 64-bit index kernels, and a grid with fewer rows than the batch (rows
-    taken in steps of it), write the same values bit for bit; the taps at a row's edges (the
-    bounds-tested sum) and inside it (the plain one) both count."""
+    """The 32-bit and 64-bit index kernels, a grid with fewer rows than the batch (rows taken
+    in steps of it), and the rows table read from the launch's own table, write the same values
+    bit for bit; the taps at a row's edges (the bounds-tested sum) and inside it (the plain
+    one) both count."""
     rng = np.random.default_rng(11)
     lens = np.array([3000, 17, 0, 2999, 1500])
     x = rng.standard_normal((5, 3000)).astype(np.float32)
@@ -110,8 +120,10 @@ def test_kernel_index_widths_and_grids_give_the_same_output(lib):
     a, _ = run_cpu(lib, x, lens, rates, 16000, "fast", small=False)
     b, _ = run_cpu(lib, x, lens, rates, 16000, "fast", small=True)
     c, _ = run_cpu(lib, x, lens, rates, 16000, "fast", small=True, grid_rows=2)
-    np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(a, c)
+    d, _ = run_cpu(lib, x, lens, rates, 16000, "fast", small=True, inl=True)
+    e, _ = run_cpu(lib, x, lens, rates, 16000, "fast", small=False, inl=True, grid_rows=3)
+    for got in (b, c, d, e):
+        np.testing.assert_array_equal(a, got)
     ref, _ = R.resample_rows(x, lens, rates, 16000, quality="fast")
     np.testing.assert_allclose(a, ref, atol=2e-6, rtol=2e-6)
 
@@ -129,8 +141,10 @@ def test_index_fits_32_bits():
 
 def test_kernel_compiles_for_the_gpu(tmp_path):
     with open(R.KERNEL_FILE) as f:
-        code = ptx(f.read(), tmp_path)
+        code = ptx(D.TABLE_CUDA + f.read(), tmp_path)
     assert "avpipe_resample_rows32" in code and "avpipe_resample_rows(" in code
+    # the launch's table read where the parameters are, not copied to each thread's memory
+    assert "local" not in code.split(".entry avpipe_resample_rows32")[1].split(".entry")[0]
 
 
 @pytest.mark.parametrize("rates", [(13900, 16000), (44100, 16000), (8000, 16000), (16000, 11025)])
@@ -200,8 +214,8 @@ def test_rows_of_a_wider_buffer_read_in_place(monkeypatch):
             return np.empty(shape, dtype)
 
     launched = []
-    monkeypatch.setattr(R, "_bank", lambda dev, q: type("B", (), {"get": lambda self, c, p: (
-        None, {pair: (0, 1, 1) for pair in p})})())  # fmt: skip
+    monkeypatch.setattr(R, "_bank", lambda dev, q: type("B", (), {"get": lambda self, c, u, d: (
+        None, R._PairMeta({pair: (0, 1, 1) for pair in zip(u.tolist(), d.tolist())}))})())  # fmt: skip
     monkeypatch.setattr(R, "upload_many", lambda cp, arrays: arrays)
     monkeypatch.setattr(R, "_kernel",
                         lambda dev, small=False: lambda grid, block, args: launched.append(args))
@@ -212,3 +226,23 @@ def test_rows_of_a_wider_buffer_read_in_place(monkeypatch):
     R._rows_kernel(FakeCupy, wide[:, ::2], np.array([50, 50, 50]), np.ones(3, int),
                    np.ones(3, int), np.array([50, 50, 50]), 50, "fast")  # fmt: skip
     assert calls == ["copy"] and launched[1][1] == 50  # strided samples: copied first
+
+
+def test_pair_rows_found_for_the_batch_at_once():
+    """``_PairMeta.rows_of`` finds each row's pair in any insertion order (one search for the
+    batch), None where one is missing; row_args gathers the pairs' columns by it."""
+    pairs = [(160, 153), (16, 17), (1, 1), (40, 37), (400, 441)]
+    meta = R._PairMeta({p: (10 * k, k + 1, k + 2) for k, p in enumerate(pairs)})
+    up = np.array([40, 1, 160, 40, 400, 16])
+    down = np.array([37, 1, 153, 37, 441, 17])
+    idx = meta.rows_of(up, down)
+    assert [pairs[i] for i in idx] == list(zip(up.tolist(), down.tolist()))
+    assert meta.rows_of(np.array([40, 2]), np.array([37, 1])) is None
+    assert meta.rows_of(np.array([40]), np.array([36])) is None  # a near key
+    assert R._PairMeta({}).rows_of(up, down) is None
+    rows = R.row_args(np.arange(6), up, down, np.arange(6) + 1, meta)
+    for b, (u, d) in enumerate(zip(up, down)):
+        off, W, K = meta[(int(u), int(d))]
+        assert rows[b].tolist() == [b, u, d, W, K, off, b + 1]
+    with pytest.raises(ValueError, match="no taps"):
+        R.row_args([1], [2], [1], [1], meta)

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from cpp_kernels import ELEMENTWISE_PRELUDE, build, ptx
 
+from avpipe import device as D
 from avpipe.ops import audio_augment as A
 from avpipe.ops import random as R
 
-PRELUDE = ELEMENTWISE_PRELUDE + "#define __device__\n"
+PRELUDE = ELEMENTWISE_PRELUDE + "#define __device__\n#define __forceinline__ inline\n"
 
 LAUNCHER = r"""
 extern "C" void run(long long total, const float* x, float* out, const long long* lens,
@@ -28,11 +29,11 @@ extern "C" void run(long long total, const float* x, float* out, const long long
 extern "C" void draw(const long long* ids, const long long* lens, long long B, int kf, int kt,
         long long n_mels, long long fcap, double time_width, int frac, double adaptive,
         unsigned fk0, unsigned fk1, unsigned tk0, unsigned tk1, unsigned epoch, long long* p,
-        long long ld) {
+        long long ld, long long* lens_out, const AvpTable* tab, int inl) {
     blockDim.x = 1; threadIdx.x = 0;
     for (long long b = 0; b < B; ++b) { blockIdx.x = (unsigned)b;
         avpipe_spec_augment_draw(ids, lens, B, kf, kt, n_mels, fcap, time_width, frac, adaptive,
-                                 fk0, fk1, tk0, tk1, epoch, p, ld); }
+                                 fk0, fk1, tk0, tk1, epoch, p, ld, lens_out, *tab, inl); }
 }
 """
 
@@ -40,12 +41,23 @@ extern "C" void draw(const long long* ids, const long long* lens, long long B, i
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     with open(A.SPEC_AUGMENT_KERNEL) as f:
-        source = PRELUDE + R.PHILOX_FUNCTION + f.read() + LAUNCHER
+        source = PRELUDE + D.TABLE_CUDA + R.PHILOX_FUNCTION + f.read() + LAUNCHER
     return build(source, tmp_path_factory.mktemp("spec_kernel"))
 
 
 def _p(a):
     return ctypes.c_void_p(a.ctypes.data)
+
+
+class _TablesOn:
+    """A stand-in for cupy whose device reads launch tables (compute capability 9.0)."""
+
+    class cuda:
+        class Device:
+            def __init__(self, i=0):
+                self.id = int(i)
+
+            compute_capability = "90"
 
 
 def _c(v):
@@ -97,15 +109,26 @@ def test_draw_kernel_equals_the_sampler(lib, kf, kt, time_width, adaptive, n_mel
         checked = A._spec_settings(n_mels, kf, fwidth, kt, time_width, adaptive)
         scalars = A._spec_draw_scalars(seed, epoch, n_mels, *checked, "spec_augment")
         lib.draw(_p(ids), _p(lens), ctypes.c_longlong(len(ids)), *map(_c, scalars), _p(got),
-                 ctypes.c_longlong(ld))
+                 ctypes.c_longlong(ld), None, _p(np.zeros(D.TABLE_BYTES // 8, np.int64)),
+                 ctypes.c_int(0))  # fmt: skip
         np.testing.assert_array_equal(got, A.spec_augment_table(want))
+        # ids and lengths in the launch's own table (as launch_table packs them: from byte 8
+        # on), the lengths written back to the device for the masks: the same draws
+        table, (at_ids, at_lens) = D.launch_table(_TablesOn, [ids, lens])
+        tab = np.frombuffer(table.tobytes(), np.int64).copy()
+        got2, lens_out = np.full_like(got, -99), np.full(len(ids), -1, np.int64)
+        lib.draw(ctypes.c_void_p(int(at_ids)), ctypes.c_void_p(int(at_lens)), ctypes.c_longlong(len(ids)),
+                 *map(_c, scalars), _p(got2), ctypes.c_longlong(ld), _p(lens_out), _p(tab),
+                 ctypes.c_int(1))  # fmt: skip
+        np.testing.assert_array_equal(got2, got)
+        np.testing.assert_array_equal(lens_out, lens)
         if kt:
             assert want["time_width"].any()  # a draw that could differ
 
 
 def test_kernel_compiles_for_the_gpu(tmp_path):
     with open(A.SPEC_AUGMENT_KERNEL) as f:
-        text = ptx(R.PHILOX_FUNCTION + f.read(), tmp_path)
+        text = ptx(D.TABLE_CUDA + R.PHILOX_FUNCTION + f.read(), tmp_path)
     assert "avpipe_spec_augment" in text and "avpipe_spec_augment_draw" in text
 
 

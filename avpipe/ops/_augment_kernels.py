@@ -40,7 +40,7 @@ import logging
 
 import numpy as np
 
-from ..device import _is_cupy, upload_many
+from ..device import NO_TABLE, TABLE_CUDA, _is_cupy, launch_table, upload_many
 from . import _image_kernels as _ik
 
 log = logging.getLogger("avpipe")
@@ -53,7 +53,7 @@ _PIXELS_PER_THREAD = 4  # the pixel kernel: a thread's pixels of a frame (its it
 MODE_F32, MODE_F16, MODE_U8 = 0, 1, 2  # output modes (as in _image_kernels)
 _OUT_DTYPE = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}
 
-SOURCE = r"""
+SOURCE = TABLE_CUDA + r"""
 #ifndef AVP_MUL
 #define AVP_MUL(a, b) __fmul_rn((a), (b))
 #define AVP_ADD(a, b) __fadd_rn((a), (b))
@@ -228,23 +228,22 @@ __device__ __forceinline__ float avp_frame_mean(const double* __restrict__ part,
     return (float)(s / (double)npix);
 }
 
-extern "C" __global__ void __launch_bounds__(AVP_MEAN_THREADS) avp_gray_mean_u8(
-    const unsigned char* src, long long sb, long long st, long long sh, long long sw,
-    long long sc, int nb, int nt, int h, int w, const long long* order, const double* fb,
-    const double* fc, const double* fs, const double* fh, float bound, double* part)
-{
-    avp_gray_mean_impl<unsigned char>(src, sb, st, sh, sw, sc, nb, nt, h, w, order, fb, fc, fs,
-                                      fh, bound, part);
+// The launches' per-item parameters (order, the four factors, flip) are on the device, or
+// (inl set) in the launch's own table `tab`, each pointer then a byte offset into it
+// (device.py's TABLE_CUDA); the gray sums (part) and the affine (a, bb) are on the device.
+#define AVP_GRAY_MEAN(NAME, T)                                                                  \
+extern "C" __global__ void __launch_bounds__(AVP_MEAN_THREADS) NAME(                            \
+    const T* src, long long sb, long long st, long long sh, long long sw,                       \
+    long long sc, int nb, int nt, int h, int w, const long long* order, const double* fb,       \
+    const double* fc, const double* fs, const double* fh, float bound, double* part,            \
+    const AVP_GRID_CONST AvpTable tab, int inl)                                                 \
+{                                                                                               \
+    avp_gray_mean_impl<T>(src, sb, st, sh, sw, sc, nb, nt, h, w, avp_tab(tab, inl, order),      \
+                          avp_tab(tab, inl, fb), avp_tab(tab, inl, fc), avp_tab(tab, inl, fs),  \
+                          avp_tab(tab, inl, fh), bound, part);                                  \
 }
-
-extern "C" __global__ void __launch_bounds__(AVP_MEAN_THREADS) avp_gray_mean_f32(
-    const float* src, long long sb, long long st, long long sh, long long sw,
-    long long sc, int nb, int nt, int h, int w, const long long* order, const double* fb,
-    const double* fc, const double* fs, const double* fh, float bound, double* part)
-{
-    avp_gray_mean_impl<float>(src, sb, st, sh, sw, sc, nb, nt, h, w, order, fb, fc, fs, fh,
-                              bound, part);
-}
+AVP_GRAY_MEAN(avp_gray_mean_u8, unsigned char)
+AVP_GRAY_MEAN(avp_gray_mean_f32, float)
 
 // ---- flip + jitter + round + normalize + layout ----------------------------------------------
 // Frames fr = blockIdx.y, + gridDim.y, ...; in a frame the pixels p = blockIdx.x * blockDim.x
@@ -312,13 +311,18 @@ extern "C" __global__ void NAME(                                                
     int nb, int nt, int h, int w, const unsigned char* flip, const long long* order,            \
     const double* fb, const double* fc, const double* fs, const double* fh, const double* part, \
     int parts, float bound, int round_u8, const float* a, const float* bb, int nchw, int mode,  \
-    void* out)                                                                                  \
+    void* out, const AVP_GRID_CONST AvpTable tab, int inl)                                      \
 {                                                                                               \
+    /* (a null flip or order stays null: no flips, no jitter) */                                \
+    const unsigned char* fl = flip != 0 ? avp_tab(tab, inl, flip) : flip;                       \
+    const long long* od = order != 0 ? avp_tab(tab, inl, order) : order;                        \
+    fb = avp_tab(tab, inl, fb); fc = avp_tab(tab, inl, fc);                                     \
+    fs = avp_tab(tab, inl, fs); fh = avp_tab(tab, inl, fh);                                     \
     if ((long long)h * w < AVP_SMALL)                                                           \
-        avp_pixels_impl<T, unsigned int>(src, sb, st, sh, sw, sc, nb, nt, h, w, flip, order,    \
+        avp_pixels_impl<T, unsigned int>(src, sb, st, sh, sw, sc, nb, nt, h, w, fl, od,         \
             fb, fc, fs, fh, part, parts, bound, round_u8, a, bb, nchw, mode, out);              \
     else                                                                                        \
-        avp_pixels_impl<T, long long>(src, sb, st, sh, sw, sc, nb, nt, h, w, flip, order,       \
+        avp_pixels_impl<T, long long>(src, sb, st, sh, sw, sc, nb, nt, h, w, fl, od,            \
             fb, fc, fs, fh, part, parts, bound, round_u8, a, bb, nchw, mode, out);              \
 }
 AVP_PIXELS(avp_pixels_u8, unsigned char)
@@ -599,7 +603,8 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
     [B]) mirrors items, ``jitter`` (the colour-jitter params dict) applies the jitter in each
     item's order, ``round_u8`` rounds to uint8 levels after it, ``affine = (a, b)`` (3 float32
     each) maps ``v * a + b``. The parameters may be on the device (used in place) or the host
-    (copied up together, once). One launch (two with a jitter: the gray means)."""
+    (in the launches' own table where they fit, :func:`avpipe.device.launch_table`; else
+    copied up together, once). One launch (two with a jitter: the gray means)."""
     import cupy
 
     dev = int(x5.device.id)
@@ -618,12 +623,23 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
         st = _strides(src)
         vals, dts = [], []
         if flip is not None:
-            vals, dts = [flip], [np.dtype(bool)]
+            vals, dts = [flip], [np.dtype(bool)]  # (bytes of 0 or 1: the kernel's uint8)
         if jitter is not None:
             vals += [jitter[k] for k in _JITTER]
             dts += [np.dtype(np.int64)] + [np.dtype(np.float64)] * 4
-        vals = on_device(cupy, vals, dts)
-        fl = vals.pop(0).view(cupy.uint8) if flip is not None else 0
+        tab, inl = NO_TABLE, 0
+        got = None
+        if vals and all(isinstance(v, np.ndarray) for v in vals):  # host params: in the
+            vals = [np.ascontiguousarray(v, dt) for v, dt in zip(vals, dts)]  # launches' table
+            got = launch_table(cupy, vals)
+        if got is not None:
+            tab, vals = got
+            inl = 1
+        else:
+            vals = on_device(cupy, vals, dts)
+        fl = vals.pop(0) if flip is not None else 0
+        if flip is not None and not inl:
+            fl = fl.view(cupy.uint8)
         if jitter is not None:
             order, *fac = vals
             parts = mean_parts(H * W)
@@ -631,7 +647,7 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
             grid = (max(1, min(B * T, _MAX_BLOCKS)), parts, 1)
             kern[f"avp_gray_mean_{kind}"](grid, (_MEAN_THREADS, 1, 1), (
                 src, *st, np.int32(B), np.int32(T), np.int32(H), np.int32(W), order, *fac,
-                np.float32(bound), mean))  # fmt: skip
+                np.float32(bound), mean, tab, np.int32(inl)))  # fmt: skip
         else:
             order, mean, parts = 0, 0, 0
             fac = [0, 0, 0, 0]
@@ -641,5 +657,5 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
         kern[f"avp_pixels_{kind}"](_pixel_grid(B * T, H * W), (_THREADS, 1, 1), (
             src, *st, np.int32(B), np.int32(T), np.int32(H), np.int32(W), fl, order, *fac, mean,
             np.int32(parts), np.float32(bound), np.int32(1 if round_u8 else 0), a, b,
-            np.int32(1 if nchw else 0), np.int32(mode), out))  # fmt: skip
+            np.int32(1 if nchw else 0), np.int32(mode), out, tab, np.int32(inl)))  # fmt: skip
     return out

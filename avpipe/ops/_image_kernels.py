@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import settings
-from ..device import upload_many
+from ..device import NO_TABLE, TABLE_CUDA, launch_table, upload_many
 from . import _image_resize as _rs
 
 log = logging.getLogger("avpipe")
@@ -55,7 +55,7 @@ _MAX_BLOCKS = 1 << 20
 MODE_F32, MODE_F16, MODE_U8 = 0, 1, 2
 _OUT_DTYPE = {MODE_F32: np.float32, MODE_F16: np.float16, MODE_U8: np.uint8}
 
-_SOURCE = r"""
+_SOURCE = TABLE_CUDA + r"""
 // flat indices below this (with the grid-stride step added) fit in 32 bits
 #define AVP_SMALL 0x7fffffffLL
 
@@ -459,14 +459,16 @@ extern "C" __global__ void avp_direct_f32(const float* __restrict__ src, AVP_DIR
 // each with its own crop box and flip), all resized to oh x ow: blockIdx.z is the item, whose
 // AVP_ITEM int64 values are: its first element's address, its strides (image, row, column,
 // channel; elements), its images, y_in, y_off, y_size, x_in, x_off, x_size, flip, and its
-// output's byte offset from out.
+// output's byte offset from out. The items' table is on the device, or (inl set) in the
+// launch's own table `tab` (items then a byte offset into it; device.py's TABLE_CUDA).
 #define AVP_ITEM 14
 #define AVP_ITEMS_ARGS \
     const long long* __restrict__ items, int c, int y_out, int oh, int x_out, int ow, int cubic, \
     int aa, int round_mid, float a0, float a1, float a2, float a3, float b0, float b1, \
-    float b2, float b3, int nchw, int mode, char* __restrict__ out, long long ob
+    float b2, float b3, int nchw, int mode, char* __restrict__ out, long long ob, \
+    const AVP_GRID_CONST AvpTable tab, int inl
 #define AVP_ITEMS_PASS(T) \
-    const long long* it = items + (long long)blockIdx.z * AVP_ITEM; \
+    const long long* it = avp_tab(tab, inl, items) + (long long)blockIdx.z * AVP_ITEM; \
     avp_direct_impl<T>((const T*)it[0], it[1], it[2], it[3], it[4], (int)it[5], c, (int)it[6], \
                        y_out, 0, (int)it[7], (int)it[8], oh, (int)it[9], x_out, 0, (int)it[10], \
                        (int)it[11], ow, (int)it[12], cubic, aa, round_mid, a0, a1, a2, a3, b0, \
@@ -885,15 +887,11 @@ def resample_boxes(clips, boxes, flips, out_h: int, out_w: int, interpolation: s
     output is otherwise the float sums rounded once). Returns ``[B, N, C, out_h, out_w]``
     (``nchw``) or ``[B, N, out_h, out_w, C]``, or None where the kernels are unavailable or a
     box needs the two passes (then the caller resizes the clips one by one)."""
-    import cupy
-
     got = box_items(clips, boxes, flips, out_h, out_w, interpolation, antialias, mode=mode)
     if got is None:
         return None
     rows, geometry = got
-    with cupy.cuda.Device(geometry[4]):
-        (table,) = upload_many(cupy, [rows])
-    return launch_boxes(table, geometry, out_h, out_w, interpolation, antialias, mode=mode,
+    return launch_boxes(rows, geometry, out_h, out_w, interpolation, antialias, mode=mode,
                         nchw=nchw, a=a, b=b, round_mid=round_mid)  # fmt: skip
 
 
@@ -939,8 +937,9 @@ def box_items(clips, boxes, flips, out_h: int, out_w: int, interpolation: str, a
 
 def launch_boxes(table, geometry, out_h: int, out_w: int, interpolation: str, antialias: bool,
                  *, mode: int, nchw: bool, a=None, b=None, round_mid=None):  # fmt: skip
-    """The one launch of :func:`resample_boxes` for a table of items already on the device
-    (:func:`box_items`' rows and geometry)."""
+    """The one launch of :func:`resample_boxes` for :func:`box_items`' rows and geometry: the
+    rows ``table`` on the host (sent in the launch's own table where they fit,
+    :func:`avpipe.device.launch_table`, else copied up) or already on the device."""
     import cupy
 
     B, n, c, dtype, device_id = geometry
@@ -952,6 +951,14 @@ def launch_boxes(table, geometry, out_h: int, out_w: int, interpolation: str, an
         out = cupy.empty(shape, dtype=_OUT_DTYPE[mode])
         if out.size == 0:
             return out
+        tab, inl = NO_TABLE, 0
+        if isinstance(table, np.ndarray):
+            got = launch_table(cupy, [table])
+            if got is None:
+                (table,) = upload_many(cupy, [table])
+            else:
+                tab, (table,) = got
+                inl = 1
         ints = np.array([c, out_h, out_h, out_w, out_w, interpolation == "bicubic",
                          bool(antialias), bool(round_mid)], np.int32)  # fmt: skip
         tail = np.array([bool(nchw), mode], np.int32)
@@ -959,5 +966,5 @@ def launch_boxes(table, geometry, out_h: int, out_w: int, interpolation: str, an
                                 "avp_direct_items_f32"]  # fmt: skip
         tiles = -(-out_h // _TILE) * -(-out_w // _TILE)
         k((tiles, min(-(-n // _FRAMES), 65535), B), (_TILE * _TILE, 1, 1),
-          (table, *ints, *floats, *tail, out, np.int64(c * out_h * out_w)))
+          (table, *ints, *floats, *tail, out, np.int64(c * out_h * out_w), tab, np.int32(inl)))
     return out

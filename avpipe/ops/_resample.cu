@@ -5,9 +5,11 @@
 // phase (m * down) mod up; samples outside 0 .. lens[b) count as zeros. A rate pair's taps are
 // stored tap-major, [K, up] (tap i of phase ph at i * up + ph): a warp's 32 outputs have 32
 // different phases, and this way their loads of tap i fall in a few cache lines, not 32.
-// Positions at or past n_out[b] are written as 0. Accumulates in float32, tap by tap. The per-row values are one
-// int64 table rows[b * 7 + ...]: lens, up, down, half (W), ktaps (K), toff (the row's taps'
-// offset in `taps`), n_out. Row b of x starts at x + b * n_in; its output at out + b * width.
+// Positions at or past n_out[b] are written as 0. Accumulates in float32, tap by tap. The
+// per-row values are one int64 table rows[b * 7 + ...]: lens, up, down, half (W), ktaps (K),
+// toff (the row's taps' offset in `taps`), n_out; on the device, or (inl set) in the launch's
+// own table `tab` (device.py's TABLE_CUDA, compiled before this file: rows is then a byte
+// offset into it). Row b of x starts at x + b * n_in; its output at out + b * width.
 //
 // Grid: blockIdx.x * blockDim.x + threadIdx.x is the output position m, blockIdx.y the row
 // (rows beyond gridDim.y in steps of it). The index arithmetic is in I: 32-bit integers
@@ -51,12 +53,12 @@ __device__ __forceinline__ void avpipe_resample_impl(
 
 extern "C" __global__ void avpipe_resample_rows(
     const float* x, long long n_in, const long long* rows, const float* taps, float* out,
-    long long width, int nrows) {
-    avpipe_resample_impl<long long>(x, n_in, rows, taps, out, width, nrows);
+    long long width, int nrows, const AVP_GRID_CONST AvpTable tab, int inl) {
+    avpipe_resample_impl<long long>(x, n_in, avp_tab(tab, inl, rows), taps, out, width, nrows);
 }
 
 extern "C" __global__ void avpipe_resample_rows32(
     const float* x, long long n_in, const long long* rows, const float* taps, float* out,
-    long long width, int nrows) {
-    avpipe_resample_impl<int>(x, n_in, rows, taps, out, width, nrows);
+    long long width, int nrows, const AVP_GRID_CONST AvpTable tab, int inl) {
+    avpipe_resample_impl<int>(x, n_in, avp_tab(tab, inl, rows), taps, out, width, nrows);
 }

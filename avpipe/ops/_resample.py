@@ -31,7 +31,7 @@ import threading
 import numpy as np
 
 from .._validate import check_choice, pos_int
-from ..device import array_module, upload_many
+from ..device import NO_TABLE, TABLE_CUDA, array_module, launch_table, upload_many
 
 QUALITIES = {"high": (32, 0.945, 9.0), "fast": (12, 0.90, 7.0)}
 KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_resample.cu")
@@ -196,7 +196,7 @@ def _kernels(device_id: int):
     import cupy
 
     with open(KERNEL_FILE) as f, cupy.cuda.Device(device_id):
-        mod = cupy.RawModule(code=f.read())
+        mod = cupy.RawModule(code=TABLE_CUDA + f.read())
         return {"64": mod.get_function("avpipe_resample_rows"),
                 "32": mod.get_function("avpipe_resample_rows32")}  # fmt: skip
 
@@ -235,13 +235,27 @@ def _taps32(up, down, quality):
 class _PairMeta(dict):
     """:func:`table`'s ``{(up, down): (offset, W, K)}``, with each pair's row of
     :func:`row_args`' columns ``(W, K, offset)`` kept as one array (a batch's rows gathered
-    from it, not built item by item)."""
+    from it, not built item by item), found by :meth:`rows_of`."""
 
     def __init__(self, items):
         super().__init__(items)
-        self.index = {k: i for i, k in enumerate(self)}
         self.cols = np.array([(W, K, off) for off, W, K in self.values()],
                              np.int64).reshape(-1, 3)  # fmt: skip
+        self.kmax = max((K for _, _, K in self.values()), default=0)  # the most taps a phase
+        ck = np.array([(int(u) << 32) | int(d) for u, d in self], np.int64)
+        self._order = np.argsort(ck, kind="stable")
+        self._sorted = ck[self._order]
+
+    def rows_of(self, up, down):
+        """Each ``(up[b], down[b])``'s row of ``cols`` (int64 [B]), or None where a pair is not
+        here (one search for the batch: rates are below 2**31)."""
+        ck = (np.asarray(up, np.int64) << 32) | np.asarray(down, np.int64)
+        if not len(self._sorted):
+            return None if ck.size else np.zeros(0, np.int64)
+        pos = np.minimum(np.searchsorted(self._sorted, ck), len(self._sorted) - 1)
+        if not (self._sorted[pos] == ck).all():
+            return None
+        return self._order[pos]
 
 
 def table(pairs, quality):
@@ -256,21 +270,22 @@ def table(pairs, quality):
     return np.concatenate(parts), _PairMeta(meta)
 
 
-def row_args(lens, up, down, new, meta, keys=None):
+def row_args(lens, up, down, new, meta):
     """The kernel's per-row table: int64 ``[B, 7]``, each row its length, up, down, half width
-    ``W``, taps per phase ``K``, taps' offset and output length. ``keys``: the rows' ``(up,
-    down)`` pairs where the caller has them."""
+    ``W``, taps per phase ``K``, taps' offset and output length (every row's pair in
+    ``meta``)."""
     up = np.asarray(up, np.int64).reshape(-1)
     down = np.asarray(down, np.int64).reshape(-1)
-    if keys is None:
-        keys = list(zip(up.tolist(), down.tolist()))
     if not isinstance(meta, _PairMeta):
         meta = _PairMeta(meta)
+    idx = meta.rows_of(up, down)
+    if idx is None:
+        raise ValueError("row_args: a row's (up, down) pair has no taps in meta")
     out = np.empty((up.shape[0], 7), np.int64)
     out[:, 0] = np.asarray(lens, np.int64).reshape(-1)
     out[:, 1] = up
     out[:, 2] = down
-    out[:, 3:6] = meta.cols[[meta.index[k] for k in keys]]
+    out[:, 3:6] = meta.cols[idx]
     out[:, 6] = np.asarray(new, np.int64).reshape(-1)
     return out
 
@@ -288,14 +303,16 @@ class _TapBank:
     def __init__(self, device_id: int, quality: str):
         self.device_id, self.quality = device_id, quality
         self.pairs: tuple = ()
-        self.taps, self.meta = None, {}
+        self.taps, self.meta = None, _PairMeta({})
         self.retired: list = []
         self.lock = threading.Lock()
 
-    def get(self, cupy, pairs):
-        """(device taps, meta) covering ``pairs``, or None past ``MAX_PAIRS``."""
+    def get(self, cupy, up, down):
+        """(device taps, meta) covering the rows' ``(up, down)`` pairs, or None past
+        ``MAX_PAIRS``."""
         with self.lock:
-            if self.taps is None or not pairs <= self.meta.keys():
+            if self.taps is None or self.meta.rows_of(up, down) is None:
+                pairs = set(zip(np.asarray(up).tolist(), np.asarray(down).tolist()))
                 grown = tuple(sorted(set(self.pairs) | pairs))
                 if len(grown) > self.MAX_PAIRS:
                     return None
@@ -316,24 +333,34 @@ def _bank(device_id: int, quality: str) -> _TapBank:
 def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
     """``out [B, width]`` float32 by the kernel (host int64 ``lens``, ``up``, ``down``,
     ``new`` per row; ``x`` a float32 cupy ``[B, n]``, its rows read in place where its samples
-    are contiguous: a feed's batch is a slice of its loader's wider buffer)."""
+    are contiguous: a feed's batch is a slice of its loader's wider buffer). The per-row table
+    travels in the launch's parameters where it fits (:func:`avpipe.device.launch_table`),
+    else in one host -> device copy."""
     if x.strides[1] != 4 or x.strides[0] % 4 or x.strides[0] < 0:
         x = cupy.ascontiguousarray(x)
     B = x.shape[0]
     n = x.strides[0] // 4  # the kernel's row stride (it reads a row's first lens[b] samples)
-    keys = list(zip(np.asarray(up).tolist(), np.asarray(down).tolist()))
-    pairs = set(keys)
-    banked = _bank(cupy.cuda.Device().id, quality).get(cupy, pairs)  # taps on the device
-    if banked is not None:  # the per-row table in one host-to-device copy
+    dev_id = cupy.cuda.Device().id
+    banked = _bank(dev_id, quality).get(cupy, up, down)  # taps on the device
+    if banked is not None:
         taps, meta = banked
-        (rows,) = upload_many(cupy, [row_args(lens, up, down, new, meta, keys)])
+        rows = row_args(lens, up, down, new, meta)
+        got = launch_table(cupy, [rows])
+        if got is None:  # the per-row table in one host-to-device copy
+            (rows,) = upload_many(cupy, [rows])
+            tab, inl = NO_TABLE, 0
+        else:
+            tab, (rows,) = got
+            inl = 1
     else:  # many distinct rates: this batch's taps travel with its rows, in one copy
+        pairs = set(zip(np.asarray(up).tolist(), np.asarray(down).tolist()))
         host, meta = table(tuple(sorted(pairs)), quality)
-        rows, taps = upload_many(cupy, [row_args(lens, up, down, new, meta, keys), host])
+        rows, taps = upload_many(cupy, [row_args(lens, up, down, new, meta), host])
+        tab, inl = NO_TABLE, 0
     out = cupy.empty((B, int(width)), cupy.float32)
     threads = 256
     grid = ((int(width) + threads - 1) // threads, min(B, 65535))
-    kmax = max((int(v[2]) for v in meta.values()), default=0)  # (offset, W, K) per pair
-    kern = _kernel(cupy.cuda.Device().id, index_fits(width, down, lens, kmax, up))
-    kern(grid, (threads,), (x, np.int64(n), rows, taps, out, np.int64(width), np.int32(B)))
+    kern = _kernel(dev_id, index_fits(width, down, lens, meta.kmax, up))
+    kern(grid, (threads,), (x, np.int64(n), rows, taps, out, np.int64(width), np.int32(B), tab,
+                            np.int32(inl)))  # fmt: skip
     return out

@@ -28,15 +28,18 @@ __device__ inline long long avpipe_below(unsigned int w, long long span) {
 // width uniform on 0..W, start on 0..max(0, length - W), with W = max(1, floor(length *
 // time_width)) where frac, else time_width frames; adaptive >= 0: only the first min(kt,
 // floor(length * adaptive)) time masks keep their width. (Each word is drawn as words() draws
-// it, a Philox call per word: a few dozen a batch item.)
+// it, a Philox call per word: a few dozen a batch item.) ids and lens [B]: on the device, or
+// (inl set) byte offsets into the launch's own table `tab` (device.py's TABLE_CUDA, compiled
+// before this file); lens_out (or null): the lengths written to the device, for the masks.
 extern "C" __global__ void avpipe_spec_augment_draw(
     const long long* ids, const long long* lens, long long B, int kf, int kt, long long n_mels,
     long long fcap, double time_width, int frac, double adaptive, unsigned int fk0,
     unsigned int fk1, unsigned int tk0, unsigned int tk1, unsigned int epoch, long long* p,
-    long long ld) {
+    long long ld, long long* lens_out, const AVP_GRID_CONST AvpTable tab, int inl) {
     long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= B) return;
-    long long id = ids[b], len = lens[b];
+    long long id = avp_tab(tab, inl, ids)[b], len = avp_tab(tab, inl, lens)[b];
+    if (lens_out) lens_out[b] = len;
     long long* q = p + b * ld;
     for (int k = 0; k < kf; ++k) {
         q[kf + k] = avpipe_below(avpipe_word(fk0, fk1, id, epoch, k), fcap + 1);

@@ -40,7 +40,7 @@ import os
 import numpy as np
 
 from .._validate import nonneg_float, nonneg_int
-from ..device import array_module, upload_many
+from ..device import NO_TABLE, TABLE_CUDA, array_module, launch_table, upload_many
 from . import random as R
 from ._augment_base import (
     Augment,
@@ -588,7 +588,7 @@ def _spec_kernels(device_id: int):
     import cupy
 
     with open(SPEC_AUGMENT_KERNEL) as f, cupy.cuda.Device(device_id):
-        mod = cupy.RawModule(code=R.PHILOX_FUNCTION + f.read())
+        mod = cupy.RawModule(code=TABLE_CUDA + R.PHILOX_FUNCTION + f.read())
         return mod.get_function("avpipe_spec_augment_draw"), mod.get_function("avpipe_spec_augment")
 
 
@@ -617,8 +617,9 @@ def _spec_draw_fixed(seed, n_mels, kf, F, kt, time_width, adaptive_time_masks, s
 def _spec_draws_on_device(cupy, seed, epoch, ids, lengths, n_mels, kf, F, kt, time_width,
                           adaptive_time_masks, stream):  # fmt: skip
     """sample_spec_augment_params on a GPU for checked settings (:func:`_spec_settings`):
-    ``(table [B, 2 kf + 2 kt], lengths)`` on the device, one kernel (host ids and lengths copied
-    up in one copy, not waited for)."""
+    ``(table [B, 2 kf + 2 kt], lengths)`` on the device, one kernel (host ids and lengths in
+    the launch's own table where they fit, else copied up in one copy, not waited for; the
+    kernel writes the lengths to the device for the masks)."""
     host_in = not (isinstance(ids, cupy.ndarray) or isinstance(lengths, cupy.ndarray))
     if host_in:
         ids = as_ids(ids, len(ids), np)
@@ -629,18 +630,24 @@ def _spec_draws_on_device(cupy, seed, epoch, ids, lengths, n_mels, kf, F, kt, ti
     B = int(ids.shape[0])
     if lens.shape[0] != B:
         raise ValueError(f"lengths must have one entry per id ({B}), got {lens.shape[0]}")
-    if host_in:
-        ids, lens = upload_many(cupy, [ids, lens])
     ld = 2 * kf + 2 * kt
     table = cupy.empty((B, ld), cupy.int64)
+    tab, inl, lens_out = NO_TABLE, 0, 0
+    if host_in:
+        got = launch_table(cupy, [ids, lens]) if B and ld else None
+        if got is None:
+            ids, lens = upload_many(cupy, [ids, lens])
+        else:  # the kernel reads them from its table and writes the lengths to the device
+            tab, (ids, at) = got
+            inl, lens_out = 1, cupy.empty(B, cupy.int64)
     if B and ld:
         draw, _ = _spec_kernels(table.device.id)
         draw(((B + 127) // 128,), (128,),
-             (ids, lens, np.int64(B),
+             (ids, at if inl else lens, np.int64(B),
               *_spec_draw_scalars(seed, epoch, n_mels, kf, F, kt, time_width,
                                   adaptive_time_masks, stream),
-              table, np.int64(ld)))  # fmt: skip
-    return table, lens
+              table, np.int64(ld), lens_out, tab, np.int32(inl)))  # fmt: skip
+    return table, (lens_out if inl else lens)
 
 
 def _spec_apply_kernel(cupy, x, lens, table, kf, kt, mask_value):

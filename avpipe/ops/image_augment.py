@@ -473,9 +473,10 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, color_jitte
 
     numpy: one call per clip (the reference). cupy: every clip in one launch of the one-pass
     kernel (:func:`avpipe.ops._image_kernels.resample_boxes`) where its boxes fit it; else one
-    call per clip. With ``color_jitter`` on cupy: the crops' table of items and the jitter's
-    parameters in one host -> device copy, then the crop's, the gray means' and the pixels'
-    launches (jitter and normalize in one pass)."""
+    call per clip. With ``color_jitter`` on cupy: then the gray means' and the pixels' launches
+    (jitter and normalize in one pass). The crops' table of items and the jitter's parameters
+    travel in the launches' own parameters (:func:`avpipe.device.launch_table`) where they
+    fit, else in a host -> device copy each."""
     from .image import _affine, _check_box, _check_interp, _dtype, resize_crop_normalize
 
     if isinstance(x, (list, tuple)):
@@ -498,7 +499,7 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, color_jitte
     if color_jitter is not None:  # the crops as 0..bound floats, channels last
         crop_kw = {**kwargs, "mean": 0.0, "std": 1.0, "scale": 1.0, "dtype": "float32",
                    "layout": "NHWC"}  # fmt: skip
-    y = jd = None
+    y = None
     if xp is not np and clips and _ik.enabled():
         bad = set(kwargs) - set(_rcn_defaults())
         if bad:
@@ -513,26 +514,17 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, color_jitte
             mode = _ik.MODE_F16 if dt == np.float16 else _ik.MODE_F32
             got = _ik.box_items(clips, boxes, flips, oh, ow, copts["interpolation"],
                                 copts["antialias"], mode=mode)  # fmt: skip
-            if got is not None:
+            if got is not None:  # (the rows travel in the launch's table, or one copy)
                 rows, geometry = got
-                extra = []
-                if color_jitter is not None and _kernel_ok(clips[0], 3):  # (its crops' kind)
-                    extra = [np.ascontiguousarray(_hostv(color_jitter, "order"), np.int64)] + [
-                        np.ascontiguousarray(_hostv(color_jitter, k), np.float64)
-                        for k in _ORDER]  # fmt: skip
-                with xp.cuda.Device(geometry[4]):
-                    table, *dev = upload_many(xp, [rows, *extra])
-                y = _ik.launch_boxes(table, geometry, oh, ow, copts["interpolation"],
+                y = _ik.launch_boxes(rows, geometry, oh, ow, copts["interpolation"],
                                      copts["antialias"], mode=mode,
                                      nchw=copts["layout"] in ("NCHW", "CHW"), a=a, b=b)  # fmt: skip
-                if dev:
-                    jd = dict(zip(("order", *_ORDER), dev))
     if y is None:
         y = xp.stack([resize_crop_normalize(c, box=box, flip=f, size=(oh, ow), short_side=None,
                                             crop_size=None, **crop_kw)
                       for c, box, f in zip(clips, boxes, flips)])  # fmt: skip
     if color_jitter is not None:
-        y = _jitter_normalize(xp, y, color_jitter if jd is None else jd, bound, opts)
+        y = _jitter_normalize(xp, y, color_jitter, bound, opts)
     return y[:, 0] if images else y
 
 
