@@ -27,10 +27,12 @@ Workloads (the same data for both; generated, no files):
     under ``DEFER_BYTES``, so its collate crops and resizes them, ``_resize_deferred``: their
     boxes and flips drawn at once, one launch for the batch): the random
     resized crop folded into the fused resize + normalize (float16 ``[T, C, H, W]``), and the
-    flip; no colour jitter (off by default there). ``avpipe_video_recipe_per_clip``: the same
-    with each clip transformed alone (``VideoTask._train_transform``, then stacked), as the
-    recipe does for larger clips. The recipe's defaults except ``scale``,
-    0.08-1 as above. ``avpipe_video_recipe_cold``: the same with the resize tap tables'
+    flip; no colour jitter (off by default there). Its batches are a feed's: new ids every
+    batch (an epoch every 64), the draws of 8 batches made at once
+    (``VideoTask.drawn_in_groups``, as its producer makes them).
+    ``avpipe_video_recipe_per_clip``: the same with each clip transformed alone
+    (``VideoTask._train_transform``, then stacked), as the recipe does for larger clips. The
+    recipe's defaults except ``scale``, 0.08-1 as above. ``avpipe_video_recipe_cold``: the same with the resize tap tables'
     caches emptied before every batch (what a clip costs when its crop's tables are new; since
     the one-pass kernel computes its taps itself, only crops it leaves to the two passes
     build tables).
@@ -214,23 +216,32 @@ def bench_avpipe_video_recipe(args, before=None, defer_bytes=None, color_jitter=
                      scale=(0.08, 1.0), color_jitter=color_jitter)  # fmt: skip
     if defer_bytes is not None:
         task.DEFER_BYTES = defer_bytes
-    state = {"epoch": 0}
-    ids = list(range(x.shape[0]))
-    clips = [x[i] for i in ids]  # an array a clip, made once (as DALI's external source's)
+    B = x.shape[0]
+    clips = [x[i] for i in range(B)]  # an array a clip, made once (as DALI's external source's)
 
     from avpipe.ops import random as R
 
+    def batches(per_epoch=64):  # a feed's groups: new ids every batch, a new epoch now and then
+        e = 0
+        while True:
+            e += 1
+            task.epoch = e  # (set by the feed before an epoch's groups are decoded)
+            for k in range(per_epoch):
+                yield [(k * B + j, None) for j in range(B)]
+
+    # as the recipe's producer takes them: each DRAW_GROUPS batches' draws made at once
+    groups = task.drawn_in_groups(batches())
+
     def step():
-        state["epoch"] += 1
-        e = state["epoch"]
         if before is not None:
             before()
-        task.epoch = e  # the batch's draws made at once, as the recipe's Task.ahead
-        with R.drawn_from(task.ahead([(i, None) for i in ids])):  # then each decoding thread
+        pairs = next(groups)
+        e, ids = task.epoch, [i for i, _ in pairs]
+        with R.drawn_from(task.ahead(pairs)):  # the batch's draws; then each decoding thread
             # (a deferred clip carries the table it drew from, which the collate reads again)
-            vals = [_Deferred(clips[i], R.drawn_table()) if task._defer
-                    and clips[i].nbytes <= task.DEFER_BYTES
-                    else task._train_transform(clips[i], i, e) for i in ids]  # fmt: skip
+            vals = [_Deferred(clips[i % B], R.drawn_table()) if task._defer
+                    and clips[i % B].nbytes <= task.DEFER_BYTES
+                    else task._train_transform(clips[i % B], i, e) for i in ids]  # fmt: skip
         y = task._resize_deferred(vals, ids, e)  # the collate
         return xp.stack(y) if isinstance(y, list) else y
 

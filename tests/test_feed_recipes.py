@@ -749,3 +749,49 @@ def test_rnnt_collate_of_loader_rows_equals_collate_of_arrays(training):
         got = task.collate(values, pairs, 1, 0)
         np.testing.assert_array_equal(got["feature_lengths"], want["feature_lengths"])
         np.testing.assert_allclose(got["features"], want["features"], rtol=0, atol=1e-6)
+
+
+def test_video_training_draws_of_several_batches_at_once_are_each_batchs_own():
+    """``drawn_in_groups`` hands the groups on unchanged and draws DRAW_GROUPS batches' words
+    in one pass; ``ahead`` then hands each batch the words a pass of its own draws (and once
+    only: a batch seen again, a replacement, draws anew), also across an epoch's change."""
+    from avpipe.device import resolve_device
+    from avpipe.ops import random as R
+    from avpipe.recipes.video import VideoTask
+
+    task = VideoTask(labels=[0], clip_length=4, stride=1, crop_size=32, train=True, seed=3,
+                     device=resolve_device("cpu"), color_jitter=dict(brightness=0.4))  # fmt: skip
+    task.DRAW_GROUPS = 3
+    groups = [[(i, None) for i in range(k * 4, k * 4 + 4)] for k in range(7)]
+    calls = []
+    real = R.draw_ahead_groups
+
+    def counted(*a, **k):
+        calls.append(len(a[2]))
+        return real(*a, **k)
+
+    R.draw_ahead_groups, seen, got = counted, [], []
+    try:
+        for e in (1, 2):
+            task.epoch = e
+            for g in task.drawn_in_groups(iter(groups)):
+                seen.append(g)
+                got.append((e, g, task.ahead(g)))
+    finally:
+        R.draw_ahead_groups = real
+    assert seen == groups * 2
+    assert calls == [3, 3, 1, 3, 3, 1]  # a pass every 3 batches, none by ahead itself
+    assert getattr(task._made, "tables", {}) == {}  # each handed out once
+    for e, g, table in got:
+        want = R.draw_ahead(3, e, [i for i, _ in g], task._ahead_requests())
+        assert table.keys() == want.keys()
+        for k in want:
+            np.testing.assert_array_equal(table[k][1], want[k][1])
+    task.epoch = 2
+    real_calls = len(calls)
+    R.draw_ahead_groups = counted
+    try:
+        task.ahead(groups[0])  # seen again: drawn anew
+    finally:
+        R.draw_ahead_groups = real
+    assert len(calls) == real_calls + 1

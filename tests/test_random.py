@@ -296,3 +296,22 @@ def test_philox_lanes32_equal_the_uint64_lanes(monkeypatch):
         assert x32.dtype == y32.dtype == np.uint32
         np.testing.assert_array_equal(x32, x.astype(np.uint32))
         np.testing.assert_array_equal(y32, y.astype(np.uint32))
+
+
+def test_draw_ahead_groups_equals_a_pass_per_group():
+    """One pass over several batches' ids gives each batch the table a pass of its own would:
+    the same keys, ids and words (any sizes, a repeated id, an empty group)."""
+    reqs = [("clip", 1), ("random_resized_crop", 40), ("flip", 1), ("color_jitter", 8)]
+    groups = [[0, 1, 2], [7, 3], [], [2**40 + 5, 9, 9, 11]]
+    tables = R.draw_ahead_groups(5, 3, groups, reqs)
+    assert len(tables) == len(groups)
+    for g, t in zip(groups, tables):
+        want = R.draw_ahead(5, 3, g, reqs)
+        assert t.keys() == want.keys()
+        for k in want:
+            np.testing.assert_array_equal(t[k][0], want[k][0])
+            np.testing.assert_array_equal(t[k][1], want[k][1])
+            assert t[k][2] == want[k][2]
+        with R.drawn_from(t):  # and words() reads it as it reads a table of its own
+            np.testing.assert_array_equal(R.words(5, "flip", 3, g, 1),
+                                          R.words(5, "flip", 3, np.array(g, np.int64), 1))  # fmt: skip

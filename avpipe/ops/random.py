@@ -329,13 +329,28 @@ def draw_ahead(seed, epoch, ids, requests) -> dict:
     """The words of ``(seed, stream, epoch, ids, n)`` for each ``(stream, n)`` of ``requests``,
     drawn now in one :func:`words_many` pass, as a table for :func:`drawn_from` (read-only:
     several threads may draw from one table)."""
-    ids_h = np.array(ids, np.int64, copy=True).reshape(-1)  # (ids changed later: no match)
+    return draw_ahead_groups(seed, epoch, [ids], requests)[0]
+
+
+def draw_ahead_groups(seed, epoch, groups, requests) -> list:
+    """:func:`draw_ahead` of each id list of ``groups`` (a feed's next batches), all in one
+    :func:`words_many` pass: the same tables, for one pass's cost (a pass over a few hundred
+    counters costs about what one over a few does)."""
+    sizes = [len(g) for g in groups]
+    ids_h = np.array([i for g in groups for i in g], np.int64).reshape(-1)
     requests = [(s, int(n)) for s, n in requests]
     got = words_many(seed, epoch, ids_h, requests)
-    row_of = {}
-    for r, i in enumerate(ids_h.tolist()):
-        row_of.setdefault(i, r)
-    return {(seed, s, int(epoch), n): (ids_h, w, row_of) for (s, n), w in zip(requests, got)}
+    e = int(epoch)
+    out, start = [], 0
+    for n in sizes:
+        part = ids_h[start : start + n]
+        row_of = {}
+        for r, i in enumerate(part.tolist()):
+            row_of.setdefault(i, r)
+        out.append({(seed, s, e, k): (part, w[start : start + n], row_of)
+                    for (s, k), w in zip(requests, got)})  # fmt: skip
+        start += n
+    return out
 
 
 @contextlib.contextmanager

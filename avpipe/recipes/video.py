@@ -51,6 +51,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
+import threading
 import time
 
 import numpy as np
@@ -156,6 +158,7 @@ class VideoTask(Task):
         self.grayscale_p = float(grayscale_p)
         self.temporal_jitter = int(temporal_jitter)
         self._streams = ThreadStreams(device)
+        self._made = threading.local()  # drawn_in_groups' tables, per producer thread
         self.index = None if index is None else load_index(index)
         self._scan_ahead = None  # started by the first decode_groups
         # on a GPU, small training clips are cropped, resized (and colour-jittered) a batch
@@ -167,15 +170,46 @@ class VideoTask(Task):
         return 1 if self.train else self.num_clips * self.num_crops
 
     # -- draws ---------------------------------------------------------------------------------
+    DRAW_GROUPS = 8  # training batches whose draws are made in one Philox pass
+
     def ahead(self, pairs):
         """Task.ahead: a training batch's draws (clip start, crop box, flip and the extras') in
-        one Philox pass on the producer, read by the decoding threads."""
+        one Philox pass on the producer, read by the decoding threads; made with the next
+        batches' where :meth:`drawn_in_groups` saw them coming."""
         if not self.train:
             return None
+        ids = [i for i, _ in pairs]
+        made = getattr(self._made, "tables", None)
+        if made:
+            table = made.pop((self.epoch, tuple(ids)), None)
+            if table is not None:
+                return table
+        return _rnd.draw_ahead(self.seed, self.epoch, ids, self._ahead_requests())
+
+    def _ahead_requests(self):
         reqs = [("clip", 1), *self._transform_draws()]
         if self.temporal_jitter > 0:
             reqs.append(("temporal_jitter", 1 + self.T))
-        return _rnd.draw_ahead(self.seed, self.epoch, [i for i, _ in pairs], reqs)
+        return reqs
+
+    def drawn_in_groups(self, groups):
+        """``groups`` (of ``(id, item)`` pairs) unchanged and in order; in training, each
+        ``DRAW_GROUPS`` of them first drawn in one pass (:func:`avpipe.ops.random.
+        draw_ahead_groups`, the words :meth:`ahead` hands each batch: the same words as one
+        pass a batch). Run on the thread that then calls :meth:`ahead` (the producer's)."""
+        if not self.train:
+            yield from groups
+            return
+        it = iter(groups)
+        while True:
+            chunk = list(itertools.islice(it, self.DRAW_GROUPS))
+            if not chunk:
+                return
+            ids = [[i for i, _ in g] for g in chunk]
+            tables = _rnd.draw_ahead_groups(self.seed, self.epoch, ids, self._ahead_requests())
+            # (this thread's: another producer, a next epoch's, keeps its own)
+            self._made.tables = {(self.epoch, tuple(k)): t for k, t in zip(ids, tables)}
+            yield from chunk
 
     def _transform_draws(self):
         """The words a clip's training transform draws: its samplers' streams and counts (the
@@ -317,9 +351,11 @@ class VideoTask(Task):
     # -- decoding ------------------------------------------------------------------------------
     def decode_groups(self, groups):
         """Task.decode_groups, with the files of the next ``SCAN_DEPTH`` groups scanned ahead
-        in other processes (``AVPIPE_VIDEO_SCAN_AHEAD``; the module docstring)."""
+        in other processes (``AVPIPE_VIDEO_SCAN_AHEAD``; the module docstring) and the training
+        draws of ``DRAW_GROUPS`` groups made at once (:meth:`drawn_in_groups`)."""
         if self._scan_ahead is None:
             self._scan_ahead = ScanAhead(settings.video_scan_ahead())
+        groups = self.drawn_in_groups(groups)
         ahead = self._scan_ahead
         if ahead.active:
             index = self.index
