@@ -16,6 +16,10 @@ Contenders (each in its own child process; a missing library reports "n/a"):
 * ``avpipe_rnnt_noaug`` — the same feed without its train-time augmentation (no speed
   perturbation, no SpecAugment): ``augmentation_share`` = 1 - avpipe_rnnt / avpipe_rnnt_noaug,
   the part of the feed's time the augmentation adds.
+* ``avpipe_rnnt_paired`` — both of those in one process, in alternating half-second slices
+  over twice the budget (each slice after the batches the idle feed queued): the share from
+  the same process and moments (``share``; every pair of slices' own in ``pair_shares``),
+  where the two separate processes also differ by the host's speed between processes.
 * ``dali_rnnt`` — DALI: readers.file -> decoders.audio -> ``fn.audio_resample`` (in_rate =
   16000 * U(0.85, 1.15)) -> preemphasis -> spectrogram(512/400/160) -> mel 80 -> log ->
   normalize -> pad, batch 64, audio s/s.
@@ -62,9 +66,9 @@ SR = 16000
 BATCH = 64
 VBATCH, CLIP, STRIDE, CROP = 8, 16, 4, 224
 STEP_S = 0.005
-CONTENDERS = ["avpipe_rnnt", "avpipe_rnnt_noaug", "dali_rnnt", "avpipe_video",
-              "avpipe_video_noaug", "avpipe_video_cold", "dali_video", "avpipe_rnnt_idle",
-              "dali_rnnt_idle", "avpipe_video_idle", "dali_video_idle"]
+CONTENDERS = ["avpipe_rnnt", "avpipe_rnnt_noaug", "avpipe_rnnt_paired", "dali_rnnt",
+              "avpipe_video", "avpipe_video_noaug", "avpipe_video_cold", "dali_video",
+              "avpipe_rnnt_idle", "dali_rnnt_idle", "avpipe_video_idle", "dali_video_idle"]
 
 
 def log(*a):
@@ -196,6 +200,49 @@ def run_avpipe_rnnt(args, idle=False, aug=True):
         out["gpu_idle_fraction"] = round(1 - n * STEP_S / secs, 3)
     feed.close()
     return out
+
+
+def run_avpipe_rnnt_paired(args, idle=False, slice_s=0.5):
+    """``avpipe_rnnt`` and ``avpipe_rnnt_noaug`` in one process, in alternating slices of
+    ``slice_s`` seconds (a b b a a b ...) for 2 x ``budget`` seconds in all: the host's speed,
+    which moves between processes and over time, moves both alike. Each slice first takes
+    ``prefetch + 1`` batches untimed (what the idle feed queued while the other ran). Values:
+    the median slice rate of each; share = 1 - with / without (and each pair's own share)."""
+    import avpipe
+    from avpipe.recipes.rnnt import SPEC_AUGMENT
+
+    man, files, durs, how = audio_data(args)
+    dev = "cpu" if args.cpu else "cuda"
+    dmap = dict(zip([os.path.abspath(f) for f in files], durs))
+    feeds, its = {}, {}
+    for key, aug in (("with", True), ("without", False)):
+        feeds[key] = avpipe.recipes.rnnt_feed(
+            man, batch_size=BATCH, seed=0, training=True, device=dev,
+            speed_perturb=(0.85, 1.15) if aug else None,
+            spec_augment=SPEC_AUGMENT if aug else None, threads=args.threads)  # fmt: skip
+        its[key] = epochs(feeds[key])
+    if args.cpu:
+        sync = lambda: None  # noqa: E731
+    else:
+        import cupy
+
+        sync = cupy.cuda.get_current_stream().synchronize
+    unit = lambda b: sum(dmap[p] for p in b.paths)  # noqa: E731
+    rates = {"with": [], "without": []}
+    n_slices = max(2, int(round(args.budget / slice_s)))
+    for k in range(n_slices):
+        order = ("with", "without") if k % 2 == 0 else ("without", "with")
+        for key in order:
+            rate, _, _ = timed_loop(its[key], slice_s, unit, sync=sync, warmup=3)
+            rates[key].append(rate)
+    a, b = float(np.median(rates["with"])), float(np.median(rates["without"]))
+    for f in feeds.values():
+        f.close()
+    return {"value": round(a, 1), "without": round(b, 1), "unit": "audio s/s",
+            "share": round(1 - a / b, 4), "slices": n_slices, "slice_s": slice_s,
+            "pair_shares": [round(1 - x / y, 4) for x, y in zip(rates["with"], rates["without"])],
+            "runs_with": [round(v, 1) for v in rates["with"]],
+            "runs_without": [round(v, 1) for v in rates["without"]], "data": how}
 
 
 def run_dali_rnnt(args, idle=False):
@@ -339,6 +386,7 @@ def _r(v):
 RUNNERS = {
     "avpipe_rnnt": run_avpipe_rnnt, "dali_rnnt": run_dali_rnnt,
     "avpipe_rnnt_noaug": lambda args, idle=False: run_avpipe_rnnt(args, idle, aug=False),
+    "avpipe_rnnt_paired": run_avpipe_rnnt_paired,
     "avpipe_video": run_avpipe_video, "avpipe_video_cold": run_avpipe_video_cold,
     "avpipe_video_noaug": lambda args, idle=False: run_avpipe_video(args, idle, aug=False),
     "dali_video": run_dali_video,
@@ -443,6 +491,14 @@ def main():
                 per = [round(1 - x / y, 4) for x, y in zip(ra, rb) if x and y]
                 shares[with_aug + "_rounds"] = per
                 log(f"  per round: {' '.join(f'{v:+.3f}' for v in per)}")
+    pr = r.get("avpipe_rnnt_paired", {})
+    if pr.get("share") is not None:  # (a round's share: its own slices' medians)
+        per = [round(e["share"], 4) for e in runs.get("avpipe_rnnt_paired", [])
+               if e.get("share") is not None]  # fmt: skip
+        shares["avpipe_rnnt_paired"] = float(np.median(per))
+        shares["avpipe_rnnt_paired_rounds"] = per
+        log(f"augmentation share of avpipe_rnnt, paired slices in one process: "
+            f"{shares['avpipe_rnnt_paired']:+.3f} (rounds {' '.join(f'{v:+.3f}' for v in per)})")
     if shares:
         results["augmentation_share"] = shares
         with open(path, "w") as f:

@@ -23,7 +23,8 @@
 #   bash benchmarks/gpu_session.sh targets    # the video and augmentation targets in one call
 #                                             # (~5 min with the data): the feeds with and without
 #                                             # their augmentation (its share of the feed's
-#                                             # time; FEED_REPEAT interleaved rounds, 3, medians)
+#                                             # time; FEED_REPEAT interleaved rounds, 3, medians;
+#                                             # the RNN-T one also paired in one process)
 #                                             # and DALI's RNN-T feed, the augmentation stacks
 #                                             # against DALI, the clip benchmark warm and cold
 #                                             # against plain PyNvVideoCodec and DALI (warm also
@@ -89,7 +90,8 @@ for step in "$@"; do
       # DALI's RNN-T feed mostly warming up, and the cold video feed its scan processes starting)
       python3 benchmarks/bench_feeds.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
         --repeat "${FEED_REPEAT:-3}" \
-        --only avpipe_rnnt,avpipe_rnnt_noaug,avpipe_video,avpipe_video_noaug 2>&1 | tail -10
+        --only avpipe_rnnt,avpipe_rnnt_noaug,avpipe_rnnt_paired,avpipe_video,avpipe_video_noaug \
+        2>&1 | tail -14
       anchors_only dali_rnnt_feed_aps
       python3 benchmarks/bench_augment.py --out "$OUT" --budget 2 --repeat "${AUG_REPEAT:-3}" 2>&1 | tail -16
       python3 benchmarks/bench_video.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
