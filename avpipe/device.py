@@ -262,7 +262,7 @@ __device__ __forceinline__ const T* avp_tab(const AvpTable& tab, int inl, const 
 }
 #endif
 """
-_TABLE = np.dtype({"names": ["w"], "formats": [(np.int64, (TABLE_BYTES // 8,))]})
+_TABLE = np.dtype({"names": ["w"], "formats": [(np.int64, (TABLE_BYTES // 8,))]}, align=True)
 NO_TABLE = np.zeros(TABLE_BYTES // 8, np.int64).view(_TABLE)[0]  # the table of a launch without
 
 
