@@ -255,10 +255,16 @@ TABLE_CUDA = r"""
 #endif
 // a launch's small tables, by value (device.py's TABLE_BYTES)
 struct AvpTable { long long w[449]; };
-// p: a device address, or with inl set a byte offset into the launch's table (never 0)
+// p: a device address, or with inl set a byte offset into the launch's table (never 0). A
+// GPU before 7.0 never gets a table (launch_table says no there), and reading one would copy
+// it to every thread's memory: there p is always an address.
 template <typename T>
 __device__ __forceinline__ const T* avp_tab(const AvpTable& tab, int inl, const T* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 700
+    return p;
+#else
     return inl ? (const T*)((const char*)tab.w + (unsigned long long)p) : p;
+#endif
 }
 #endif
 """

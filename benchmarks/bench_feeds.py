@@ -17,7 +17,7 @@ Contenders (each in its own child process; a missing library reports "n/a"):
   perturbation, no SpecAugment): ``augmentation_share`` = 1 - avpipe_rnnt / avpipe_rnnt_noaug,
   the part of the feed's time the augmentation adds.
 * ``avpipe_rnnt_paired`` — both of those in one process, in alternating half-second slices
-  over twice the budget (each slice after the batches the idle feed queued): the share from
+  over twice the budget (each slice after the batches the idle feed made ahead): the share from
   the same process and moments (``share``; every pair of slices' own in ``pair_shares``),
   where the two separate processes also differ by the host's speed between processes.
 * ``dali_rnnt`` — DALI: readers.file -> decoders.audio -> ``fn.audio_resample`` (in_rate =
@@ -202,12 +202,13 @@ def run_avpipe_rnnt(args, idle=False, aug=True):
     return out
 
 
-def run_avpipe_rnnt_paired(args, idle=False, slice_s=0.5):
+def run_avpipe_rnnt_paired(args, idle=False, slice_s=0.5, warmup=11):
     """``avpipe_rnnt`` and ``avpipe_rnnt_noaug`` in one process, in alternating slices of
     ``slice_s`` seconds (a b b a a b ...) for 2 x ``budget`` seconds in all: the host's speed,
     which moves between processes and over time, moves both alike. Each slice first takes
-    ``prefetch + 1`` batches untimed (what the idle feed queued while the other ran). Values:
-    the median slice rate of each; share = 1 - with / without (and each pair's own share)."""
+    ``warmup`` batches untimed: what the idle feed did while the other ran (its queue of
+    ``prefetch``, 2, and the groups its decoding went ahead by, ``Task.MAX_AHEAD`` at most).
+    Values: the median slice rate of each; share = 1 - with / without (and each pair's)."""
     import avpipe
     from avpipe.recipes.rnnt import SPEC_AUGMENT
 
@@ -233,7 +234,7 @@ def run_avpipe_rnnt_paired(args, idle=False, slice_s=0.5):
     for k in range(n_slices):
         order = ("with", "without") if k % 2 == 0 else ("without", "with")
         for key in order:
-            rate, _, _ = timed_loop(its[key], slice_s, unit, sync=sync, warmup=3)
+            rate, _, _ = timed_loop(its[key], slice_s, unit, sync=sync, warmup=warmup)
             rates[key].append(rate)
     a, b = float(np.median(rates["with"])), float(np.median(rates["without"]))
     for f in feeds.values():

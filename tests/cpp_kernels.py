@@ -34,13 +34,13 @@ def build(source: str, folder, *, flags=()):
     return ctypes.CDLL(str(so))
 
 
-def ptx(source: str, folder) -> str:
-    """``source`` (CUDA) compiled by nvcc for sm_90; the PTX text. Skipped without nvcc."""
+def ptx(source: str, folder, *, arch: str = "sm_90") -> str:
+    """``source`` (CUDA) compiled by nvcc for ``arch``; the PTX text. Skipped without nvcc."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("no nvcc here")
     src = folder / "k.cu"
     src.write_text(source)
     out = folder / "k.ptx"
-    subprocess.run([nvcc, "-arch=sm_90", "--ptx", str(src), "-o", str(out)], check=True)
+    subprocess.run([nvcc, f"-arch={arch}", "--ptx", str(src), "-o", str(out)], check=True)
     return out.read_text()

@@ -795,3 +795,35 @@ def test_video_training_draws_of_several_batches_at_once_are_each_batchs_own():
     finally:
         R.draw_ahead_groups = real
     assert len(calls) == real_calls + 1
+
+
+def test_video_decode_groups_hands_every_batch_its_pre_drawn_table(monkeypatch):
+    """Through ``decode_groups``, with the scan ahead on (its lookahead pulls groups ahead of
+    the draws), every training batch gets the table drawn with its chunk: one pass per
+    DRAW_GROUPS batches, none of its own."""
+    from avpipe.device import resolve_device
+    from avpipe.ops import random as R
+    from avpipe.recipes.video import VideoTask
+
+    task = VideoTask(labels=[0], clip_length=4, stride=1, crop_size=32, train=True, seed=1,
+                     device=resolve_device("cpu"))  # fmt: skip
+    task._scan_ahead = type("Ahead", (), {"active": True, "submit": lambda self, paths: list(paths),
+                                          "close": lambda self: None})()  # fmt: skip
+    calls = []
+    real = R.draw_ahead_groups
+    monkeypatch.setattr(R, "draw_ahead_groups", lambda *a: calls.append(len(a[2])) or real(*a))
+    def submit(self, pairs):  # the table each batch's decoding would get, as its values
+        table = self.ahead(pairs)
+        return lambda: [table] * len(pairs)
+
+    monkeypatch.setattr(VideoTask, "_submit", submit)
+    item = type("It", (), {"path": "x.mp4"})()
+    groups = [[(k * 2 + j, item) for j in range(2)] for k in range(20)]
+    task.epoch = 4
+    out = list(task.decode_groups(iter(groups)))
+    assert len(out) == 20 and calls == [8, 8, 4]  # a pass a chunk, no batch drawn alone
+    monkeypatch.setattr(R, "draw_ahead_groups", real)
+    for g, vals in zip(groups, out):
+        want = R.draw_ahead(1, 4, [i for i, _ in g], task._ahead_requests())
+        for k in want:
+            np.testing.assert_array_equal(vals[0][k][1], want[k][1])

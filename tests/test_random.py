@@ -312,6 +312,11 @@ def test_draw_ahead_groups_equals_a_pass_per_group():
             np.testing.assert_array_equal(t[k][0], want[k][0])
             np.testing.assert_array_equal(t[k][1], want[k][1])
             assert t[k][2] == want[k][2]
+        fresh = R.words(5, "color_jitter", 3, np.array(g, np.int64), 8)  # (Philox, no table)
         with R.drawn_from(t):  # and words() reads it as it reads a table of its own
-            np.testing.assert_array_equal(R.words(5, "flip", 3, g, 1),
-                                          R.words(5, "flip", 3, np.array(g, np.int64), 1))  # fmt: skip
+            np.testing.assert_array_equal(R.words(5, "color_jitter", 3, g, 8), fresh)
+        assert len(g) == 0 or t[(5, "color_jitter", 3, 8)][1].shape == (len(g), 8)
+    # ids as a numpy array or a scalar, as draw_ahead takes them
+    one = R.draw_ahead_groups(5, 3, [np.array([4, 1]), 6], reqs)
+    np.testing.assert_array_equal(one[0][(5, "flip", 3, 1)][1], R.words(5, "flip", 3, [4, 1], 1))
+    np.testing.assert_array_equal(one[1][(5, "flip", 3, 1)][1], R.words(5, "flip", 3, [6], 1))

@@ -246,3 +246,7 @@ def test_pair_rows_found_for_the_batch_at_once():
         assert rows[b].tolist() == [b, u, d, W, K, off, b + 1]
     with pytest.raises(ValueError, match="no taps"):
         R.row_args([1], [2], [1], [1], meta)
+    # pairs past one int64 key each (rates from 2**32 on): found a row at a time, exactly
+    big = R._PairMeta({(1, 2**33 + 5): (0, 1, 1), (3, 5): (8, 2, 2)})
+    assert big.rows_of(np.array([3, 1]), np.array([5, 2**33 + 5])).tolist() == [1, 0]
+    assert big.rows_of(np.array([1]), np.array([5])) is None

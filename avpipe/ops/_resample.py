@@ -242,14 +242,24 @@ class _PairMeta(dict):
         self.cols = np.array([(W, K, off) for off, W, K in self.values()],
                              np.int64).reshape(-1, 3)  # fmt: skip
         self.kmax = max((K for _, _, K in self.values()), default=0)  # the most taps a phase
-        ck = np.array([(int(u) << 32) | int(d) for u, d in self], np.int64)
+        self._index = {k: i for i, k in enumerate(self)}
+        ck = np.array([(int(u) << 32) | int(d) for u, d in self if 0 <= u < 2**31 and
+                       0 <= d < 2**32], np.int64)  # fmt: skip
         self._order = np.argsort(ck, kind="stable")
         self._sorted = ck[self._order]
+        self._exact = len(ck) == len(self)  # every pair a key of its own
 
     def rows_of(self, up, down):
         """Each ``(up[b], down[b])``'s row of ``cols`` (int64 [B]), or None where a pair is not
-        here (one search for the batch: rates are below 2**31)."""
-        ck = (np.asarray(up, np.int64) << 32) | np.asarray(down, np.int64)
+        here: one search for the batch where the pairs fit one int64 key each (up below 2**31,
+        down below 2**32: a speed perturbation's), else a lookup a row."""
+        up = np.asarray(up, np.int64).reshape(-1)
+        down = np.asarray(down, np.int64).reshape(-1)
+        if up.size and not (self._exact and 0 <= up.min() and up.max() < 2**31
+                            and 0 <= down.min() and down.max() < 2**32):  # fmt: skip
+            rows = [self._index.get(k) for k in zip(up.tolist(), down.tolist())]
+            return None if None in rows else np.array(rows, np.int64)
+        ck = (up << 32) | down
         if not len(self._sorted):
             return None if ck.size else np.zeros(0, np.int64)
         pos = np.minimum(np.searchsorted(self._sorted, ck), len(self._sorted) - 1)

@@ -530,9 +530,9 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, color_jitte
 
 def _jitter_normalize(xp, y, jitter, bound, opts):
     """:func:`fused_resized_crop_normalize`'s colour jitter and normalize of ``y`` ``[B, T,
-    H, W, 3]`` 0..bound float32: on cupy one pass (and the gray means) with the jitter's
-    parameters where they are (uploaded with the crops' table), else :func:`apply_color_jitter`
-    then :class:`Normalize`."""
+    H, W, 3]`` 0..bound float32: on cupy one pass (and the gray means), the jitter's host
+    parameters in the launches' table (or one copy, :func:`avpipe.ops._augment_kernels.pixels`),
+    else :func:`apply_color_jitter` then :class:`Normalize`."""
     if _kernel_ok(y):  # (_pixels with a Normalize's options, without making one per batch)
         return _pixels(xp, y, "BTHWC", jitter=jitter, bound=bound, norm=_NormOpts(
             opts["mean"], opts["std"], opts["scale"], opts["dtype"], opts["layout"]))

@@ -336,8 +336,10 @@ def draw_ahead_groups(seed, epoch, groups, requests) -> list:
     """:func:`draw_ahead` of each id list of ``groups`` (a feed's next batches), all in one
     :func:`words_many` pass: the same tables, for one pass's cost (a pass over a few hundred
     counters costs about what one over a few does)."""
-    sizes = [len(g) for g in groups]
-    ids_h = np.array([i for g in groups for i in g], np.int64).reshape(-1)
+    parts = [np.asarray(g, np.int64).reshape(-1) for g in groups]
+    sizes = [p.shape[0] for p in parts]
+    # (a copy: ids changed later by the caller do not change the table)
+    ids_h = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     requests = [(s, int(n)) for s, n in requests]
     got = words_many(seed, epoch, ids_h, requests)
     e = int(epoch)

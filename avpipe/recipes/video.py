@@ -355,7 +355,6 @@ class VideoTask(Task):
         draws of ``DRAW_GROUPS`` groups made at once (:meth:`drawn_in_groups`)."""
         if self._scan_ahead is None:
             self._scan_ahead = ScanAhead(settings.video_scan_ahead())
-        groups = self.drawn_in_groups(groups)
         ahead = self._scan_ahead
         if ahead.active:
             index = self.index
@@ -365,7 +364,8 @@ class VideoTask(Task):
                              if index is None or it.path not in index)
 
             groups = lookahead(groups, SCAN_DEPTH, seen)
-        return super().decode_groups(groups)
+        # (after the lookahead: a chunk's tables are all handed out before the next is drawn)
+        return super().decode_groups(self.drawn_in_groups(groups))
 
     def _on_open(self, path):
         """Take ``path``'s scan if it was read ahead; the ``on_open`` for decode_clip (the
