@@ -294,6 +294,16 @@ def launch_table(xp, arrays):
     return w.view(_TABLE)[0], offs
 
 
+def table_args(xp, arrays):
+    """Host ``arrays`` for a kernel that takes a launch table: ``(tab, inl, args)``, the
+    arrays in the launch's own table where they fit (``args`` their byte offsets, ``inl`` 1),
+    else copied up in one copy (``args`` device arrays, ``inl`` 0, ``tab`` :data:`NO_TABLE`)."""
+    got = launch_table(xp, arrays)
+    if got is None:
+        return NO_TABLE, 0, upload_many(xp, arrays)
+    return got[0], 1, got[1]
+
+
 @functools.cache
 def _tables_ok(xp, device_id: int) -> bool:
     """Whether kernels on ``device_id`` read a launch's table in place (compute capability 7.0

@@ -217,6 +217,7 @@ def test_rows_of_a_wider_buffer_read_in_place(monkeypatch):
     monkeypatch.setattr(R, "_bank", lambda dev, q: type("B", (), {"get": lambda self, c, u, d: (
         None, R._PairMeta({pair: (0, 1, 1) for pair in zip(u.tolist(), d.tolist())}))})())  # fmt: skip
     monkeypatch.setattr(R, "upload_many", lambda cp, arrays: arrays)
+    monkeypatch.setattr(D, "upload_many", lambda cp, arrays: arrays)
     monkeypatch.setattr(R, "_kernel",
                         lambda dev, small=False: lambda grid, block, args: launched.append(args))
     wide = np.zeros((3, 100), np.float32)
@@ -250,3 +251,53 @@ def test_pair_rows_found_for_the_batch_at_once():
     big = R._PairMeta({(1, 2**33 + 5): (0, 1, 1), (3, 5): (8, 2, 2)})
     assert big.rows_of(np.array([3, 1]), np.array([5, 2**33 + 5])).tolist() == [1, 0]
     assert big.rows_of(np.array([1]), np.array([5])) is None
+
+
+def test_rows_table_travels_in_the_launch(monkeypatch):
+    """On a device that reads launch tables, ``_rows_kernel`` sends the batch's rows in the
+    launch's parameters (the rows argument their byte offset, ``inl`` 1), no copy; a batch
+    whose rows do not fit goes back to one copy (``inl`` 0)."""
+    copies, launched = [], []
+
+    class FakeCupy:
+        float32 = np.float32
+
+        class cuda:
+            class Device:
+                def __init__(self, i=0):
+                    self.id = int(i)
+
+                compute_capability = "90"
+
+        @staticmethod
+        def empty(shape, dtype):
+            return np.empty(shape, dtype)
+
+    meta = R._PairMeta({(1, 1): (0, 1, 1), (16, 17): (1, 5, 3)})
+    monkeypatch.setattr(R, "_bank", lambda dev, q: type("B", (), {
+        "get": lambda self, c, u, d: ("taps", meta)})())  # fmt: skip
+    monkeypatch.setattr(R, "upload_many", lambda cp, arrays: copies.append(arrays) or arrays)
+    monkeypatch.setattr(D, "upload_many", lambda cp, arrays: copies.append(arrays) or arrays)
+    monkeypatch.setattr(R, "_kernel",
+                        lambda dev, small=False: lambda grid, block, args: launched.append(args))
+    D._tables_ok.cache_clear()
+    try:
+        for B in (3, 64, 65):  # 65 rows of 7 int64: past the table
+            lens = np.arange(B) + 10
+            up, down = np.where(np.arange(B) % 2, 16, 1), np.where(np.arange(B) % 2, 17, 1)
+            R._rows_kernel(FakeCupy, np.zeros((B, 80), np.float32), lens, up, down, lens + 1,
+                           80, "fast")  # fmt: skip
+            args = launched[-1]
+            want = R.row_args(lens, up, down, lens + 1, meta)
+            tab, inl = args[-2], args[-1]
+            assert isinstance(tab, np.void) and isinstance(inl, np.int32)
+            if B <= 64:
+                assert int(inl) == 1 and args[2] == np.uint64(8) and not copies
+                words = np.frombuffer(tab.tobytes(), np.int64)
+                np.testing.assert_array_equal(words[1 : 1 + want.size], want.reshape(-1))
+            else:
+                assert int(inl) == 0 and len(copies) == 1
+                np.testing.assert_array_equal(args[2], want)
+                assert tab.tobytes() == D.NO_TABLE.tobytes()
+    finally:
+        D._tables_ok.cache_clear()

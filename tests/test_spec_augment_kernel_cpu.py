@@ -144,3 +144,63 @@ def test_draw_constants_keep_the_seed_check():
     assert [int(v) if not isinstance(v, np.floating) else float(v) for v in a] == \
         [int(v) if not isinstance(v, np.floating) else float(v) for v in b]  # fmt: skip
     assert int(a[-1]) == 3
+
+
+def test_draws_on_a_device_send_ids_and_lengths_in_the_launch(lib, monkeypatch):
+    """``_spec_draws_on_device`` with host ids and lengths on a device that reads launch
+    tables: they travel in the draw kernel's table (no copy), the kernel writes the lengths to
+    the device for the masks, and the table of masks equals the sampler's. Without tables
+    (an older GPU): one copy of both, the kernel's lengths argument that copy."""
+
+    class Arr(np.ndarray):  # a device array of the fake
+        device = type("Device", (), {"id": 0})()
+
+    copies = []
+
+    class FakeCupy:
+        ndarray = Arr
+        int64 = np.int64
+
+        class cuda:
+            class Device:
+                def __init__(self, i=0):
+                    self.id = int(i)
+
+        @staticmethod
+        def empty(shape, dtype):
+            return np.full(shape, -7, dtype).view(Arr)
+
+    def as_p(a):  # a table offset, a null pointer or an array
+        if isinstance(a, np.uint64):
+            return ctypes.c_void_p(int(a))
+        return None if isinstance(a, int) else _p(a)
+
+    def draw(grid, block, args):  # the compiled kernel, run here on the arrays and the table
+        ids, lens, B, *sc, table, ld, lens_out, tab, inl = args
+        tb = np.frombuffer(tab.tobytes(), np.int64).copy()
+        lib.draw(as_p(ids), as_p(lens), _c(B), *map(_c, sc), _p(table), _c(ld), as_p(lens_out),
+                 _p(tb), ctypes.c_int(int(inl)))  # fmt: skip
+
+    monkeypatch.setattr(A, "_spec_kernels", lambda dev: (draw, None))
+    monkeypatch.setattr(D, "upload_many", lambda cp, arrays: copies.append(len(arrays)) or [
+        np.array(a).view(Arr) for a in arrays])  # fmt: skip
+    ids = np.array([3, 9, 2**33, 5], np.int64)
+    lens = np.array([400, 0, 17, 1000], np.int64)
+    want = A.sample_spec_augment_params(1, 2, ids, lens, 80, freq_masks=2, freq_width=27,
+                                        time_masks=10, time_width=0.05)  # fmt: skip
+    checked = A._spec_settings(80, 2, 27, 10, 0.05, None)
+    for cc, n_copies in (("90", 0), (None, 1)):
+        copies.clear()
+        D._tables_ok.cache_clear()
+        if cc:
+            monkeypatch.setattr(FakeCupy.cuda.Device, "compute_capability", cc, raising=False)
+        else:
+            monkeypatch.delattr(FakeCupy.cuda.Device, "compute_capability", raising=False)
+        try:
+            table, lens_d = A._spec_draws_on_device(FakeCupy, 1, 2, ids, lens, 80, *checked,
+                                                    "spec_augment")  # fmt: skip
+        finally:
+            D._tables_ok.cache_clear()
+        assert len(copies) == n_copies and isinstance(lens_d, Arr)
+        np.testing.assert_array_equal(np.asarray(lens_d), lens)
+        np.testing.assert_array_equal(np.asarray(table), A.spec_augment_table(want))

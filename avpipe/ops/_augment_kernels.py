@@ -40,7 +40,7 @@ import logging
 
 import numpy as np
 
-from ..device import NO_TABLE, TABLE_CUDA, _is_cupy, launch_table, upload_many
+from ..device import NO_TABLE, TABLE_CUDA, _is_cupy, table_args, upload_many
 from . import _image_kernels as _ik
 
 log = logging.getLogger("avpipe")
@@ -603,8 +603,8 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
     [B]) mirrors items, ``jitter`` (the colour-jitter params dict) applies the jitter in each
     item's order, ``round_u8`` rounds to uint8 levels after it, ``affine = (a, b)`` (3 float32
     each) maps ``v * a + b``. The parameters may be on the device (used in place) or the host
-    (in the launches' own table where they fit, :func:`avpipe.device.launch_table`; else
-    copied up together, once). One launch (two with a jitter: the gray means)."""
+    (in the launches' own table where they fit, else copied up together, once:
+    :func:`avpipe.device.table_args`). One launch (two with a jitter: the gray means)."""
     import cupy
 
     dev = int(x5.device.id)
@@ -628,13 +628,10 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
             vals += [jitter[k] for k in _JITTER]
             dts += [np.dtype(np.int64)] + [np.dtype(np.float64)] * 4
         tab, inl = NO_TABLE, 0
-        got = None
-        if vals and all(isinstance(v, np.ndarray) for v in vals):  # host params: in the
-            vals = [np.ascontiguousarray(v, dt) for v, dt in zip(vals, dts)]  # launches' table
-            got = launch_table(cupy, vals)
-        if got is not None:
-            tab, vals = got
-            inl = 1
+        if vals and all(isinstance(v, np.ndarray) for v in vals):  # host params: the table's
+            tab, inl, vals = table_args(cupy, [np.ascontiguousarray(v, dt)
+                                               for v, dt in zip(vals, dts)])  # fmt: skip
+            vals = list(vals)
         else:
             vals = on_device(cupy, vals, dts)
         fl = vals.pop(0) if flip is not None else 0

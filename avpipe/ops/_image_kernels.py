@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import settings
-from ..device import NO_TABLE, TABLE_CUDA, launch_table, upload_many
+from ..device import NO_TABLE, TABLE_CUDA, table_args, upload_many
 from . import _image_resize as _rs
 
 log = logging.getLogger("avpipe")
@@ -939,7 +939,7 @@ def launch_boxes(table, geometry, out_h: int, out_w: int, interpolation: str, an
                  *, mode: int, nchw: bool, a=None, b=None, round_mid=None):  # fmt: skip
     """The one launch of :func:`resample_boxes` for :func:`box_items`' rows and geometry: the
     rows ``table`` on the host (sent in the launch's own table where they fit,
-    :func:`avpipe.device.launch_table`, else copied up) or already on the device."""
+    :func:`avpipe.device.table_args`, else copied up) or already on the device."""
     import cupy
 
     B, n, c, dtype, device_id = geometry
@@ -953,12 +953,7 @@ def launch_boxes(table, geometry, out_h: int, out_w: int, interpolation: str, an
             return out
         tab, inl = NO_TABLE, 0
         if isinstance(table, np.ndarray):
-            got = launch_table(cupy, [table])
-            if got is None:
-                (table,) = upload_many(cupy, [table])
-            else:
-                tab, (table,) = got
-                inl = 1
+            tab, inl, (table,) = table_args(cupy, [table])
         ints = np.array([c, out_h, out_h, out_w, out_w, interpolation == "bicubic",
                          bool(antialias), bool(round_mid)], np.int32)  # fmt: skip
         tail = np.array([bool(nchw), mode], np.int32)

@@ -31,7 +31,7 @@ import threading
 import numpy as np
 
 from .._validate import check_choice, pos_int
-from ..device import NO_TABLE, TABLE_CUDA, array_module, launch_table, upload_many
+from ..device import NO_TABLE, TABLE_CUDA, array_module, table_args, upload_many
 
 QUALITIES = {"high": (32, 0.945, 9.0), "fast": (12, 0.90, 7.0)}
 KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_resample.cu")
@@ -344,7 +344,7 @@ def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
     """``out [B, width]`` float32 by the kernel (host int64 ``lens``, ``up``, ``down``,
     ``new`` per row; ``x`` a float32 cupy ``[B, n]``, its rows read in place where its samples
     are contiguous: a feed's batch is a slice of its loader's wider buffer). The per-row table
-    travels in the launch's parameters where it fits (:func:`avpipe.device.launch_table`),
+    travels in the launch's parameters where it fits (:func:`avpipe.device.table_args`),
     else in one host -> device copy."""
     if x.strides[1] != 4 or x.strides[0] % 4 or x.strides[0] < 0:
         x = cupy.ascontiguousarray(x)
@@ -354,14 +354,7 @@ def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
     banked = _bank(dev_id, quality).get(cupy, up, down)  # taps on the device
     if banked is not None:
         taps, meta = banked
-        rows = row_args(lens, up, down, new, meta)
-        got = launch_table(cupy, [rows])
-        if got is None:  # the per-row table in one host-to-device copy
-            (rows,) = upload_many(cupy, [rows])
-            tab, inl = NO_TABLE, 0
-        else:
-            tab, (rows,) = got
-            inl = 1
+        tab, inl, (rows,) = table_args(cupy, [row_args(lens, up, down, new, meta)])
     else:  # many distinct rates: this batch's taps travel with its rows, in one copy
         pairs = set(zip(np.asarray(up).tolist(), np.asarray(down).tolist()))
         host, meta = table(tuple(sorted(pairs)), quality)

@@ -40,7 +40,7 @@ import os
 import numpy as np
 
 from .._validate import nonneg_float, nonneg_int
-from ..device import NO_TABLE, TABLE_CUDA, array_module, launch_table, upload_many
+from ..device import NO_TABLE, TABLE_CUDA, array_module, table_args, upload_many
 from . import random as R
 from ._augment_base import (
     Augment,
@@ -632,22 +632,24 @@ def _spec_draws_on_device(cupy, seed, epoch, ids, lengths, n_mels, kf, F, kt, ti
         raise ValueError(f"lengths must have one entry per id ({B}), got {lens.shape[0]}")
     ld = 2 * kf + 2 * kt
     table = cupy.empty((B, ld), cupy.int64)
-    tab, inl, lens_out = NO_TABLE, 0, 0
-    if host_in:
-        got = launch_table(cupy, [ids, lens]) if B and ld else None
-        if got is None:
-            ids, lens = upload_many(cupy, [ids, lens])
-        else:  # the kernel reads them from its table and writes the lengths to the device
-            tab, (ids, at) = got
-            inl, lens_out = 1, cupy.empty(B, cupy.int64)
+    tab, inl, lens_out, lens_arg = NO_TABLE, 0, 0, lens
+    if host_in and B and ld:
+        tab, inl, (ids, lens_arg) = table_args(cupy, [ids, lens])
+        if inl:  # the kernel reads them from its table and writes the lengths to the device
+            lens = lens_out = cupy.empty(B, cupy.int64)
+        else:
+            lens = lens_arg
+    elif host_in:
+        ids, lens = upload_many(cupy, [ids, lens])
+        lens_arg = lens
     if B and ld:
         draw, _ = _spec_kernels(table.device.id)
         draw(((B + 127) // 128,), (128,),
-             (ids, at if inl else lens, np.int64(B),
+             (ids, lens_arg, np.int64(B),
               *_spec_draw_scalars(seed, epoch, n_mels, kf, F, kt, time_width,
                                   adaptive_time_masks, stream),
               table, np.int64(ld), lens_out, tab, np.int32(inl)))  # fmt: skip
-    return table, (lens_out if inl else lens)
+    return table, lens
 
 
 def _spec_apply_kernel(cupy, x, lens, table, kf, kt, mask_value):
