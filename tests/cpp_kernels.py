@@ -44,3 +44,15 @@ def ptx(source: str, folder, *, arch: str = "sm_90") -> str:
     out = folder / "k.ptx"
     subprocess.run([nvcc, f"-arch={arch}", "--ptx", str(src), "-o", str(out)], check=True)
     return out.read_text()
+
+
+class TablesOn:
+    """A stand-in for cupy in ``avpipe.device.launch_table``: a device that reads launch
+    tables (compute capability 9.0), to pack a table as a GPU launch would get it."""
+
+    class cuda:
+        class Device:
+            def __init__(self, i=0):
+                self.id = int(i)
+
+            compute_capability = "90"

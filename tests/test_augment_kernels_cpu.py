@@ -20,7 +20,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from cpp_kernels import build, ptx
+from cpp_kernels import TablesOn, build, ptx
 
 from avpipe import device as D
 from avpipe.ops import _augment_kernels as K
@@ -117,7 +117,7 @@ def pixels_cpu(lib, x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, 
         keep += [order, fac]
     if inl:  # each array at a byte offset of the table, the pointers carrying the offsets
         arrays = ([] if fl is None else [fl]) + ([] if jitter is None else [order, *fac])
-        table, offs = D.launch_table(_TablesOn, arrays)
+        table, offs = D.launch_table(TablesOn, arrays)
         tab = Tab.from_buffer_copy(table.tobytes())
         ptrs = iter(ctypes.c_void_p(int(o)) for o in offs)
         pfl = None if fl is None else next(ptrs)
@@ -140,16 +140,6 @@ def pixels_cpu(lib, x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, 
             _p(out), tab, int(inl), rows=2)  # fmt: skip  (frames in steps of gridDim.y)
     return out
 
-
-class _TablesOn:
-    """A stand-in for cupy whose device reads launch tables (compute capability 9.0)."""
-
-    class cuda:
-        class Device:
-            def __init__(self, i=0):
-                self.id = int(i)
-
-            compute_capability = "90"
 
 
 def plan_tables(top, left, height, width, oh, ow, interpolation="bilinear", antialias=True):
@@ -322,19 +312,19 @@ def test_parameters_in_the_launch_table_give_the_same_pixels(lib):
 def test_launch_table_packs_at_aligned_offsets_and_refuses_what_does_not_fit():
     a = np.arange(3, dtype=np.uint8)
     b = np.array([1.5, -2.0])
-    table, offs = D.launch_table(_TablesOn, [a, b])  # (offset 0 never: null stays "none")
+    table, offs = D.launch_table(TablesOn, [a, b])  # (offset 0 never: null stays "none")
     assert [int(o) for o in offs] == [8, 16] and all(isinstance(o, np.uint64) for o in offs)
     raw = table.tobytes()
     assert len(raw) == D.TABLE_BYTES and raw[8:11] == a.tobytes() and raw[16:32] == b.tobytes()
     assert not any(raw[:8]) and not any(raw[11:16]) and not any(raw[32:])
     rows = np.zeros((64, 7), np.int64)  # a batch of 64 resampling rows fits
-    assert D.launch_table(_TablesOn, [rows]) is not None
-    assert D.launch_table(_TablesOn, [rows, a]) is None
+    assert D.launch_table(TablesOn, [rows]) is not None
+    assert D.launch_table(TablesOn, [rows, a]) is None
     assert D.launch_table(np, [a]) is None  # numpy: no launches
 
-    class Old(_TablesOn):
+    class Old(TablesOn):
         class cuda:
-            class Device(_TablesOn.cuda.Device):
+            class Device(TablesOn.cuda.Device):
                 compute_capability = "61"  # no __grid_constant__: copies as before
 
     assert D.launch_table(Old, [a]) is None

@@ -10,7 +10,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from cpp_kernels import ELEMENTWISE_PRELUDE, build, ptx
+from cpp_kernels import ELEMENTWISE_PRELUDE, TablesOn, build, ptx
 
 from avpipe import device as D
 from avpipe.ops import audio_augment as A
@@ -48,16 +48,6 @@ def lib(tmp_path_factory):
 def _p(a):
     return ctypes.c_void_p(a.ctypes.data)
 
-
-class _TablesOn:
-    """A stand-in for cupy whose device reads launch tables (compute capability 9.0)."""
-
-    class cuda:
-        class Device:
-            def __init__(self, i=0):
-                self.id = int(i)
-
-            compute_capability = "90"
 
 
 def _c(v):
@@ -114,7 +104,7 @@ def test_draw_kernel_equals_the_sampler(lib, kf, kt, time_width, adaptive, n_mel
         np.testing.assert_array_equal(got, A.spec_augment_table(want))
         # ids and lengths in the launch's own table (as launch_table packs them: from byte 8
         # on), the lengths written back to the device for the masks: the same draws
-        table, (at_ids, at_lens) = D.launch_table(_TablesOn, [ids, lens])
+        table, (at_ids, at_lens) = D.launch_table(TablesOn, [ids, lens])
         tab = np.frombuffer(table.tobytes(), np.int64).copy()
         got2, lens_out = np.full_like(got, -99), np.full(len(ids), -1, np.int64)
         lib.draw(ctypes.c_void_p(int(at_ids)), ctypes.c_void_p(int(at_lens)), ctypes.c_longlong(len(ids)),
