@@ -248,13 +248,14 @@ TABLE_BYTES = 3592
 TABLE_CUDA = r"""
 #ifndef AVP_TABLE_DEFINED
 #define AVP_TABLE_DEFINED
+#define AVP_TABLE_WORDS @WORDS@
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
 #define AVP_GRID_CONST __grid_constant__
 #else
 #define AVP_GRID_CONST
 #endif
 // a launch's small tables, by value (device.py's TABLE_BYTES)
-struct AvpTable { long long w[449]; };
+struct AvpTable { long long w[AVP_TABLE_WORDS]; };
 // p: a device address, or with inl set a byte offset into the launch's table (never 0). A
 // GPU before 7.0 never gets a table (launch_table says no there), and reading one would copy
 // it to every thread's memory: there p is always an address.
@@ -267,7 +268,7 @@ __device__ __forceinline__ const T* avp_tab(const AvpTable& tab, int inl, const 
 #endif
 }
 #endif
-"""
+""".replace("@WORDS@", str(TABLE_BYTES // 8))
 _TABLE = np.dtype({"names": ["w"], "formats": [(np.int64, (TABLE_BYTES // 8,))]}, align=True)
 NO_TABLE = np.zeros(TABLE_BYTES // 8, np.int64).view(_TABLE)[0]  # the table of a launch without
 

@@ -631,7 +631,6 @@ def pixels(x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=No
         if vals and all(isinstance(v, np.ndarray) for v in vals):  # host params: the table's
             tab, inl, vals = table_args(cupy, [np.ascontiguousarray(v, dt)
                                                for v, dt in zip(vals, dts)])  # fmt: skip
-            vals = list(vals)
         else:
             vals = on_device(cupy, vals, dts)
         fl = vals.pop(0) if flip is not None else 0
