@@ -32,8 +32,8 @@ Workloads (the same data for both; generated, no files):
     (``VideoTask.drawn_in_groups``, as its producer makes them).
     ``avpipe_video_recipe_per_clip``: the same with each clip transformed alone
     (``VideoTask._train_transform``, then stacked), as the recipe does for larger clips. The
-    recipe's defaults except ``scale``, 0.08-1 as above. ``avpipe_video_recipe_cold``: the same with the resize tap tables'
-    caches emptied before every batch (what a clip costs when its crop's tables are new; since
+    recipe's defaults except ``scale``, 0.08-1 as above. ``avpipe_video_recipe_cold``: the
+    same with the resize tap tables' caches emptied before every batch (what a clip costs when its crop's tables are new; since
     the one-pass kernel computes its taps itself, only crops it leaves to the two passes
     build tables).
   - ``avpipe_video_recipe_jitter``: the recipe's stack with its ``color_jitter`` on

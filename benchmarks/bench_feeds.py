@@ -173,17 +173,27 @@ def epochs(feed):
 # ---------------------------------------------------------------------------------------------
 
 
-def run_avpipe_rnnt(args, idle=False, aug=True):
+def _rnnt_feed(args, man, aug):
+    """The benchmark's RNN-T training feed over ``man``, with or without its augmentation."""
     import avpipe
     from avpipe.recipes.rnnt import SPEC_AUGMENT
 
-    man, files, durs, how = audio_data(args)
-    dev = "cpu" if args.cpu else "cuda"
-    dmap = dict(zip([os.path.abspath(f) for f in files], durs))
-    feed = avpipe.recipes.rnnt_feed(man, batch_size=BATCH, seed=0, training=True, device=dev,
+    return avpipe.recipes.rnnt_feed(man, batch_size=BATCH, seed=0, training=True,
+                                    device="cpu" if args.cpu else "cuda",
                                     speed_perturb=(0.85, 1.15) if aug else None,
                                     spec_augment=SPEC_AUGMENT if aug else None,
-                                    threads=args.threads)
+                                    threads=args.threads)  # fmt: skip
+
+
+def _audio_seconds(files, durs):
+    """A batch's manifest seconds (its paths' durations)."""
+    dmap = dict(zip([os.path.abspath(f) for f in files], durs))
+    return lambda b: sum(dmap[p] for p in b.paths)
+
+
+def run_avpipe_rnnt(args, idle=False, aug=True):
+    man, files, durs, how = audio_data(args)
+    feed = _rnnt_feed(args, man, aug)
     model, sync = make_model(args.cpu) if idle else (None, lambda: None)
     if not args.cpu:
         import cupy
@@ -191,8 +201,8 @@ def run_avpipe_rnnt(args, idle=False, aug=True):
         def sync(s=sync):
             s()
             cupy.cuda.get_current_stream().synchronize()
-    rate, n, secs = timed_loop(epochs(feed), args.budget, lambda b: sum(dmap[p] for p in b.paths),
-                               model, sync)
+    rate, n, secs = timed_loop(epochs(feed), args.budget, _audio_seconds(files, durs), model,
+                               sync)  # fmt: skip
     out = {"value": round(rate, 1), "unit": "audio s/s", "batches": n, "seconds": round(secs, 2),
            "data": how, "decoder": "gpu-flac" if feed.task._loader is not None else "threads",
            "stats": _short(feed.stats())}
@@ -209,26 +219,16 @@ def run_avpipe_rnnt_paired(args, idle=False, slice_s=0.5, warmup=11):
     ``warmup`` batches untimed: what the idle feed did while the other ran (its queue of
     ``prefetch``, 2, and the groups its decoding went ahead by, ``Task.MAX_AHEAD`` at most).
     Values: the median slice rate of each; share = 1 - with / without (and each pair's)."""
-    import avpipe
-    from avpipe.recipes.rnnt import SPEC_AUGMENT
-
     man, files, durs, how = audio_data(args)
-    dev = "cpu" if args.cpu else "cuda"
-    dmap = dict(zip([os.path.abspath(f) for f in files], durs))
-    feeds, its = {}, {}
-    for key, aug in (("with", True), ("without", False)):
-        feeds[key] = avpipe.recipes.rnnt_feed(
-            man, batch_size=BATCH, seed=0, training=True, device=dev,
-            speed_perturb=(0.85, 1.15) if aug else None,
-            spec_augment=SPEC_AUGMENT if aug else None, threads=args.threads)  # fmt: skip
-        its[key] = epochs(feeds[key])
+    feeds = {"with": _rnnt_feed(args, man, True), "without": _rnnt_feed(args, man, False)}
+    its = {key: epochs(f) for key, f in feeds.items()}
     if args.cpu:
         sync = lambda: None  # noqa: E731
     else:
         import cupy
 
         sync = cupy.cuda.get_current_stream().synchronize
-    unit = lambda b: sum(dmap[p] for p in b.paths)  # noqa: E731
+    unit = _audio_seconds(files, durs)
     rates = {"with": [], "without": []}
     n_slices = max(2, int(round(args.budget / slice_s)))
     for k in range(n_slices):
