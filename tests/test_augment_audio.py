@@ -240,6 +240,12 @@ def test_spec_augment_reference_and_valid_frames(time_width):
                                                  time_width=time_width, seed=7), y)  # fmt: skip
     assert not np.array_equal(A.spec_augment(feats, lens, freq_width=15, time_masks=4,
                                              time_width=time_width, seed=8), y)  # fmt: skip
+    # in place: the same masks, written into the features themselves
+    own = feats.copy()
+    got = A.spec_augment(own, lens, freq_width=15, time_masks=4, time_width=time_width, seed=7,
+                         inplace=True)  # fmt: skip
+    assert got is own
+    np.testing.assert_array_equal(own, y)
 
 
 def test_spec_augment_distributions():
@@ -467,6 +473,24 @@ def test_gpu_ops_equal_cpu():
     outg = A.spec_augment(cp.asarray(feats), cp.asarray(fl), seed=4, adaptive_time_masks=0.05,
                           time_masks=8)  # fmt: skip
     np.testing.assert_array_equal(cp.asnumpy(outg), out)
+    # in place (one launch writing the masked cells only): the same cells, the same array; a
+    # strided view is copied first (the copy returned); more masks than the one-launch path
+    # takes (its shared memory) go through the table of draws, in place too
+    kw = dict(seed=4, adaptive_time_masks=0.05, time_masks=8)
+    fg = cp.asarray(feats)
+    assert A.spec_augment(fg, fl, inplace=True, **kw) is fg
+    np.testing.assert_array_equal(cp.asnumpy(fg), out)
+    wide = cp.zeros((5, 80, 400), cp.float32)
+    wide[:, :, ::2] = cp.asarray(feats)
+    view = wide[:, :, ::2]
+    got = A.spec_augment(view, fl, inplace=True, **kw)
+    assert got is not view
+    np.testing.assert_array_equal(cp.asnumpy(got), out)
+    many = dict(seed=4, time_masks=A.SPEC_FUSED_MAX_MASKS, time_width=2)
+    want = A.spec_augment(feats, fl, **many)
+    fg = cp.asarray(feats)
+    assert A.spec_augment(fg, fl, inplace=True, **many) is fg
+    np.testing.assert_array_equal(cp.asnumpy(fg), want)
     # the masks drawn on the device are the host's; replayed from device params (views of the
     # drawn table), host params and separate device arrays alike
     kw = dict(seed=4, adaptive_time_masks=0.05, time_masks=8, return_params=True)

@@ -42,37 +42,38 @@ static inline float __fdiv_rn(float a, float b) { volatile float r = a / b; retu
 
 LAUNCHER = r"""
 extern "C" void frames(unsigned gx, unsigned gy, unsigned gz, unsigned bx, const float* x,
-        const float* noise, float dither, long long n, const long long* lens, float preemph,
-        int has_preemph, const float* window, int n_fft, int hop, int pad, long long B,
-        long long T, float* out) {
+        const float* noise, float dither, long long n, const long long* lens,
+        const long long* fl, const long long* off, float preemph, int has_preemph,
+        const float* window, int n_fft, int hop, int pad, long long B, long long T, float* out) {
     gridDim = {gx, gy, gz}; blockDim = {bx, 1, 1};
     for (unsigned z = 0; z < gz; ++z) for (unsigned y = 0; y < gy; ++y)
     for (unsigned xb = 0; xb < gx; ++xb) { blockIdx = {xb, y, z};
         for (unsigned i = 0; i < bx; ++i) { threadIdx = {i, 0, 0};
-            avpipe_log_mel_frames(x, noise, dither, n, lens, preemph, has_preemph, window,
-                                  n_fft, hop, pad, B, T, out); } }
+            avpipe_log_mel_frames(x, noise, dither, n, lens, fl, off, preemph, has_preemph,
+                                  window, n_fft, hop, pad, B, T, out); } }
 }
 struct FinishArgs {
-    const float* mel; long long B, T; int M; const long long* fl; int guard_add; float guard;
+    const float* mel; long long B, T; int M; const long long* fl; const long long* off;
+    int guard_add; float guard;
     int norm, ddof; float eps; float* out; long long T_out; unsigned tid;
 };
 static void* finish_thread(void* p) {
     const FinishArgs& a = *(const FinishArgs*)p;
     threadIdx = {a.tid, 0, 0};
-    avpipe_log_mel_finish(a.mel, a.B, a.T, a.M, a.fl, a.guard_add, a.guard, a.norm, a.ddof,
-                          a.eps, a.out, a.T_out);
+    avpipe_log_mel_finish(a.mel, a.B, a.T, a.M, a.fl, a.off, a.guard_add, a.guard, a.norm,
+                          a.ddof, a.eps, a.out, a.T_out);
     return nullptr;
 }
 extern "C" int finish(unsigned threads, const float* mel, long long B, long long T, int M,
-        const long long* fl, int guard_add, float guard, int norm, int ddof, float eps,
-        float* out, long long T_out) {
+        const long long* fl, const long long* off, int guard_add, float guard, int norm,
+        int ddof, float eps, float* out, long long T_out) {
     gridDim = {(unsigned)(B * M), 1, 1}; blockDim = {threads, 1, 1};
     if (pthread_barrier_init(&block_barrier, nullptr, threads)) return 1;
     FinishArgs args[1024];
     pthread_t ids[1024];
     for (unsigned r = 0; r < B * M; ++r) { blockIdx = {r, 0, 0};
         for (unsigned i = 0; i < threads; ++i) {
-            args[i] = {mel, B, T, M, fl, guard_add, guard, norm, ddof, eps, out, T_out, i};
+            args[i] = {mel, B, T, M, fl, off, guard_add, guard, norm, ddof, eps, out, T_out, i};
             if (threads == 1) finish_thread(&args[i]);  // one thread: this one
             else if (pthread_create(&ids[i], nullptr, finish_thread, &args[i])) return 1;
         }
@@ -107,20 +108,30 @@ def _frames_ref(x, lens, noise, scale, coeff, w, n_fft, hop, pad, T):
 @pytest.mark.parametrize("dither", [False, True])
 @pytest.mark.parametrize("center", [True, False])
 def test_frames_equal_the_reference_exactly(lib, dither, center, launch):
-    """The frames equal the reference bit for bit, under log_mel's launch (frames_launch), one
-    thread a block over the full grid, and a grid smaller than the frames in every dimension
-    (every index takes its stride loop: taps by 128, frames by 5, items by 3)."""
+    """The valid frames equal the reference bit for bit, packed one item after another (item
+    b's min(fl[b], T) frames from row off[b]; no row past them written), under log_mel's launch
+    (frames_launch), one thread a block over the full grid, and a grid smaller than the frames
+    in every dimension (every index takes its stride loop: taps by 128, frames by 5, items by
+    3)."""
     rng = np.random.default_rng(1)
-    B, n, n_fft, hop = 4, 3000, 512, 160
-    lens = np.array([3000, 1777, 100, 0])
+    B, n, n_fft, hop = 5, 3000, 512, 160
+    lens = np.array([3000, 1777, 100, 0, 2500])
     x = rng.standard_normal((B, n)).astype(np.float32)
     x[1, 1777:] = 9.0  # junk past a length is never read
     noise = rng.standard_normal((B, n)).astype(np.float32) if dither else None
     pad = n_fft // 2 if center else 0
     T = int(C.stft_frame_lengths([n], n_fft=n_fft, hop_length=hop, center=center)[0])
+    # valid frames: the "floor_plus_one" rule (every frame of a centred STFT), one item's past
+    # T (clipped there)
+    fl = (lens // hop + 1).astype(np.int64)
+    fl[3] = 0
+    fl[0] = T + 3
+    off, R = K.packed_rows(fl, T)
+    nv = np.minimum(fl, T)
+    assert R == int(nv.sum()) and list(off) == [0, *np.cumsum(nv)[:-1]]
     w = C._window_np("hann", 400, False, n_fft).astype(np.float32)
     ref = _frames_ref(x, lens, noise, 1e-5, 0.97, w, n_fft, hop, pad, T)
-    out = np.full((B, T, n_fft), np.nan, np.float32)
+    out = np.full((R + 3, n_fft), np.nan, np.float32)
     lens64 = lens.astype(np.int64)
     if launch == "log_mel":
         (gx, gy, gz), (bx,) = K.frames_launch(n_fft, T, B)
@@ -129,11 +140,13 @@ def test_frames_equal_the_reference_exactly(lib, dither, center, launch):
     else:
         gx, gy, gz, bx = 1, 5, 3, 128
     lib.frames(ctypes.c_uint(gx), ctypes.c_uint(gy), ctypes.c_uint(gz), ctypes.c_uint(bx), _p(x),
-               _p(noise), ctypes.c_float(1e-5), ctypes.c_longlong(n), _p(lens64),
-               ctypes.c_float(0.97), ctypes.c_int(1), _p(w), ctypes.c_int(n_fft),
+               _p(noise), ctypes.c_float(1e-5), ctypes.c_longlong(n), _p(lens64), _p(fl),
+               _p(off), ctypes.c_float(0.97), ctypes.c_int(1), _p(w), ctypes.c_int(n_fft),
                ctypes.c_int(hop), ctypes.c_int(pad), ctypes.c_longlong(B), ctypes.c_longlong(T),
-               _p(out))
-    np.testing.assert_array_equal(out, ref)
+               _p(out))  # fmt: skip
+    want = np.concatenate([ref[b, : nv[b]] for b in range(B)])
+    np.testing.assert_array_equal(out[:R], want)
+    assert np.isnan(out[R:]).all()
 
 
 @pytest.mark.parametrize("threads", [1, 4, 7, 33])
@@ -159,8 +172,13 @@ def test_finish_equals_log_normalize_and_mask(lib, norm, guard, threads):
         ref = C._mask_time(feats, fl)
     T_out = 80  # pad_to: zeros after T
     out = np.full((B, M, T_out), np.nan, np.float32)
-    rc = lib.finish(ctypes.c_uint(threads), _p(mel), ctypes.c_longlong(B), ctypes.c_longlong(T),
-                    ctypes.c_int(M), _p(fl), ctypes.c_int(guard == "add"), ctypes.c_float(gv),
+    # the frames as the frames kernel packs them: each item's valid ones, one after another
+    off, R = K.packed_rows(fl, T)
+    packed = np.ascontiguousarray(np.concatenate([mel[b, :k] for b, k in enumerate(fl)]))
+    assert packed.shape == (R, M)
+    rc = lib.finish(ctypes.c_uint(threads), _p(packed), ctypes.c_longlong(B),
+                    ctypes.c_longlong(T), ctypes.c_int(M), _p(fl), _p(off),
+                    ctypes.c_int(guard == "add"), ctypes.c_float(gv),
                     ctypes.c_int(norm is not None), ctypes.c_int(ddof), ctypes.c_float(eps),
                     _p(out), ctypes.c_longlong(T_out))  # fmt: skip
     assert rc == 0  # the launcher's threads and barrier were made

@@ -67,6 +67,10 @@ def test_gpu_draws_equal_cpu_draws():
         gpu = R.standard_normal(9, "dither", shape, xp=cupy)
         assert gpu.dtype == cupy.float32 and gpu.shape == cpu.shape
         np.testing.assert_allclose(cupy.asnumpy(gpu), cpu, rtol=2e-7, atol=2e-7)
+    lens = np.array([1001, 0, 3, 500] * 9 + [77])  # each row's first lengths[b] drawn only
+    cpu = R.standard_normal(9, "dither", (37, 1001), lengths=lens)
+    gpu = R.standard_normal(9, "dither", (37, 1001), lengths=lens, xp=cupy)
+    np.testing.assert_allclose(cupy.asnumpy(gpu), cpu, rtol=2e-7, atol=2e-7)
 
 
 def test_philox_kernel_body_as_cpp_equals_numpy(tmp_path):
@@ -133,6 +137,72 @@ def test_standard_normal_kernel_body_as_cpp_equals_numpy(tmp_path):
         lib.run(ctypes.c_longlong(4099), ctypes.c_uint(k0), ctypes.c_uint(k1),
                 ctypes.c_void_p(got.ctypes.data))
         np.testing.assert_allclose(got, want, rtol=2e-7, atol=2e-7)
+
+
+def test_standard_normal_with_lengths_draws_each_rows_first_elements():
+    """``lengths``: each row's first ``lengths[b]`` elements are the whole array's draws, the
+    rest 0; lengths past the row are clipped to it; a wrong count names the parameter."""
+    full = R.standard_normal(5, "dither", (4, 301))
+    lens = [301, 0, 17, 999]
+    z = R.standard_normal(5, "dither", (4, 301), lengths=lens)
+    for b, k in enumerate([301, 0, 17, 301]):
+        np.testing.assert_array_equal(z[b, :k], full[b, :k])
+        assert not z[b, k:].any()
+    with pytest.raises(ValueError, match="lengths"):
+        R.standard_normal(5, "dither", (4, 301), lengths=[1, 2])
+    with pytest.raises(ValueError, match="lengths"):
+        R.standard_normal(5, "dither", 301, lengths=[1])
+
+
+@pytest.mark.parametrize("inl", [False, True])
+@pytest.mark.parametrize("grid", [(None, None), (2, 3)])
+def test_standard_normal_rows_kernel_as_cpp_equals_numpy(tmp_path, inl, grid):
+    """The GPU's rows kernel (``NORMAL_ROWS_CUDA``: only each row's first lengths[b] drawn),
+    compiled as C++ and launched block by block here, gives numpy's values and zeros past the
+    lengths: with the lengths in the launch's own table or in memory, over the full grid and a
+    grid smaller than the array (every index takes its stride loop)."""
+    import ctypes
+
+    from cpp_kernels import TablesOn, build
+
+    from avpipe import device as D
+
+    prelude = (
+        "#include <math.h>\n#include <stddef.h>\n#define __global__\n#define __device__\n"
+        "#define __forceinline__ inline\nstruct Dim3 { unsigned x, y; };\n"
+        "static Dim3 threadIdx, blockIdx, blockDim, gridDim;\n")
+    launcher = r"""
+extern "C" void run(unsigned gx, unsigned gy, unsigned bx, unsigned k0, unsigned k1,
+        const long long* lens, long long B, long long n, float* out, AvpTable tab, int inl) {
+    gridDim = {gx, gy}; blockDim = {bx, 1};
+    for (unsigned y = 0; y < gy; ++y) for (unsigned x = 0; x < gx; ++x) for (unsigned t = 0;
+         t < bx; ++t) { blockIdx = {x, y}; threadIdx = {t, 0};
+        avpipe_standard_normal_rows(k0, k1, lens, B, n, out, tab, inl); }
+}
+"""
+    lib = build(prelude + D.TABLE_CUDA + R.NORMAL_ROWS_CUDA + launcher, tmp_path)
+
+    class Tab(ctypes.Structure):
+        _fields_ = [("w", ctypes.c_longlong * (D.TABLE_BYTES // 8))]
+
+    B, n, bx = 5, 203, 32
+    lens = np.array([203, 0, 1, 100, 57], np.int64)
+    gx, gy = grid if grid[0] else (-(-n // bx), B)
+    k0, k1 = R.stream_key(77, "dither")
+    want = R.standard_normal(77, "dither", (B, n), lengths=lens)
+    got = np.full((B, n), np.nan, np.float32)
+    tab = Tab()
+    arg = ctypes.c_void_p(lens.ctypes.data)
+    if inl:
+        table, (off,) = D.launch_table(TablesOn, [lens])
+        tab = Tab.from_buffer_copy(table.tobytes())
+        arg = ctypes.c_void_p(int(off))
+    lib.run.argtypes = [ctypes.c_uint] * 5 + [ctypes.c_void_p, ctypes.c_longlong,
+                                              ctypes.c_longlong, ctypes.c_void_p, Tab,
+                                              ctypes.c_int]  # fmt: skip
+    lib.run(gx, gy, bx, k0, k1, arg, B, n, got.ctypes.data, tab, int(inl))
+    np.testing.assert_allclose(got, want, rtol=2e-7, atol=2e-7)
+    assert not got[np.arange(n)[None, :] >= lens[:, None]].any()
 
 
 def test_small_draws_in_python_integers_equal_numpy(monkeypatch):

@@ -215,7 +215,7 @@ def test_rows_of_a_wider_buffer_read_in_place(monkeypatch):
 
     launched = []
     monkeypatch.setattr(R, "_bank", lambda dev, q: type("B", (), {"get": lambda self, c, u, d: (
-        None, R._PairMeta({pair: (0, 1, 1) for pair in zip(u.tolist(), d.tolist())}))})())  # fmt: skip
+        None, R._PairMeta({pair: (0, 1, 1) for pair in zip(u.tolist(), d.tolist())}), None)})())  # fmt: skip
     monkeypatch.setattr(R, "upload_many", lambda cp, arrays: arrays)
     monkeypatch.setattr(D, "upload_many", lambda cp, arrays: arrays)
     monkeypatch.setattr(R, "_kernel",
@@ -275,7 +275,7 @@ def test_rows_table_travels_in_the_launch(monkeypatch):
 
     meta = R._PairMeta({(1, 1): (0, 1, 1), (16, 17): (1, 5, 3)})
     monkeypatch.setattr(R, "_bank", lambda dev, q: type("B", (), {
-        "get": lambda self, c, u, d: ("taps", meta)})())  # fmt: skip
+        "get": lambda self, c, u, d: ("taps", meta, meta.rows_of(u, d))})())  # fmt: skip
     monkeypatch.setattr(R, "upload_many", lambda cp, arrays: copies.append(arrays) or arrays)
     monkeypatch.setattr(D, "upload_many", lambda cp, arrays: copies.append(arrays) or arrays)
     monkeypatch.setattr(R, "_kernel",

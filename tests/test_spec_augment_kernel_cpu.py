@@ -10,13 +10,22 @@ import ctypes
 
 import numpy as np
 import pytest
-from cpp_kernels import ELEMENTWISE_PRELUDE, TablesOn, build, ptx
+from cpp_kernels import TablesOn, build, ptx
 
 from avpipe import device as D
 from avpipe.ops import audio_augment as A
 from avpipe.ops import random as R
 
-PRELUDE = ELEMENTWISE_PRELUDE + "#define __device__\n#define __forceinline__ inline\n"
+PRELUDE = r"""
+#include <math.h>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __syncthreads()
+struct Dim3 { unsigned x, y, z; };
+static Dim3 threadIdx, blockIdx, blockDim, gridDim;
+"""
 
 LAUNCHER = r"""
 extern "C" void run(long long total, const float* x, float* out, const long long* lens,
@@ -34,6 +43,19 @@ extern "C" void draw(const long long* ids, const long long* lens, long long B, i
     for (long long b = 0; b < B; ++b) { blockIdx.x = (unsigned)b;
         avpipe_spec_augment_draw(ids, lens, B, kf, kt, n_mels, fcap, time_width, frac, adaptive,
                                  fk0, fk1, tk0, tk1, epoch, p, ld, lens_out, *tab, inl); }
+}
+extern "C" void fused(unsigned gy, unsigned gz, const float* x, float* out, int copy,
+        const long long* ids, const long long* lens, long long B, int kf, int kt,
+        long long n_mels, long long fcap, double time_width, int frac, double adaptive,
+        unsigned fk0, unsigned fk1, unsigned tk0, unsigned tk1, unsigned epoch, long long T,
+        float value, const AvpTable* tab, int inl) {
+    // one thread a block (its loops over the masks and the frames take every index); the
+    // blocks one after another
+    gridDim = {1, gy, gz}; blockDim = {1, 1, 1}; threadIdx = {0, 0, 0};
+    for (unsigned z = 0; z < gz; ++z) for (unsigned y = 0; y < gy; ++y) { blockIdx = {0, y, z};
+        avpipe_spec_augment_fused(x, out, copy, ids, lens, B, kf, kt, n_mels, fcap, time_width,
+                                  frac, adaptive, fk0, fk1, tk0, tk1, epoch, T, value, *tab,
+                                  inl); }
 }
 """
 
@@ -116,10 +138,57 @@ def test_draw_kernel_equals_the_sampler(lib, kf, kt, time_width, adaptive, n_mel
             assert want["time_width"].any()  # a draw that could differ
 
 
+@pytest.mark.parametrize("mode", ["copy", "inplace", "inplace_table"])
+@pytest.mark.parametrize("grid", ["full", "strided"])
+@pytest.mark.parametrize("kf,kt,time_width,adaptive,fwidth", [
+    (2, 10, 0.05, None, 27),
+    (1, 5, 0.2, 0.05, 12),
+    (3, 7, 25, None, 100),
+    (0, 4, 0.5, None, 27),
+])
+def test_fused_kernel_equals_the_sampler_and_the_masks(lib, kf, kt, time_width, adaptive,
+                                                       fwidth, mode, grid):
+    """The one-launch kernel (draws into shared memory, then the masks) equals
+    ``sample_spec_augment_params`` + ``apply_spec_augment`` exactly: writing every cell of
+    another array, or only the masked cells of the features themselves; the ids and lengths
+    in memory or in the launch's own table; over the full grid or a smaller one (the rows and
+    items in strides)."""
+    rng = np.random.default_rng(11)
+    B, F, T = 7, 40, 90
+    x = rng.standard_normal((B, F, T)).astype(np.float32)
+    ids = np.array([0, 1, 2**32 + 5, 77, 9, 2**40, 3], np.int64)
+    lens = np.array([90, 61, 1, 0, 12, 90, 40], np.int64)
+    seed, epoch, value = 2**63 + 5, 3, -2.5
+    want = A.sample_spec_augment_params(seed, epoch, ids, lens, F, freq_masks=kf,
+                                        freq_width=fwidth, time_masks=kt, time_width=time_width,
+                                        adaptive_time_masks=adaptive)  # fmt: skip
+    ref = A.apply_spec_augment(x, lens, want, mask_value=value)
+    checked = A._spec_settings(F, kf, fwidth, kt, time_width, adaptive)
+    scalars = A._spec_draw_scalars(seed, epoch, F, *checked, "spec_augment")
+    copy = mode == "copy"
+    out = np.full_like(x, np.nan) if copy else x.copy()
+    src = x if copy else out
+    tab = np.zeros(D.TABLE_BYTES // 8, np.int64)
+    pids, plens, inl = _p(ids), _p(lens), 0
+    if mode == "inplace_table":
+        table, (at_ids, at_lens) = D.launch_table(TablesOn, [ids, lens])
+        tab = np.frombuffer(table.tobytes(), np.int64).copy()
+        pids, plens, inl = ctypes.c_void_p(int(at_ids)), ctypes.c_void_p(int(at_lens)), 1
+    gy, gz = (F, B) if grid == "full" else (3, 2)
+    lib.fused(ctypes.c_uint(gy), ctypes.c_uint(gz), _p(src), _p(out), ctypes.c_int(copy), pids,
+              plens, ctypes.c_longlong(B), *map(_c, scalars), ctypes.c_longlong(T),
+              ctypes.c_float(value), _p(tab), ctypes.c_int(inl))  # fmt: skip
+    np.testing.assert_array_equal(out, ref)
+    assert (out != x).any()  # some cells were masked
+    np.testing.assert_array_equal(out[3], x[3])  # an empty item is untouched
+
+
 def test_kernel_compiles_for_the_gpu(tmp_path):
     with open(A.SPEC_AUGMENT_KERNEL) as f:
         text = ptx(D.TABLE_CUDA + R.PHILOX_FUNCTION + f.read(), tmp_path)
     assert "avpipe_spec_augment" in text and "avpipe_spec_augment_draw" in text
+    fused = text.split(".entry avpipe_spec_augment_fused")[1].split(".entry")[0]
+    assert ".shared" in text and "bar.sync" in fused
 
 
 def test_draw_constants_keep_the_seed_check():
@@ -171,7 +240,7 @@ def test_draws_on_a_device_send_ids_and_lengths_in_the_launch(lib, monkeypatch):
         lib.draw(as_p(ids), as_p(lens), _c(B), *map(_c, sc), _p(table), _c(ld), as_p(lens_out),
                  _p(tb), ctypes.c_int(int(inl)))  # fmt: skip
 
-    monkeypatch.setattr(A, "_spec_kernels", lambda dev: (draw, None))
+    monkeypatch.setattr(A, "_spec_kernels", lambda dev: (draw, None, None))
     monkeypatch.setattr(D, "upload_many", lambda cp, arrays: copies.append(len(arrays)) or [
         np.array(a).view(Arr) for a in arrays])  # fmt: skip
     ids = np.array([3, 9, 2**33, 5], np.int64)

@@ -96,12 +96,14 @@ def _mask_time(x, lengths_dev):
 # --------------------------------------------------------------------------------------------
 
 
-def _normal(xp, seed, shape):
+def _normal(xp, seed, shape, lengths=None):
     """float32 standard normal noise: numpy's PCG64 (ziggurat) on the CPU, the counter-based
     :func:`avpipe.ops.random.standard_normal` on a GPU (one kernel, nothing to set up: a cuRAND
     generator made per call waited for the whole device, which held a feed's producer to the
     GPU's pace every batch). The two devices draw different values from the same seed (the
-    counter-based draws cost the CPU 15x PCG64's time). ``seed`` None: fresh noise."""
+    counter-based draws cost the CPU 15x PCG64's time). ``seed`` None: fresh noise.
+    ``lengths`` (host, one per row of a 2-D shape; a GPU only): the rows' elements past them
+    are 0, not drawn (they are masked anyway)."""
     if xp is np:
         return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
     import secrets
@@ -110,7 +112,7 @@ def _normal(xp, seed, shape):
 
     if seed is None:
         seed = secrets.randbits(64)
-    return _random.standard_normal(int(seed), "dither", shape, xp=xp)
+    return _random.standard_normal(int(seed), "dither", shape, lengths=lengths, xp=xp)
 
 
 def dither(signals, lengths=None, *, scale=1e-5, seed=None):

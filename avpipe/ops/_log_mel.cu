@@ -4,9 +4,12 @@
 // arithmetic of the first steps is the same float32 operations in the same order (no fused
 // multiply-adds), so the frames equal that code's on cupy bit for bit.
 
-// Windowed frames [B, T, n_fft] of the dithered, preemphasised, zero-padded signal: frame t,
-// tap k reads sample q = t * hop + k - pad of item b (0 outside 0 .. lens[b]). noise: [B, n]
-// standard normal (null: no dither), scaled by `dither`.
+// Windowed frames of the dithered, preemphasised, zero-padded signal, packed: item b's valid
+// frames t < min(fl[b], T) only, at rows off[b] + t of frames [sum of those, n_fft] (the frames
+// past an item's length are never computed: the finish kernel writes zeros there, and the FFT
+// and the mel GEMM run over the valid frames alone). Frame t, tap k reads sample
+// q = t * hop + k - pad of item b (0 outside 0 .. lens[b]). noise: [B, n] standard normal
+// (null: no dither), scaled by `dither`.
 // Launch: threads over the taps k (x), blocks over the frames t (y) and items b (z); each index
 // strides by its grid's extent, so any n_fft, T and B are covered with gridDim.y and gridDim.z
 // capped at 65535 (log_mel launches fewer frame rows than T: each block loops over several
@@ -15,14 +18,15 @@
 // instructions).
 extern "C" __global__ void avpipe_log_mel_frames(
     const float* x, const float* noise, float dither, long long n, const long long* lens,
-    float preemph, int has_preemph, const float* window, int n_fft, int hop, int pad,
-    long long B, long long T, float* frames) {
+    const long long* fl, const long long* off, float preemph, int has_preemph,
+    const float* window, int n_fft, int hop, int pad, long long B, long long T, float* frames) {
     for (long long b = blockIdx.z; b < B; b += gridDim.z) {
         const float* row = x + b * n;
         const float* nrow = noise ? noise + b * n : nullptr;
         long long len = lens[b];
-        for (long long t = blockIdx.y; t < T; t += gridDim.y) {
-            float* dst = frames + (b * T + t) * n_fft;
+        long long nt = fl[b] < T ? fl[b] : T;
+        for (long long t = blockIdx.y; t < nt; t += gridDim.y) {
+            float* dst = frames + (off[b] + t) * n_fft;
             for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < n_fft;
                  k += gridDim.x * blockDim.x) {
                 long long q = t * hop + k - pad;
@@ -67,8 +71,9 @@ static __device__ float avpipe_block_sum(float* red, float x) {
     return s;
 }
 
-// Log, per-feature normalization over the valid frames, and the transpose: mel [B, T, M]
-// (row-major) -> out [B, M, T_out]. One block per output row r = (b, m) (gridDim.x = B * M,
+// Log, per-feature normalization over the valid frames, and the transpose: mel [R, M]
+// (row-major; item b's valid frames at rows off[b] .. off[b] + min(fl[b], T), as the frames
+// kernel packs them) -> out [B, M, T_out]. One block per output row r = (b, m) (gridDim.x = B * M,
 // blockDim.x <= AVPIPE_LOG_MEL_MAX_THREADS); its threads stride over the frames t (thread i:
 // t = i, i + blockDim.x, ...), so a warp writes 32 consecutive floats of the row. Valid frames:
 // t < fl[b] (at most T). guard_add: ln(x + guard), else ln(max(x, guard)). norm: (v - mean) /
@@ -81,14 +86,15 @@ static __device__ float avpipe_block_sum(float* red, float x) {
 // array-module code's float32 mean and variance are plain sums, so the two agree within float32
 // rounding of a different summation order, except on constant bands (below).
 extern "C" __global__ void avpipe_log_mel_finish(
-    const float* mel, long long B, long long T, int M, const long long* fl, int guard_add,
-    float guard, int norm, int ddof, float eps, float* out, long long T_out) {
+    const float* mel, long long B, long long T, int M, const long long* fl,
+    const long long* off, int guard_add, float guard, int norm, int ddof, float eps, float* out,
+    long long T_out) {
     __shared__ float red[AVPIPE_LOG_MEL_MAX_THREADS];
     long long r = blockIdx.x;  // the grid is exactly B * M blocks: no block returns early
     long long b = r / M;
     long long m = r - b * M;
     long long nv = fl[b] < T ? fl[b] : T;
-    const float* src = mel + b * T * M + m;
+    const float* src = mel + off[b] * M + m;
     float* dst = out + r * T_out;
     // the mean as the first value plus the mean offset from it: a band that is constant over
     // the valid frames (digital silence: ln(guard) throughout) gets its value back exactly and

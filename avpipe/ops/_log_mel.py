@@ -5,8 +5,9 @@ cupy operations, each a launch and a Python call: the host's time to issue them 
 GPU's time to run them, and bounded the RNN-T feed (figures: benchmarks/README.md).
 Here the same steps run as: one kernel for the windowed frames (dither, preemphasis, centring
 pad and window; ``_log_mel.cu``), cupy's rFFT, one elementwise kernel for ``|X|^2``, one GEMM
-with the mel filterbank, and one kernel for the log, the per-feature normalization, the mask
-past each item's length and the transpose. The array-module code stays the reference (and
+with the mel filterbank (these four over each item's valid frames alone, packed one after
+another), and one kernel for the log, the per-feature normalization, the mask past each
+item's length and the transpose. The array-module code stays the reference (and
 the path for everything this does not cover: reflect padding, other powers, "all_features"
 normalization, float64 input); the two agree within float32 rounding (tests/test_log_mel_
 kernels_cpu.py runs the kernels as C++ against it; the GPU tests compare with the CPU).
@@ -119,6 +120,15 @@ def frames_launch(n_fft: int, T: int, B: int):
     return (gx, gy, gz), (threads,)
 
 
+def packed_rows(fl_host, T: int):
+    """``(off, R)``: each item's first row in the packed frames (int64 ``[B]``) and their
+    count, item ``b`` holding ``min(fl[b], T)`` rows."""
+    nv = np.minimum(np.asarray(fl_host, np.int64), int(T))
+    off = np.zeros(nv.shape[0], np.int64)
+    np.cumsum(nv[:-1], out=off[1:])
+    return off, int(nv.sum())
+
+
 def log_mel(x, lens_host, fl_host, T, cfg, noise):
     """Features ``[B, n_mels, T_out]`` of the cupy float32 batch ``x [B, n]`` (``lens_host``
     samples; ``fl_host`` valid frames, at most ``T`` STFT frames; ``noise``: the dither's
@@ -137,35 +147,39 @@ def log_mel(x, lens_host, fl_host, T, cfg, noise):
                      int(cfg.n_mels), float(cfg.fmin), cfg.fmax, bool(cfg.mel_htk),
                      cfg.mel_norm)  # fmt: skip
     x = cupy.ascontiguousarray(x)
-    lens, fl = upload_many(cupy, [np.asarray(lens_host, np.int64),
-                                  np.asarray(fl_host, np.int64)])  # one copy, not waited for
+    fl_host = np.asarray(fl_host, np.int64)
+    # the valid frames only, packed (item b's at rows off[b] ..): a padded batch's frames past
+    # each length are never computed, transformed or multiplied (random 2-16 s utterances
+    # padded to the longest hold about twice their valid frames)
+    off_host, R = packed_rows(fl_host, T)
+    lens, fl, off = upload_many(cupy, [np.asarray(lens_host, np.int64), fl_host,
+                                       off_host])  # one copy, not waited for
     pad = n_fft // 2 if cfg.center else 0
     # the rFFT's row count rounded up to one of a few sizes: cuFFT plans (cupy keeps 16) are
     # reused across batches of different lengths instead of built for each (a plan took
     # ~0.4 ms of the host per batch); the extra rows are never read
-    rows_fft = fft_rows(B * T)
+    rows_fft = fft_rows(max(R, 1))
     flat = cupy.empty((rows_fft, n_fft), cupy.float32)
-    frames = flat[: B * T].reshape(B, T, n_fft)
     has_noise = noise is not None
     frames_k(*frames_launch(n_fft, T, B),
              (x, cupy.ascontiguousarray(noise) if has_noise else np.uint64(0),
-              np.float32(cfg.dither if has_noise else 0.0), np.int64(n), lens,
+              np.float32(cfg.dither if has_noise else 0.0), np.int64(n), lens, fl, off,
               np.float32(cfg.preemph if cfg.preemph is not None else 0.0),
               np.int32(cfg.preemph is not None), w, np.int32(n_fft), np.int32(hop),
-              np.int32(pad), np.int64(B), np.int64(T), frames))  # fmt: skip
-    X = cupy.fft.rfft(flat, axis=-1)[: B * T]  # [B * T, F] complex64
-    del frames, flat
+              np.int32(pad), np.int64(B), np.int64(T), flat))  # fmt: skip
+    X = cupy.fft.rfft(flat, axis=-1)[:R]  # [R, F] complex64
+    del flat
     P = power_k(X, np.int32(1 if cfg.power in (1, 1.0) else 2))
     del X
-    F = P.shape[-1]
-    mel = cupy.matmul(P.reshape(B * T, F), fbT)  # [B * T, n_mels]
+    mel = cupy.matmul(P, fbT)  # [R, n_mels]
     del P
     M = mel.shape[1]
     pad_to = int(cfg.pad_to or 0)
     T_out = T + ((-T) % pad_to if pad_to > 1 else 0)
     out = cupy.empty((B, M, T_out), cupy.float32)
     finish_k((B * M,), (FINISH_THREADS,),  # one block per row (b, m) of out
-             (mel, np.int64(B), np.int64(T), np.int32(M), fl, np.int32(cfg.log_guard == "add"),
+             (mel, np.int64(B), np.int64(T), np.int32(M), fl, off,
+              np.int32(cfg.log_guard == "add"),
               np.float32(cfg.log_guard_value), np.int32(cfg.normalize == "per_feature"),
               np.int32(cfg.norm_ddof), np.float32(cfg.norm_eps), out,
               np.int64(T_out)))  # fmt: skip

@@ -255,8 +255,9 @@ class _PairMeta(dict):
         down below 2**32: a speed perturbation's), else a lookup a row."""
         up = np.asarray(up, np.int64).reshape(-1)
         down = np.asarray(down, np.int64).reshape(-1)
-        if up.size and not (self._exact and 0 <= up.min() and up.max() < 2**31
-                            and 0 <= down.min() and down.max() < 2**32):  # fmt: skip
+        # up in [0, 2**31) and down in [0, 2**32) (a negative one has its high bits set): one
+        # reduction, where four took longer than the search
+        if up.size and not (self._exact and not ((up >> 31) | (down >> 32)).any()):
             rows = [self._index.get(k) for k in zip(up.tolist(), down.tolist())]
             return None if None in rows else np.array(rows, np.int64)
         ck = (up << 32) | down
@@ -280,15 +281,16 @@ def table(pairs, quality):
     return np.concatenate(parts), _PairMeta(meta)
 
 
-def row_args(lens, up, down, new, meta):
+def row_args(lens, up, down, new, meta, idx=None):
     """The kernel's per-row table: int64 ``[B, 7]``, each row its length, up, down, half width
     ``W``, taps per phase ``K``, taps' offset and output length (every row's pair in
-    ``meta``)."""
+    ``meta``; ``idx``: the rows' pairs as ``meta.rows_of`` finds them, where known)."""
     up = np.asarray(up, np.int64).reshape(-1)
     down = np.asarray(down, np.int64).reshape(-1)
     if not isinstance(meta, _PairMeta):
         meta = _PairMeta(meta)
-    idx = meta.rows_of(up, down)
+    if idx is None:
+        idx = meta.rows_of(up, down)
     if idx is None:
         raise ValueError("row_args: a row's (up, down) pair has no taps in meta")
     out = np.empty((up.shape[0], 7), np.int64)
@@ -318,10 +320,11 @@ class _TapBank:
         self.lock = threading.Lock()
 
     def get(self, cupy, up, down):
-        """(device taps, meta) covering the rows' ``(up, down)`` pairs, or None past
-        ``MAX_PAIRS``."""
+        """(device taps, meta, each row's pair in meta: ``meta.rows_of``) covering the rows'
+        ``(up, down)`` pairs, or None past ``MAX_PAIRS``."""
         with self.lock:
-            if self.taps is None or self.meta.rows_of(up, down) is None:
+            idx = None if self.taps is None else self.meta.rows_of(up, down)
+            if idx is None:
                 pairs = set(zip(np.asarray(up).tolist(), np.asarray(down).tolist()))
                 grown = tuple(sorted(set(self.pairs) | pairs))
                 if len(grown) > self.MAX_PAIRS:
@@ -332,7 +335,8 @@ class _TapBank:
                 if self.taps is not None:
                     self.retired.append(self.taps)
                 self.pairs, self.taps, self.meta = grown, taps, meta
-            return self.taps, self.meta
+                idx = meta.rows_of(up, down)
+            return self.taps, self.meta, idx
 
 
 @functools.cache
@@ -353,8 +357,8 @@ def _rows_kernel(cupy, x, lens, up, down, new, width, quality):
     dev_id = cupy.cuda.Device().id
     banked = _bank(dev_id, quality).get(cupy, up, down)  # taps on the device
     if banked is not None:
-        taps, meta = banked
-        tab, inl, (rows,) = table_args(cupy, [row_args(lens, up, down, new, meta)])
+        taps, meta, idx = banked
+        tab, inl, (rows,) = table_args(cupy, [row_args(lens, up, down, new, meta, idx)])
     else:  # many distinct rates: this batch's taps travel with its rows, in one copy
         pairs = set(zip(np.asarray(up).tolist(), np.asarray(down).tolist()))
         host, meta = table(tuple(sorted(pairs)), quality)

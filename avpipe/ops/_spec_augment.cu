@@ -23,14 +23,41 @@ __device__ inline long long avpipe_below(unsigned int w, long long span) {
     return (long long)(((unsigned long long)w * s) >> 32);
 }
 
-// The draws of item b (sample_spec_augment_params): frequency masks from the stream key
-// (fk0, fk1): width uniform on 0..fcap, start on 0..n_mels - fcap; time masks from (tk0, tk1):
-// width uniform on 0..W, start on 0..max(0, length - W), with W = max(1, floor(length *
-// time_width)) where frac, else time_width frames; adaptive >= 0: only the first min(kt,
-// floor(length * adaptive)) time masks keep their width. (Each word is drawn as words() draws
-// it, a Philox call per word: a few dozen a batch item.) ids and lens [B]: on the device, or
-// (inl set) byte offsets into the launch's own table `tab` (device.py's TABLE_CUDA, compiled
-// before this file); lens_out (or null): the lengths written to the device, for the masks.
+// Mask j of an item (sample_spec_augment_params' draws; j < kf: frequency mask j, else time
+// mask j - kf): its start and width. Frequency masks from the stream key (fk0, fk1): width
+// uniform on 0..fcap, start on 0..n_mels - fcap; time masks from (tk0, tk1): width uniform on
+// 0..W, start on 0..max(0, length - W), with W = max(1, floor(length * time_width)) where frac,
+// else time_width frames; adaptive >= 0: only the first min(kt, floor(length * adaptive))
+// time masks keep their width. (Each word is drawn as words() draws it, a Philox call per
+// word.)
+__device__ inline void avpipe_spec_mask(
+    int j, long long id, long long len, int kf, int kt, long long n_mels, long long fcap,
+    double time_width, int frac, double adaptive, unsigned int fk0, unsigned int fk1,
+    unsigned int tk0, unsigned int tk1, unsigned int epoch, long long* start,
+    long long* width) {
+    if (j < kf) {
+        *width = avpipe_below(avpipe_word(fk0, fk1, id, epoch, j), fcap + 1);
+        *start = avpipe_below(avpipe_word(fk0, fk1, id, epoch, kf + j), n_mels - fcap + 1);
+        return;
+    }
+    int k = j - kf;
+    long long W = frac ? (long long)floor((double)len * time_width) : (long long)time_width;
+    if (frac && W < 1) W = 1;
+    long long count = kt;
+    if (adaptive >= 0.0) {
+        long long c = (long long)floor((double)len * adaptive);
+        count = c < kt ? c : kt;
+    }
+    long long room = len - W + 1 > 1 ? len - W + 1 : 1;
+    long long w = avpipe_below(avpipe_word(tk0, tk1, id, epoch, k), W + 1);
+    *width = k < count ? w : 0;
+    *start = avpipe_below(avpipe_word(tk0, tk1, id, epoch, kt + k), room);
+}
+
+// The draws of item b into the table p (one thread per item: avpipe_spec_mask for each mask).
+// ids and lens [B]: on the device, or (inl set) byte offsets into the launch's own table `tab`
+// (device.py's TABLE_CUDA, compiled before this file); lens_out (or null): the lengths written
+// to the device, for the masks.
 extern "C" __global__ void avpipe_spec_augment_draw(
     const long long* ids, const long long* lens, long long B, int kf, int kt, long long n_mels,
     long long fcap, double time_width, int frac, double adaptive, unsigned int fk0,
@@ -41,22 +68,17 @@ extern "C" __global__ void avpipe_spec_augment_draw(
     long long id = avp_tab(tab, inl, ids)[b], len = avp_tab(tab, inl, lens)[b];
     if (lens_out) lens_out[b] = len;
     long long* q = p + b * ld;
-    for (int k = 0; k < kf; ++k) {
-        q[kf + k] = avpipe_below(avpipe_word(fk0, fk1, id, epoch, k), fcap + 1);
-        q[k] = avpipe_below(avpipe_word(fk0, fk1, id, epoch, kf + k), n_mels - fcap + 1);
-    }
-    long long W = frac ? (long long)floor((double)len * time_width) : (long long)time_width;
-    if (frac && W < 1) W = 1;
-    long long count = kt;
-    if (adaptive >= 0.0) {
-        long long c = (long long)floor((double)len * adaptive);
-        count = c < kt ? c : kt;
-    }
-    long long room = len - W + 1 > 1 ? len - W + 1 : 1;
-    for (int k = 0; k < kt; ++k) {
-        long long w = avpipe_below(avpipe_word(tk0, tk1, id, epoch, k), W + 1);
-        q[2 * kf + kt + k] = k < count ? w : 0;
-        q[2 * kf + k] = avpipe_below(avpipe_word(tk0, tk1, id, epoch, kt + k), room);
+    for (int j = 0; j < kf + kt; ++j) {
+        long long st, w;
+        avpipe_spec_mask(j, id, len, kf, kt, n_mels, fcap, time_width, frac, adaptive, fk0, fk1,
+                         tk0, tk1, epoch, &st, &w);
+        if (j < kf) {
+            q[j] = st;
+            q[kf + j] = w;
+        } else {
+            q[kf + j] = st;           // 2 kf + k
+            q[kf + kt + j] = w;       // 2 kf + kt + k
+        }
     }
 }
 
@@ -88,4 +110,50 @@ extern "C" __global__ void avpipe_spec_augment(
         }
     }
     out[i] = m ? value : x[i];
+}
+
+// The most masks (kf + kt) the fused kernel draws into shared memory.
+#define AVPIPE_SPEC_MAX_MASKS 256
+
+// Draws and masks in one launch: block (f, b) (gridDim.y over the frequencies, z over the
+// items, both striding) draws item b's masks into shared memory (avpipe_spec_mask, a thread
+// per mask) and sets its row f of x [B, F, T] (float32) as avpipe_spec_augment does, its
+// threads over the frames. copy: out is another array, every cell written (the unmasked ones
+// copied); else out is x itself and only the masked cells are written. kf + kt at most
+// AVPIPE_SPEC_MAX_MASKS; ids and lens (frames) as in avpipe_spec_augment_draw.
+extern "C" __global__ void avpipe_spec_augment_fused(
+    const float* x, float* out, int copy, const long long* ids, const long long* lens,
+    long long B, int kf, int kt, long long n_mels, long long fcap, double time_width, int frac,
+    double adaptive, unsigned int fk0, unsigned int fk1, unsigned int tk0, unsigned int tk1,
+    unsigned int epoch, long long T, float value, const AVP_GRID_CONST AvpTable tab, int inl) {
+    __shared__ long long lo[AVPIPE_SPEC_MAX_MASKS], hi[AVPIPE_SPEC_MAX_MASKS];
+    const long long* I = avp_tab(tab, inl, ids);
+    const long long* L = avp_tab(tab, inl, lens);
+    for (long long b = blockIdx.z; b < B; b += gridDim.z) {
+        long long id = I[b], len = L[b];
+        for (long long f = blockIdx.y; f < n_mels; f += gridDim.y) {
+            __syncthreads();  // the previous row's reads of lo / hi are done
+            for (int j = threadIdx.x; j < kf + kt; j += blockDim.x) {
+                long long st, w;
+                avpipe_spec_mask(j, id, len, kf, kt, n_mels, fcap, time_width, frac, adaptive,
+                                 fk0, fk1, tk0, tk1, epoch, &st, &w);
+                lo[j] = st;
+                hi[j] = j < kf || st + w < len ? st + w : len;  // a time mask ends at the length
+            }
+            __syncthreads();
+            bool fm = false;
+            for (int j = 0; j < kf; ++j) fm = fm || (f >= lo[j] && f < hi[j]);
+            const float* src = x + (b * n_mels + f) * T;
+            float* dst = out + (b * n_mels + f) * T;
+            for (long long t = threadIdx.x; t < T; t += blockDim.x) {
+                bool m = false;
+                if (t < len) {
+                    m = fm;
+                    for (int j = kf; j < kf + kt; ++j) m = m || (t >= lo[j] && t < hi[j]);
+                }
+                if (m) dst[t] = value;
+                else if (copy) dst[t] = src[t];
+            }
+        }
+    }
 }

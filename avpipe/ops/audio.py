@@ -154,7 +154,9 @@ def log_mel(signals, lengths=None, *, preset="nemo", training=False, sample_rate
         T = max(T, int(stft_frame_lengths(lens_host, n_fft=cfg.n_fft, hop_length=hop,
                                           center=cfg.center).max()))  # fmt: skip
         if T > 0:
-            noise = _normal(xp, seed, x.shape) if training and cfg.dither > 0 else None
+            # the noise of each item's samples only (the frames kernel reads no other)
+            noise = (_normal(xp, seed, x.shape, lengths=lens_host)
+                     if training and cfg.dither > 0 else None)  # fmt: skip
             fl_host = log_mel_frame_lengths(lens_host, preset=cfg, frames=T)
             got = _log_mel.log_mel(x, lens_host, fl_host, T, cfg, noise)
             if got is not None:

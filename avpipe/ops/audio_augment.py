@@ -589,7 +589,14 @@ def _spec_kernels(device_id: int):
 
     with open(SPEC_AUGMENT_KERNEL) as f, cupy.cuda.Device(device_id):
         mod = cupy.RawModule(code=TABLE_CUDA + R.PHILOX_FUNCTION + f.read())
-        return mod.get_function("avpipe_spec_augment_draw"), mod.get_function("avpipe_spec_augment")
+        return (mod.get_function("avpipe_spec_augment_draw"),
+                mod.get_function("avpipe_spec_augment"),
+                mod.get_function("avpipe_spec_augment_fused"))
+
+
+# the most masks (freq_masks + time_masks) the one-launch path takes (_spec_augment.cu's
+# AVPIPE_SPEC_MAX_MASKS: its shared memory); more go through the table of draws
+SPEC_FUSED_MAX_MASKS = 256
 
 
 def _spec_draw_scalars(seed, epoch, n_mels, kf, F, kt, time_width, adaptive_time_masks,
@@ -643,7 +650,7 @@ def _spec_draws_on_device(cupy, seed, epoch, ids, lengths, n_mels, kf, F, kt, ti
         ids, lens = upload_many(cupy, [ids, lens])
         lens_arg = lens
     if B and ld:
-        draw, _ = _spec_kernels(table.device.id)
+        draw = _spec_kernels(table.device.id)[0]
         draw(((B + 127) // 128,), (128,),
              (ids, lens_arg, np.int64(B),
               *_spec_draw_scalars(seed, epoch, n_mels, kf, F, kt, time_width,
@@ -663,10 +670,35 @@ def _spec_apply_kernel(cupy, x, lens, table, kf, kt, mask_value):
     threads = 256
     at = table.data.ptr
     ptrs = [np.uint64(at + 8 * off) for off in (0, kf, 2 * kf, 2 * kf + kt)]
-    _, apply = _spec_kernels(x.device.id)
+    apply = _spec_kernels(x.device.id)[1]
     apply(((total + threads - 1) // threads,), (threads,),
           (x, out, lens, *ptrs, np.int64(ld), np.int32(kf), np.int32(kt), np.int64(F),
            np.int64(T), np.int64(total), np.float32(mask_value)))  # fmt: skip
+    return out
+
+
+def _spec_fused(cupy, x, seed, epoch, ids, lengths, kf, F, kt, time_width, adaptive_time_masks,
+                stream, mask_value, inplace):  # fmt: skip
+    """Draws and masks in one launch (``avpipe_spec_augment_fused``) on the float32 cupy
+    ``x [B, n_mels, T]`` for checked settings, host ``ids`` and ``lengths`` (frames) in the
+    launch's own table where they fit. ``inplace``: only the masked cells of ``x`` are
+    written (where ``x`` is contiguous), else a new array."""
+    if not x.flags.c_contiguous:
+        x, inplace = cupy.ascontiguousarray(x), True  # a copy of our own: mask it in place
+    B, n_mels, T = x.shape
+    out = x if inplace else cupy.empty_like(x)
+    ids = as_ids(ids, len(ids), np)
+    lens = np.asarray(lengths, np.int64).reshape(-1)
+    if ids.shape[0] != B or lens.shape[0] != B:
+        raise ValueError(f"ids and lengths must have one entry per item ({B}), got "
+                         f"{ids.shape[0]} and {lens.shape[0]}")
+    tab, inl, (ids_a, lens_a) = table_args(cupy, [ids, lens])
+    fused = _spec_kernels(x.device.id)[2]
+    fused((1, min(n_mels, 65535), min(B, 65535)), (128,),
+          (x, out, np.int32(not inplace), ids_a, lens_a, np.int64(B),
+           *_spec_draw_scalars(seed, epoch, n_mels, kf, F, kt, time_width, adaptive_time_masks,
+                               stream),
+           np.int64(T), np.float32(mask_value), tab, np.int32(inl)))  # fmt: skip
     return out
 
 
@@ -709,7 +741,7 @@ def _spec_augment_kernel(cupy, x, lens_host, params, mask_value):
 
 def spec_augment(features, lengths=None, *, freq_masks=2, freq_width=27, time_masks=10,
                  time_width=0.05, seed=0, epoch=0, ids=None, adaptive_time_masks=None,
-                 mask_value=0.0, return_params=False):  # fmt: skip
+                 mask_value=0.0, return_params=False, inplace=False):  # fmt: skip
     """SpecAugment (Park et al. 2019; NeMo's draws): frequency and time masks set to 0.
 
     ``features [B, n_mels, T]``; ``lengths [B]`` frames (None: all ``T``); frames at or past an
@@ -717,7 +749,9 @@ def spec_augment(features, lengths=None, *, freq_masks=2, freq_width=27, time_ma
     frames. ``adaptive_time_masks``: masks per frame (count ``min(time_masks, floor(r *
     length))``). Draws keyed by ``(seed, epoch, ids)`` (``ids`` default ``arange(B)``): the same
     seed gives the same masks on CPU and GPU. ``return_params``: also the mask positions
-    (:func:`sample_spec_augment_params`; replay with :func:`apply_spec_augment`)."""
+    (:func:`sample_spec_augment_params`; replay with :func:`apply_spec_augment`).
+    ``inplace``: mask ``features`` itself and return it (on a GPU only the masked cells are
+    written; a non-contiguous array is copied first, and the copy returned)."""
     xp = array_module(features)
     B, F, T = features.shape
     lens = _lengths(lengths, B, T)
@@ -725,15 +759,25 @@ def spec_augment(features, lengths=None, *, freq_masks=2, freq_width=27, time_ma
               time_width=time_width, adaptive_time_masks=adaptive_time_masks,
               stream="spec_augment")
     if xp is not np and features.dtype == xp.float32 and features.size:
-        # drawn and applied on the device: two kernels, the ids and lengths copied up once
         kf, fcap, kt, tw, r = _spec_settings(F, freq_masks, freq_width, time_masks, time_width,
                                              adaptive_time_masks)
+        if not return_params and kf + kt <= SPEC_FUSED_MAX_MASKS:
+            # drawn and applied in one launch, the ids and lengths in its parameters
+            return _spec_fused(xp, features, seed, epoch, _host_ids(features, ids), lens, kf,
+                               fcap, kt, tw, r, "spec_augment", mask_value, inplace)
+        # the draws' table on the device (handed back), then the masks: two kernels
         table, lens_d = _spec_draws_on_device(xp, seed, epoch, _host_ids(features, ids), lens,
                                               F, kf, fcap, kt, tw, r, "spec_augment")
         out = _spec_apply_kernel(xp, features, lens_d, table, kf, kt, mask_value)
+        if inplace and out is not features:
+            features[...] = out
+            out = features
         return (out, _spec_params_of(table, kf, kt)) if return_params else out
     params = sample_spec_augment_params(seed, epoch, _host_ids(features, ids), lens, F, **kw)
     out = apply_spec_augment(features, lens, params, mask_value=mask_value)
+    if inplace and xp is np and isinstance(features, np.ndarray) and features.flags.writeable:
+        features[...] = out
+        out = features
     if return_params:
         return out, {k: xp.asarray(v) for k, v in params.items()}
     return out

@@ -111,6 +111,41 @@ def _normal_kernel():
                                   "avpipe_standard_normal")
 
 
+# The same draws over the rows of a [B, n] array, each row's first lens[b] elements only (the
+# rest 0): a padded batch's noise without the padding's draws. Threads over the columns (x),
+# blocks over the rows (y), both striding; the row lengths in the launch's table where they fit.
+NORMAL_ROWS_CUDA = r"""
+extern "C" __global__ void avpipe_standard_normal_rows(
+    unsigned int k0, unsigned int k1, const long long* lens, long long B, long long n,
+    float* out, const AVP_GRID_CONST AvpTable tab, int inl) {
+    const long long* L = avp_tab(tab, inl, lens);
+    for (long long b = blockIdx.y; b < B; b += gridDim.y) {
+        long long len = L[b];
+        for (long long col = blockIdx.x * (long long)blockDim.x + threadIdx.x; col < n;
+             col += (long long)gridDim.x * blockDim.x) {
+            long long i = b * n + col;
+            float z = 0.0f;
+            if (col < len) {
+""" + NORMAL_BODY + r"""
+            }
+            out[i] = z;
+        }
+    }
+}
+"""
+
+
+@functools.cache
+def _normal_rows_kernel(device_id: int):
+    import cupy
+
+    from ..device import TABLE_CUDA
+
+    with cupy.cuda.Device(device_id):
+        return cupy.RawModule(code=TABLE_CUDA + NORMAL_ROWS_CUDA).get_function(
+            "avpipe_standard_normal_rows")
+
+
 # Up to this many counters a draw runs Philox in Python integers instead of numpy, whose ~60
 # operations on tiny arrays cost more than a few counters' Python arithmetic whatever the size
 # (benchmarks/README.md): the per-item draws of a batch (a clip's start, crop box and flip: 1 to
@@ -133,6 +168,22 @@ def _philox_ints(counters, k0: int, k1: int, rounds: int) -> list:
             a0, a1, a2, a3 = ((p1 >> 32) ^ a1 ^ key0, p1 & 0xFFFFFFFF,
                               (p0 >> 32) ^ a3 ^ key1, p0 & 0xFFFFFFFF)  # fmt: skip
         out.append((a0, a1, a2, a3))
+    return out
+
+
+def _normal_rows(cupy, k0, k1, lens, shape):
+    """:func:`standard_normal` with ``lengths`` on a GPU: one launch."""
+    from ..device import table_args
+
+    B, n = shape
+    out = cupy.empty(shape, cupy.float32)
+    if out.size:
+        tab, inl, (lens_arg,) = table_args(cupy, [lens])
+        threads = 256
+        grid = (min(-(-n // threads), 65535), min(B, 65535))
+        _normal_rows_kernel(cupy.cuda.Device().id)(
+            grid, (threads,), (np.uint32(k0), np.uint32(k1), lens_arg, np.int64(B), np.int64(n),
+                               out, tab, np.int32(inl)))  # fmt: skip
     return out
 
 
@@ -419,14 +470,29 @@ def normal(seed, stream, epoch, ids, n: int = 1, *, mean=0.0, std=1.0, xp=np):
     return mean + std * z
 
 
-def standard_normal(seed, stream, shape, *, xp=np):
+def standard_normal(seed, stream, shape, *, lengths=None, xp=np):
     """float32 standard normal draws filling ``shape``, a function of ``(seed, stream)`` and
     each element's flat index alone (:data:`NORMAL_BODY`): the noise of a whole batch (a
     dither) in one pass, where :func:`normal` draws a few values per sample id. On cupy one
     kernel; numpy computes the same values (to float64 rounding in log / cos: equal, or one
-    float32 step apart) at about 150 ns an element, the reference for small arrays."""
+    float32 step apart) at about 150 ns an element, the reference for small arrays.
+
+    ``lengths`` (host ints, one per row of a 2-D ``shape``): only each row's first
+    ``lengths[b]`` elements are drawn, the rest are 0 (a padded batch's noise without the
+    padding's draws); the drawn ones equal the whole array's."""
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
     k0, k1 = stream_key(seed, stream)
+    if lengths is not None:
+        lens = np.asarray(lengths, np.int64).reshape(-1)
+        if len(shape) != 2 or lens.shape[0] != shape[0]:
+            raise ValueError(f"lengths must give one length per row of a 2-D shape, got "
+                             f"{lens.shape[0]} lengths for shape {shape}")
+        lens = np.clip(lens, 0, shape[1])
+        if xp is not np:
+            return _normal_rows(xp, k0, k1, lens, shape)
+        z = standard_normal(seed, stream, shape)
+        z[np.arange(shape[1])[None, :] >= lens[:, None]] = 0
+        return z
     if xp is not np:
         out = xp.empty(shape, xp.float32)
         if out.size:

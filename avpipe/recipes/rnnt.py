@@ -342,8 +342,10 @@ class RnntTask(Task):
                 # device for its copy of them
                 fl_host = log_mel_frame_lengths(lens, preset=self.preset,
                                                 frames=feats.shape[-1])
+                # in place (log_mel's own array): on a GPU one launch draws the masks and
+                # writes the masked cells alone
                 feats = _aug.spec_augment(feats, fl_host, seed=self.seed, epoch=epoch, ids=ids,
-                                          **self.spec_augment)
+                                          inplace=True, **self.spec_augment)
         else:
             feats, fl = xp.zeros((0, 0, 0), xp.float32), xp.zeros(0, xp.int64)
         arrays = {"features": feats, "feature_lengths": fl}
