@@ -17,6 +17,12 @@ the dither seed, ``log_mel`` with and without the dither, SpecAugment. Video (on
 frames 360x640, as a decoder hands it): the draws (clip start, crop box, flip), the crop +
 fused resize + normalize (the flip folded in), and the whole ``VideoTask._train_transform``.
 
+The RNN-T steps are also timed "GPU alone": the calls queued behind a 0.1 s spin kernel, so
+that the host is ahead of the device and the events around them count the GPU's work only,
+not the gaps while the host issues it (the whole collate with and without the augmentation
+among them: their difference is what the augmentation costs the GPU). A step whose host
+issued it for longer than the spin (or that waited for the device) is left out.
+
 Prints a table of median milliseconds per step and writes DIR/profile_stages.json. A step that
 costs more alone than its share of the feed's batch time is where to look first.
 """
@@ -47,7 +53,11 @@ def timer(xp, iters):
     sync = (lambda: None) if xp is np else xp.cuda.runtime.deviceSynchronize
     table = {}
 
-    def run(name, fn, queued=False):
+    def run(name, fn, queued=False, alone=False):
+        if alone:
+            if xp is not np:
+                gpu_alone(xp, name, fn, iters, table)
+            return
         fn()
         sync()
         if queued:
@@ -71,6 +81,36 @@ def timer(xp, iters):
         print(f"  {name:42s} {table[name]:9.3f} ms", flush=True)
 
     return run, table
+
+
+SPIN_S = 0.1  # the spin kernel's seconds ahead of the timed calls ("GPU alone")
+
+
+def gpu_alone(xp, name, fn, iters, table, rounds=3):
+    """The GPU's ms per call of ``fn`` alone: ``iters`` calls queued behind a spin kernel of
+    ``SPIN_S`` seconds, timed by events around them (median of ``rounds``); a round whose
+    host took longer than the spin to queue them is dropped (the events would count its gaps)."""
+    spin = xp.RawKernel(r"""extern "C" __global__ void avp_spin(long long cycles) {
+        long long t0 = clock64(); while (clock64() - t0 < cycles) {} }""", "avp_spin")
+    khz = xp.cuda.Device().attributes["ClockRate"]  # the SM clock's peak: the spin is >= SPIN_S
+    fn()
+    xp.cuda.runtime.deviceSynchronize()
+    got = []
+    for _ in range(rounds):
+        spin((1,), (1,), (np.int64(SPIN_S * khz * 1e3),))
+        e0, e1 = xp.cuda.Event(), xp.cuda.Event()
+        t0 = time.perf_counter()
+        e0.record()
+        for _ in range(iters):
+            fn()
+        e1.record()
+        host = time.perf_counter() - t0
+        e1.synchronize()
+        if host < 0.8 * SPIN_S:
+            got.append(xp.cuda.get_elapsed_time(e0, e1) / iters)
+    ms = round(float(np.median(got)), 3) if got else None
+    table[f"{name}, GPU alone"] = ms
+    print(f"  {name:42s} {ms if ms is not None else '(host behind)':>9} ms GPU alone", flush=True)
 
 
 def rnnt(args, xp, run):
@@ -115,6 +155,44 @@ def rnnt(args, xp, run):
                                                      seed=123), queued=True)
     run("rnnt: SpecAugment", lambda: aug.spec_augment(feats, fl_h, seed=0, epoch=1, ids=ids,
                                                       **SPEC_AUGMENT), queued=True)
+    # the GPU's own time of each step, and of the whole collate with and without augmentation
+    run("rnnt: speed perturbation (resample)", lambda: aug.apply_speed_perturb(
+        x, lens, params, sample_rate=SR, quality="fast"), alone=True)
+    run("rnnt: log-mel with dither", lambda: log_mel(y, ylens, preset="nemo", training=True,
+                                                     seed=123), alone=True)
+    run("rnnt: SpecAugment", lambda: aug.spec_augment(feats, fl_h, seed=0, epoch=1, ids=ids,
+                                                      **SPEC_AUGMENT), alone=True)
+    for aug_on in (True, False):
+        run(f"rnnt: collate, {'with' if aug_on else 'without'} augmentation",
+            _collate_step(xp, x, lens, aug_on), alone=True)
+
+
+def _collate_step(xp, x, lens, aug_on):
+    """One ``RnntTask.collate`` of the padded batch ``x`` (its rows as the GPU loader hands
+    them, or host rows on the CPU) a call, new ids each call, with or without the training
+    augmentation."""
+    import types
+
+    from avpipe.device import resolve_device
+    from avpipe.recipes import rnnt as R
+
+    B = x.shape[0]
+    task = R.RnntTask(preset="nemo", training=True, sample_rate=SR, seed=0,
+                      device=resolve_device("cpu" if xp is np else "cuda"),
+                      speed_perturb=(0.85, 1.15) if aug_on else None,
+                      spec_augment=R.SPEC_AUGMENT if aug_on else None, batch_size=B)  # fmt: skip
+    items = [types.SimpleNamespace(text="x", path=f"item{r}", duration=lens[r] / SR, offset=0)
+             for r in range(B)]  # fmt: skip
+    step = [0]
+
+    def collate():
+        step[0] += 1
+        ids = (np.arange(B) + step[0] * B).tolist()
+        rows = ([x[r, : int(lens[r])] for r in range(B)] if xp is np else
+                [R.LoaderRow(x, r, int(lens[r])) for r in range(B)])  # fmt: skip
+        return task.collate(rows, list(zip(ids, items)), 1, step[0])
+
+    return collate
 
 
 def video(args, xp, run, device):
