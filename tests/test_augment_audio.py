@@ -246,6 +246,10 @@ def test_spec_augment_reference_and_valid_frames(time_width):
                          inplace=True)  # fmt: skip
     assert got is own
     np.testing.assert_array_equal(own, y)
+    frozen = feats.copy()
+    frozen.setflags(write=False)
+    with pytest.raises(ValueError, match="inplace"):
+        A.spec_augment(frozen, lens, seed=7, inplace=True)
 
 
 def test_spec_augment_distributions():
@@ -474,8 +478,8 @@ def test_gpu_ops_equal_cpu():
                           time_masks=8)  # fmt: skip
     np.testing.assert_array_equal(cp.asnumpy(outg), out)
     # in place (one launch writing the masked cells only): the same cells, the same array; a
-    # strided view is copied first (the copy returned); more masks than the one-launch path
-    # takes (its shared memory) go through the table of draws, in place too
+    # strided view is masked as a contiguous copy, copied back; more masks than the one-launch
+    # path takes (its shared memory) go through the table of draws, in place too
     kw = dict(seed=4, adaptive_time_masks=0.05, time_masks=8)
     fg = cp.asarray(feats)
     assert A.spec_augment(fg, fl, inplace=True, **kw) is fg
@@ -483,9 +487,9 @@ def test_gpu_ops_equal_cpu():
     wide = cp.zeros((5, 80, 400), cp.float32)
     wide[:, :, ::2] = cp.asarray(feats)
     view = wide[:, :, ::2]
-    got = A.spec_augment(view, fl, inplace=True, **kw)
-    assert got is not view
-    np.testing.assert_array_equal(cp.asnumpy(got), out)
+    assert A.spec_augment(view, fl, inplace=True, **kw) is view
+    np.testing.assert_array_equal(cp.asnumpy(wide[:, :, ::2]), out)
+    assert not wide[:, :, 1::2].any()  # the cells between untouched
     many = dict(seed=4, time_masks=A.SPEC_FUSED_MAX_MASKS, time_width=2)
     want = A.spec_augment(feats, fl, **many)
     fg = cp.asarray(feats)

@@ -114,18 +114,18 @@ def test_frames_equal_the_reference_exactly(lib, dither, center, launch):
     in every dimension (every index takes its stride loop: taps by 128, frames by 5, items by
     3)."""
     rng = np.random.default_rng(1)
-    B, n, n_fft, hop = 5, 3000, 512, 160
-    lens = np.array([3000, 1777, 100, 0, 2500])
+    B, n, n_fft, hop = 6, 3000, 512, 160
+    lens = np.array([3000, 1777, 100, 0, 2500, 3000])
     x = rng.standard_normal((B, n)).astype(np.float32)
     x[1, 1777:] = 9.0  # junk past a length is never read
     noise = rng.standard_normal((B, n)).astype(np.float32) if dither else None
     pad = n_fft // 2 if center else 0
     T = int(C.stft_frame_lengths([n], n_fft=n_fft, hop_length=hop, center=center)[0])
-    # valid frames: the "floor_plus_one" rule (every frame of a centred STFT), one item's past
-    # T (clipped there)
+    # valid frames: the "floor_plus_one" rule (every frame of a centred STFT); the first and
+    # the last item's past T (clipped there: the last one's would land past the packed rows)
     fl = (lens // hop + 1).astype(np.int64)
     fl[3] = 0
-    fl[0] = T + 3
+    fl[0] = fl[5] = T + 3
     off, R = K.packed_rows(fl, T)
     nv = np.minimum(fl, T)
     assert R == int(nv.sum()) and list(off) == [0, *np.cumsum(nv)[:-1]]

@@ -153,6 +153,12 @@ def test_standard_normal_with_lengths_draws_each_rows_first_elements():
     with pytest.raises(ValueError, match="lengths"):
         R.standard_normal(5, "dither", 301, lengths=[1])
 
+    class DeviceArray:  # lengths on a device: refused by name, not by numpy's conversion
+        pass
+
+    with pytest.raises(TypeError, match="lengths must be host"):
+        R.standard_normal(5, "dither", (4, 301), lengths=DeviceArray())
+
 
 @pytest.mark.parametrize("inl", [False, True])
 @pytest.mark.parametrize("grid", [(None, None), (2, 3)])

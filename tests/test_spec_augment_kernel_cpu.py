@@ -183,6 +183,106 @@ def test_fused_kernel_equals_the_sampler_and_the_masks(lib, kf, kt, time_width, 
     np.testing.assert_array_equal(out[3], x[3])  # an empty item is untouched
 
 
+THREADED_PRELUDE = r"""
+#include <math.h>
+#include <pthread.h>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+struct Dim3 { unsigned x, y, z; };
+static thread_local Dim3 threadIdx;
+static Dim3 blockIdx, blockDim, gridDim;
+static pthread_barrier_t block_barrier;
+static inline void __syncthreads() { pthread_barrier_wait(&block_barrier); }
+"""
+
+THREADED_LAUNCHER = r"""
+struct FusedArgs {
+    const float* x; float* out; int copy; const long long* ids; const long long* lens;
+    long long B; int kf, kt; long long n_mels, fcap; double time_width; int frac;
+    double adaptive; unsigned fk0, fk1, tk0, tk1, epoch; long long T; float value;
+    unsigned tid;
+};
+static void* fused_thread(void* p) {
+    const FusedArgs& a = *(const FusedArgs*)p;
+    threadIdx = {a.tid, 0, 0};
+    AvpTable tab = {};
+    avpipe_spec_augment_fused(a.x, a.out, a.copy, a.ids, a.lens, a.B, a.kf, a.kt, a.n_mels,
+                              a.fcap, a.time_width, a.frac, a.adaptive, a.fk0, a.fk1, a.tk0,
+                              a.tk1, a.epoch, a.T, a.value, tab, 0);
+    return nullptr;
+}
+// each block's `threads` threads run as real threads meeting at __syncthreads; the blocks
+// (gy rows x gz items, fewer than the batch's: each block takes several in turn) one by one
+extern "C" int fused_threads(unsigned threads, unsigned gy, unsigned gz, FusedArgs a) {
+    gridDim = {1, gy, gz}; blockDim = {threads, 1, 1};
+    if (pthread_barrier_init(&block_barrier, nullptr, threads)) return 1;
+    FusedArgs args[256];
+    pthread_t ids[256];
+    for (unsigned z = 0; z < gz; ++z) for (unsigned y = 0; y < gy; ++y) {
+        blockIdx = {0, y, z};
+        for (unsigned i = 0; i < threads; ++i) {
+            args[i] = a; args[i].tid = i;
+            if (pthread_create(&ids[i], nullptr, fused_thread, &args[i])) return 1;
+        }
+        for (unsigned i = 0; i < threads; ++i) pthread_join(ids[i], nullptr);
+    }
+    return pthread_barrier_destroy(&block_barrier);
+}
+"""
+
+
+@pytest.mark.parametrize("threads", [3, 8])
+def test_fused_kernel_with_real_threads_and_barriers(tmp_path, threads):
+    """The one-launch kernel with several threads a block, run as real threads meeting at
+    __syncthreads: more masks than threads (each thread draws several), blocks taking several
+    rows and items in turn (the shared tables rewritten between rows), in place: equal to the
+    sampler + masks exactly."""
+
+    class Args(ctypes.Structure):
+        _fields_ = [("x", ctypes.c_void_p), ("out", ctypes.c_void_p), ("copy", ctypes.c_int),
+                    ("ids", ctypes.c_void_p), ("lens", ctypes.c_void_p),
+                    ("B", ctypes.c_longlong), ("kf", ctypes.c_int), ("kt", ctypes.c_int),
+                    ("n_mels", ctypes.c_longlong), ("fcap", ctypes.c_longlong),
+                    ("time_width", ctypes.c_double), ("frac", ctypes.c_int),
+                    ("adaptive", ctypes.c_double), ("fk0", ctypes.c_uint),
+                    ("fk1", ctypes.c_uint), ("tk0", ctypes.c_uint), ("tk1", ctypes.c_uint),
+                    ("epoch", ctypes.c_uint), ("T", ctypes.c_longlong),
+                    ("value", ctypes.c_float), ("tid", ctypes.c_uint)]  # fmt: skip
+
+    with open(A.SPEC_AUGMENT_KERNEL) as f:
+        source = (THREADED_PRELUDE + D.TABLE_CUDA + R.PHILOX_FUNCTION + f.read()
+                  + THREADED_LAUNCHER)  # fmt: skip
+    lib = build(source, tmp_path, flags=("-pthread",))
+    rng = np.random.default_rng(5)
+    B, F, T, kf, kt = 5, 12, 37, 3, 9
+    x = rng.standard_normal((B, F, T)).astype(np.float32)
+    ids = np.array([4, 0, 2**33, 7, 1], np.int64)
+    lens = np.array([37, 20, 0, 5, 36], np.int64)
+    want = A.sample_spec_augment_params(9, 1, ids, lens, F, freq_masks=kf, freq_width=4,
+                                        time_masks=kt, time_width=0.2)  # fmt: skip
+    ref = A.apply_spec_augment(x, lens, want, mask_value=0.0)
+    checked = A._spec_settings(F, kf, 4, kt, 0.2, None)
+    sc = A._spec_draw_scalars(9, 1, F, *checked, "spec_augment")
+    out = x.copy()
+    a = Args(out.ctypes.data, out.ctypes.data, 0, ids.ctypes.data, lens.ctypes.data, B,
+             *[v.item() for v in sc], T, 0.0, 0)  # fmt: skip
+    lib.fused_threads.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, Args]
+    assert lib.fused_threads(threads, 5, 2, a) == 0  # the threads and barrier were made
+    np.testing.assert_array_equal(out, ref)
+    assert (out != x).any()
+
+
+def test_fused_mask_limit_is_the_kernels():
+    """The host's limit on the one-launch path is the kernel's shared-memory size."""
+    import re
+
+    with open(A.SPEC_AUGMENT_KERNEL) as f:
+        m = re.search(r"#define AVPIPE_SPEC_MAX_MASKS (\d+)", f.read())
+    assert m and int(m.group(1)) == A.SPEC_FUSED_MAX_MASKS
+
+
 def test_kernel_compiles_for_the_gpu(tmp_path):
     with open(A.SPEC_AUGMENT_KERNEL) as f:
         text = ptx(D.TABLE_CUDA + R.PHILOX_FUNCTION + f.read(), tmp_path)

@@ -149,8 +149,8 @@ def log_mel(x, lens_host, fl_host, T, cfg, noise):
     x = cupy.ascontiguousarray(x)
     fl_host = np.asarray(fl_host, np.int64)
     # the valid frames only, packed (item b's at rows off[b] ..): a padded batch's frames past
-    # each length are never computed, transformed or multiplied (random 2-16 s utterances
-    # padded to the longest hold about twice their valid frames)
+    # each length are never computed, transformed or multiplied (a batch of random 2-16 s
+    # utterances padded to its longest holds about 1.7 times its valid frames)
     off_host, R = packed_rows(fl_host, T)
     lens, fl, off = upload_many(cupy, [np.asarray(lens_host, np.int64), fl_host,
                                        off_host])  # one copy, not waited for

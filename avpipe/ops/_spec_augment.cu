@@ -1,7 +1,9 @@
-// SpecAugment on a GPU: the masks' draws (one thread per item) and their application (one
-// thread per cell). The numpy references are sample_spec_augment_params and
-// apply_spec_augment in avpipe/ops/audio_augment.py; both kernels equal them exactly. The
-// source is compiled after ops.random's PHILOX_FUNCTION (avpipe_philox).
+// SpecAugment on a GPU: the masks' draws into a table (one thread per item), their
+// application from a table (one thread per cell), and both in one launch (a block per feature
+// row drawing its item's masks into shared memory). The numpy references are
+// sample_spec_augment_params and apply_spec_augment in avpipe/ops/audio_augment.py; the
+// kernels equal them exactly. The source is compiled after ops.random's PHILOX_FUNCTION
+// (avpipe_philox).
 //
 // A mask parameter table holds per item b, at p + b * ld: kf frequency-mask starts, kf widths,
 // kt time-mask starts, kt widths (int64).

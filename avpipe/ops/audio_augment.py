@@ -681,10 +681,16 @@ def _spec_fused(cupy, x, seed, epoch, ids, lengths, kf, F, kt, time_width, adapt
                 stream, mask_value, inplace):  # fmt: skip
     """Draws and masks in one launch (``avpipe_spec_augment_fused``) on the float32 cupy
     ``x [B, n_mels, T]`` for checked settings, host ``ids`` and ``lengths`` (frames) in the
-    launch's own table where they fit. ``inplace``: only the masked cells of ``x`` are
-    written (where ``x`` is contiguous), else a new array."""
-    if not x.flags.c_contiguous:
-        x, inplace = cupy.ascontiguousarray(x), True  # a copy of our own: mask it in place
+    launch's own table where they fit. ``inplace``: ``x`` itself is masked and returned (only
+    its masked cells written; a strided ``x`` is masked as a contiguous copy, copied back),
+    else a new array."""
+    if not x.flags.c_contiguous:  # a contiguous copy of our own, masked in place
+        own = _spec_fused(cupy, cupy.ascontiguousarray(x), seed, epoch, ids, lengths, kf, F, kt,
+                          time_width, adaptive_time_masks, stream, mask_value, True)
+        if not inplace:
+            return own
+        x[...] = own
+        return x
     B, n_mels, T = x.shape
     out = x if inplace else cupy.empty_like(x)
     ids = as_ids(ids, len(ids), np)
@@ -750,10 +756,14 @@ def spec_augment(features, lengths=None, *, freq_masks=2, freq_width=27, time_ma
     length))``). Draws keyed by ``(seed, epoch, ids)`` (``ids`` default ``arange(B)``): the same
     seed gives the same masks on CPU and GPU. ``return_params``: also the mask positions
     (:func:`sample_spec_augment_params`; replay with :func:`apply_spec_augment`).
-    ``inplace``: mask ``features`` itself and return it (on a GPU only the masked cells are
-    written; a non-contiguous array is copied first, and the copy returned)."""
+    ``inplace``: mask ``features`` itself and return it (on a GPU, float32 and contiguous,
+    only the masked cells are written; a read-only array is refused)."""
     xp = array_module(features)
     B, F, T = features.shape
+    if inplace and xp is np and not (isinstance(features, np.ndarray)
+                                     and features.flags.writeable):  # fmt: skip
+        raise ValueError("inplace=True needs a writeable features array, got a read-only "
+                         f"{type(features).__name__}")
     lens = _lengths(lengths, B, T)
     kw = dict(freq_masks=freq_masks, freq_width=freq_width, time_masks=time_masks,
               time_width=time_width, adaptive_time_masks=adaptive_time_masks,
@@ -775,7 +785,7 @@ def spec_augment(features, lengths=None, *, freq_masks=2, freq_width=27, time_ma
         return (out, _spec_params_of(table, kf, kt)) if return_params else out
     params = sample_spec_augment_params(seed, epoch, _host_ids(features, ids), lens, F, **kw)
     out = apply_spec_augment(features, lens, params, mask_value=mask_value)
-    if inplace and xp is np and isinstance(features, np.ndarray) and features.flags.writeable:
+    if inplace and out is not features:  # (the CPU, or a GPU array not float32)
         features[...] = out
         out = features
     if return_params:

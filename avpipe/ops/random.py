@@ -483,6 +483,9 @@ def standard_normal(seed, stream, shape, *, lengths=None, xp=np):
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
     k0, k1 = stream_key(seed, stream)
     if lengths is not None:
+        if not isinstance(lengths, (np.ndarray, list, tuple, range)):
+            raise TypeError(f"lengths must be host integers (a list or a numpy array), got "
+                            f"{type(lengths).__name__}")
         lens = np.asarray(lengths, np.int64).reshape(-1)
         if len(shape) != 2 or lens.shape[0] != shape[0]:
             raise ValueError(f"lengths must give one length per row of a 2-D shape, got "
