@@ -533,7 +533,15 @@ def apply_spec_augment(features, lengths, params, *, mask_value=0.0):
     B, F, T = x.shape
     if xp is not np and x.dtype == xp.float32 and x.size:
         return _spec_augment_kernel(xp, x, _lengths(lengths, B, T), params, mask_value)
-    lens = xp.asarray(_lengths(lengths, B, T))[:, None]
+    m = _spec_cells(xp, x.shape, _lengths(lengths, B, T), params)
+    return xp.where(m, xp.asarray(mask_value, dtype=x.dtype), x)
+
+
+def _spec_cells(xp, shape, lens_host, params):
+    """The masked cells of a ``[B, F, T]`` batch: boolean ``[B, F, T]`` (the array-module
+    reference of the kernels)."""
+    B, F, T = shape
+    lens = xp.asarray(lens_host)[:, None]
     f = xp.arange(F)[None, None, :]
     t = xp.arange(T)[None, None, :]
     fs = on(xp, params["freq_start"], xp.int64)[:, :, None]
@@ -543,8 +551,7 @@ def apply_spec_augment(features, lengths, params, *, mask_value=0.0):
     fmask = ((f >= fs) & (f < fs + fw)).any(axis=1)  # [B, F]
     valid = xp.arange(T)[None, :] < lens  # [B, T]
     tmask = ((t >= ts) & (t < xp.minimum(ts + tw, lens[:, :, None]))).any(axis=1) & valid
-    m = (fmask[:, :, None] & valid[:, None, :]) | tmask[:, None, :]
-    return xp.where(m, xp.asarray(mask_value, dtype=x.dtype), x)
+    return (fmask[:, :, None] & valid[:, None, :]) | tmask[:, None, :]
 
 
 SPEC_AUGMENT_KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_spec_augment.cu")
@@ -784,10 +791,11 @@ def spec_augment(features, lengths=None, *, freq_masks=2, freq_width=27, time_ma
             out = features
         return (out, _spec_params_of(table, kf, kt)) if return_params else out
     params = sample_spec_augment_params(seed, epoch, _host_ids(features, ids), lens, F, **kw)
-    out = apply_spec_augment(features, lens, params, mask_value=mask_value)
-    if inplace and out is not features:  # (the CPU, or a GPU array not float32)
-        features[...] = out
+    if inplace:  # (the CPU, or a GPU array not float32): the masked cells alone written
+        features[_spec_cells(xp, features.shape, lens, params)] = mask_value
         out = features
+    else:
+        out = apply_spec_augment(features, lens, params, mask_value=mask_value)
     if return_params:
         return out, {k: xp.asarray(v) for k, v in params.items()}
     return out
