@@ -19,6 +19,26 @@ static Dim3 threadIdx, blockIdx, blockDim;
 """
 
 
+# C++ stand-ins for CUDA's keywords and launch indices for kernels that synchronize: threadIdx
+# is per thread (thread_local), so a launcher can run a block's threads as real threads meeting
+# at __syncthreads (a barrier of blockDim.x: block_barrier, initialized by the launcher), the
+# block's __shared__ buffers statics they share (the launcher runs the blocks one after
+# another). Build with flags=("-pthread",).
+THREADS_PRELUDE = r"""
+#include <math.h>
+#include <pthread.h>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+struct Dim3 { unsigned x, y, z; };
+static thread_local Dim3 threadIdx;
+static Dim3 blockIdx, blockDim, gridDim;
+static pthread_barrier_t block_barrier;
+static inline void __syncthreads() { pthread_barrier_wait(&block_barrier); }
+"""
+
+
 def build(source: str, folder, *, flags=()):
     """``source`` (C++: a prelude standing in for CUDA's keywords, the kernels, extern "C"
     launchers) compiled with g++ / clang++ (-O2 -Wall -Werror, then ``flags``) into a shared

@@ -12,28 +12,16 @@ import ctypes
 
 import numpy as np
 import pytest
-from cpp_kernels import build, ptx
+from cpp_kernels import THREADS_PRELUDE, build, ptx
 
 from avpipe.ops import _audio_core as C
 from avpipe.ops import _log_mel as K
 from avpipe.ops.audio import NEMO
 
-# C++ stand-ins for CUDA's keywords and launch indices. threadIdx is per thread (thread_local):
-# the finish launcher runs a block's threads as real threads that meet at __syncthreads (a
-# barrier of blockDim.x), with the block's __shared__ buffer a static that they share (the
-# launchers run the blocks one after another); the frames kernel does not synchronize, so its
-# launcher runs a block's threads one after another.
-PRELUDE = r"""
-#include <math.h>
-#include <pthread.h>
-#define __global__
-#define __device__
-#define __shared__ static
-struct Dim3 { unsigned x, y, z; };
-static thread_local Dim3 threadIdx;
-static Dim3 blockIdx, blockDim, gridDim;
-static pthread_barrier_t block_barrier;
-static inline void __syncthreads() { pthread_barrier_wait(&block_barrier); }
+# The threads' stand-ins (cpp_kernels.THREADS_PRELUDE): the finish launcher runs a block's
+# threads as real threads meeting at __syncthreads; the frames kernel does not synchronize,
+# so its launcher runs a block's threads one after another. Plus CUDA's rounding intrinsics.
+PRELUDE = THREADS_PRELUDE + r"""
 static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
 static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }

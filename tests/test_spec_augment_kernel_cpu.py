@@ -10,7 +10,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from cpp_kernels import TablesOn, build, ptx
+from cpp_kernels import THREADS_PRELUDE, TablesOn, build, ptx
 
 from avpipe import device as D
 from avpipe.ops import audio_augment as A
@@ -183,20 +183,6 @@ def test_fused_kernel_equals_the_sampler_and_the_masks(lib, kf, kt, time_width, 
     np.testing.assert_array_equal(out[3], x[3])  # an empty item is untouched
 
 
-THREADED_PRELUDE = r"""
-#include <math.h>
-#include <pthread.h>
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static
-struct Dim3 { unsigned x, y, z; };
-static thread_local Dim3 threadIdx;
-static Dim3 blockIdx, blockDim, gridDim;
-static pthread_barrier_t block_barrier;
-static inline void __syncthreads() { pthread_barrier_wait(&block_barrier); }
-"""
-
 THREADED_LAUNCHER = r"""
 struct FusedArgs {
     const float* x; float* out; int copy; const long long* ids; const long long* lens;
@@ -252,7 +238,7 @@ def test_fused_kernel_with_real_threads_and_barriers(tmp_path, threads):
                     ("value", ctypes.c_float), ("tid", ctypes.c_uint)]  # fmt: skip
 
     with open(A.SPEC_AUGMENT_KERNEL) as f:
-        source = (THREADED_PRELUDE + D.TABLE_CUDA + R.PHILOX_FUNCTION + f.read()
+        source = (THREADS_PRELUDE + D.TABLE_CUDA + R.PHILOX_FUNCTION + f.read()
                   + THREADED_LAUNCHER)  # fmt: skip
     lib = build(source, tmp_path, flags=("-pthread",))
     rng = np.random.default_rng(5)
