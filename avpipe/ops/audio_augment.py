@@ -687,8 +687,8 @@ def _spec_apply_kernel(cupy, x, lens, table, kf, kt, mask_value):
 def _spec_fused(cupy, x, seed, epoch, ids, lengths, kf, F, kt, time_width, adaptive_time_masks,
                 stream, mask_value, inplace):  # fmt: skip
     """Draws and masks in one launch (``avpipe_spec_augment_fused``) on the float32 cupy
-    ``x [B, n_mels, T]`` for checked settings, host ``ids`` and ``lengths`` (frames) in the
-    launch's own table where they fit. ``inplace``: ``x`` itself is masked and returned (only
+    ``x [B, n_mels, T]`` for checked settings and checked host int64 ``ids`` and ``lengths``
+    (frames) ``[B]`` (:func:`spec_augment`'s), in the launch's own table where they fit. ``inplace``: ``x`` itself is masked and returned (only
     its masked cells written; a strided ``x`` is masked as a contiguous copy, copied back),
     else a new array."""
     if not x.flags.c_contiguous:  # a contiguous copy of our own, masked in place
@@ -700,12 +700,7 @@ def _spec_fused(cupy, x, seed, epoch, ids, lengths, kf, F, kt, time_width, adapt
         return x
     B, n_mels, T = x.shape
     out = x if inplace else cupy.empty_like(x)
-    ids = as_ids(ids, len(ids), np)
-    lens = np.asarray(lengths, np.int64).reshape(-1)
-    if ids.shape[0] != B or lens.shape[0] != B:
-        raise ValueError(f"ids and lengths must have one entry per item ({B}), got "
-                         f"{ids.shape[0]} and {lens.shape[0]}")
-    tab, inl, (ids_a, lens_a) = table_args(cupy, [ids, lens])
+    tab, inl, (ids_a, lens_a) = table_args(cupy, [ids, lengths])
     fused = _spec_kernels(x.device.id)[2]
     fused((1, min(n_mels, 65535), min(B, 65535)), (128,),
           (x, out, np.int32(not inplace), ids_a, lens_a, np.int64(B),
