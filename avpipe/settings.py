@@ -5,7 +5,7 @@ may change it between calls. Grammar:
 
 * booleans: ``1``/``0``, ``true``/``false``, ``on``/``off``, ``yes``/``no`` (any case,
   surrounding spaces ignored); unset or empty means the default;
-* integers and floats: a number in the stated range;
+* integers and floats: a number in the stated range (``auto`` too where the table says so);
 * anything else raises ``ValueError`` naming the variable and the value.
 
 =============================== ======= ================================================================
@@ -15,7 +15,8 @@ variable                        default meaning
 ``AVPIPE_IMAGE_KERNELS``        on      image ops and augmentations use fused CUDA kernels (off: cupy ops)
 ``AVPIPE_NVDEC_PACKETS``        auto    NVDEC packet path: auto (H.264/HEVC in MP4/MOV), on (also
                                         other containers, PyNvVideoCodec's demuxer), off
-``AVPIPE_NVDEC_CHUNK``          16      packets per NVDEC ``Decode`` call on the packet path (>= 1)
+``AVPIPE_NVDEC_CHUNK``          auto    packets per NVDEC ``Decode`` call on the packet path (>= 1;
+                                        auto: as many as 32 MiB of frames hold, 16 to 64)
 ``AVPIPE_NVDEC_DLPACK``         off     read NVDEC frames through DLPack instead of plane pointers
 ``AVPIPE_FLAC_WINDOW``          256     files per GPU FLAC decode launch (>= 1)
 ``AVPIPE_VIDEO_SCAN_AHEAD``     2       processes reading MP4/MOV sample tables ahead of the video
@@ -140,9 +141,19 @@ def nvdec_packets() -> str:
         ) from None
 
 
-def nvdec_chunk() -> int:
-    """``AVPIPE_NVDEC_CHUNK``: packets per ``Decode`` call on the NVDEC packet path."""
-    return env_int("AVPIPE_NVDEC_CHUNK", 16, minimum=1)
+def nvdec_chunk() -> int | None:
+    """``AVPIPE_NVDEC_CHUNK``: packets per ``Decode`` call on the NVDEC packet path; None
+    (unset, empty or ``auto``): the packet path picks by frame size."""
+    v = _raw("AVPIPE_NVDEC_CHUNK")
+    if v is not None and v.lower() == "auto":
+        return None
+    try:
+        return env_int("AVPIPE_NVDEC_CHUNK", None, minimum=1)
+    except ValueError:
+        raise ValueError(
+            "AVPIPE_NVDEC_CHUNK must be auto or an integer >= 1, "
+            f"got {os.environ.get('AVPIPE_NVDEC_CHUNK')!r}"
+        ) from None
 
 
 def nvdec_dlpack() -> bool:

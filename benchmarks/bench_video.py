@@ -6,7 +6,8 @@ RGB -> short side 224 (bilinear) -> center crop 224 -> ImageNet-normalized fp16 
 * avpipe_clip_cps — avpipe.pipeline.clips.ClipFeed: VideoDecoder (NVDEC packet path: only the
   packets a clip needs, read from the MP4 by position; NV12 + our RGB kernel; a session per
   thread) + samplers.sample_random_clips + ops.image.resize_crop_normalize. avpipe_simple_clip_cps: the same through PyNvVideoCodec's
-  SimpleDecoder (AVPIPE_NVDEC_PACKETS=0); avpipe_packets_chunk1_clip_cps: one packet per Decode.
+  SimpleDecoder (AVPIPE_NVDEC_PACKETS=0); avpipe_packets_chunk1_clip_cps / _chunk16_: one / 16
+  packets per Decode (the default here is 64).
   Cold contenders: avpipe_cold_clip_cps runs on 512+ distinct paths (hard links to the files), so
   every open in a pass misses the 256-entry scan cache (what a dataset of more than a few hundred
   videos sees); avpipe_nocache_clip_cps switches the scan cache off. avpipe_clip_cps and
@@ -450,7 +451,8 @@ def _with_env(bench, **env):
 
 
 BENCHES = {
-    # the default: the NVDEC packet path (MP4 packets read by position, chunks of 16 per Decode)
+    # the default: the NVDEC packet path (MP4 packets read by position, a native-latency session
+    # fed 16-64 packets per Decode by frame size: 64 here)
     "avpipe_clip_cps": _nvdec_utilisation(bench_avpipe),
     # cold: 512+ distinct paths (every open misses the scan cache), and the cache switched off
     "avpipe_cold_clip_cps": _cold(bench_avpipe),
@@ -459,6 +461,8 @@ BENCHES = {
     "avpipe_simple_clip_cps": _with_env(bench_avpipe, AVPIPE_NVDEC_PACKETS="0"),
     # the packet path with one packet per Decode call (each picture comes out at the next call)
     "avpipe_packets_chunk1_clip_cps": _with_env(bench_avpipe, AVPIPE_NVDEC_CHUNK="1"),
+    # ... and with 16 packets per call (the default before 2026-12-03's sixteenth session)
+    "avpipe_packets_chunk16_clip_cps": _with_env(bench_avpipe, AVPIPE_NVDEC_CHUNK="16"),
     "pynvc_clip_cps": _nvdec_utilisation(bench_pynvc),
     # both timed pass by pass, with a barrier every 32 clips (as anchors.py times its clips)
     "avpipe_clip_passes_cps": _passes(bench_avpipe),

@@ -154,3 +154,117 @@ def test_frames_nvdec_did_not_deliver_come_from_pyav(video, monkeypatch, layout)
     np.testing.assert_array_equal(got.data, want if layout == "HWC" else np.moveaxis(want, -1, 1))
     assert d.backend == "nvdec"
     d.close()
+
+
+class _Stream:
+    def __init__(self, log=None):
+        self.log = [] if log is None else log
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def synchronize(self):
+        self.log.append("sync")
+
+
+class _OrderedPackets:
+    """A packet decoder whose display-order sessions hand out too few pictures on ``bad``
+    files; decode order works, except on ``short`` files, where it yields the first target
+    only."""
+
+    def __init__(self, bad, short=()):
+        self.bad, self.short, self.calls, self.log = bad, set(short), [], []
+
+    def frames(self, path, scan, targets, *, in_display_order=True):
+        self.calls.append((path, in_display_order))
+        self.log.append(("frames", in_display_order))
+        if in_display_order and path in self.bad:  # every target out, then the count fails
+            for t in targets:
+                yield t, ("frame", t, in_display_order)
+            raise nv.DisplayOrderError("40 packets gave 38 pictures")
+        for t in targets[: 1 if path in self.short else None]:  # short: the first target only
+            yield t, ("frame", t, in_display_order)
+
+
+def _packet_backend(path, monkeypatch, pd):
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "cupy", _FakeCupy)
+    monkeypatch.setattr(nv, "thread_packet_decoder", lambda gpu, stream: pd)
+    b = object.__new__(nv.NvdecBackend)
+    b.scan = types.SimpleNamespace(source_name=path)
+    b.device = types.SimpleNamespace(index=0)
+    b._source = types.SimpleNamespace(path=path)
+    b._stream, b._stream_ptr = _Stream(pd.log), 0
+    b.packet_path, b._packet_failure = True, None  # _display_order: the class's default
+    b.written = []
+    b._write = lambda frame, rows, output, chw, out: b.written.append((frame, rows))
+    return b
+
+
+def test_a_file_display_order_fails_on_goes_in_decode_order(monkeypatch):
+    """The packet path asks for display order (native latency); a file on which that session's
+    pictures do not add up is served in decode order, that request and every later one, with
+    every target written from the decode-order pass; other files keep display order."""
+    pd = _OrderedPackets(bad={"cra.mp4"})
+    monkeypatch.setattr(nv, "_packet_path", {"enabled": True, "why_off": None, "failures": 0})
+    bad = _packet_backend("cra.mp4", monkeypatch, pd)
+    targets, slots = [3, 7, 11], [[0], [1], [2, 3]]
+    assert bad._decode_packets(targets, "rgb", False, None, slots) == []
+    assert pd.calls == [("cra.mp4", True), ("cra.mp4", False)]
+    # the dropped session's frames are read (the stream synchronized) before the retry
+    assert pd.log[:3] == [("frames", True), "sync", ("frames", False)]
+    assert bad.packet_path and not bad._display_order
+    last = {rows[0]: frame for frame, rows in bad.written}  # the retry wrote every target again
+    assert [last[r][2] for r in (0, 1, 2)] == [False, False, False]
+    assert bad._packet_failure is None  # served: nothing counts against the packet path
+    assert bad._decode_packets([5], "rgb", False, None, [[0]]) == []
+    assert pd.calls[-1] == ("cra.mp4", False)  # no second try in display order
+    good = _packet_backend("ok.mp4", monkeypatch, pd)
+    assert good._decode_packets(targets, "rgb", False, None, slots) == []
+    assert pd.calls[-1] == ("ok.mp4", True) and good._display_order
+    assert good._packet_failure is None
+
+
+def test_a_decode_order_retry_short_of_targets_is_not_served(monkeypatch):
+    """Frames written by the failed display-order pass do not count: the retry must deliver
+    every target itself, else the request leaves the packet path."""
+    pd = _OrderedPackets(bad={"cra.mp4"}, short={"cra.mp4"})
+    b = _packet_backend("cra.mp4", monkeypatch, pd)
+    assert b._decode_packets([3, 7, 11], "rgb", False, None, [[0], [1], [2]]) is None
+    assert not b.packet_path and b._packet_failure == "delivered 1 of 3 frames"
+
+
+def test_decode_order_failing_too_leaves_the_packet_path_for_the_file(monkeypatch):
+    class Never(_OrderedPackets):
+        def frames(self, path, scan, targets, *, in_display_order=True):
+            self.calls.append((path, in_display_order))
+            if in_display_order:
+                raise nv.DisplayOrderError("packets gave 0 pictures")
+            raise nv.PacketPathError("packets gave 0 pictures")
+            yield  # pragma: no cover
+
+    pd = Never(bad=set())
+    b = _packet_backend("x.mp4", monkeypatch, pd)
+    assert b._decode_packets([1], "rgb", False, None, [[0]]) is None
+    assert pd.calls == [("x.mp4", True), ("x.mp4", False)] and not b.packet_path
+
+
+def test_other_packet_path_refusals_are_not_retried(monkeypatch):
+    """A refusal that is not about display order (a short file, the demuxer's order) leaves the
+    packet path for the file at once, with no decode-order pass."""
+
+    class Refuses(_OrderedPackets):
+        def frames(self, path, scan, targets, *, in_display_order=True):
+            self.calls.append((path, in_display_order))
+            raise nv.PacketPathError("the file is shorter than its packet index")
+            yield  # pragma: no cover
+
+    pd = Refuses(bad=set())
+    b = _packet_backend("x.mp4", monkeypatch, pd)
+    assert b._decode_packets([1], "rgb", False, None, [[0]]) is None
+    assert pd.calls == [("x.mp4", True)] and not b.packet_path and b._display_order

@@ -18,14 +18,16 @@ from avpipe.decoding.video._scan import _scan_stream
 
 
 class FakeNvc:
-    """Demuxer over PyAV packets (decode order); a zero-latency decoder: one frame per picture
-    fed, returned by the call that fed it, labelled with its packet's pts."""
+    """Demuxer over PyAV packets (decode order); a decoder with one frame per picture fed,
+    labelled with its packet's pts: at zero latency in decode order (demuxer-fed: returned by
+    the call that fed it; from memory: when the next picture starts), at native latency in
+    display order, ``delay`` pictures late; the rest at the end-of-stream flush."""
 
     class VideoPacketFlag:
         ENDOFPICTURE, ENDOFSTREAM = 4, 1
 
     class DisplayDecodeLatencyType:
-        ZERO = 2
+        NATIVE, ZERO = 0, 2
 
     class cudaVideoCodec:  # noqa: N801
         H264, HEVC = "H264", "HEVC"
@@ -33,8 +35,11 @@ class FakeNvc:
     class PacketData:
         pass
 
-    def __init__(self, path, shift=0, drop=None, lose_picture=None, extra_picture=False):
+    def __init__(self, path, shift=0, drop=None, lose_picture=None, extra_picture=False, delay=4,
+                 lose_native=None):  # fmt: skip
         self.path, self.shift, self.drop, self.lose_picture = path, shift, drop, lose_picture
+        self.delay = delay
+        self.lose_native = lose_native  # a picture only a native-latency session drops
         self.extra_picture = extra_picture  # the flush gives one picture more than was fed
         self.fed, self.calls, self.flushes = [], [], 0
         self.by_slice = {}  # a picture's first slice (NAL bytes) -> its packet's pts
@@ -63,8 +68,10 @@ class FakeNvc:
         return Dmx()
 
     def CreateDecoder(self, **kw):  # noqa: N802
-        assert kw["latency"] == self.DisplayDecodeLatencyType.ZERO
+        native = kw["latency"] == self.DisplayDecodeLatencyType.NATIVE
+        assert native or kw["latency"] == self.DisplayDecodeLatencyType.ZERO
         fake = self
+        fake.latencies = getattr(fake, "latencies", []) + [kw["latency"]]
 
         class Dec:
             pending = []  # from memory (no ENDOFPICTURE): a picture waits for the next one
@@ -74,19 +81,30 @@ class FakeNvc:
                     assert pkt.decode_flag == fake.VideoPacketFlag.ENDOFSTREAM
                     fake.flushes += 1
                     ps, self_inner.pending = self_inner.pending, []
+                    if native:
+                        ps = sorted(ps)
                     if fake.extra_picture:
                         ps = ps + ps[-1:]
                 elif isinstance(pkt, fake.PacketData):  # from memory: Annex B, pictures in a row
                     assert pkt.bsl_data and getattr(pkt, "decode_flag", 0) == 0
                     slices = _first_slices(ctypes.string_at(pkt.bsl_data, pkt.bsl))
                     fake.calls.append(len(slices))
-                    ps = self_inner.pending + [fake.by_slice[nal] for nal in slices]
-                    ps, self_inner.pending = ps[:-1], ps[-1:]
+                    held = self_inner.pending + [fake.by_slice[nal] for nal in slices]
+                    if native:  # the earliest in display order goes out, `delay` late
+                        ps = []
+                        while len(held) > fake.delay:
+                            held.sort()
+                            ps.append(held.pop(0))
+                        self_inner.pending = held
+                    else:  # decode order, each picture out when the next one starts
+                        ps, self_inner.pending = held[:-1], held[-1:]
                 else:  # from the demuxer: one picture, out at once
                     assert pkt.decode_flag == fake.VideoPacketFlag.ENDOFPICTURE
                     ps = [pkt.pts - fake.shift]
                 if fake.lose_picture is not None and fake.lose_picture in ps:
                     ps.remove(fake.lose_picture)  # a picture NVDEC did not output
+                if native and fake.lose_native in ps:
+                    ps.remove(fake.lose_native)
                 fake.fed.extend(ps)
                 return [("frame", p) for p in ps]
 
@@ -263,3 +281,147 @@ def test_which_streams_take_the_packet_path(clip, monkeypatch):
     assert not use_packet_path(dataclasses.replace(scan, codec="vp9"), path)
     assert not use_packet_path(dataclasses.replace(scan, width=128), path)
     assert not use_packet_path(dataclasses.replace(scan, disposable=None), path)
+
+
+def test_file_fed_sessions_hand_out_display_order_and_demuxed_ones_decode_order(clip, monkeypatch):
+    """File-fed requests go to a native-latency session (pictures out late, in display order);
+    the i-th frame out is the fed packet with the i-th smallest pts. Demuxer-fed ones go to a
+    zero-latency session. A decoder that hands out pictures later still maps every frame."""
+    path, scan = clip
+    lat = FakeNvc.DisplayDecodeLatencyType
+    targets = [3, 7, 11, 15, 19, 22, 26, 30]
+    for delay in (1, 4, 40):
+        fake = FakeNvc(path, delay=delay)
+        monkeypatch.setattr(NP, "pynvc", lambda fake=fake: fake)
+        got = list(NP.PacketDecoder(0, 0).frames(path, scan, targets))
+        assert [i for i, _ in got] == targets  # display order: the targets in order
+        assert all(frame[1] == int(scan.pts[i]) for i, frame in got), delay
+        assert fake.latencies == [lat.NATIVE]
+    # decode order on request (the backend's fallback): a zero-latency session, same frames
+    fake = FakeNvc(path)
+    monkeypatch.setattr(NP, "pynvc", lambda: fake)
+    got = list(NP.PacketDecoder(0, 0).frames(path, scan, targets, in_display_order=False))
+    assert sorted(i for i, _ in got) == targets
+    assert all(frame[1] == int(scan.pts[i]) for i, frame in got)
+    assert fake.latencies == [lat.ZERO]
+    fake = FakeNvc(path)
+    monkeypatch.setattr(NP, "pynvc", lambda: fake)
+    demuxed = dataclasses.replace(scan, packet_pos=None)
+    list(NP.PacketDecoder(0, 0).frames(path, demuxed, [40, 44]))
+    assert fake.latencies == [lat.ZERO]
+
+
+def test_display_order_sorts_fed_packets_by_pts(clip):
+    path, scan = clip
+    targets = [5, 9, 26, 30]  # the clip's B-frames come late: 27 is decoded before 26
+    feed = NP.packet_feed(path, scan, targets)
+    order = NP.display_order(feed, scan)
+    assert len(order) == len(feed)
+    assert [i for i in order if i is not None] == targets
+    fed_pts = sorted(int(scan.decode_pts[k]) for k, _, _ in feed)
+    want = {int(scan.pts[t]): t for t in targets}
+    assert order == [want.get(p) for p in fed_pts]
+    assert [int(scan.decode_pts[k]) for k, _, _ in feed] != fed_pts  # B-frames: orders differ
+    dup = dataclasses.replace(scan, decode_pts=np.where(
+        np.arange(len(scan.decode_pts)) == feed[1][0], scan.decode_pts[feed[0][0]], scan.decode_pts))
+    with pytest.raises(NP.PacketPathError, match="share pts"):
+        NP.display_order(feed, dup)
+
+
+def test_chunks_follow_the_frame_size_unless_set(clip, monkeypatch):
+    _, scan = clip
+    monkeypatch.delenv("AVPIPE_NVDEC_CHUNK", raising=False)
+    size = {(640, 360): 64, (1280, 720): 24, (1920, 1080): 16, (3840, 2160): 16, (160, 144): 64}
+    for (w, h), n in size.items():
+        s = dataclasses.replace(scan, width=w, height=h)
+        assert NP._chunk_size(s) == n, (w, h)
+        assert n * w * h * 3 // 2 <= NP._CHUNK_BYTES or n == NP._CHUNK_MIN
+    for v in ("auto", "AUTO", ""):
+        monkeypatch.setenv("AVPIPE_NVDEC_CHUNK", v)
+        assert NP._chunk_size(scan) == 64
+    monkeypatch.setenv("AVPIPE_NVDEC_CHUNK", "5")
+    assert NP._chunk_size(dataclasses.replace(scan, width=3840, height=2160)) == 5
+
+
+def test_which_requests_go_in_display_order(clip):
+    """Display order where the fed pts show B-frame reordering and none is below the start
+    picture's; decode order where they show none (pts equal to decode times would name the
+    wrong pictures) or where the start picture has leading pictures."""
+    path, scan = clip
+    feed = NP.packet_feed(path, scan, [22, 26, 30])  # 27 is fed before 26
+    assert NP.shows_display_order(feed, scan)
+    assert not NP.shows_display_order(NP.packet_feed(path, scan, [1, 2, 3]), scan)  # in order
+    dpts = scan.decode_pts.copy()  # pts equal to decode times: no reordering shown
+    flat = dataclasses.replace(scan, decode_pts=np.sort(dpts))
+    assert not NP.shows_display_order(feed, flat)
+    lead = dpts.copy()  # a picture after the start in decode order, shown before it
+    lead[feed[2][0]] = dpts[feed[0][0]] - 1
+    assert not NP.shows_display_order(feed, dataclasses.replace(scan, decode_pts=lead))
+    assert not NP.shows_display_order([], scan)
+
+
+def test_one_session_per_latency_and_frames_right_in_both(clip, monkeypatch):
+    path, scan = clip
+    lat = FakeNvc.DisplayDecodeLatencyType
+    fake = FakeNvc(path, delay=2)
+    monkeypatch.setattr(NP, "pynvc", lambda: fake)
+    pd = NP.PacketDecoder(0, 0)
+    for kw in ({}, {"in_display_order": False}, {}, {}):
+        got = list(pd.frames(path, scan, [22, 26, 30], **kw))
+        assert sorted(i for i, _ in got) == [22, 26, 30]
+        assert all(frame[1] == int(scan.pts[i]) for i, frame in got)
+    list(pd.frames(path, scan, [1, 2, 3]))  # no reordering in the feed: decode order
+    assert fake.latencies == [lat.NATIVE, lat.ZERO, lat.NATIVE, lat.ZERO]
+
+
+def test_a_dropped_session_lives_until_the_next_request(clip, monkeypatch):
+    """A session dropped after an error may have handed out frames that queued work still
+    reads: its last reference goes when the next request starts (after the caller's sync)."""
+    path, scan = clip
+    monkeypatch.setattr(NP, "pynvc", lambda: FakeNvc(path, extra_picture=True))
+    pd = NP.PacketDecoder(0, 0)
+    with pytest.raises(NP.DisplayOrderError, match="more pictures"):
+        list(pd.frames(path, scan, [22, 26, 30]))
+    assert pd._dec is None and pd._retired is not None
+    monkeypatch.setattr(NP, "pynvc", lambda: FakeNvc(path))
+    list(pd.frames(path, scan, [22, 26, 30]))
+    assert pd._retired is None and pd._dec is not None
+
+
+def test_a_file_the_display_order_session_miscounts_is_served_in_decode_order(clip, monkeypatch):
+    """End to end through the backend and the real packet decoder: a display-order session
+    that drops a picture (as one drops an HEVC CRA's leading pictures) makes the request go
+    again in decode order, with every frame right, and the file's later requests go in decode
+    order from the start."""
+    import sys
+    import types
+
+    from test_nvdec_fallback import _FakeCupy, _Stream
+
+    from avpipe.decoding.video import _nvdec as nv
+
+    path, scan = clip
+    targets = [22, 26, 30]
+    feed = NP.packet_feed(path, scan, targets)
+    lost = int(scan.decode_pts[feed[3][0]])
+    fake = FakeNvc(path, lose_native=lost)
+    monkeypatch.setattr(NP, "pynvc", lambda: fake)
+    monkeypatch.setattr(NP, "_local", __import__("threading").local())  # a fresh session
+    monkeypatch.setitem(sys.modules, "cupy", _FakeCupy)
+    b = object.__new__(nv.NvdecBackend)
+    b.scan, b.device = scan, types.SimpleNamespace(index=0)
+    b._source = types.SimpleNamespace(path=path)
+    b._stream, b._stream_ptr, b.packet_path, b._packet_failure = _Stream(), 0, True, None
+    out = {}
+
+    def write(frame, rows, output, chw, o):
+        for r in rows:
+            out[r] = frame[1]
+
+    b._write = write
+    lat = FakeNvc.DisplayDecodeLatencyType
+    assert b._decode_packets(targets, "rgb", False, None, [[0], [1], [2]]) == []
+    assert out == {k: int(scan.pts[t]) for k, t in enumerate(targets)}
+    assert fake.latencies == [lat.NATIVE, lat.ZERO] and not b._display_order
+    assert b._decode_packets([40, 44], "rgb", False, None, [[0], [1]]) == []
+    assert fake.latencies[-1] == lat.ZERO and out[1] == int(scan.pts[44])

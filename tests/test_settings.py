@@ -39,9 +39,17 @@ def test_bad_values_name_the_variable(monkeypatch, name):
 def test_numbers(monkeypatch):
     monkeypatch.setenv("AVPIPE_NVDEC_CHUNK", "4")
     assert settings.nvdec_chunk() == 4
-    monkeypatch.setenv("AVPIPE_NVDEC_CHUNK", "0")
-    with pytest.raises(ValueError, match="AVPIPE_NVDEC_CHUNK must be an integer >= 1, got '0'"):
-        settings.nvdec_chunk()
+    for auto in ("auto", " Auto ", ""):
+        monkeypatch.setenv("AVPIPE_NVDEC_CHUNK", auto)
+        assert settings.nvdec_chunk() is None  # the packet path picks by frame size
+    for bad in ("0", "-3", "lots"):
+        monkeypatch.setenv("AVPIPE_NVDEC_CHUNK", bad)
+        want = f"AVPIPE_NVDEC_CHUNK must be auto or an integer >= 1, got '{bad}'"
+        with pytest.raises(ValueError, match=want):
+            settings.nvdec_chunk()
+    monkeypatch.setenv("AVPIPE_FLAC_WINDOW", "0")
+    with pytest.raises(ValueError, match="AVPIPE_FLAC_WINDOW must be an integer >= 1, got '0'"):
+        settings.flac_window()
     monkeypatch.setenv("AVPIPE_JPEG_HW_LOAD", "0.5")
     assert settings.jpeg_hw_load() == 0.5
     for bad in ("1.5", "nan", "-0"):

@@ -25,7 +25,7 @@ from ...errors import UnsupportedFormatError
 from ...ops.color import nv12_planes_to_rgb, nv12_to_rgb_device, yuv_coefficients
 from ._backend import BackendRefused
 from ._nvdec_caps import nvdec_supports, pynvc
-from ._nvdec_packets import PacketPathError, thread_packet_decoder
+from ._nvdec_packets import DisplayOrderError, PacketPathError, thread_packet_decoder
 from ._scan import StreamScan
 
 __all__ = ["NvdecBackend", "NvdecRefused"]
@@ -171,6 +171,9 @@ class NvdecBackend:
 
     name = "nvdec"
     damaged = None  # NVDEC reports no per-packet damage; the CPU backend does
+    # The packet path may ask for display order (a native-latency session, _nvdec_packets)
+    # until that fails once on this file; then this backend asks for decode order only.
+    _display_order = True
 
     def __init__(self, source, scan: StreamScan, device):
 
@@ -415,9 +418,23 @@ class NvdecBackend:
         pd = thread_packet_decoder(self.device.index, self._stream_ptr)
         try:
             with cupy.cuda.Device(self.device.index), self._stream:
-                for t, frame in pd.frames(self._source.path, self.scan, targets):
-                    self._write(frame, slots[pos[t]], output, chw, out)
-                    done.add(t)
+                try:
+                    for t, frame in pd.frames(self._source.path, self.scan, targets,
+                                              in_display_order=self._display_order):  # fmt: skip
+                        self._write(frame, slots[pos[t]], output, chw, out)
+                        done.add(t)
+                except DisplayOrderError as e:
+                    # the display-order session's pictures did not add up: this request and
+                    # the file's later ones go in decode order (the dropped session's frames
+                    # are read before it is released)
+                    log.info("avpipe: %s: NVDEC in decode order (%s)", self.scan.source_name, e)
+                    self._display_order = False
+                    self._stream.synchronize()
+                    done.clear()
+                    for t, frame in pd.frames(self._source.path, self.scan, targets,
+                                              in_display_order=False):  # fmt: skip
+                        self._write(frame, slots[pos[t]], output, chw, out)
+                        done.add(t)
                 self._stream.synchronize()
         except (PacketPathError, OSError) as e:  # this file, not the path: no count against it
             log.info("avpipe: %s: packet path not used (%s)", self.scan.source_name, e)
