@@ -416,13 +416,18 @@ class NvdecBackend:
         pos = {int(t): i for i, t in enumerate(targets)}
         done = set()
         pd = thread_packet_decoder(self.device.index, self._stream_ptr)
+
+        def serve(in_display_order: bool) -> None:
+            done.clear()  # a failed pass's frames do not count: every target is written again
+            for t, frame in pd.frames(self._source.path, self.scan, targets,
+                                      in_display_order=in_display_order):  # fmt: skip
+                self._write(frame, slots[pos[t]], output, chw, out)
+                done.add(t)
+
         try:
             with cupy.cuda.Device(self.device.index), self._stream:
                 try:
-                    for t, frame in pd.frames(self._source.path, self.scan, targets,
-                                              in_display_order=self._display_order):  # fmt: skip
-                        self._write(frame, slots[pos[t]], output, chw, out)
-                        done.add(t)
+                    serve(self._display_order)
                 except DisplayOrderError as e:
                     # the display-order session's pictures did not add up: this request and
                     # the file's later ones go in decode order (the dropped session's frames
@@ -430,11 +435,7 @@ class NvdecBackend:
                     log.info("avpipe: %s: NVDEC in decode order (%s)", self.scan.source_name, e)
                     self._display_order = False
                     self._stream.synchronize()
-                    done.clear()
-                    for t, frame in pd.frames(self._source.path, self.scan, targets,
-                                              in_display_order=False):  # fmt: skip
-                        self._write(frame, slots[pos[t]], output, chw, out)
-                        done.add(t)
+                    serve(False)
                 self._stream.synchronize()
         except (PacketPathError, OSError) as e:  # this file, not the path: no count against it
             log.info("avpipe: %s: packet path not used (%s)", self.scan.source_name, e)
