@@ -63,10 +63,19 @@ def encode(path, *, codec="libx264", n=50, w=64, h=48, fps=25, pix="yuv420p", op
             if pts is not None:
                 fr.pts, fr.time_base = int(pts[i]), tb
             for p in st.encode(fr):
-                out.mux(p)
+                out.mux(_sane_dts(p))
         for p in st.encode(None):
-            out.mux(p)
+            out.mux(_sane_dts(p))
     return path
+
+
+def _sane_dts(p):
+    """libx265 through FFmpeg leaves a lone picture's dts unset (whatever the memory held:
+    usually a huge negative number, which the MP4 muxer refuses, some runs a value it takes).
+    A dts after its pts or more than 2**20 ticks before it is such garbage: use the pts."""
+    if p.pts is not None and p.dts is not None and not (p.pts - 2**20 < p.dts <= p.pts):
+        p.dts = p.pts
+    return p
 
 
 VFR = np.cumsum([0] + [40, 40, 80, 40, 20, 60] * 10)[:50]
