@@ -268,3 +268,114 @@ def test_other_packet_path_refusals_are_not_retried(monkeypatch):
     b = _packet_backend("x.mp4", monkeypatch, pd)
     assert b._decode_packets([1], "rgb", False, None, [[0]]) is None
     assert pd.calls == [("x.mp4", True)] and not b.packet_path and b._display_order
+
+
+# --- the SimpleDecoder path's label check (FrameLabels) ---
+
+_PTS = np.arange(30, dtype=np.int64) * 512  # display order, frame i at 512 i
+_DTS = _PTS - 2 * 512  # B-frames, a reorder delay of two: the i-th decode time is frame i-2's pts
+
+
+class _Simple:
+    """A SimpleDecoder stand-in: labels frames by ``convention`` ("pts" or "dts") and hands out
+    frame ``wrong[i]`` where ``i`` is asked for (labelled as that frame)."""
+
+    def __init__(self, convention, wrong=None, label0=None):
+        self.convention, self.wrong, self.label0, self.asked = convention, wrong or {}, label0, []
+
+    def get_batch_frames_by_index(self, idx):
+        import types
+
+        self.asked.append(list(idx))
+        out = []
+        for i in idx:
+            j = self.wrong.get(i, i)
+            label = int((_PTS if self.convention == "pts" else _DTS)[j])
+            if j == 0 and self.label0 is not None:
+                label = self.label0
+            out.append(types.SimpleNamespace(pts=label, index=j))
+        return out
+
+
+def _simple_backend(monkeypatch, dec, dts=_DTS, path=None):
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "cupy", _FakeCupy)
+    b = object.__new__(nv.NvdecBackend)
+    b.scan = types.SimpleNamespace(source_name="open_gop.mp4", codec="hevc", pts=_PTS,
+                                   dts_sorted=dts, stream_index=0)
+    b.device = types.SimpleNamespace(index=0)
+    b._source = types.SimpleNamespace(path=None if path is None else str(path))
+    b._stream, b.packet_path, b._packet_failure = _Stream(), False, None
+    b._pts_offset, b._labels, b.pts_mismatches = None, None, 0
+    b._simple = lambda: dec
+    b.written = []
+    b._write = lambda frame, rows, output, chw, out: b.written.append((frame.index, rows))
+    return b
+
+
+def _serve(b, targets):
+    slots = [[k] for k in range(len(targets))]
+    return b.decode(targets, output="rgb", chw=False, out=None, slots=slots)
+
+
+@pytest.mark.parametrize("convention", ["pts", "dts"])
+def test_a_wrong_picture_labelled_under_the_other_convention_is_not_taken(monkeypatch, convention):
+    """A wrong picture whose label is frame i's under the other convention (pts labels: frame i-2
+    for frame i, its pts being the i-th decode time; decode-time labels: frame i+2, whose decode
+    time is frame i's pts) goes to the CPU once frame 0's label has fixed the file's convention;
+    frame 0, asked for only to read its label, is neither written nor reported missing."""
+    step = -2 if convention == "pts" else 2
+    wrong = {13: 13 + step, 14: 14 + step, 22: 22 + step}
+    dec = _Simple(convention, wrong)
+    b = _simple_backend(monkeypatch, dec)
+    assert _serve(b, [10, 12, 13, 14, 16]) == [13, 14]
+    assert dec.asked == [[0, 10, 12, 13, 14, 16]]
+    assert b.written == [(10, [0]), (12, [1]), (16, [4])]
+    assert b._labels.fixed == {"pts": ("pts", "zero"), "dts": ("dts",)}[convention]
+    b.written.clear()
+    assert _serve(b, [20, 22]) == [22]  # the convention stays fixed: no frame 0 again
+    assert dec.asked[-1] == [20, 22] and b.written == [(20, [0])]
+    assert b.pts_mismatches == 3
+
+
+def test_what_frame_0_said_is_kept_per_file(monkeypatch, tmp_path):
+    """A later open of the same file skips frame 0; a changed file (size, mtime) asks again."""
+    p = tmp_path / "v.mp4"
+    p.write_bytes(b"x")
+    first = _Simple("dts")
+    _serve(_simple_backend(monkeypatch, first, path=p), [5])
+    again = _Simple("dts", {7: 9})
+    b = _simple_backend(monkeypatch, again, path=p)
+    assert _serve(b, [7]) == [7] and again.asked == [[7]] and b._labels.fixed == ("dts",)
+    p.write_bytes(b"xy")
+    changed = _Simple("pts")
+    _serve(_simple_backend(monkeypatch, changed, path=p), [5])
+    assert changed.asked == [[0, 5]]
+
+
+def test_a_request_starting_at_frame_0_fixes_the_convention_itself(monkeypatch):
+    dec = _Simple("dts", {14: 12})
+    b = _simple_backend(monkeypatch, dec)
+    assert _serve(b, [0, 4, 14]) == [14]
+    assert dec.asked == [[0, 4, 14]] and b.written == [(0, [0]), (4, [1])]
+    assert b._labels.fixed == ("dts",)
+
+
+def test_without_reordering_no_frame_0_is_asked_for(monkeypatch):
+    """Where decode times equal the pts (no B-frames) every convention names the same frame."""
+    dec = _Simple("pts", {9: 7})
+    b = _simple_backend(monkeypatch, dec, dts=_PTS)
+    assert _serve(b, [5, 9]) == [9]
+    assert dec.asked == [[5, 9]] and b._labels.fixed is None
+
+
+def test_a_frame_0_label_under_no_convention_keeps_every_one(monkeypatch):
+    """Frame 0 labelled with something no convention gives: nothing is fixed (frames are checked
+    against every convention, as before) and frame 0 is not asked for again."""
+    dec = _Simple("dts", label0=12345)
+    b = _simple_backend(monkeypatch, dec)
+    assert _serve(b, [3, 5]) == []
+    assert _serve(b, [7]) == []
+    assert dec.asked == [[0, 3, 5], [7]] and b._labels.fixed is None and b._labels.tried

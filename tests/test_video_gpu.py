@@ -253,3 +253,28 @@ def test_packet_path_reads_mp4_packets_itself(tmp_path, codec, monkeypatch):
         t.join()
     assert not errors, errors[:2]
     assert _video_nvdec._packet_path["enabled"], _video_nvdec._packet_path
+
+
+@pytest.mark.parametrize("name", ["circles_h264.mp4", "circles_hevc.mp4", "squares_h264.mp4"])
+def test_simple_decoder_path_frames_equal_the_cpu(name, monkeypatch):
+    """The SimpleDecoder path (packet path off): every frame, asked for in clips that start
+    past frame 0, equals the CPU's. On circles_hevc.mp4 this path handed out frame i-2 for the
+    two pictures before each CRA, labelled so that the old check passed them (FrameLabels)."""
+    import os
+
+    import cupy
+
+    monkeypatch.setenv("AVPIPE_NVDEC_PACKETS", "0")
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "samples", "video", name)
+    with avpipe.VideoDecoder(path, device="cpu") as cpu:
+        n = cpu.metadata.num_frames
+        ref = cpu.get_frames(list(range(n))).data
+    for clip in ([10, 11, 12, 13, 14, 15, 16], list(range(1, n)), [28, 29, 43, 44], [0, 13, 14]):
+        clip = [i for i in clip if i < n]
+        with avpipe.VideoDecoder(path, device="cuda") as gpu:
+            if gpu.backend != "nvdec":
+                pytest.skip(f"NVDEC refused {name}: {gpu.fallback_reason}")
+            assert not gpu._gpu.packet_path
+            got = cupy.asnumpy(gpu.get_frames(clip).data)
+        scores = [psnr(got[k], ref[i]) for k, i in enumerate(clip)]
+        assert min(scores) >= 40.0, (name, clip, [round(s, 1) for s in scores])

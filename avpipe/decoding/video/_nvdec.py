@@ -18,7 +18,11 @@ threads use separate decoders, which NVDEC runs on its several engines concurren
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from collections import OrderedDict
+
+import numpy as np
 
 from ... import settings
 from ...errors import UnsupportedFormatError
@@ -61,6 +65,82 @@ def use_packet_path(scan: StreamScan, path) -> bool:
         and (every or scan.packet_pos is not None)
         and min(scan.width, scan.height) >= 144  # NVDEC's HEVC minimum; refusals go below
     )
+
+
+# What frame 0's label said per file: (abspath, size, mtime_ns, stream) -> (conventions,)
+_LABELS: OrderedDict[tuple, tuple] = OrderedDict()
+_LABELS_SIZE = 4096
+_LABELS_LOCK = threading.Lock()
+
+
+class FrameLabels:
+    """Which frame a SimpleDecoder label names, for one file.
+
+    PyNvVideoCodec labels frame i with its pts, its pts from a zero start, or (MP4) the i-th
+    decode timestamp, depending on the demuxer and the file. Where these conventions differ
+    (B-frames), accepting a label under any of them lets a wrong picture through: with a
+    reorder delay of two, the i-th decode timestamp is frame i-2's pts, so frame i-2 handed
+    out for frame i under the pts convention passes as frame i under the decode-timestamp one
+    (seen on open-GOP HEVC: the two pictures before each CRA). So the convention is fixed once
+    per file from frame 0's label (the file's first picture, where a seek to the start lands)
+    and only that one is accepted after. Where frame 0's label matches none, every convention
+    stays accepted (the file's labels are then checked as before). What frame 0 said is kept
+    per file (path, size, mtime; :data:`_LABELS`), so later opens of the file skip frame 0.
+    Where frame 0's label itself is wrong, the file's frames go to the CPU: slower, not wrong."""
+
+    def __init__(self, scan: StreamScan, path=None):
+        pts = np.asarray(scan.pts, dtype=np.int64)
+        self.conventions = {"pts": pts, "zero": pts - pts[0]} if len(pts) else {"pts": pts}
+        dts = scan.dts_sorted
+        if dts is not None and len(dts) == len(pts):
+            self.conventions["dts"] = np.asarray(dts, dtype=np.int64)
+        distinct = []
+        for a in self.conventions.values():
+            if not any(np.array_equal(a, b) for b in distinct):
+                distinct.append(a)
+        # whether the conventions name different frames anywhere (else nothing to fix)
+        self.ambiguous = len(distinct) > 1
+        self.fixed: tuple[str, ...] | None = None  # the conventions frame 0's label matched
+        self.tried = False  # frame 0's label was read (matched or not)
+        self._key = None
+        if self.ambiguous and path is not None:
+            try:
+                st = os.stat(path)
+                self._key = (os.path.abspath(path), st.st_size, st.st_mtime_ns, scan.stream_index)
+            except (OSError, TypeError, ValueError):
+                self._key = None
+            with _LABELS_LOCK:
+                hit = _LABELS.get(self._key) if self._key is not None else None
+                if hit is not None:
+                    _LABELS.move_to_end(self._key)
+            if hit is not None:
+                self.tried, self.fixed = True, hit[0]
+
+    @property
+    def wants_frame0(self) -> bool:
+        """Whether the next request should include frame 0 to fix the convention."""
+        return self.ambiguous and not self.tried
+
+    def calibrate(self, got) -> None:
+        """Fix the convention from frame 0's label ``got`` (None: the frame has no label)."""
+        self.tried = True
+        if got is None:
+            return
+        names = tuple(n for n, a in self.conventions.items() if int(a[0]) == got)
+        self.fixed = names or None
+        if not names:
+            log.debug("avpipe: frame 0 labelled %d, under no convention; all kept", got)
+        if self._key is not None:
+            with _LABELS_LOCK:
+                _LABELS[self._key] = (self.fixed,)
+                _LABELS.move_to_end(self._key)
+                while len(_LABELS) > _LABELS_SIZE:
+                    _LABELS.popitem(last=False)
+
+    def ok(self, got: int, index: int) -> bool:
+        """Whether label ``got`` names frame ``index``."""
+        names = self.fixed or tuple(self.conventions)
+        return any(int(self.conventions[n][index]) == got for n in names)
 
 
 class NvdecRefused(BackendRefused):
@@ -208,7 +288,8 @@ class NvdecBackend:
         self._nvc = nvc
         self._dec = None
         self.nvc_num_frames = -1
-        self._pts_offset = None  # calibrated on the first batch: nvc pts - scan pts
+        self._pts_offset = None  # "none" once a frame came without a pts: trust the index
+        self._labels = None  # FrameLabels, made at the SimpleDecoder path's first request
         self._packet_failure = None  # why the packet path failed on this file, until counted
         self._dlpack = False  # AVPIPE_NVDEC_DLPACK, read per request
         self.packet_path = use_packet_path(scan, source.path)
@@ -254,15 +335,11 @@ class NvdecBackend:
         self._dec = None
 
     def _pts_ok(self, got, index: int) -> bool:
-        """PyNvVideoCodec labels frame i with its pts, its pts from a zero start, or (MP4) the
-        i-th decode timestamp; anything else means its frame i is not ours."""
+        """Whether the SimpleDecoder's frame labelled ``got`` is frame ``index``
+        (:class:`FrameLabels`); anything else means its frame is not ours."""
         if got is None:
             return self._pts_offset == "none"
-        scan = self.scan
-        want = int(scan.pts[index])
-        if got == want or got == want - int(scan.pts[0]):
-            return True
-        return scan.dts_sorted is not None and got == int(scan.dts_sorted[index])
+        return self._labels.ok(got, index)
 
     def _batch(self, targets):
         """(frames for targets[:k], targets[k:]): PyNvVideoCodec's seek refuses some streams'
@@ -307,8 +384,20 @@ class NvdecBackend:
         if self.packet_path and _packet_path["enabled"]:
             missing = self._decode_packets(targets, output, chw, out, slots)
         if missing is None:
+            if self._labels is None:
+                self._labels = FrameLabels(scan, self._source.path)
+            # frame 0 rides along with the first request whose labels could be misread
+            first = int(targets[0]) if len(targets) else None
+            extra = self._labels.wants_frame0 and first not in (0, None)
             with cupy.cuda.Device(self.device.index), self._stream:
-                frames, missing = self._batch(list(targets))
+                frames, missing = self._batch(([0] if extra else []) + [int(t) for t in targets])
+                if extra:
+                    if frames:
+                        self._labels.calibrate(_frame_pts(frames[0]))
+                        frames = frames[1:]
+                    missing = [t for t in missing if t != 0]  # 0 is not a target here
+                elif frames and self._labels.wants_frame0 and first == 0:
+                    self._labels.calibrate(_frame_pts(frames[0]))
                 mislabelled = False
                 if self._packet_failure is not None:  # the SimpleDecoder serves what it did not
                     _packet_path_failed(self.scan.source_name, self._packet_failure)
@@ -477,6 +566,7 @@ def nvdec_diagnostics(backend: NvdecBackend, indices) -> dict:
         "scan_num_frames": backend.scan.num_frames,
         "nvc_pts": [_frame_pts(f) for f in frames],
         "scan_pts": [int(backend.scan.pts[i]) for i in indices],
+        "labels": None if backend._labels is None else backend._labels.fixed,
     }
 
 
