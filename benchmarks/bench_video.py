@@ -23,8 +23,11 @@ RGB -> short side 224 (bilinear) -> center crop 224 -> ImageNet-normalized fp16 
 * dali_video_reader_cps — DALI fn.readers.video (GPU) + resize + crop_mirror_normalize.
 
     python3 benchmarks/bench_video.py --data /tmp/bench --out DIR [--budget 15] [--only a,b]
+        [--repeat N]
 
 Each measurement is isolated by try/except; results go to DIR/bench_video.json, a table last.
+``--repeat N`` runs the contenders in N interleaved rounds (a b a b ...): each value is the
+median of its rounds (every round's value in ``runs``), so ratios are ratios of medians.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _timing  # noqa: E402
 import numpy as np  # noqa: E402
 
 CLIP_LEN, STRIDE, CROP, THREADS = 16, 4, 224, 16
@@ -482,6 +487,9 @@ def main():
     ap.add_argument("--budget", type=float, default=15.0)
     ap.add_argument("--only", default="")
     ap.add_argument("--max-files", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds over the contenders, interleaved (a b a b ...): each value is "
+                         "the median of its rounds")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     files = find_files(args.data)
@@ -490,10 +498,12 @@ def main():
     log(f"bench_video: {len(files)} files, e.g. {files[:1]}")
     names = [n for n in args.only.split(",") if n] or list(BENCHES)
     results = {"meta": {"files": len(files), "threads": THREADS, "clip_len": CLIP_LEN, "stride": STRIDE,
-                        "budget_s": args.budget, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}, "results": {}}
+                        "budget_s": args.budget, "repeat": args.repeat,
+                        "time": time.strftime("%Y-%m-%dT%H:%M:%S")}, "results": {}}
     path = os.path.join(args.out, "bench_video.json")
-    for name in names:
-        log(f"--- {name}")
+    runs = {}
+    for rnd, name in ((k, n) for k in range(max(1, args.repeat)) for n in names):
+        log(f"--- {name}" + (f" (round {rnd + 1})" if args.repeat > 1 else ""))
         t0 = time.time()
         try:
             value, extra = BENCHES[name](files, args.budget)
@@ -502,6 +512,9 @@ def main():
             traceback.print_exc()
             entry = {"error": f"{type(e).__name__}: {e}"[:500]}
         entry["wall_s"] = round(time.time() - t0, 1)
+        runs.setdefault(name, []).append(entry)
+        if args.repeat > 1:  # the round of median value; every round's value beside it
+            entry = _timing.median_run(runs[name])
         results["results"][name] = entry
         log(f"RESULT {name} {json.dumps(entry, default=str)}")
         with open(path, "w") as f:

@@ -29,6 +29,10 @@
 #                                             # against DALI, the clip benchmark warm and cold
 #                                             # against plain PyNvVideoCodec and DALI (warm also
 #                                             # pass by pass, and ClipFeed iterated) -> $OUT/...
+#   bash benchmarks/gpu_session.sh clips      # the clip benchmark alone (~3 min after the data):
+#                                             # avpipe warm (NVDEC utilisation) and cold, plain
+#                                             # PyNvVideoCodec and DALI, CLIP_REPEAT interleaved
+#                                             # rounds (3), medians -> $OUT/bench_video.json
 #   bash benchmarks/gpu_session.sh xtargets   # the extraction targets (~4 min after the data):
 #                                             # float16 extraction on 16,384 and 65,536 files and
 #                                             # frames at 1 fps, each against DALI -> $OUT/x*
@@ -97,6 +101,10 @@ for step in "$@"; do
       python3 benchmarks/bench_video.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
         --only avpipe_clip_cps,avpipe_cold_clip_cps,pynvc_clip_cps,avpipe_clip_passes_cps,pynvc_clip_passes_cps,avpipe_feed_iter_cps,dali_video_reader_cps \
         2>&1 | tail -11 ;;
+    clips) data
+      python3 benchmarks/bench_video.py --data /tmp/bench --out "$OUT" --budget "${FEED_BUDGET:-5}" \
+        --repeat "${CLIP_REPEAT:-3}" \
+        --only avpipe_clip_cps,avpipe_cold_clip_cps,pynvc_clip_cps,dali_video_reader_cps 2>&1 | tail -8 ;;
     xtargets) data
       python3 benchmarks/bench_extract.py --data /tmp/bench --out "$OUT/x32" --profile \
         --dtype float16 --only avpipe_nemo,dali_nemo,avpipe_frames,dali_frames 2>&1 | tail -5
