@@ -811,3 +811,38 @@ def test_tar_shard_writeback_writes_the_same_bytes(tmp_path, monkeypatch, mb):
     monkeypatch.setenv("AVPIPE_EXTRACT_WRITEBACK_MB", "0")
     _writers.write_shard(str(tmp_path / "plain"), Shard(0, 8), results, cfg, "tar", 8)
     assert (tmp_path / "plain" / "shards" / "shard-000000-000007.tar").read_bytes() == data
+
+
+def test_an_image_deleted_mid_run_fails_alone(tmp_path):
+    """Images are matched to the files found at the start: one deleted after that fails alone
+    (FileNotFoundError), and every other input keeps its own thumbnail (a deleted file once
+    shifted every later image's features onto the next input)."""
+    from avpipe.device import resolve_device
+    from avpipe.recipes.extract._process import _image_stream
+
+    d = tmp_path / "in"
+    d.mkdir()
+    names = ["scene.jpg", "exif_rotate6.jpg", "gray16.png", "scene.png"] * 2
+    for i, n in enumerate(names):
+        shutil.copy(SAMPLES / "images" / n, d / f"{i}_{n}")
+    cfg = resolve_preset("thumbnails")
+    items = resolve_inputs(d, extensions_of(cfg)).items
+    dev = resolve_device("cpu")
+    alone = {it.index: next(_image_stream([it], cfg["image"], dev, 2)) for it in items}
+    stream = _image_stream(items, cfg["image"], dev, 2)
+    got = [next(stream)]
+    os.remove(items[4].path)  # in the third batch of two, not decoded yet
+    got += list(stream)
+    assert [r.item.index for r in got] == [it.index for it in items]
+    assert got[4].error == "FileNotFoundError"
+    for r in got[:4] + got[5:]:
+        assert r.ok and np.array_equal(r.array, alone[r.item.index].array), r.item.source
+
+
+def test_resume_names_what_changed_in_the_input(speech, tmp_path):
+    out = tmp_path / "o"
+    run_extract(speech, preset="nemo", out_dir=out, device="cpu", shard_size=4)
+    victim = next((speech / "a").glob("*.flac"), None) or next((speech / "a").iterdir())
+    victim.unlink()
+    with pytest.raises(ValueError, match=r"12 files then, 11 now"):
+        run_extract(speech, preset="nemo", out_dir=out, device="cpu", shard_size=4)

@@ -214,9 +214,20 @@ def _check_meta(out_dir: str, meta: dict) -> None:
                 if not same(key, old.get(key), meta[key]):
                     name = lambda v: v.get("name") if isinstance(v, dict) and "name" in v else (  # noqa: E731
                         v.get("root") if isinstance(v, dict) else v)
+                    was, now = name(old.get(key)), name(meta[key])
+                    if key == "input" and was == now:  # the same root: its files differ
+                        a, b = old.get(key) or {}, meta[key]
+                        detail = (f"{a.get('count')} files then, {b.get('count')} now"
+                                  if a.get("count") != b.get("count") else
+                                  "the same number of files, other names")
+                        raise ValueError(
+                            f"{out_dir!r} was extracted from {now!r} when it listed other files "
+                            f"({detail}); outputs are numbered by input position, so a changed "
+                            "input needs another --out"
+                        )
                     raise ValueError(
                         f"{out_dir!r} was extracted with another {what} "
-                        f"({name(old.get(key))!r}, now {name(meta[key])!r}); resume with the "
+                        f"({was!r}, now {now!r}); resume with the "
                         "same command, or use another --out"
                     )
             return

@@ -415,32 +415,57 @@ def video_indices(vcfg: dict, m) -> np.ndarray:
 
 
 def _image_stream(items: list[Item], icfg: dict, dev, batch: int) -> Iterator[Result]:
+    """Each item's thumbnail (or its error), in order. Files are looked for once: the decoded
+    batches are matched to the files found then, so a file that disappears later fails alone
+    (its batch is decoded again item by item) and never shifts other items' outputs."""
     present = [it for it in items if os.path.isfile(it.path)]
-    stream = None
-    if present and dev.is_cuda:
-        with dev.activate():
-            stream = iter(decode_image_stream([it.path for it in present],
-                                                    batch_size=batch, device=str(dev)))
-    elif present:
+    position = {it.index: k for k, it in enumerate(present)}
+
+    def batches(start: int):
+        """Batches of ``present[start:]``, ``batch`` images each."""
+        paths = [it.path for it in present[start:]]
+        if not paths:
+            return iter(())
+        if dev.is_cuda:
+            with dev.activate():
+                return iter(decode_image_stream(paths, batch_size=batch, device=str(dev)))
         # on the CPU, batch by batch: DALI's CPU decoder behind the prefetching stream crashed
         # the process (SIGSEGV in ImageDecoder<CPUBackend>) on damaged images while the audio
         # loader's worker processes ran beside it; decode_image_batch has not
-        stream = (
-            decode_image_batch([it.path for it in present[i : i + batch]], device="cpu")
-            for i in range(0, len(present), batch)
-        )
-    k = 0
+        return (decode_image_batch(paths[i : i + batch], device="cpu")
+                for i in range(0, len(paths), batch))
+
+    def one_by_one(start: int):
+        """``present[start:start + batch]`` decoded alone each: (images, {position: error})."""
+        imgs, errs = [], {}
+        for j, it in enumerate(present[start : start + batch]):
+            try:
+                with dev.activate():
+                    b = decode_image_batch([it.path], device=str(dev))
+                imgs.append(b.images[0] if not b.errors else None)
+                if b.errors:
+                    errs[j] = b.errors[0][1]
+            except Exception as e:  # noqa: BLE001 — this item's error, not the batch's
+                imgs.append(None)
+                errs[j] = e
+        return imgs, errs
+
+    stream = batches(0)
+    imgs, errs = [], {}
     for it in items:
-        if not os.path.isfile(it.path):
+        k = position.get(it.index)
+        if k is None:
             yield _fail(it, FileNotFoundError(f"no such file: {it.path}"))
             continue
         if k % batch == 0:
-            with dev.activate():
-                b = next(stream)
-            errs = dict(b.errors)
-            imgs = b.images
+            try:
+                with dev.activate():
+                    b = next(stream)
+                errs, imgs = dict(b.errors), b.images
+            except Exception:  # noqa: BLE001 — a stream that raised is over: restart it after
+                imgs, errs = one_by_one(k)
+                stream = batches(k + batch)
         j = k % batch
-        k += 1
         if j in errs:
             yield _fail(it, errs[j])
             continue
