@@ -26,6 +26,8 @@ def folder(tmp_path_factory):
         shutil.copy(os.path.join(SAMPLES, name), d / name)
     encode(d / "short.mp4", n=10, opts=_x264("bframes=2"))  # a demux-scanned MP4
     (d / "broken.mp4").write_bytes(b"\x00" * 100)
+    whole = open(os.path.join(SAMPLES, "circles_vp9.webm"), "rb").read()
+    (d / "cut.webm").write_bytes(whole[: len(whole) * 6 // 10])  # scanned, marked damaged
     return d
 
 
@@ -47,6 +49,7 @@ def test_index_equals_scans(folder, tmp_path, workers):
         assert got is not None
         assert_same(want, got)
         assert got.pts_to_index == want.pts_to_index
+        assert (got.damaged is not None) == p.endswith("cut.webm"), (p, got.damaged)
 
 
 def test_decoder_uses_fresh_entries_only(folder, tmp_path, monkeypatch):
@@ -107,7 +110,7 @@ def test_cli_index(folder, tmp_path):
 
     out = tmp_path / "cli.npz"
     assert main(["index", str(folder), "--out", str(out), "--workers", "1"]) in (0, None)
-    assert len(load_index(out)) == 5
+    assert len(load_index(out)) == 6  # seven files, broken.mp4 skipped
     lst = tmp_path / "list.txt"
     lst.write_text(f"{folder / 'circles_h264.mp4'}\n{folder / 'circles_vp9.webm'}\n")
     out2 = tmp_path / "cli2.npz"

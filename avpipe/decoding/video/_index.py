@@ -32,10 +32,10 @@ from ._scan import StreamScan, scan_stream
 
 __all__ = ["VideoIndex", "build_index", "load_index"]
 
-VERSION = 1
+VERSION = 2  # 2: the scan's ``damaged`` is kept (version 1 dropped it)
 _PKT_FIELDS = ("pts", "dts_sorted", "decode_pts", "disposable", "packet_pos", "packet_size")
 _SCALARS = ("stream_index", "codec", "pix_fmt", "width", "height", "end_pts", "bit_depth",
-            "color_space", "color_range", "rotation", "container", "nal_size")
+            "color_space", "color_range", "rotation", "container", "nal_size", "damaged")
 
 
 def _stat(path: str):
@@ -208,6 +208,7 @@ class VideoIndex:
             packet_size=col("packet_size"),
             nal_size=r["nal_size"],
             parameter_sets=ps,
+            damaged=r["damaged"],
         )
 
 
