@@ -136,3 +136,20 @@ def test_clip_feed_close_during_an_epoch_and_a_forked_child(monkeypatch):
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     feed.close()
+
+
+def test_clip_feed_skips_a_missing_file_and_one_too_short(tmp_path):
+    """A missing file and a video shorter than one clip are reported like a bad one, not ended
+    the epoch (they raised out of it)."""
+    from video_media import make_video
+
+    short = make_video(tmp_path / "short.mp4", codec="h264", num_frames=5, width=64, height=48)
+    paths = _videos()[:2] + [str(tmp_path / "gone.mp4"), str(short)]
+    feed = ClipFeed(paths, clip_length=4, stride=2, crop_size=32, batch_size=2, threads=2,
+                    device="cpu", shuffle=False)
+    batches = list(feed)
+    assert sum(len(b.clips) for b in batches if b.clips is not None) == 2
+    errors = [e for b in batches for _, e in b.errors]
+    assert sorted(type(e).__name__ for e in errors) == ["FileNotFoundError", "ValueError"]
+    with pytest.raises(FileNotFoundError):
+        list(ClipFeed([str(tmp_path / "gone.mp4")], device="cpu", on_error="raise"))

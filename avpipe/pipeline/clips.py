@@ -134,8 +134,8 @@ class ClipFeed:
         device: None (the GPU when usable, else the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
         seed, shuffle: epoch ``e`` visits the files in a seeded order and draws each clip's
             start from ``(seed, e, index)``; the same arguments give the same clips.
-        on_error: ``"skip"`` (default; a bad file is reported in the batch's ``errors``) or
-            ``"raise"``.
+        on_error: ``"skip"`` (default; a bad file, a missing one or one too short for a clip
+            is reported in the batch's ``errors``) or ``"raise"``.
         index: a persisted video index (``avpipe index``'s file or a loaded one): files it
             holds, unchanged since, are opened without a scan.
 
@@ -256,7 +256,7 @@ class ClipFeed:
             if ahead is not None:
                 ahead.take(path)
             return pos, self.clip(path, seed), None
-        except DecodeError as e:
+        except (DecodeError, OSError, ValueError) as e:  # the file's (missing, too short, bad)
             return pos, None, e
 
     def _window(self) -> int:
