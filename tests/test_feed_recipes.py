@@ -152,6 +152,23 @@ def test_rnnt_skip_fills_and_names_the_file(tmp_path):
             pass
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_rnnt_an_empty_batch_keeps_the_mel_axis(tmp_path, training):
+    """Batches whose items were all skipped are [0, n_mels, 0] (they were [0, 0, 0], which a
+    model's layer over the mel axis refuses)."""
+    lines = _lines(MANIFEST)[:2]
+    for d in lines:
+        d["audio_filepath"] = os.path.join(ROOT, "speech", d["audio_filepath"])
+    (tmp_path / "bad.wav").write_bytes(b"RIFF junk" * 50)
+    lines += [{"audio_filepath": "bad.wav", "duration": 3.0, "text": "b"}] * 4
+    p = tmp_path / "m.jsonl"
+    p.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    feed = rnnt_feed(p, batch_size=2, shuffle=False, device="cpu", training=training)
+    shapes = [tuple(b.features.shape) for b in feed]
+    assert shapes[0][:2] == (2, 80) and shapes[1:] == [(0, 80, 0), (0, 80, 0)]
+    assert len(feed.errors) == 4
+
+
 @pytest.mark.parametrize("decoder", ["threads", "processes"])
 def test_rnnt_skips_absurd_and_nan_samples(tmp_path, decoder):
     # found by the fuzz run: a float WAV with a flipped exponent bit decodes to finite samples

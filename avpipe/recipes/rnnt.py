@@ -55,7 +55,7 @@ from ..errors import CorruptDataError, DecodeError
 from ..formats import is_flac
 from ..ops import audio_augment as _aug
 from ..ops import random as _rnd
-from ..ops.audio import log_mel, log_mel_frame_lengths, resample
+from ..ops.audio import PRESETS, log_mel, log_mel_frame_lengths, resample
 from ..pipeline.audio_loader import AudioBatchLoader
 from ..pipeline.feed import Feed, Task
 from ..pipeline.sources import read_manifest
@@ -347,7 +347,10 @@ class RnntTask(Task):
                 feats = _aug.spec_augment(feats, fl_host, seed=self.seed, epoch=epoch, ids=ids,
                                           inplace=True, **self.spec_augment)
         else:
-            feats, fl = xp.zeros((0, 0, 0), xp.float32), xp.zeros(0, xp.int64)
+            # an empty batch (every item skipped) keeps the mel axis: [0, n_mels, 0]
+            cfg = PRESETS.get(self.preset) if isinstance(self.preset, str) else self.preset
+            feats = xp.zeros((0, int(cfg.n_mels), 0), xp.float32)
+            fl = xp.zeros(0, xp.int64)
         arrays = {"features": feats, "feature_lengths": fl}
         for f in self.feature_augment:
             arrays = f(arrays, self.seed, epoch, ids)
