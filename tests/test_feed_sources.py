@@ -48,3 +48,20 @@ def test_folder_and_lists(tmp_path):
         [str(tmp_path / "a" / "x.jpg"), str(tmp_path / "b" / "1.png")]
     pairs = read_list([("/p/q.jpg", "q"), "/p/r.jpg"])
     assert [(it.path, it.label) for it in pairs] == [("/p/q.jpg", "q"), ("/p/r.jpg", None)]
+
+
+def test_files_saved_with_a_byte_order_mark(tmp_path):
+    """Excel and Notepad save UTF-8 with a BOM: the first header / line still reads."""
+    bom = "\ufeff"
+    (tmp_path / "m.jsonl").write_text(bom + '{"audio_filepath": "a.wav", "duration": 1}\n',
+                                      encoding="utf-8")
+    (tmp_path / "l.csv").write_text(bom + "path,label\na.mp4,dog\n", encoding="utf-8")
+    (tmp_path / "l.txt").write_text(bom + "a.mp4\n", encoding="utf-8")
+    assert read_manifest(tmp_path / "m.jsonl")[0].raw_path == "a.wav"
+    assert read_csv(tmp_path / "l.csv")[0].label == "dog"
+    assert read_list(tmp_path / "l.txt")[0].path == str(tmp_path / "a.mp4")
+    from avpipe.recipes.extract import resolve_inputs
+
+    for name in ("m.jsonl", "l.csv", "l.txt"):
+        items = resolve_inputs(tmp_path / name, {".wav": "audio", ".mp4": "video"}).items
+        assert [os.path.basename(it.path) for it in items] in (["a.wav"], ["a.mp4"]), name

@@ -48,7 +48,7 @@ def read_manifest(path) -> list:
     path = os.fspath(path)
     base = os.path.dirname(os.path.abspath(path))
     items = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         for ln, line in enumerate(f, 1):
             line = line.strip()
             if not line:
@@ -73,7 +73,7 @@ def read_csv(path, *, path_column: str = "path", label_column: str = "label") ->
     """A CSV file with a header row holding ``path_column`` and ``label_column``."""
     path = os.fspath(path)
     base = os.path.dirname(os.path.abspath(path))
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         rows = list(csv.DictReader(f))
         header = rows[0].keys() if rows else []
     if rows and (path_column not in header or label_column not in header):
@@ -116,7 +116,7 @@ def read_list(source, *, labels=None) -> list:
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         base = os.path.dirname(os.path.abspath(path))
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             entries = [ln.strip() for ln in f]
         entries = [e for e in entries if e and not e.startswith("#")]
     else:

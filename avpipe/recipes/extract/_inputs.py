@@ -113,7 +113,7 @@ def _describe(extensions) -> str:
 
 
 def _read_json_manifest(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         text = f.read()
     stripped = text.lstrip()
     if stripped.startswith("["):  # a JSON array of rows
@@ -136,7 +136,7 @@ def _read_json_manifest(path: str) -> list[dict]:
 
 
 def _read_csv_manifest(path: str) -> tuple[list[dict], str]:
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(path, encoding="utf-8-sig", newline="") as f:
         rows = list(csv.DictReader(f))
         cols = [c.strip() for c in (rows[0].keys() if rows else [])]
     key = next((c for c in CSV_PATH_COLUMNS if c in cols), None)
@@ -249,7 +249,7 @@ def resolve_inputs(input_path, extensions, *, exclude=None) -> Inputs:
     if ext in LIST_EXTENSIONS or ext in JSON_MANIFEST_EXTENSIONS or ext in CSV_EXTENSIONS:
         if ext in LIST_EXTENSIONS:
             form = "list"
-            with open(path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8-sig") as f:
                 rows = [
                     (ln.strip(), {}) for ln in f
                     if ln.strip() and not ln.lstrip().startswith("#")
