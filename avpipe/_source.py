@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 from dataclasses import dataclass
 from typing import BinaryIO, Union
 
@@ -96,8 +97,21 @@ def source_name(source) -> str:
     return name if isinstance(name, str) else "<file>"
 
 
+NOT_REGULAR = "not a regular file (a pipe, socket or device), which reading could block on; not read"
+
+
+def is_regular_file(path) -> bool:
+    """Whether ``path`` (following links) is a regular file; False for a missing one, and for
+    pipes, sockets and devices, whose reads may never end (a FIFO named ``x.wav``)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def open_source(source, *, param: str = "source") -> Source:
-    """Resolve ``source``; a missing path raises ``FileNotFoundError``.
+    """Resolve ``source``; a missing path raises ``FileNotFoundError``, a path that is not a
+    regular file (a pipe, socket or device) :class:`~avpipe.errors.UnsupportedFormatError`.
 
     Anything that is not a path, bytes or a binary reader raises ``TypeError`` naming ``param``.
     """
@@ -111,6 +125,10 @@ def open_source(source, *, param: str = "source") -> Source:
             raise FileNotFoundError(f"{param}: no such file: {path!r}")
         if os.path.isdir(path):
             raise IsADirectoryError(f"{param}: is a directory, not a media file: {path!r}")
+        if not is_regular_file(path):
+            from .errors import UnsupportedFormatError
+
+            raise UnsupportedFormatError(path, NOT_REGULAR)
         return Source(name=path, path=path)
     if isinstance(source, (bytes, bytearray, memoryview)):
         return Source(name="<bytes>", data=bytes(source))

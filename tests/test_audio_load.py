@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from stalls import let_loader_read_pipes
 
 import avpipe
 from avpipe.decoding.audio import Audio, audio_info, load_audio
@@ -215,7 +216,7 @@ def test_batch_loader_cpu_matches_soundfile(tmp_path):
         np.testing.assert_array_equal(x1[0, :4321], want[4])
 
 
-def test_batch_loader_never_hangs_on_a_stuck_decoder(tmp_path):
+def test_batch_loader_never_hangs_on_a_stuck_decoder(tmp_path, monkeypatch):
     """A decoder that never returns (here: a FIFO nobody writes) costs its item, not the run."""
     import os
     import time
@@ -229,6 +230,7 @@ def test_batch_loader_never_hangs_on_a_stuck_decoder(tmp_path):
         good.append(p)
     stuck = tmp_path / "stuck.flac"
     os.mkfifo(stuck)
+    let_loader_read_pipes(monkeypatch, tmp_path)
     paths = [good[0], stuck, good[1], good[2]]
     t0 = time.monotonic()
     with AudioBatchLoader(paths, batch_size=2, num_workers=2, prefetch=2, device="cpu",

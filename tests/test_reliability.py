@@ -11,6 +11,7 @@ import struct
 import numpy as np
 import pytest
 import soundfile as sf
+from stalls import let_loader_read_pipes
 
 import avpipe
 from avpipe.errors import CorruptDataError, DecodeTimeoutError
@@ -213,8 +214,10 @@ def test_two_loaders_keep_their_own_buffers(tmp_path):
     np.testing.assert_allclose(xb[2, :702], -0.5, atol=1e-4)
 
 
-def test_loader_timeout_is_a_decode_timeout_error(tmp_path):
+def test_loader_timeout_is_a_decode_timeout_error(tmp_path, monkeypatch):
     from avpipe.pipeline.audio_loader import AudioBatchLoader
+
+    let_loader_read_pipes(monkeypatch, tmp_path)
 
     good = tmp_path / "g.flac"
     sf.write(good, np.full(800, 0.25, np.float32), SR, subtype="PCM_16")
@@ -233,7 +236,7 @@ def test_loader_timeout_is_a_decode_timeout_error(tmp_path):
     assert ei.value.source == str(stuck)
 
 
-def test_loader_worker_that_dies_fails_its_chunk_and_the_loader_goes_on(tmp_path):
+def test_loader_worker_that_dies_fails_its_chunk_and_the_loader_goes_on(tmp_path, monkeypatch):
     """A decoding worker process that dies (a native crash; here killed while it reads a file
     that never returns) fails the files of its chunk at once, not at the timeout, and later
     batches decode on a new worker."""
@@ -243,6 +246,7 @@ def test_loader_worker_that_dies_fails_its_chunk_and_the_loader_goes_on(tmp_path
 
     from avpipe.pipeline.audio_loader import AudioBatchLoader
 
+    let_loader_read_pipes(monkeypatch, tmp_path)
     good = []
     for i in range(3):
         p = tmp_path / f"g{i}.flac"
@@ -381,3 +385,65 @@ def test_loader_lists_files_decoded_though_cut_short(tmp_path):
         ((_, lengths, _, errors),) = list(loader.batches())
     assert not errors and lengths[0] == 4000 and 0 < lengths[1] < 4000
     assert set(loader.damaged) == {cut} and "truncated" in loader.damaged[cut]
+
+
+_PIPES = r"""
+import json, os, shutil, sys
+import avpipe
+from avpipe.errors import UnsupportedFormatError
+d, samples = sys.argv[1], sys.argv[2]
+for name in ("p.wav", "p.mp4", "p.jpg"):
+    os.mkfifo(os.path.join(d, name))
+shutil.copy(os.path.join(samples, "speech", "utt01.wav"), os.path.join(d, "a.wav"))
+out = {}
+for name, call in (("p.mp4", lambda p: avpipe.VideoDecoder(p, device="cpu")),
+                   ("p.wav", lambda p: avpipe.load_audio(p)),
+                   ("p.jpg", lambda p: avpipe.decode_images([p], device="cpu"))):
+    try:
+        call(os.path.join(d, name))
+        out[name] = "no error"
+    except UnsupportedFormatError as e:
+        out[name] = "UnsupportedFormatError" if os.path.join(d, name) in str(e) else str(e)
+with open(os.path.join(d, "m.jsonl"), "w") as f:
+    for name in ("a.wav", "p.wav"):
+        f.write(json.dumps({"audio_filepath": name, "duration": 3.0, "text": "x"}) + "\n")
+for decoder in ("threads", "processes"):
+    feed = avpipe.recipes.rnnt_feed(os.path.join(d, "m.jsonl"), batch_size=2, device="cpu",
+                                    decoder=decoder)
+    n = sum(len(b.paths) for b in feed)
+    out["feed_" + decoder] = [n, [e.split(":")[0] for _, e in feed.errors]]
+from avpipe.recipes.extract import run_extract
+os.remove(os.path.join(d, "m.jsonl"))
+s = run_extract(d, preset="quickstart", out_dir=os.path.join(d, "..", "out"), device="cpu")
+rows = [json.loads(l) for l in open(os.path.join(d, "..", "out", "errors.jsonl"))]
+out["extract"] = [s.total_written, sorted((r["source"], r["error"]) for r in rows)]
+print(json.dumps(out))
+"""
+
+
+def test_pipes_are_refused_never_read(tmp_path):
+    """A named pipe with a media name (a FIFO called x.wav) is refused with a typed error naming
+    it by the decoders, skipped by the feeds and listed by extraction, without being opened:
+    reading one blocks until a writer comes (the run hung). In a subprocess, so a regression
+    fails on its timeout instead of hanging the suite."""
+    import json
+    import subprocess
+    import sys
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no named pipes here")
+    d = tmp_path / "in"
+    d.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", _PIPES, str(d), os.path.join(root, "samples")],
+                       capture_output=True, text=True, timeout=240, cwd=root,
+                       env={**os.environ, "PYTHONPATH": root, "AVPIPE_DISABLE_GPU": "1"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["p.mp4"] == out["p.wav"] == out["p.jpg"] == "UnsupportedFormatError", out
+    for decoder in ("threads", "processes"):
+        assert out["feed_" + decoder] == [1, ["UnsupportedFormatError"]], out
+    written, errors = out["extract"]
+    assert written == 1 and errors == [["p.jpg", "UnsupportedFormatError"],
+                                       ["p.mp4", "UnsupportedFormatError"],
+                                       ["p.wav", "UnsupportedFormatError"]], out

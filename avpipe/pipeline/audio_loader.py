@@ -30,12 +30,17 @@ import numpy as np
 
 from .. import settings
 from .._results import BatchResult
-from .._source import open_source
+from .._source import NOT_REGULAR, is_regular_file, open_source
 from .._validate import pos_float
 from ..decoding.audio import _header_damage
 from ..decoding.audio._flac_cuda import header_info
 from ..device import resolve_device
-from ..errors import CorruptDataError, DecodeTimeoutError, EmptyMediaError
+from ..errors import (
+    CorruptDataError,
+    DecodeTimeoutError,
+    EmptyMediaError,
+    UnsupportedFormatError,
+)
 from ..formats import is_flac
 from ._flac_windows import GpuFlacBatches, start_readers
 from ._shared_memory import Ring as _Ring
@@ -100,6 +105,8 @@ def _as_errors(paths, messages: dict) -> tuple:
             cls = DecodeTimeoutError
         elif why == "no audio samples":
             cls = EmptyMediaError
+        elif why == NOT_REGULAR:
+            cls = UnsupportedFormatError
         else:
             cls = CorruptDataError
         out.append((int(i), cls(str(paths[i]), why)))
@@ -109,6 +116,8 @@ def _as_errors(paths, messages: dict) -> tuple:
 def _frames_of(path):
     import soundfile as sf
 
+    if not is_regular_file(path):  # a pipe or device: never opened (reading could block)
+        return -1, 0, 0
     try:
         i = sf.info(path)
         return _plausible(path, (int(i.frames), int(i.samplerate), int(i.channels)))
@@ -119,6 +128,8 @@ def _frames_of(path):
 def _header_and_size(path):
     """``(frames, rate, channels, bytes)`` of a file for the GPU FLAC loader: its FLAC
     header (libsndfile for anything else), checked; 0 bytes where it cannot be stat'ed."""
+    if not is_regular_file(path):  # a pipe or device: never opened (reading could block)
+        return -1, 0, 0, 0
     info = _plausible(path, header_info(path) or _frames_of(path))
     try:
         size = os.path.getsize(path)
@@ -145,6 +156,8 @@ def _decode_into(task):
     stride = g["max_samples"]
     base = (slot * g["batch"] + row) * stride * dt.itemsize
     out = np.frombuffer(g["mm"], dtype=dt, count=stride, offset=base)
+    if not is_regular_file(path):
+        return 0, NOT_REGULAR
     try:
         with sf.SoundFile(path) as f:
             rate = g.get("sample_rate")

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._source import is_regular_file, open_source
 from ..decoding.audio import load_audio
 from ..device import array_module, resolve_device
 from ..errors import CorruptDataError, DecodeError
@@ -163,6 +164,8 @@ class RnntTask(Task):
         import time
 
         src = item.path
+        if not is_regular_file(src):  # missing, or a pipe or device (reading could block)
+            open_source(src)  # raises FileNotFoundError / UnsupportedFormatError naming it
         if not item.offset:  # whole file: read its bytes first (the "read" stage of stats())
             t0 = time.perf_counter()
             with open(item.path, "rb") as f:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ... import settings
+from ..._source import NOT_REGULAR, is_regular_file
 from ...decoding.audio import load_audio
 from ...decoding.audio._flac_cuda import compile_kernels as flac_compile_kernels
 from ...decoding.audio._flac_cuda import header_info as flac_header_info
@@ -506,9 +507,14 @@ def iter_shards(
     The decoders (and the batched loader's worker processes, forked) are set up here, before
     the first result is asked for: call it before starting threads of your own.
     ``blocked``: ``{input index: why}`` for inputs not to decode (a decoder crashed the process
-    on them): they are reported as errors."""
+    on them): they are reported as errors; so are inputs that are not regular files."""
     batch = int(cfg["batch_size"])
     blocked = dict(blocked or {})
+    for s in shards:  # pipes, sockets, devices: never opened (a read may never return)
+        for i in range(s.start, s.end):
+            p = items[i].path
+            if i not in blocked and os.path.lexists(p) and not is_regular_file(p):
+                blocked[i] = ("UnsupportedFormatError", f"{p}: {NOT_REGULAR}")
     mine = [items[i] for s in shards for i in range(s.start, s.end) if i not in blocked]
     by_kind = {k: [it for it in mine if it.kind == k] for k in ("audio", "video", "image")}
     audio = video = image = None
@@ -568,8 +574,9 @@ def _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit,
 
         for it in (items[i] for i in range(s.start, s.end)):
             if it.index in blocked:
-                results[it.index] = emit(Result(it, error="CorruptDataError",
-                                                message=blocked[it.index]))
+                why = blocked[it.index]  # a crash's text, or (error type, message)
+                err, msg = why if isinstance(why, tuple) else ("CorruptDataError", why)
+                results[it.index] = emit(Result(it, error=err, message=msg))
             elif it.kind == "audio":
                 with timed("audio decode wait"):
                     _, sig, err = audio.next_for(it)
