@@ -60,14 +60,31 @@ class PyAVBackend:
                 pass
 
     # -- decoding ----------------------------------------------------------------------------
-    def _frames_from(self, seek_index: int, skip_pts=frozenset()):
+    def _seek_target(self, seek_index: int) -> int:
+        """Where to seek for the keyframe at display index ``seek_index``: the earlier of its
+        pts and its dts. FFmpeg compares a seek's timestamp with the packets' decode times in
+        some demuxers (MPEG-TS, the generic seek): seeking to the pts of a keyframe that B-frames
+        follow lands just after it there, so the first GOP could not be reached at all."""
+        scan = self.scan
+        kpts = int(scan.pts[seek_index])
+        if scan.decode_pts is not None and scan.dts_sorted is not None:
+            hit = np.flatnonzero(scan.decode_pts == kpts)
+            if hit.size and hit[0] < len(scan.dts_sorted):
+                return min(kpts, int(scan.dts_sorted[hit[0]]))
+        return kpts
+
+    def _frames_from(self, seek_index: int, skip_pts=frozenset(), *, from_start=False):
         """Frames (PyAV VideoFrames, display order) after seeking to the keyframe at
-        ``seek_index``; packets whose pts is in ``skip_pts`` are not decoded."""
+        ``seek_index`` (``from_start``: the file reopened and read from its start, no seek);
+        packets whose pts is in ``skip_pts`` are not decoded."""
         name = self.scan.source_name
+        if from_start:
+            self.close()
         container, st = self._open()
-        target = int(self.scan.pts[seek_index])
         try:
-            container.seek(target, stream=st, backward=True, any_frame=False)
+            if not from_start:
+                container.seek(self._seek_target(seek_index), stream=st, backward=True,
+                               any_frame=False)
         except Exception as e:  # noqa: BLE001
             if seek_index != 0:
                 raise av_error(name, e, f"seek to frame {seek_index} failed") from None
@@ -132,29 +149,29 @@ class PyAVBackend:
             t = targets[ti]
             kf = scan.keyframe_at_or_before(t)
             if gen is None or last >= t or kf > last:
-                seek_kf = kf
+                seek_kf, from_start = kf, False
                 while True:
-                    gen = self._frames_from(seek_kf, skip)
+                    gen = self._frames_from(seek_kf, skip, from_start=from_start)
                     first = None
                     for f in gen:
                         idx = p2i.get(f.pts)
                         if idx is not None:
                             first = (idx, f)
                             break
-                    if first is None:
-                        raise CorruptDataError(
-                            name, f"no decodable frame at or after frame {seek_kf}"
-                        )
-                    if first[0] <= t:
+                    if first is not None and first[0] <= t:
                         break
-                    # landed after the wanted frame: one keyframe further back
+                    if from_start:
+                        raise CorruptDataError(name, (
+                            "no decodable frame in the file" if first is None else
+                            f"frame {t} cannot be decoded (first frame reachable is {first[0]})"
+                        ))
+                    # landed after the wanted frame, or on nothing decodable: one keyframe
+                    # further back, and before the first one the file from its start
                     k = kfs.index(seek_kf) if seek_kf in kfs else 0
                     if k == 0:
-                        raise CorruptDataError(
-                            name,
-                            f"frame {t} cannot be decoded (first frame reachable is {first[0]})",
-                        )
-                    seek_kf = kfs[k - 1]
+                        from_start = True
+                    else:
+                        seek_kf = kfs[k - 1]
                 pending = [first]
             else:
                 pending = []
