@@ -225,6 +225,38 @@ def scan_stream(source, name: str, stream_index=None) -> StreamScan:
     return result
 
 
+_AVI_REORDER = (
+    "its pictures are reordered (B-frames) but AVI stores decode times only, so which picture "
+    "is frame i is not known without decoding the whole file; remux it with timestamps "
+    "(MP4 or MKV, e.g. ffmpeg -i in.avi -c copy out.mkv) or re-encode it"
+)
+
+
+def _reorders(source, name: str, stream_index: int, packets: int = 48) -> bool:
+    """Whether decoding the stream's first ``packets`` packets gives pictures out of the
+    packets' order (their timestamps going back): B-frames in a container whose timestamps
+    follow decode order (AVI)."""
+    last = None
+    try:
+        with contextlib.closing(open_container(source, name)) as c:
+            st = c.streams[stream_index]
+            for k, pkt in enumerate(c.demux(st)):
+                if k >= packets:
+                    break
+                try:
+                    frames = st.codec_context.decode(pkt)
+                except Exception:  # noqa: BLE001 — judged on what decodes
+                    continue
+                for f in frames:
+                    if f.pts is not None:
+                        if last is not None and f.pts < last:
+                            return True
+                        last = f.pts
+    except DecodeError:
+        return False
+    return False
+
+
 def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
     """Demux the whole stream once and collect everything the decoders need."""
     with contextlib.closing(open_container(source, name)) as container:
@@ -294,6 +326,10 @@ def _scan_stream(source, name: str, stream_index=None) -> StreamScan:
             damaged = f"demuxing stopped at damaged data after {len(pts_list)} frames ({e})"
         if not pts_list:
             raise EmptyMediaError(name, f"video stream {st.index} holds no frames")
+        if (codec in ("h264", "hevc") and "avi" in str(container.format.name)
+                and all(a < b for a, b in zip(pts_list, pts_list[1:]))
+                and _reorders(source, name, st.index)):
+            raise UnsupportedFormatError(name, _AVI_REORDER)
         pts = np.array(sorted(pts_list), dtype=np.int64)
         if slice_headers:
             max_tid = max((t for h in slice_headers for _, t in h), default=0)
