@@ -304,3 +304,43 @@ def test_truncated_tail_is_a_shorter_video_or_a_typed_error(tmp_path, media):
         assert seen["decoded"] == seen["n"]
     else:
         assert isinstance(err, CorruptDataError) and str(p) in str(err), repr(err)
+
+
+@pytest.mark.parametrize("fmt,codec,opts", [
+    ("mpegts", "libx264", "bframes=2:b-adapt=0:keyint=10:min-keyint=10:scenecut=0"),
+    ("mpegts", "libx265", "bframes=2:keyint=10:min-keyint=10:scenecut=0:open-gop=1"),
+])
+def test_every_frame_of_mpegts_with_b_frames(tmp_path, fmt, codec, opts):
+    """MPEG-TS with B-frames: FFmpeg's seek there compares decode times, so seeking to a
+    keyframe's pts landed just after it: the first GOP could not be decoded at all, and the
+    last GOP's frames were not found. Every frame, asked for alone, equals a full decode."""
+    import av
+    from test_mp4_scan import _x264, _x265, encode
+
+    opt = _x264(opts) if codec == "libx264" else _x265(opts)
+    p = encode(tmp_path / "v.ts", codec=codec, n=30, opts=opt, fmt=fmt)
+    with av.open(p) as c:
+        want = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    with avpipe.VideoDecoder(p, device="cpu") as d:
+        assert d.metadata.num_frames == len(want) == 30
+        for i in reversed(range(30)):
+            np.testing.assert_array_equal(d.get_frames([i]).data[0], want[i], err_msg=str(i))
+        np.testing.assert_array_equal(d.get_frames(list(range(30))).data, np.stack(want))
+
+
+def test_h264_in_avi_with_b_frames_is_refused_not_misnumbered(tmp_path):
+    """AVI keeps decode times only: with B-frames, sorting them does not give display order
+    (frame 3 came back as the decoder's frame 2, silently). Such a file is refused by name;
+    without B-frames every frame equals a full decode."""
+    import av
+    from test_mp4_scan import _x264, encode
+
+    b = encode(tmp_path / "b.avi", n=30, opts=_x264("bframes=2:b-adapt=0:keyint=10"), fmt="avi")
+    with pytest.raises(UnsupportedFormatError, match="B-frames") as ei:
+        avpipe.VideoDecoder(b, device="cpu")
+    assert b in str(ei.value)
+    p = encode(tmp_path / "p.avi", n=30, opts=_x264("bframes=0:keyint=10"), fmt="avi")
+    with av.open(p) as c:
+        want = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+    with avpipe.VideoDecoder(p, device="cpu") as d:
+        np.testing.assert_array_equal(d.get_frames(list(range(30))[::-1]).data, want[::-1])
