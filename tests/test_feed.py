@@ -185,6 +185,37 @@ def test_raise_raises_the_items_error():
             pass
 
 
+class _Stuck(Synth):
+    """Items in ``slow`` block until ``release`` is set (a decode that never returns)."""
+
+    def __init__(self, slow, deadline):
+        super().__init__(slow=slow, deadline=deadline)
+        self.release = threading.Event()
+
+    def decode_one(self, i, item):
+        if i in self.slow:
+            self.release.wait(120)
+        return np.full(3, i, np.int64)
+
+
+def test_stuck_decodes_never_starve_the_feed():
+    """Every decoding thread stuck in a call that never returns: the items queued behind them
+    are decoded by fresh threads (they never started, so their deadline never ran: the feed
+    waited for the stuck calls), epoch after epoch."""
+    task = _Stuck(slow={0, 1}, deadline=0.2)
+    task.threads = 2
+    f = Feed(items(8), task, batch_size=2, shuffle=False, device="cpu")
+    try:
+        for epoch in range(3):
+            t0 = time.monotonic()
+            got = sorted(int(i) for b in f for i in b.ids)
+            assert time.monotonic() - t0 < 10, epoch
+            assert got == list(range(2, 8)), (epoch, got)
+        assert len(f.errors) == 6 and all("deadline" in m for _, m in f.errors)
+    finally:
+        task.release.set()
+
+
 def test_deadline_skips_a_slow_item():
     f = make(8, task=Synth(slow={2}, sleep=1.5, deadline=0.2), batch_size=4, shuffle=False)
     t0 = time.perf_counter()

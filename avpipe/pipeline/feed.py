@@ -140,9 +140,18 @@ class Task:
     def pool(self):
         """The decoding threads (:class:`._threads.ProcessThreads`: kept across epochs, a
         forked child's own)."""
+        return self.threads_owner().get()
+
+    def threads_owner(self) -> ProcessThreads:
+        """The :class:`._threads.ProcessThreads` behind :meth:`pool`."""
         if self._pool is None:
             self._pool = ProcessThreads(self.threads, "avpipe-feed")
-        return self._pool.get()
+        return self._pool
+
+    def start(self, fn, arg, pair) -> _Work:
+        """``fn(*arg)`` on the decoding threads, for item ``pair`` (collected by
+        :func:`_collect`, which gives up threads stuck past the deadline)."""
+        return _Work(self.threads_owner(), fn, arg, pair)
 
     def decode_one(self, item_id, item):  # pragma: no cover - recipes override
         raise NotImplementedError
@@ -185,7 +194,7 @@ class Task:
         table = self.ahead(pairs)
         fn = self.decode_one if table is None else functools.partial(_drawn, table,
                                                                         self.decode_one)
-        futs = [(self.pool().submit(_timed, fn, p), p) for p in pairs]
+        futs = [self.start(fn, p, p) for p in pairs]
 
         def result():
             out, span = _collect(futs, self.deadline)
@@ -216,18 +225,49 @@ def _timed(fn, pair):
     return t0, time.perf_counter(), v
 
 
-def _collect(futs, deadline):
-    """Results of ``[(future, pair)]`` and the span (first start to last end, seconds); an
-    item running longer than ``deadline`` seconds (from when a thread started it) becomes a
-    :class:`~avpipe.DecodeTimeoutError` (its thread is left to finish in the background)."""
-    out = [None] * len(futs)
+class _Work:
+    """One job on a feed's decoding threads (``ProcessThreads``): ``fn(*arg)`` for ``pair``,
+    with the threads' generation it was queued on."""
+
+    __slots__ = ("threads", "fn", "arg", "pair", "gen", "fut")
+
+    def __init__(self, threads, fn, arg, pair):
+        self.threads, self.fn, self.arg, self.pair = threads, fn, arg, pair
+        self.submit()
+
+    def submit(self):
+        self.gen = self.threads.gen
+        self.fut = self.threads.get().submit(_timed, self.fn, self.arg)
+
+    def requeue(self) -> bool:
+        """Queued on threads given up since and not started: submit it to the current ones."""
+        if self.gen != self.threads.gen and self.fut.cancel():
+            self.submit()
+            return True
+        return False
+
+
+def _collect(works, deadline):
+    """Results of ``works`` (:class:`_Work`, or ``(future, pair)``) and the span (first start
+    to last end, seconds); an item running longer than ``deadline`` seconds (from when a thread
+    started it) becomes a :class:`~avpipe.DecodeTimeoutError`. Its thread is left to finish in
+    the background and the threads it belongs to are given up (``ProcessThreads.retire``):
+    later work goes to fresh threads, and work queued behind it is submitted to them again, so
+    stuck decodes never take the feed's threads one by one until nothing runs."""
+    out = [None] * len(works)
     started = {}
     t_first, t_last = None, None
-    pending = set(range(len(futs)))
+    pending = set(range(len(works)))
+
+    def fut(i):
+        w = works[i]
+        return w.fut if isinstance(w, _Work) else w[0]
+
     while pending:
         for i in list(pending):
-            f, pair = futs[i]
-            if f.done():
+            w = works[i]
+            f = fut(i)
+            if f.done() and not f.cancelled():
                 try:
                     t0, t1, out[i] = f.result()
                     t_first = t0 if t_first is None else min(t_first, t0)
@@ -238,11 +278,16 @@ def _collect(futs, deadline):
             elif deadline is not None and f.running():
                 started.setdefault(i, time.monotonic())
                 if time.monotonic() - started[i] > deadline:
+                    pair = w.pair if isinstance(w, _Work) else w[1]
                     out[i] = DecodeTimeoutError(
                         _name(pair), f"no result within the {deadline:g} s deadline")
                     pending.discard(i)
+                    if isinstance(w, _Work) and w.gen == w.threads.gen:
+                        w.threads.retire()
+            elif isinstance(w, _Work):
+                w.requeue()
         if pending:
-            cf.wait([futs[i][0] for i in pending], timeout=0.05 if deadline else None,
+            cf.wait([fut(i) for i in pending], timeout=0.05 if deadline else None,
                     return_when=cf.FIRST_COMPLETED)
     return out, (None if t_first is None else t_last - t_first)
 

@@ -65,7 +65,7 @@ from ..ops import random as _rnd
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
 from ..pipeline._scan_ahead import SCAN_DEPTH, ScanAhead, lookahead
 from ..pipeline.clips import ThreadStreams, decode_clip
-from ..pipeline.feed import Feed, Task, _collect, _timed
+from ..pipeline.feed import Feed, Task, _collect
 from ..pipeline.samplers import clip_indices_at, clip_indices_regular
 from ..pipeline.sources import class_index, read_csv
 
@@ -445,8 +445,8 @@ class VideoTask(Task):
         for k, (_, it) in enumerate(pairs):
             rows.setdefault(it.extra["video"], []).append(k)
         jobs = list(rows.values())
-        futs = [(self.pool().submit(_timed, self.decode_views, ([pairs[k] for k in ks],)),
-                 pairs[ks[0]]) for ks in jobs]
+        futs = [self.start(self.decode_views, ([pairs[k] for k in ks],), pairs[ks[0]])
+                for ks in jobs]
 
         def result():
             got, span = _collect(futs, self.deadline)
