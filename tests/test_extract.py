@@ -846,3 +846,32 @@ def test_resume_names_what_changed_in_the_input(speech, tmp_path):
     victim.unlink()
     with pytest.raises(ValueError, match=r"12 files then, 11 now"):
         run_extract(speech, preset="nemo", out_dir=out, device="cpu", shard_size=4)
+
+
+def test_a_shard_redone_loses_its_old_part_before_its_outputs_change(tmp_path, monkeypatch):
+    """Redoing a shard (--retry-errors) removes its old part (its done mark) before writing the
+    new outputs: killed between the new tar and the new part, the shard is not taken as done
+    (its old part named the old tar's members: an "ok" row whose output was gone)."""
+    from avpipe.recipes.extract import _writers
+    from avpipe.recipes.extract._inputs import Item
+    from avpipe.recipes.extract._process import Result, Shard
+
+    cfg = resolve_preset("nemo")
+    items = [Item(i, f"x{i}.wav", str(tmp_path / f"x{i}.wav"), "audio") for i in range(2)]
+    first = [Result(items[0], np.zeros((80, 3), np.float32)),
+             Result(items[1], error="CorruptDataError", message="bad")]
+    _writers.write_shard(str(tmp_path), Shard(0, 2), first, cfg, "tar", total=2)
+    assert _writers.read_part(str(tmp_path), Shard(0, 2), 2) is not None
+    real = _writers.atomic_write
+
+    def killed_at_the_part(path, write, **kw):
+        if os.sep + _writers.PARTS_DIR + os.sep in path:
+            raise KeyboardInterrupt("killed")
+        return real(path, write, **kw)
+
+    monkeypatch.setattr(_writers, "atomic_write", killed_at_the_part)
+    again = [Result(items[0], error="CorruptDataError", message="now bad"),
+             Result(items[1], np.ones((80, 3), np.float32))]
+    with pytest.raises(KeyboardInterrupt):
+        _writers.write_shard(str(tmp_path), Shard(0, 2), again, cfg, "tar", total=2)
+    assert _writers.read_part(str(tmp_path), Shard(0, 2), 2) is None

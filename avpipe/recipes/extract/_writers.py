@@ -271,8 +271,16 @@ def npy_output(r: Result, duplicated: bool) -> str:
 
 def write_shard(out_dir: str, shard: Shard, results: list[Result], cfg: dict, fmt: str,
                 total: int, duplicated: frozenset = frozenset()) -> list[dict]:
-    """Write one shard's outputs, then its part (the shard's done mark). Returns its rows."""
+    """Write one shard's outputs, then its part (the shard's done mark). Returns its rows.
+
+    A shard being redone (``--retry-errors``) loses its old part first, on disk: killed
+    between its new outputs and its new part, the run finds no part and does the shard again
+    (the old part would have been taken as done, its rows naming outputs no longer there)."""
     name = shard_name(shard, total)
+    part = os.path.join(out_dir, PARTS_DIR, f"{name}.jsonl")
+    if os.path.lexists(part):
+        os.remove(part)
+        _fsync_dir(os.path.dirname(part))
     ok = [r for r in results if r.ok]
     rows = []
     if fmt == "npy":
@@ -290,8 +298,7 @@ def write_shard(out_dir: str, shard: Shard, results: list[Result], cfg: dict, fm
                      stream=fmt == "tar")
         rows = [index_row(r, cfg, shard_rel if r.ok else None, None) for r in results]
     text = "".join(dumps(row) + "\n" for row in rows)
-    atomic_write(os.path.join(out_dir, PARTS_DIR, f"{name}.jsonl"),
-                 lambda f: f.write(text.encode("utf-8")))
+    atomic_write(part, lambda f: f.write(text.encode("utf-8")))
     return rows
 
 
