@@ -178,6 +178,9 @@ def _visible(index: int) -> str:
 # that crash); the inputs that end theirs are reported as errors and the shard is done without
 # them. A shard that ends eight workers is given up (the run fails, and stays resumable).
 _CRASHES_BEFORE_PROBING = 2
+# a crash is charged to the first shard without a part, but the worker decodes ahead of the
+# shards it writes: where that shard holds no culprit, this many inputs after it are probed
+_PROBE_AHEAD = 512
 _CRASHES_PER_SHARD = 8  # then the shard is given up (a failure; the run stays resumable)
 _MAX_RESTARTS = 64
 
@@ -267,7 +270,11 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
                   f"crash); a new one takes the {len(left)} shard(s) left", file=sys.stderr)
             crashes[first.start] = crashes.get(first.start, 0) + 1
             if crashes[first.start] >= _CRASHES_BEFORE_PROBING:
-                blocked.update(_probe(dev, first, items, cfg, workers, blocked))
+                found = _probe(dev, range(first.start, first.end), items, cfg, workers, blocked)
+                if not found:  # decoded ahead of the writer: the culprit may be further on
+                    ahead = [i for sh in left[1:] for i in range(sh.start, sh.end)]
+                    found = _probe(dev, ahead[:_PROBE_AHEAD], items, cfg, workers, blocked)
+                blocked.update(found)
             todo.append((dev, left))
     return failures
 
@@ -314,15 +321,15 @@ def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, re
     return [(d, g, why[k]) for k, (d, g, _p) in enumerate(procs)]
 
 
-def _probe(dev, shard, items, cfg, workers, blocked) -> dict[int, str]:
-    """The inputs of ``shard`` that end the process decoding them: ``{index: why}``. Groups are
+def _probe(dev, indices, items, cfg, workers, blocked) -> dict[int, str]:
+    """The inputs among ``indices`` that end the process decoding them: ``{index: why}``. Groups are
     decoded in their own processes (nothing written), halving the groups that crash, so one
     culprit among n inputs costs about 2 log2(n) processes. A crash that does not come back when
     its group is decoded again (a flaky one) blocks nothing."""
     ctx = mp.get_context("spawn")
     vis = _visible_for(dev)
     out: dict[int, str] = {}
-    stack = [[i for i in range(shard.start, shard.end) if i not in blocked]]
+    stack = [[i for i in indices if i not in blocked]]
     while stack:
         group = stack.pop()
         if not group:
