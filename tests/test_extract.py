@@ -875,3 +875,25 @@ def test_a_shard_redone_loses_its_old_part_before_its_outputs_change(tmp_path, m
     with pytest.raises(KeyboardInterrupt):
         _writers.write_shard(str(tmp_path), Shard(0, 2), again, cfg, "tar", total=2)
     assert _writers.read_part(str(tmp_path), Shard(0, 2), 2) is None
+
+
+def test_npy_outputs_of_names_that_clash_stay_apart(tmp_path):
+    """An absolute input "/x/a.wav" (outside the list's folder) and a relative "x/a.wav" both
+    wrote features/x/a.wav.npy, one output lost: names that clash take the input's key."""
+    far = tmp_path / "far" / "a.wav"
+    far.parent.mkdir()
+    shutil.copy(SAMPLES / "speech" / "utt01.wav", far)
+    lst = tmp_path / "lst"
+    near = lst / str(far).lstrip("/")
+    near.parent.mkdir(parents=True)
+    shutil.copy(SAMPLES / "speech" / "utt02.wav", near)
+    (lst / "l.txt").write_text(f"{far}\n{str(far).lstrip('/')}\n")
+    out = tmp_path / "o"
+    run_extract(lst / "l.txt", preset="nemo", out_dir=out, device="cpu", format="npy")
+    rows = jsonl(out / "index.jsonl")
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert rows[0]["output"] != rows[1]["output"]
+    alone = tmp_path / "alone"
+    run_extract(near, preset="nemo", out_dir=alone, device="cpu", format="npy")
+    (want,) = [np.load(alone / r["output"]) for r in jsonl(alone / "index.jsonl")]
+    np.testing.assert_array_equal(np.load(out / rows[1]["output"]), want)

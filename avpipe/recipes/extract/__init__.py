@@ -49,6 +49,7 @@ from ._writers import (
     atomic_write,
     clean_partials,
     make_shards,
+    npy_name,
     read_part,
     write_index,
 )
@@ -450,8 +451,10 @@ def _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size, 
             else:
                 done_ok += sum(r.get("status") == "ok" for r in rows)
                 done_err += sum(r.get("status") != "ok" for r in rows)
-        duplicated = frozenset(s for s, n in Counter(it.source for it in inp.items).items()
-                               if n > 1)
+        # inputs whose npy outputs would share a name (one file listed twice, or "/x/a.wav"
+        # and "x/a.wav") get the input's key in the name
+        clash = {s for s, n in Counter(npy_name(it.source) for it in inp.items).items() if n > 1}
+        duplicated = frozenset(it.source for it in inp.items if npy_name(it.source) in clash)
         bar = _Progress([inp.items[i] for s in todo for i in range(s.start, s.end)], cfg,
                         progress)
         written: dict[str, int] = {}

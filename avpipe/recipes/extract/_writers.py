@@ -262,9 +262,14 @@ def _write_parquet(f, ok: list[Result], cfg: dict) -> None:
     pq.write_table(table, f, compression="zstd")
 
 
+def npy_name(source: str) -> str:
+    """The name under ``features/`` an input's npy output takes (before any key)."""
+    return source.lstrip("/")
+
+
 def npy_output(r: Result, duplicated: bool) -> str:
-    src = r.item.source.lstrip("/")
-    if duplicated:  # a manifest listing one file twice (offsets): one output each
+    src = npy_name(r.item.source)
+    if duplicated:  # one file listed twice (offsets), or names that clash: one output each
         return f"{FEATURES_DIR}/{src}.{key_of(r.item.index)}.npy"
     return f"{FEATURES_DIR}/{src}.npy"
 
