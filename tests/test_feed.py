@@ -724,6 +724,21 @@ def test_torch_persistent_workers_run_the_next_epoch_and_set_epoch_still_works()
     del dl
 
 
+@pytest.mark.parametrize("n,bs,nw", [(24, 2, 5), (50, 4, 3)])
+def test_torch_dataset_length_counts_what_its_workers_yield(n, bs, nw):
+    """N workers split the epoch as N ranks: where the items do not divide evenly they yield
+    more batches than len(feed); torch_dataset(num_workers=N) says how many."""
+    torch = pytest.importorskip("torch")
+    ds = synth_feed(n, batch_size=bs, seed=1).torch_dataset(num_workers=nw)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=nw,
+                                     multiprocessing_context=CTX)
+    got = _loader_epoch(dl)
+    assert len(ds) == len(dl) == len(got) > len(synth_feed(n, batch_size=bs))
+    assert sorted(flat(got)) == list(range(n))
+    with pytest.raises(ValueError, match="num_workers"):
+        synth_feed(n).torch_dataset(num_workers=-1)
+
+
 def test_torch_dataset_state_is_its_workers_states_and_resumes_its_workers():
     torch = pytest.importorskip("torch")
     ref = [epoch_ids(synth_feed(24, seed=5, rank=r, world_size=2)) for r in range(2)]

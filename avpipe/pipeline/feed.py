@@ -601,13 +601,22 @@ class Feed:
         fn, kw = self._spec
         return fn(**{**kw, **overrides, "rank": rank, "world_size": world_size})
 
-    def torch_dataset(self):
+    def torch_dataset(self, *, num_workers: int = 0):
         """A torch ``IterableDataset`` for ``DataLoader(ds, batch_size=None, num_workers=N,
         multiprocessing_context="forkserver")`` ("spawn" works too; both need the usual
         ``if __name__ == "__main__":`` guard in a script). Torch's default on Linux forks the
         calling process, and a fork copies the locks its other threads hold (a feed's
-        producer, BLAS threads): such a worker can hang."""
-        return dataset_class()(self)
+        producer, BLAS threads): such a worker can hang.
+
+        ``num_workers``: the DataLoader's ``N``, for ``len(ds)``. N workers split the epoch as
+        ``N * world_size`` ranks, which can give a few more batches than ``len(feed)`` where
+        the items do not divide evenly; with it ``len(ds)`` (and the DataLoader's length) is
+        the number of batches the workers yield."""
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
+        ds = dataset_class()(self)
+        ds._num_workers = num_workers
+        return ds
 
     def __getstate__(self):
         if self._spec is None:
@@ -1155,8 +1164,19 @@ class _FeedDataset:
                      rebase=[dict(r, exclude=list(r["exclude"])) for r in base["rebase"]])
                 for w in range(nw)]
 
+    _num_workers = 0  # the DataLoader's, as torch_dataset(num_workers=) gave it
+
     def __len__(self):
-        return len(self.feed)
+        nw = self._num_workers
+        if nw <= 1:
+            return len(self.feed)
+        f = self.feed
+        if getattr(self, "_len_of", None) is None or self._len_of[0] != (f.epoch, nw):
+            one = f.replica(rank=f.rank * nw, world_size=f.world_size * nw, framework=None,
+                            device="cpu")
+            one.set_epoch(f.epoch)
+            self._len_of = ((f.epoch, nw), nw * len(one))
+        return self._len_of[1]
 
     def __iter__(self):
         wid, nw = self._workers()
