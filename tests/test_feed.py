@@ -198,6 +198,25 @@ class _Stuck(Synth):
         return np.full(3, i, np.int64)
 
 
+@pytest.mark.parametrize("n,bs,W", [(6, 1, 4), (3, 2, 4), (9, 1, 4), (5, 3, 8)])
+def test_pad_empty_gives_every_item_exactly_once_across_ranks(n, bs, W):
+    """Where too few items are left for every rank, evaluation (pad="empty") gives those ranks
+    empty batches; training (the default, "repeat") repeats the epoch's first items. Either
+    way every rank has the same number of batches."""
+    for pad in ("empty", "repeat"):
+        ranks = [Feed(items(n), Synth(), batch_size=bs, world_size=W, rank=r, shuffle=False,
+                      device="cpu", pad=pad) for r in range(W)]
+        got = [[int(i) for b in f for i in b.ids] for f in ranks]
+        assert len({len(f) for f in ranks}) == 1
+        every = sorted(i for g in got for i in g)
+        if pad == "empty":
+            assert every == list(range(n)), got
+        else:
+            assert sorted(set(every)) == list(range(n)) and len(every) >= n
+    with pytest.raises(ValueError, match="pad"):
+        Feed(items(3), Synth(), batch_size=1, device="cpu", pad="wrap")
+
+
 def test_stuck_decodes_never_starve_the_feed():
     """Every decoding thread stuck in a call that never returns: the items queued behind them
     are decoded by fresh threads (they never started, so their deadline never ran: the feed

@@ -844,3 +844,14 @@ def test_video_decode_groups_hands_every_batch_its_pre_drawn_table(monkeypatch):
         want = R.draw_ahead(1, 4, [i for i, _ in g], task._ahead_requests())
         for k in want:
             np.testing.assert_array_equal(vals[0][k][1], want[k][1])
+
+
+def test_evaluation_feeds_give_every_item_once_across_ranks():
+    """Evaluation (training=False) never repeats an utterance across ranks; training does where
+    there are fewer left than ranks (the usual DistributedSampler padding)."""
+    for training, once in ((False, True), (True, False)):
+        feeds = [rnnt_feed(MANIFEST, batch_size=1, shuffle=False, device="cpu", rank=r,
+                           world_size=4, training=training) for r in range(4)]
+        paths = [p for f in feeds for b in f for p in b.paths]
+        n = len(_lines(MANIFEST))
+        assert len(set(paths)) == n and (len(paths) == n) == once, (training, len(paths), n)

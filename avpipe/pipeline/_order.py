@@ -24,7 +24,9 @@ are disjoint and together all ``m`` items. When ``t < W`` (fewer items left than
 last two steps' ``W * B + t`` items are dealt evenly over their ``2 * W`` batches instead (each
 at least ``B // 2``). Only when the whole epoch has fewer items than ranks (``m < W``) is the
 last step padded by wrapping to the epoch's first items (they appear twice); likewise with
-``B = 1`` when ``t < W``.
+``B = 1`` when ``t < W``, and for buckets when there are fewer batches than ranks after
+halving them all. With ``pad="empty"`` (the feeds' ``training=False`` / ``train=False``)
+those ranks get empty batches instead: every item exactly once per epoch across the ranks.
 """
 
 from __future__ import annotations
@@ -96,8 +98,9 @@ def steps_fixed(m: int, batch_size: int, world_size: int) -> int:
     return -(-int(m) // (int(world_size) * int(batch_size)))
 
 
-def plan_fixed(seq, batch_size: int, world_size: int) -> list:
-    """Global batches of ``seq`` (items in order) under the remainder rule (module docstring)."""
+def plan_fixed(seq, batch_size: int, world_size: int, *, pad: str = "repeat") -> list:
+    """Global batches of ``seq`` (items in order) under the remainder rule (module docstring);
+    ``pad="empty"``: where that rule wraps, empty batches instead (every item exactly once)."""
     seq = np.asarray(seq, dtype=np.int64)
     m, B, W = len(seq), int(batch_size), int(world_size)
     steps = steps_fixed(m, B, W)
@@ -110,7 +113,7 @@ def plan_fixed(seq, batch_size: int, world_size: int) -> list:
         tail_steps = 2
     out = [seq[k * B : (k + 1) * B] for k in range(full // B)]
     tail = seq[full:]
-    if len(tail) < W:  # fewer items than ranks in all: wrap to the first ones (documented)
+    if len(tail) < W and pad == "repeat":  # fewer items than ranks: wrap to the first ones
         tail = np.concatenate([tail, np.resize(seq, W - len(tail))])
     t, parts = len(tail), W * tail_steps
     a = 0
@@ -122,7 +125,7 @@ def plan_fixed(seq, batch_size: int, world_size: int) -> list:
 
 
 def plan_buckets(seq, durations, max_duration: float, world_size: int, *, seed: int, epoch: int,
-                 window: int = 100, shuffle: bool = True) -> list:
+                 window: int = 100, shuffle: bool = True, pad: str = "repeat") -> list:
     """Duration buckets: windows of ``window * (typical batch)`` items of ``seq`` are sorted by
     duration and cut greedily into batches whose padded duration ``len * max(duration)`` stays
     within ``max_duration``; the batches are then shuffled (stream ``"buckets"``) and, while
@@ -159,12 +162,13 @@ def plan_buckets(seq, durations, max_duration: float, world_size: int, *, seed: 
     if shuffle and len(batches) > 1:
         order = permutation(len(batches), seed=seed, epoch=epoch, stream="buckets")
         batches = [batches[i] for i in order]
-    return make_divisible(batches, W)
+    return make_divisible(batches, W, pad=pad)
 
 
-def make_divisible(batches: list, world_size: int) -> list:
+def make_divisible(batches: list, world_size: int, *, pad: str = "repeat") -> list:
     """Halve the largest batch (first of equals) until the count is a multiple of
-    ``world_size``; with too few items for that, wrap-pad with copies of the first batches."""
+    ``world_size``; with too few items for that, wrap-pad with copies of the first batches
+    (``pad="empty"``: with empty batches)."""
     W = int(world_size)
     batches = list(batches)
     if not batches:
@@ -178,7 +182,7 @@ def make_divisible(batches: list, world_size: int) -> list:
         h = (len(b) + 1) // 2
         batches[k : k + 1] = [b[:h], b[h:]]
     i = 0
-    while len(batches) % W:  # fewer items than ranks: repeat (documented)
-        batches.append(batches[i])
+    while len(batches) % W:  # fewer items than ranks: repeat (documented), or empty
+        batches.append(batches[i] if pad == "repeat" else np.zeros(0, np.int64))
         i += 1
     return batches

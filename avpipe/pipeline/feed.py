@@ -316,13 +316,16 @@ class Feed:
     decoded ahead (a background thread; 0: decode in the consumer's thread); ``on_error``:
     ``"skip"`` or ``"raise"``; ``device`` (None: the GPU when usable); ``framework``: None
     (numpy / cupy), ``"torch"`` or ``"jax"`` (DLPack, no copies); ``classes``: label names.
-    ``errors`` starts with ``initial_errors`` (items left out up front).
+    ``errors`` starts with ``initial_errors`` (items left out up front). ``pad``: where there
+    are too few items (or batches) for every rank, ``"repeat"`` gives those ranks the epoch's
+    first items again (training), ``"empty"`` empty batches (evaluation: every item exactly
+    once across the ranks); the recipes choose by their ``training`` / ``train``.
     """
 
     def __init__(self, items, task: Task, *, batch_size=None, max_duration=None,
                  durations=None, seed=0, shuffle=True, rank=0, world_size=1, prefetch=2,
                  on_error="skip", device=None, framework=None, bucket_window=100,
-                 initial_errors=(), classes=None, spec=None):
+                 initial_errors=(), classes=None, spec=None, pad="repeat"):
         if (batch_size is None) == (max_duration is None):
             raise ValueError("give exactly one of batch_size and max_duration, got "
                              f"batch_size={batch_size!r}, max_duration={max_duration!r}")
@@ -332,6 +335,8 @@ class Feed:
             max_duration = pos_float("max_duration", max_duration, " of seconds")
         check_on_error(on_error)
         check_choice("framework", framework, (None, "numpy", "cupy", "torch", "jax"))
+        check_choice("pad", pad, ("repeat", "empty"))
+        self.pad = pad
         world_size, rank = int(world_size), int(rank)
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, "
@@ -375,10 +380,10 @@ class Feed:
         order = _order.permutation(len(self.items), seed=self.seed, epoch=epoch,
                                    shuffle=self.shuffle)
         if self.mode == "fixed":
-            return _order.plan_fixed(order, self.batch_size, world_size)
+            return _order.plan_fixed(order, self.batch_size, world_size, pad=self.pad)
         return _order.plan_buckets(order, self.durations, self.max_duration, world_size,
                                    seed=self.seed, epoch=epoch, window=self.bucket_window,
-                                   shuffle=self.shuffle)
+                                   shuffle=self.shuffle, pad=self.pad)
 
     def _recut(self, plan: list, old_w: int, step: int, exclude, new_w: int) -> list:
         ex = set(int(i) for i in exclude)
@@ -390,8 +395,9 @@ class Feed:
                     if i not in seen:  # wrap padding may repeat an item: once is enough
                         seen.add(i)
                         seq.append(i)
-            return _order.plan_fixed(np.array(seq, np.int64), self.batch_size, new_w)
-        return _order.make_divisible([b for b in rest if len(b)], new_w)
+            return _order.plan_fixed(np.array(seq, np.int64), self.batch_size, new_w,
+                                     pad=self.pad)
+        return _order.make_divisible([b for b in rest if len(b)], new_w, pad=self.pad)
 
     def _plan(self, epoch: int, rebase, world_size=None) -> list:
         W = self.world_size if world_size is None else int(world_size)

@@ -63,7 +63,8 @@ def image_classification(source, *, crop_size=224, resize_size=256, batch_size=3
     return Feed(items, task, batch_size=batch_size, seed=seed,
                 shuffle=bool(train) if shuffle is None else bool(shuffle), rank=rank,
                 world_size=world_size, prefetch=prefetch, on_error=on_error, device=dev,
-                framework=framework, classes=classes, spec=spec)
+                framework=framework, classes=classes, spec=spec,
+                pad="repeat" if train else "empty")
 
 
 class ImageTask(Task):

@@ -127,7 +127,8 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
                 durations=durations, seed=seed, shuffle=shuffle, rank=rank,
                 world_size=world_size, prefetch=prefetch, on_error=on_error, device=dev,
                 framework=framework, bucket_window=bucket_window, initial_errors=errors,
-                spec=spec)
+                spec=spec,
+                pad="repeat" if training else "empty")
 
 
 class RnntTask(Task):

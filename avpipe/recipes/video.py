@@ -110,7 +110,8 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
     return Feed(items, task, batch_size=batch_size, seed=seed,
                 shuffle=bool(train) if shuffle is None else bool(shuffle), rank=rank,
                 world_size=world_size, prefetch=prefetch, on_error=on_error, device=dev,
-                framework=framework, classes=classes, spec=spec)
+                framework=framework, classes=classes, spec=spec,
+                pad="repeat" if train else "empty")
 
 
 def eval_views(videos, views):
