@@ -444,3 +444,66 @@ def test_gpu_loader_header_pass_reads_frames_rate_channels_and_size(tmp_path):
         assert readers.map(_header_and_size, paths, chunksize=1) == want
     finally:
         readers.close()
+
+
+def test_batch_loader_run_left_early_never_writes_into_the_next_runs_batches(tmp_path,
+                                                                            monkeypatch):
+    """A consumer that stops early leaves work in flight, writing into the ring's slots: the
+    next run waits for that work before it reuses its slot (a late write would overwrite the
+    new batch's rows). Here the work in flight reads a pipe that is fed 1 s later."""
+    import threading
+    import time
+
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
+
+    files = []
+    for i in range(3):
+        p = tmp_path / f"g{i}.wav"
+        sf.write(p, np.full(800 + i, 0.1 * (i + 1), np.float32), SR, subtype="FLOAT")
+        files.append(str(p))
+    late = tmp_path / "late.wav"
+    os.mkfifo(late)
+    let_loader_read_pipes(monkeypatch, tmp_path)
+    wav = io.BytesIO()
+    sf.write(wav, np.full(900, 0.9, np.float32), SR, format="WAV", subtype="FLOAT")
+    fed = []
+
+    def feed_the_pipe():
+        time.sleep(1.0)
+        with open(late, "wb") as f:
+            f.write(wav.getvalue())
+        fed.append(time.monotonic())
+
+    paths = [files[0], files[1], str(late), files[2]]
+    with AudioBatchLoader(paths, batch_size=2, num_workers=2, prefetch=2, device="cpu",
+                          max_samples=1000, timeout=30.0) as loader:  # fmt: skip
+        first = loader.decode_groups([[0, 1], [2, 3]])
+        next(first)  # the second batch ([late, g2]: slot 1) is in flight, blocked on the pipe
+        first.close()
+        writer = threading.Thread(target=feed_the_pipe)
+        writer.start()
+        got = []
+        for x, lengths, _, errors in loader.decode_groups([[0, 1], [3, 3]]):
+            got.append((time.monotonic(), np.array(x), lengths.tolist(), errors))
+        writer.join()
+    (_, x0, l0, e0), (t1, x1, l1, e1) = got
+    assert not e0 and not e1 and l0 == [800, 801] and l1 == [802, 802]
+    assert t1 >= fed[0]  # slot 1's batch came after the late write had landed
+    np.testing.assert_allclose(x1[:, :802], 0.3, atol=1e-4)
+
+
+@pytest.mark.parametrize("subtype", ["FLOAT", "DOUBLE"])
+def test_batch_loader_int16_transport_scales_float_files(tmp_path, subtype):
+    """libsndfile reads a float file as int16 unscaled (0.3 became 0: silence, no error); the
+    loader's int16 ring now gets it scaled, within one int16 step of soundfile's float read."""
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
+
+    t = np.arange(4000) / SR
+    p = tmp_path / "f.wav"
+    sf.write(p, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), SR, subtype=subtype)
+    want = sf.read(p, dtype="float32")[0]
+    with AudioBatchLoader([p], batch_size=1, num_workers=1, device="cpu",
+                          transport="int16") as loader:  # fmt: skip
+        ((x, lengths, _, errors),) = list(loader.batches())
+    assert not errors and lengths.tolist() == [4000]
+    np.testing.assert_allclose(x[0], want, atol=1.0 / 32768 + 1e-7)

@@ -166,7 +166,9 @@ def _decode_into(task):
             if int(f.frames) > stride:
                 return 0, f"{int(f.frames)} samples, more than max_samples={stride}: skipped"
             n = int(f.frames)
-            if f.channels == 1:
+            # libsndfile hands float files to an int16 read unscaled (0.3 -> 0): those go
+            # through float32 and are scaled here, as a downmix is
+            if f.channels == 1 and not (dt == np.int16 and f.subtype in ("FLOAT", "DOUBLE")):
                 got = f.read(frames=n, dtype=dt.name, out=out[:n])
                 k = len(got)
             else:
@@ -316,6 +318,7 @@ class AudioBatchLoader:
         self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._mm)
         self._registered = False
         self._events = [None] * self.n_slots
+        self._inflight: dict = {}  # slot -> (chunks, handles) an abandoned run left running
 
     def _new_pool(self):
         """Worker processes for this loader (each request names its ring). A worker that gives
@@ -517,6 +520,12 @@ class AudioBatchLoader:
                 exhausted = True
                 return
             slot = k_submit % self.n_slots
+            old = self._inflight.pop(slot, None)
+            if old is not None and not all(h.done() for h in old[1]):
+                try:  # an earlier run's work on this slot (see below): its writes land first
+                    self._results(old[0], old[1], pending)
+                except Exception:  # noqa: BLE001 - only waited for
+                    pass
             ev = self._events[slot]
             if ev is not None:
                 ev.synchronize()
@@ -529,6 +538,17 @@ class AudioBatchLoader:
 
         while not exhausted and len(pending) < self.prefetch:
             submit()
+        try:
+            yield from self._batches(pending, submit, lambda: exhausted)
+        finally:
+            # a consumer that stopped early: the work still in flight writes into its slots;
+            # the next run waits for it before it reuses a slot (else a late write would
+            # overwrite a new batch's row), not this close (a stuck file would hold it)
+            while pending:
+                slot, _, chunks, handles = pending.popleft()
+                self._inflight[slot] = (chunks, handles)
+
+    def _batches(self, pending, submit, exhausted):
         while pending:
             slot, group, chunks, handles = pending.popleft()
             results = self._results(chunks, handles, pending)
@@ -545,7 +565,7 @@ class AudioBatchLoader:
                 x = self._to_gpu(slot, b, max_len, lengths)
             else:
                 x = self._to_cpu(slot, b, max_len, lengths)
-            if not exhausted:
+            if not exhausted():
                 submit()
             yield AudioBatch(x, lengths, group, _as_errors(group, errors), str(self.device))
 
