@@ -60,9 +60,9 @@ def test_skipping_decodes_fewer_packets_and_same_frames(tmp_path, codec, monkeyp
     decoded = []
     real = _video_cpu.PyAVBackend._frames_from
 
-    def counting(self, seek_index, skip_pts=frozenset()):
+    def counting(self, seek_index, skip_pts=frozenset(), **kw):
         decoded.append(len(skip_pts))
-        return real(self, seek_index, skip_pts)
+        return real(self, seek_index, skip_pts, **kw)
 
     monkeypatch.setattr(_video_cpu.PyAVBackend, "_frames_from", counting)
     with avpipe.VideoDecoder(path, device="cpu") as dec:
