@@ -432,7 +432,12 @@ class Feed:
         return self._pos["epoch"]
 
     def set_epoch(self, epoch: int) -> None:
-        """Start the next ``iter`` at the beginning of ``epoch``."""
+        """Start the next ``iter`` at the beginning of ``epoch``; where a state loaded by
+        :meth:`load_state_dict` waits for the next ``iter`` in that same epoch, keep it (the
+        ``DistributedSampler`` habit, ``set_epoch(e)`` before every epoch, resumed one
+        included, would otherwise start the resumed epoch over)."""
+        if self._pending and self._pos["epoch"] == int(epoch):
+            return
         self._pos = _start(epoch)
         self._next_epoch = int(epoch)
         self._pending = False
@@ -1145,6 +1150,9 @@ class _FeedDataset:
         return (0, 1) if info is None else (info.id, info.num_workers)
 
     def set_epoch(self, epoch: int):
+        st = _flat_states(self._state)[0] if self._state is not None else None
+        if st is not None and int(st.get("epoch", -1)) == int(epoch):
+            return  # a loaded state in that epoch: kept (Feed.set_epoch)
         self._epoch = int(epoch)
         self._state = None
         self._order += 1
