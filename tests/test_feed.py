@@ -804,21 +804,26 @@ def test_task_threads_kept_across_epochs_and_a_forked_childs_own():
     assert first._shutdown and task._pool is None
 
 
+def _epoch_and_a_state_in_it(ref, feed, epoch, k):
+    """Epoch ``epoch`` of ``ref`` whole, the first ``k`` batches of it from ``feed`` (alike),
+    and ``feed``'s state after them."""
+    ref.set_epoch(epoch)
+    whole = epoch_ids(ref)
+    feed.set_epoch(epoch)
+    head = []
+    for b in feed:
+        head.append(b.ids.tolist())
+        if len(head) == k:
+            break
+    return whole, head, feed.state_dict()
+
+
 def test_set_epoch_of_the_loaded_state_keeps_its_position():
     """set_epoch(e) before every epoch (DistributedSampler's habit), the resumed one included,
     keeps a loaded mid-epoch state of epoch e (it started the epoch over: items trained twice);
     another epoch still starts that epoch, and after the resumed iter set_epoch(e) is honoured."""
     ref = make(40, seed=2)
-    ref.set_epoch(1)
-    e1 = epoch_ids(ref)
-    g = make(40, seed=2)
-    g.set_epoch(1)
-    head = []
-    for b in g:
-        head.append(b.ids.tolist())
-        if len(head) == 3:
-            break
-    st = g.state_dict()
+    e1, head, st = _epoch_and_a_state_in_it(ref, make(40, seed=2), 1, 3)
     f = make(40, seed=2)
     f.load_state_dict(st)
     f.set_epoch(1)
@@ -834,17 +839,8 @@ def test_set_epoch_of_the_loaded_state_keeps_its_position():
 
 def test_torch_dataset_set_epoch_keeps_a_loaded_state_of_that_epoch():
     pytest.importorskip("torch")
-    ref = synth_feed(24, seed=4)
-    ref.set_epoch(1)
-    e1 = epoch_ids(ref)
-    g = synth_feed(24, seed=4)
-    g.set_epoch(1)
-    head = []
-    for b in g:
-        head.append(b.ids.tolist())
-        if len(head) == 2:
-            break
+    e1, head, st = _epoch_and_a_state_in_it(synth_feed(24, seed=4), synth_feed(24, seed=4), 1, 2)
     ds = synth_feed(24, seed=4).torch_dataset()
-    ds.load_state_dict(g.state_dict())
+    ds.load_state_dict(st)
     ds.set_epoch(1)
     assert head + [b.ids.tolist() for b in ds] == e1
