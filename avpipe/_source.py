@@ -109,6 +109,16 @@ def is_regular_file(path) -> bool:
         return False
 
 
+def is_special_file(path) -> bool:
+    """Whether ``path`` (following links) exists and is not a regular file or a folder: a
+    pipe, socket or device (a missing path, a dangling link, is not)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def open_source(source, *, param: str = "source") -> Source:
     """Resolve ``source``; a missing path raises ``FileNotFoundError``, a path that is not a
     regular file (a pipe, socket or device) :class:`~avpipe.errors.UnsupportedFormatError`.

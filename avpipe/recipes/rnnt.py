@@ -56,7 +56,7 @@ from ..errors import CorruptDataError, DecodeError
 from ..formats import is_flac
 from ..ops import audio_augment as _aug
 from ..ops import random as _rnd
-from ..ops.audio import PRESETS, log_mel, log_mel_frame_lengths, resample
+from ..ops.audio import _resolve_preset, log_mel, log_mel_frame_lengths, resample
 from ..pipeline.audio_loader import AudioBatchLoader
 from ..pipeline.feed import Feed, Task
 from ..pipeline.sources import read_manifest
@@ -352,8 +352,7 @@ class RnntTask(Task):
                                           inplace=True, **self.spec_augment)
         else:
             # an empty batch (every item skipped) keeps the mel axis: [0, n_mels, 0]
-            cfg = PRESETS.get(self.preset) if isinstance(self.preset, str) else self.preset
-            feats = xp.zeros((0, int(cfg.n_mels), 0), xp.float32)
+            feats = xp.zeros((0, int(_resolve_preset(self.preset).n_mels), 0), xp.float32)
             fl = xp.zeros(0, xp.int64)
         arrays = {"features": feats, "feature_lengths": fl}
         for f in self.feature_augment:

@@ -108,7 +108,7 @@ class FrameLabels:
                 st = os.stat(path)
                 self._key = (os.path.abspath(path), st.st_size, st.st_mtime_ns, scan.stream_index)
             except (OSError, TypeError, ValueError):
-                self._key = None
+                pass
             with _LABELS_LOCK:
                 hit = _LABELS.get(self._key) if self._key is not None else None
                 if hit is not None:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ... import settings
-from ..._source import NOT_REGULAR, is_regular_file
+from ..._source import NOT_REGULAR, is_special_file
 from ...decoding.audio import load_audio
 from ...decoding.audio._flac_cuda import compile_kernels as flac_compile_kernels
 from ...decoding.audio._flac_cuda import header_info as flac_header_info
@@ -513,7 +513,7 @@ def iter_shards(
     for s in shards:  # pipes, sockets, devices: never opened (a read may never return)
         for i in range(s.start, s.end):
             p = items[i].path
-            if i not in blocked and os.path.lexists(p) and not is_regular_file(p):
+            if i not in blocked and is_special_file(p):
                 blocked[i] = ("UnsupportedFormatError", f"{p}: {NOT_REGULAR}")
     mine = [items[i] for s in shards for i in range(s.start, s.end) if i not in blocked]
     by_kind = {k: [it for it in mine if it.kind == k] for k in ("audio", "video", "image")}
