@@ -3,6 +3,8 @@ parts)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from video_media import make_video
@@ -303,8 +305,8 @@ def _simple_backend(monkeypatch, dec, dts=_DTS, path=None):
 
     monkeypatch.setitem(sys.modules, "cupy", _FakeCupy)
     b = object.__new__(nv.NvdecBackend)
-    b.scan = types.SimpleNamespace(source_name="open_gop.mp4", codec="hevc", pts=_PTS,
-                                   dts_sorted=dts, stream_index=0)
+    b.scan = types.SimpleNamespace(source_name="b_frames.mp4", codec="hevc", pts=_PTS,
+                                   dts_sorted=dts, stream_index=0, decode_pts=None)
     b.device = types.SimpleNamespace(index=0)
     b._source = types.SimpleNamespace(path=None if path is None else str(path))
     b._stream, b.packet_path, b._packet_failure = _Stream(), False, None
@@ -379,3 +381,101 @@ def test_a_frame_0_label_under_no_convention_keeps_every_one(monkeypatch):
     assert _serve(b, [3, 5]) == []
     assert _serve(b, [7]) == []
     assert dec.asked == [[0, 3, 5], [7]] and b._labels.fixed is None and b._labels.tried
+
+
+# --- streams the SimpleDecoder path serves wrongly (open GOPs) ---
+
+_SAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "samples", "video")
+
+
+def _scan_of(path):
+    with avpipe.VideoDecoder(path, device="cpu") as d:
+        return d._scan
+
+
+def _gop_scan(decode_display, keys):
+    """A scan whose packets, in decode order, show the frames ``decode_display``."""
+    import types
+
+    pts = np.arange(len(decode_display), dtype=np.int64) * 512
+    return types.SimpleNamespace(codec="hevc", pts=pts, keyframe_indices=np.array(keys),
+                                 decode_pts=pts[np.array(decode_display)])
+
+
+def test_open_gops_are_refused_for_the_simple_decoder(tmp_path):
+    """circles_hevc.mp4 has a CRA every 15 frames whose two leading pictures are decoded after it
+    (PyNvVideoCodec's SimpleDecoder handed out frame 15 for 13, and misdecoded leading pictures,
+    labelled as the frames asked for); closed GOPs, B-frames or not, are left alone."""
+    why = nv.simple_decoder_refusal(_scan_of(f"{_SAMPLES}/circles_hevc.mp4"))
+    assert why is not None and "open GOPs" in why and "frame 15" in why
+    for name in ("circles_h264.mp4", "squares_h264.mp4", "circles_vp9.webm", "squares_mjpeg.avi"):
+        assert nv.simple_decoder_refusal(_scan_of(f"{_SAMPLES}/{name}")) is None, name
+    hevc = make_video(tmp_path / "closed.mkv", codec="hevc", num_frames=30, width=160, height=144)
+    assert nv.simple_decoder_refusal(_scan_of(hevc)) is None  # B-frames, closed GOPs
+    # decode order 0 3 1 2 | 6 4 5: the keyframe at 6 is decoded before 4 and 5 (open)
+    assert "frame 6" in nv.simple_decoder_refusal(_gop_scan([0, 3, 1, 2, 6, 4, 5], [0, 6]))
+    # decode order 0 3 1 2 | 4 6 5: closed
+    assert nv.simple_decoder_refusal(_gop_scan([0, 3, 1, 2, 4, 6, 5], [0, 4])) is None
+    # a first keyframe that is not the first picture shown (leading pictures at the start)
+    assert "frame 2" in nv.simple_decoder_refusal(_gop_scan([2, 0, 1, 3], [2]))
+    unknown = _gop_scan([0, 2, 1], [0])
+    unknown.decode_pts = None
+    assert nv.simple_decoder_refusal(unknown) is None
+
+
+def _backend_on(path, monkeypatch, mode):
+    """NvdecBackend(...) on ``path`` with the GPU parts stood in for, AVPIPE_NVDEC_PACKETS=mode."""
+    import sys
+    import types
+
+    from avpipe.device import Device
+
+    fake = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(runtime=None, Device=_FakeCupy.cuda.Device)
+    )
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(nv, "pynvc", lambda: object())
+    monkeypatch.setattr(nv, "nvdec_supports", lambda codec, gpu: True)
+    monkeypatch.setattr(nv, "thread_stream", lambda gpu: types.SimpleNamespace(ptr=0))
+    opened = []
+    monkeypatch.setattr(nv, "_acquire", lambda *a: opened.append(a) or object())
+    monkeypatch.setenv("AVPIPE_NVDEC_PACKETS", mode)
+    scan = _scan_of(path)
+    source = types.SimpleNamespace(path=path)
+    return (lambda: nv.NvdecBackend(source, scan, Device("cuda", 0))), opened
+
+
+def test_an_open_gop_file_off_the_packet_path_is_refused(monkeypatch):
+    """With the packet path off, NVDEC refuses an open-GOP file at open (the CPU decodes it and
+    says why) and never opens a SimpleDecoder on it; a closed-GOP file still gets one."""
+    make, opened = _backend_on(f"{_SAMPLES}/circles_hevc.mp4", monkeypatch, "0")
+    with pytest.raises(nv.NvdecRefused, match="open GOPs"):
+        make()
+    assert opened == []
+    make, opened = _backend_on(f"{_SAMPLES}/circles_h264.mp4", monkeypatch, "0")
+    assert not make().packet_path and len(opened) == 1
+    make, opened = _backend_on(f"{_SAMPLES}/circles_hevc.mp4", monkeypatch, "auto")
+    b = make()
+    assert b.packet_path and opened == [] and not b._simple_checked  # not worked out yet
+
+
+def test_a_packet_path_failure_on_an_open_gop_file_goes_to_the_cpu(monkeypatch):
+    """The packet path failing on an open-GOP file sends that request's frames to the CPU (not
+    to the SimpleDecoder), and is not counted against the packet path: three such files must
+    not turn it off for every later file."""
+    monkeypatch.setattr(nv, "_packet_path", {"enabled": True, "why_off": None, "failures": 0})
+    make, opened = _backend_on(f"{_SAMPLES}/circles_hevc.mp4", monkeypatch, "auto")
+    b = make()
+
+    def fails(targets, output, chw, out, slots):
+        b._packet_failure, b.packet_path = "RuntimeError: odd", False
+        return None
+
+    b._decode_packets = fails
+    b._simple = lambda: pytest.fail("the SimpleDecoder was used on an open-GOP file")
+    for _ in range(4):
+        b.packet_path = True
+        got = b.decode([3, 13, 14], output="rgb", chw=False, out=None, slots=[[0], [1], [2]])
+        assert got == [3, 13, 14]
+    assert nv._packet_path == {"enabled": True, "why_off": None, "failures": 0}
+    assert b._packet_failure is None and opened == []

@@ -59,7 +59,9 @@ def test_failed_hevc_session_then_good_files(tmp_path, packets):
     small_h264 = make_video(tmp_path / "g264s.mp4", codec="h264", num_frames=30)  # 128x96
     good_h264 = make_video(tmp_path / "g264.mp4", codec="h264", num_frames=40, width=320,
                            height=240)
-    good_hevc = os.path.join(SAMPLES, "circles_hevc.mp4")
+    # (closed GOPs: an open-GOP HEVC file never opens a SimpleDecoder, see the test below)
+    good_hevc = make_video(tmp_path / "g265.mkv", codec="hevc", num_frames=40, width=320,
+                           height=240)
     vp9 = os.path.join(SAMPLES, "circles_vp9.webm")
     seq = [tiny, small_h264, tiny, vp9, tiny, good_hevc, tiny, good_h264, tiny, tiny, small_h264]
     lines = _run(seq, env={"AVPIPE_NVDEC_PACKETS": packets})
@@ -68,6 +70,19 @@ def test_failed_hevc_session_then_good_files(tmp_path, packets):
     for ln in oks:
         if "tiny265" not in ln:
             assert "backend=nvdec" in ln, ln
+
+
+def test_open_gop_hevc_between_good_files_with_the_packet_path_off(tmp_path):
+    """circles_hevc.mp4 (open GOPs) with the packet path off: decoded on the CPU, named so in
+    its backend, between good files NVDEC decodes (the SimpleDecoder path)."""
+    good_h264 = make_video(tmp_path / "g264.mp4", codec="h264", num_frames=40, width=320,
+                           height=240)
+    circles = os.path.join(SAMPLES, "circles_hevc.mp4")
+    lines = _run([good_h264, circles, good_h264, circles], env={"AVPIPE_NVDEC_PACKETS": "0"})
+    oks = [ln for ln in lines if ln.startswith("ok ")]
+    assert len(oks) == 4, lines
+    for ln in oks:
+        assert ("backend=nvdec" in ln) == ("g264" in ln), ln
 
 
 @pytest.mark.parametrize("packets", ["auto", "0"])

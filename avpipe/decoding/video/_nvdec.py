@@ -2,7 +2,8 @@
 
 H.264 and HEVC in MP4/MOV go through the packet path (:mod:`._nvdec_packets`: only the packets a
 request needs, read from the file by position); everything else, and any request the packet
-path cannot map, through PyNvVideoCodec's SimpleDecoder.
+path cannot map, through PyNvVideoCodec's SimpleDecoder, except streams with open GOPs, which
+that decoder serves wrongly (:func:`simple_decoder_refusal`): the CPU decodes those.
 
 Frames come out in their native NV12 layout (device memory) and are converted to RGB by our own
 kernel (:mod:`avpipe.ops.color`), which follows the stream's colour-matrix and range tags the way FFmpeg
@@ -67,6 +68,39 @@ def use_packet_path(scan: StreamScan, path) -> bool:
     )
 
 
+def simple_decoder_refusal(scan: StreamScan) -> str | None:
+    """Why PyNvVideoCodec's SimpleDecoder cannot serve this stream frame-exactly, or None.
+
+    Its frame index counts decoded pictures from a keyframe in decode order, and it labels the
+    i-th picture it hands out with the i-th decode timestamp whatever that picture is. That is
+    right only where each keyframe's decode position is its display index and every picture
+    decoded before it displays before it (closed GOPs). Open GOPs break it: HEVC CRA keyframes
+    with leading pictures, H.264 recovery points. Measured on the H200 (circles_hevc.mp4, a CRA
+    every 15 frames, PyNvVideoCodec 2.2.4): frame 13 alone came back as frame 15, frame 28 as
+    30; in a clip 10..16, frames 13 and 14 came back as misdecoded leading pictures; every one
+    labelled as the frame asked for, so no label check can catch it."""
+    dpts, pts = scan.decode_pts, np.asarray(scan.pts, dtype=np.int64)
+    n = len(pts)
+    if dpts is None or len(dpts) != n or n == 0:
+        return None  # no decode order known: nothing to hold against it
+    shown = np.searchsorted(pts, dpts)  # display index of each packet, in decode order
+    if int(shown.max()) >= n or not np.array_equal(pts[shown], dpts):
+        return None
+    if len(np.unique(shown)) != n:  # repeated timestamps: the order cannot be told
+        return None
+    at = np.empty(n, dtype=np.int64)
+    at[shown] = np.arange(n)  # decode position of each display index
+    seen = np.maximum.accumulate(shown)  # the latest frame decoded so far, in display order
+    for k in map(int, scan.keyframe_indices):
+        if at[k] != k or (k > 0 and int(seen[k - 1]) != k - 1):
+            return (
+                f"{scan.codec} with open GOPs (pictures decoded after the keyframe at frame "
+                f"{k} display before it): PyNvVideoCodec's SimpleDecoder hands out wrong "
+                "pictures there; only the NVDEC packet path (H.264/HEVC in MP4/MOV) serves it"
+            )
+    return None
+
+
 # What frame 0's label said per file: (abspath, size, mtime_ns, stream) -> (conventions,)
 _LABELS: OrderedDict[tuple, tuple] = OrderedDict()
 _LABELS_SIZE = 4096
@@ -80,8 +114,11 @@ class FrameLabels:
     decode timestamp, depending on the demuxer and the file. Where these conventions differ
     (B-frames), accepting a label under any of them lets a wrong picture through: with a
     reorder delay of two, the i-th decode timestamp is frame i-2's pts, so frame i-2 handed
-    out for frame i under the pts convention passes as frame i under the decode-timestamp one
-    (seen on open-GOP HEVC: the two pictures before each CRA). So the convention is fixed once
+    out for frame i under the pts convention passes as frame i under the decode-timestamp one.
+    (On MP4, PyNvVideoCodec 2.2.4 used the decode-timestamp convention, measured on the H200;
+    labels are given by position, not read from the picture, so they catch a miscount, never
+    a wrong picture: see :func:`simple_decoder_refusal` for the streams where that happens.)
+    So the convention is fixed once
     per file from frame 0's label (the file's first picture, where a seek to the start lands)
     and only that one is accepted after. Where frame 0's label matches none, every convention
     stays accepted (the file's labels are then checked as before). What frame 0 said is kept
@@ -254,6 +291,10 @@ class NvdecBackend:
     # The packet path may ask for display order (a native-latency session, _nvdec_packets)
     # until that fails once on this file; then this backend asks for decode order only.
     _display_order = True
+    # why the SimpleDecoder path cannot serve this stream (simple_decoder_refusal), or None;
+    # worked out when that path is first wanted (the packet path never needs it)
+    _simple_refusal = None
+    _simple_checked = False
 
     def __init__(self, source, scan: StreamScan, device):
 
@@ -294,7 +335,16 @@ class NvdecBackend:
         self._dlpack = False  # AVPIPE_NVDEC_DLPACK, read per request
         self.packet_path = use_packet_path(scan, source.path)
         if not self.packet_path:
+            if self._simple_refused() is not None:
+                raise NvdecRefused(self._simple_refusal)
             self._simple()
+
+    def _simple_refused(self) -> str | None:
+        """Why the SimpleDecoder path cannot serve this stream (open GOPs), or None."""
+        if not self._simple_checked:
+            self._simple_refusal = simple_decoder_refusal(self.scan)
+            self._simple_checked = True
+        return self._simple_refusal
 
     def _simple(self):
         """The SimpleDecoder for this file (created on first use)."""
@@ -383,6 +433,15 @@ class NvdecBackend:
         missing = None
         if self.packet_path and _packet_path["enabled"]:
             missing = self._decode_packets(targets, output, chw, out, slots)
+        if missing is None and self._simple_refused() is not None:
+            # (not counted against the packet path: that count is for PyNvVideoCodec failing
+            # where its SimpleDecoder then served, and turning the path off would send every
+            # later open-GOP file to the CPU)
+            why, self._packet_failure = self._packet_failure, None
+            log.warning("avpipe: %s: NVDEC packet path failed (%s); decoding on the CPU (%s)",
+                        scan.source_name, why or "it cannot serve this request",
+                        self._simple_refusal)
+            return sorted({int(t) for t in targets})
         if missing is None:
             if self._labels is None:
                 self._labels = FrameLabels(scan, self._source.path)
