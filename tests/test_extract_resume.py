@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
 ARGS = ["--preset", "quickstart", "--shard-size", "2", "--batch-size", "2"]
+REF_SECONDS = []  # how long the uninterrupted reference run took
 
 
 def tree(out) -> dict:
@@ -46,10 +47,13 @@ def _start(inp, out, devices):
                             stderr=subprocess.DEVNULL, cwd=ROOT, env=_env())
 
 
-def _kill(p):
-    if p.poll() is None:
+def _kill(p) -> bool:
+    """SIGKILL; True where the process was still running (the kill cut a run short)."""
+    alive = p.poll() is None
+    if alive:
         os.kill(p.pid, signal.SIGKILL)
     p.wait(timeout=60)
+    return alive
 
 
 def _parts(out):
@@ -70,7 +74,9 @@ def data(tmp_path_factory):
     (d / "speech" / "zz_bad.flac").write_bytes(b"fLaC" + os.urandom(64))
     (d / "images" / "zz_trunc.jpg").write_bytes((SAMPLES / "images" / "scene.jpg").read_bytes()[:300])
     ref = tmp_path_factory.mktemp("ref") / "out"
+    t0 = time.monotonic()
     _run(d, ref)
+    REF_SECONDS.append(time.monotonic() - t0)
     t = tree(ref)
     assert len([k for k in t if k.startswith("shards/")]) == 9
     return d, t
@@ -97,10 +103,14 @@ def test_killed_at_random_times_then_resumed(data, tmp_path, devices):
     inp, ref = data
     out = tmp_path / "out"
     rng = random.Random(1234 + len(devices))
+    # kill times within the reference run's length, so that the kills land inside runs
+    span = max(1.0, REF_SECONDS[0])
+    cut = []
     for _ in range(4):
         p = _start(inp, out, devices)
-        time.sleep(rng.uniform(0.5, 4.0))
-        _kill(p)
+        time.sleep(rng.uniform(0.1, 0.6) * span)
+        cut.append(_kill(p))
     time.sleep(0.5)  # spawned workers die with their parent
+    assert cut[0], "the first kill came after its run had finished: nothing was interrupted"
     _run(inp, out, devices)
     assert tree(out) == ref

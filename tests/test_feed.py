@@ -451,6 +451,14 @@ def test_prefetch_zero_and_stats():
     st = f.stats()
     assert st["decode"]["n"] > 0 and st["wait"]["p50"] is not None
     assert st["input_bound"] is True and "input-bound" in st["verdict"]
+    assert "not input-bound" not in st["verdict"]
+    # the other direction: instant decodes and a slow consumer, which never waits on input
+    f = make(40)
+    for _ in f:
+        time.sleep(0.05)
+    st = f.stats()
+    assert st["wait_fraction"] < 0.1, st["wait_fraction"]
+    assert st["input_bound"] is False and "not input-bound" in st["verdict"]
 
 
 class Counting(Synth):

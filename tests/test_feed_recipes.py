@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -667,6 +668,30 @@ def test_stats_say_whether_input_bound():
     # 6 items read in the epoch (and maybe some of the next: the producer runs ahead)
     assert st["decode"]["n"] >= 1 and st["read"]["n"] >= 6 and st["gpu"]["p50"] is not None
     assert isinstance(st["input_bound"], bool) and "input" in st["verdict"]
+
+
+def test_stats_verdict_follows_the_consumer():
+    """A consumer slower than the feed reads as not input-bound; one that takes batches as fast
+    as it can, on a feed whose decoding is slowed, as input-bound."""
+    feed = rnnt_feed(MANIFEST, batch_size=1, device="cpu", shuffle=False)
+    for _ in feed:
+        time.sleep(0.3)
+    st = feed.stats()
+    assert st["input_bound"] is False and "not input-bound" in st["verdict"], st
+    feed = rnnt_feed(MANIFEST, batch_size=1, device="cpu", shuffle=False)
+    task = feed.task
+    decode = task.decode_one
+
+    def slow_decode(i, item):
+        time.sleep(0.3)
+        return decode(i, item)
+
+    task.decode_one = slow_decode
+    for _ in feed:
+        pass
+    st = feed.stats()
+    assert st["input_bound"] is True and "input-bound" in st["verdict"], st
+    assert "not input-bound" not in st["verdict"]
 
 
 def test_avpipe_recipes_namespace():

@@ -35,10 +35,13 @@ def test_hw_decoder_load_default_and_env(monkeypatch):
     assert dali.hw_decoder_load() == 1.0
     assert dali.mixed_options(False) == {"hw_decoder_load": 1.0}
     assert dali.mixed_options(True) == {"hw_decoder_load": 1.0, "jpeg_fancy_upsampling": True}
+    key_default = dali._key(0, 8, False, True)
     monkeypatch.setenv("AVPIPE_JPEG_HW_LOAD", "0.65")
     assert dali.hw_decoder_load() == 0.65
     # a new value keys a new pipeline (GPU only; the CPU decoder has no hardware share)
-    assert dali._key(0, 8, False, True) != dali._key(0, 8, False, True)[:-1] + (1.0,)
+    key_065 = dali._key(0, 8, False, True)
+    assert key_default[-1] == 1.0 and key_065[-1] == 0.65 and key_065 != key_default
+    assert key_065[:-1] == key_default[:-1]
     assert dali._key(None, 8, False, True)[-1] is None
     for bad in ("1.5", "-0.1", "half", "nan"):
         monkeypatch.setenv("AVPIPE_JPEG_HW_LOAD", bad)

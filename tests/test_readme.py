@@ -31,6 +31,11 @@ def test_readme_job_examples_run(i, tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip()
+    # a print whose comment shows a value (a shape, a list of classes) prints that value
+    shown = re.findall(r"print\(.*\)\s*#\s*(\[[^\]]*\])", blocks[i])
+    printed = out.stdout.replace("(", "[").replace(")", "]")
+    for value in shown:
+        assert value in printed, (value, out.stdout[-2000:])
 
 
 def test_readme_extract_example_and_demo_write_apart():

@@ -6,6 +6,7 @@ reports timeouts as :class:`~avpipe.DecodeTimeoutError`."""
 from __future__ import annotations
 
 import os
+import re
 import struct
 
 import numpy as np
@@ -78,10 +79,10 @@ def test_wav_with_absurd_header_fields_is_typed(tmp_path):
         struct.pack_into(fmt, b, at, v)
         q = tmp_path / f"bad{at}_{v}.wav"
         q.write_bytes(bytes(b))
-        try:
+        # a sample rate, channel count or sample width of 0 (or 65535 channels) cannot be
+        # decoded: a typed error naming the file, never samples nor an untyped exception
+        with pytest.raises(avpipe.DecodeError, match=re.escape(q.name)):
             avpipe.load_audio(q)
-        except avpipe.DecodeError:
-            pass
 
 
 # --- video ---------------------------------------------------------------------------------------

@@ -16,6 +16,16 @@ pytestmark = pytest.mark.gpu
 
 ALL = [c for c in CODECS if encoder_available(CODECS[c][0])]
 W, H = 256, 192  # above NVDEC's minimum sizes for every codec
+# what NVDEC decodes on every GPU this project supports: a refusal of one of these is a failure,
+# not a skip (a regression that sent everything to the CPU would otherwise read as "skipped")
+NVDEC_CODECS = {"h264", "hevc", "vp8", "vp9", "mjpeg"}
+
+
+def refused(what, codec, reason):
+    """Fails for a codec NVDEC must decode; skips for another (AV1 on an older GPU, say)."""
+    if codec in NVDEC_CODECS:
+        pytest.fail(f"NVDEC refused {what} ({codec}): {reason}")
+    pytest.skip(f"NVDEC refused {what}: {reason}")
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +66,7 @@ def test_nvdec_matches_cpu(media, codec):
         ref = cpu.get_frames(idx)
     with avpipe.VideoDecoder(path, device="cuda") as gpu:
         if gpu.backend != "nvdec":
-            pytest.skip(f"NVDEC refused {codec}: {gpu.fallback_reason}")
+            refused(codec, "h264" if codec == "vfr" else codec, gpu.fallback_reason)
         diag = {}
         try:
             from avpipe.decoding.video._nvdec import nvdec_diagnostics
@@ -110,7 +120,7 @@ def test_frames_by_pointer_equal_dlpack(media, codec, packets, monkeypatch):
         for output, layout in (("rgb", "HWC"), ("rgb", "CHW"), ("nv12", "HWC")):
             with avpipe.VideoDecoder(media[codec], device="cuda", output=output, layout=layout) as d:
                 if d.backend != "nvdec":
-                    pytest.skip(f"NVDEC refused {codec}: {d.fallback_reason}")
+                    refused(codec, codec, d.fallback_reason)
                 outs[raw, output, layout] = cupy.asnumpy(d.get_frames(idx).data)
                 if packets == "1" and codec in ("h264", "hevc"):  # the packet path served it
                     assert d._gpu.packet_path, nv._packet_path
@@ -279,7 +289,7 @@ def test_simple_decoder_path_frames_equal_the_cpu(name, monkeypatch):
                     gpu.backend, gpu.fallback_reason)
             else:
                 if gpu.backend != "nvdec":
-                    pytest.skip(f"NVDEC refused {name}: {gpu.fallback_reason}")
+                    refused(name, name.split("_")[1].split(".")[0], gpu.fallback_reason)
                 assert not gpu._gpu.packet_path
             got = cupy.asnumpy(gpu.get_frames(clip).data)
         scores = [psnr(got[k], ref[i]) for k, i in enumerate(clip)]
