@@ -194,7 +194,7 @@ def run_case(backend: str, case: dict, goods: dict) -> dict:
     except Exception as e:  # noqa: BLE001 - what the fuzz run looks for
         tb = traceback.format_exc(limit=6)
         r, out = {"error": f"{type(e).__name__}: {e}"[:500], "traceback": tb[-2000:]}, "untyped_error"
-    if case.get("expect") == "good" and out not in ("decoded", "skipped"):
+    if case.get("expect") == "good" and out != "decoded":  # a clean file skipped is a failure
         r.setdefault("error", f"clean file gave {out}: {r.get('damaged')}")
         out = "good_failed"
     r["outcome"] = out
