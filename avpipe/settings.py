@@ -31,6 +31,11 @@ variable                        default meaning
 ``AVPIPE_EXTRACT_LOADER_MAX_SECONDS`` 60 audio longer than this is decoded alone, not batched
 ``AVPIPE_NATIVE_STDERR``        off     let native decoders (nvImageCodec, libtiff, OpenCV) write to
                                         stderr (off: their lines go into the error's message)
+``AVPIPE_STORAGE_RETRIES``      5       retries of a remote read or write that failed transiently
+                                        (5xx, 408, 429, resets, timeouts), with exponential backoff
+``AVPIPE_STORAGE_TIMEOUT``      60      seconds a remote request may take before it counts as failed
+``AVPIPE_CACHE_DIR``            ~/.cache/avpipe  where shard indexes are kept (one file per shard
+                                        version)
 =============================== ======= ================================================================
 """
 
@@ -58,6 +63,9 @@ __all__ = [
     "extract_writeback_mb",
     "extract_profile",
     "extract_loader_max_seconds",
+    "storage_retries",
+    "storage_timeout",
+    "cache_dir",
     "VARIABLES",
 ]
 
@@ -211,6 +219,29 @@ def extract_loader_max_seconds() -> float:
     return env_float("AVPIPE_EXTRACT_LOADER_MAX_SECONDS", 60.0, lo=0.0, hi=1e9)
 
 
+def storage_retries() -> int:
+    """``AVPIPE_STORAGE_RETRIES``: retries of a remote request that failed transiently."""
+    return env_int("AVPIPE_STORAGE_RETRIES", 5, minimum=0)
+
+
+def storage_timeout() -> float:
+    """``AVPIPE_STORAGE_TIMEOUT``: seconds a remote request may take."""
+    return env_float("AVPIPE_STORAGE_TIMEOUT", 60.0, lo=0.001, hi=1e6)
+
+
+def cache_dir() -> str:
+    """``AVPIPE_CACHE_DIR``: avpipe's local cache (shard indexes); default
+    ``$XDG_CACHE_HOME/avpipe`` or ``~/.cache/avpipe``."""
+    v = _raw("AVPIPE_CACHE_DIR")
+    if v is not None:
+        path = os.path.expanduser(v)
+        if not os.path.isabs(path):  # a relative one would move with the working directory
+            raise ValueError(f"AVPIPE_CACHE_DIR must be an absolute path, got {v!r}")
+        return path
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "avpipe")
+
+
 # name -> the function that reads it (the README's table lists the same)
 VARIABLES = {
     "AVPIPE_DISABLE_GPU": disable_gpu,
@@ -228,4 +259,7 @@ VARIABLES = {
     "AVPIPE_EXTRACT_WRITEBACK_MB": extract_writeback_mb,
     "AVPIPE_EXTRACT_PROFILE": extract_profile,
     "AVPIPE_EXTRACT_LOADER_MAX_SECONDS": extract_loader_max_seconds,
+    "AVPIPE_STORAGE_RETRIES": storage_retries,
+    "AVPIPE_STORAGE_TIMEOUT": storage_timeout,
+    "AVPIPE_CACHE_DIR": cache_dir,
 }
