@@ -26,7 +26,9 @@ __all__ = ["Item", "read_manifest", "read_csv", "read_folder", "read_list", "cla
 class Item:
     """One training item. ``path``: absolute; ``raw_path``: as the source wrote it; ``label``:
     the label name (CSV / folders) or None; ``text``: the transcript (manifests); ``offset`` /
-    ``duration``: seconds (None: from the start / to the end); ``extra``: other fields."""
+    ``duration``: seconds (None: from the start / to the end); ``extra``: other fields;
+    ``locator``: where the bytes are when ``path`` names a shard's sample (``URL#KEY``): an
+    object whose ``read()`` returns them (:class:`avpipe.pipeline.sharded.ShardMember`)."""
 
     path: str
     raw_path: str
@@ -35,6 +37,8 @@ class Item:
     offset: float = 0.0
     duration: float | None = None
     extra: dict = field(default_factory=dict, repr=False, compare=False)
+    # where the bytes are when not at ``path`` (a shard's member: .read() -> bytes; None: a file)
+    locator: Any = field(default=None, repr=False, compare=False)
 
 
 def _resolve(p: str, base: str) -> str:

@@ -1,0 +1,366 @@
+"""Items from sharded datasets: WebDataset tar shards, NeMo tarred audio and lhotse Shar.
+
+Each reader indexes the shards once (:mod:`avpipe.pipeline.shards`: member offsets, cached per
+shard version) and returns a :class:`Listing`: the items, in shard order, each carrying a
+:class:`ShardMember` that reads its media by one ranged read, and the errors found on the way
+(damaged tar headers, cut members, samples without media, metadata that does not parse), each
+``(name, message)``. An item's ``path`` names the shard and the key: ``URL#KEY``.
+
+* :func:`read_webdataset` — WebDataset shards: one sample = the members sharing a key. Audio
+  ``KEY.flac|wav|ogg|...`` with ``KEY.json`` (``text``, ``duration``, ``offset``; every other
+  field travels in ``item.extra``); video ``KEY.mp4|mkv|webm|...`` and images
+  ``KEY.jpg|png|tif|jp2|...`` with a label from ``KEY.cls`` (an integer as text) or
+  ``KEY.json`` (``label``).
+* :func:`read_nemo_tarred` — NeMo tarred audio: a manifest whose lines name the member
+  (``audio_filepath``) and its ``shard_id``, and the shards' pattern
+  (``tarred_audio_filepaths``: braces or NeMo's ``_OP_`` / ``_CL_``).
+* :func:`read_shar` — lhotse Shar: ``cuts.NNNNNN.jsonl.gz`` beside ``recording.NNNNNN.tar``
+  (the i-th cut's audio is the i-th sample of the tar of the same number).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import storage
+from ..formats import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
+from . import shards
+from .sources import Item
+
+__all__ = ["ShardMember", "Listing", "is_shard_spec", "is_shar_spec", "read_webdataset",
+           "read_nemo_tarred", "read_shar", "MEDIA_EXTENSIONS"]
+
+MEDIA_EXTENSIONS = {
+    "audio": tuple(e.lstrip(".") for e in AUDIO_EXTENSIONS),
+    "video": tuple(e.lstrip(".") for e in VIDEO_EXTENSIONS),
+    "image": tuple(e.lstrip(".") for e in IMAGE_EXTENSIONS),
+}
+
+
+@dataclass(frozen=True)
+class ShardMember:
+    """Where an item's media lives: member ``ext`` of ``sample`` in the shard at ``url``."""
+
+    url: str
+    sample: shards.Sample
+    ext: str
+    storage_options: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return shards.sample_name(self.url, self.sample.key)
+
+    @property
+    def size(self) -> int:
+        return next(n for x, _, n in self.sample.members if x == self.ext)
+
+    def read(self) -> bytes:
+        """The member's bytes (one ranged read of the member alone)."""
+        for x, off, n in self.sample.members:
+            if x == self.ext:
+                b = storage.read_range(self.url, off, n, storage_options=self.storage_options)
+                if len(b) != n:
+                    raise storage.StorageError(
+                        self.url, f"{self.name}.{self.ext}: read {len(b)} of {n} bytes (did "
+                                  "the shard change since it was indexed?)")
+                return b
+        raise KeyError(self.ext)
+
+
+@dataclass
+class Listing:
+    """What a reader found: ``items`` and ``errors`` (``(name, message)``)."""
+
+    items: list
+    errors: list
+
+
+def _spec_names(spec) -> list | None:
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if isinstance(spec, str):
+        return storage.expand(spec)
+    if isinstance(spec, (list, tuple)) and spec and all(
+            isinstance(s, (str, os.PathLike)) for s in spec):
+        return storage.expand(list(spec))
+    return None
+
+
+def is_shard_spec(spec) -> bool:
+    """A tar path or URL (braces allowed) or a list of them."""
+    names = _spec_names(spec)
+    return bool(names) and all(n.lower().endswith(".tar") for n in names)
+
+
+def is_shar_spec(spec, *, storage_options=None) -> bool:
+    """A folder or URL prefix holding ``cuts.*.jsonl.gz`` (lhotse Shar), or a dict of fields
+    ``{"cuts": [...], "recording": [...]}``."""
+    if isinstance(spec, dict):
+        return "cuts" in spec
+    if not isinstance(spec, (str, os.PathLike)):
+        return False
+    spec = os.fspath(spec)
+    if storage.is_local(spec) and not os.path.isdir(storage.local_path(spec)):
+        return False
+    if not storage.is_local(spec) and spec.lower().endswith((".tar", ".json", ".jsonl",
+                                                               ".csv", ".txt")):
+        return False
+    try:
+        names = storage.listdir(spec, storage_options=storage_options)
+    except (OSError, ImportError):
+        return False
+    return any(n.startswith("cuts.") and n.endswith(".jsonl.gz") for n in names)
+
+
+def _kind_ext(sample: shards.Sample, kind: str) -> str | None:
+    want = MEDIA_EXTENSIONS[kind]
+    for ext in sample.exts():
+        if ext.rsplit(".", 1)[-1].lower() in want:
+            return ext
+    return None
+
+
+def _meta(url: str, sample: shards.Sample, blobs: dict) -> dict:
+    """The sample's metadata: ``KEY.json`` (an object) and ``KEY.cls`` (an integer)."""
+    out = {}
+    for ext, data in blobs.items():
+        low = ext.lower()
+        if low == "json" or low.endswith(".json"):
+            d = json.loads(data.decode("utf-8"))
+            if not isinstance(d, dict):
+                raise ValueError(f"{ext}: a JSON object is expected, got {type(d).__name__}")
+            out.update(d)
+        elif low == "cls" or low.endswith(".cls"):
+            text = data.decode("utf-8").strip()
+            try:
+                out["label"] = int(text)
+            except ValueError:
+                raise ValueError(f"{ext}: an integer label is expected, got {text[:40]!r}") \
+                    from None
+        elif low == "txt" and "text" not in out:
+            out["text"] = data.decode("utf-8").strip()
+    return out
+
+
+def _meta_blobs(url, sample, storage_options) -> dict:
+    """The small metadata members of a sample (json, cls, txt), by ranged reads."""
+    out = {}
+    for ext, off, n in sample.members:
+        low = ext.lower()
+        if low in ("json", "cls", "txt") or low.endswith((".json", ".cls")):
+            if n > (16 << 20):
+                raise ValueError(f"{ext}: {n} bytes of metadata")
+            out[ext] = storage.read_range(url, off, n, storage_options=storage_options)
+    return out
+
+
+def _seconds(v, what):
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= float(v) < 1e12):
+        raise ValueError(f"{what} must be a number of seconds >= 0, got {v!r}")
+    return float(v)
+
+
+def read_webdataset(spec, *, kind: str, storage_options=None, threads: int = 16) -> Listing:
+    """Items of WebDataset shards (see the module's doc). ``kind``: ``"audio"``, ``"video"``
+    or ``"image"``: which member is the item's media."""
+    if kind not in MEDIA_EXTENSIONS:
+        raise ValueError(f"kind must be one of {sorted(MEDIA_EXTENSIONS)}, got {kind!r}")
+    urls = _spec_names(spec)
+    if not urls:
+        raise ValueError(f"no shards in {spec!r}")
+    indexes = shards.index_shards(urls, storage_options=storage_options, threads=threads)
+    items, errors = [], []
+    for url, idx in zip(urls, indexes):
+        errors.extend(idx.errors)
+        metas = _read_metas(url, idx.samples, storage_options, threads)
+        for sample, meta in zip(idx.samples, metas):
+            name = shards.sample_name(url, sample.key)
+            if isinstance(meta, Exception):
+                errors.append((name, f"metadata: {meta}"))
+                continue
+            ext = _kind_ext(sample, kind)
+            if ext is None:
+                errors.append((name, f"no {kind} member ({', '.join(MEDIA_EXTENSIONS[kind][:6])}"
+                                     f", ...) among its members {sample.exts()}"))
+                continue
+            try:
+                offset = _seconds(meta.pop("offset", None), "offset") or 0.0
+                duration = _seconds(meta.pop("duration", None), "duration")
+                text = meta.pop("text", None)
+                if text is not None and not isinstance(text, str):
+                    raise ValueError(f"text must be a string, got {type(text).__name__}")
+            except ValueError as e:
+                errors.append((name, f"metadata: {e}"))
+                continue
+            label = meta.pop("label", None)
+            items.append(Item(path=name, raw_path=name, label=label, text=text, offset=offset,
+                              duration=duration, extra=meta,
+                              locator=ShardMember(url, sample, ext, storage_options)))
+    return Listing(items, errors)
+
+
+def _read_metas(url, samples, storage_options, threads) -> list:
+    """Each sample's metadata dict, or the exception that parsing it raised."""
+
+    def one(s):
+        try:
+            return _meta(url, s, _meta_blobs(url, s, storage_options))
+        except (ValueError, UnicodeDecodeError) as e:
+            return e
+
+    if storage.is_local(url) or len(samples) < 2:
+        return [one(s) for s in samples]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as ex:
+        return list(ex.map(one, samples))
+
+
+def read_nemo_tarred(manifest, tarred_audio_filepaths, *, storage_options=None,
+                     threads: int = 16) -> Listing:
+    """NeMo tarred audio: each manifest line's ``audio_filepath`` names a member of shard
+    ``shard_id`` of ``tarred_audio_filepaths`` (expanded in order). A member is found by its
+    name in the tar, or else by its base name (NeMo's tarring script stores base names)."""
+    from .sources import manifest_records
+
+    urls = _spec_names(tarred_audio_filepaths)
+    if not urls:
+        raise ValueError(f"tarred_audio_filepaths names no shards: {tarred_audio_filepaths!r}")
+    records, errors = manifest_records(manifest)
+    want = {}
+    for rec in records:
+        sid = rec.fields.get("shard_id")
+        if isinstance(sid, bool) or not isinstance(sid, int) or not 0 <= sid < len(urls):
+            errors.append((f"{os.fspath(manifest)}:{rec.line}",
+                           f"shard_id must be an integer in [0, {len(urls)}), got {sid!r}"))
+            continue
+        want.setdefault(sid, []).append(rec)
+    used = sorted(want)
+    indexes = shards.index_shards([urls[s] for s in used], storage_options=storage_options,
+                                  threads=threads)
+    by_shard = {}
+    for sid, idx in zip(used, indexes):
+        errors.extend(idx.errors)
+        names = {}
+        for s in idx.samples:
+            for ext in s.exts():
+                full = f"{s.key}.{ext}"
+                names.setdefault(full, (s, ext))
+                names.setdefault(os.path.basename(full), (s, ext))
+        by_shard[sid] = names
+    items = []
+    for rec in records:
+        sid = rec.fields.get("shard_id")
+        if sid not in by_shard:
+            continue
+        url = urls[sid]
+        hit = by_shard[sid].get(rec.path) or by_shard[sid].get(os.path.basename(rec.path))
+        name = f"{url}#{rec.path}"
+        if hit is None:
+            errors.append((name, f"no member {rec.path!r} in shard {sid} ({url})"))
+            continue
+        sample, ext = hit
+        f = dict(rec.fields)
+        f.pop("shard_id", None)
+        text = f.pop("text", None)
+        offset = f.pop("offset", None) or 0.0
+        duration = f.pop("duration", None)
+        items.append(Item(path=shards.sample_name(url, sample.key), raw_path=rec.path,
+                          text=text if text is not None else "", offset=offset,
+                          duration=duration, extra=f,
+                          locator=ShardMember(url, sample, ext, storage_options)))
+    return Listing(items, errors)
+
+
+def _shar_fields(spec, storage_options) -> dict:
+    if isinstance(spec, dict):
+        return {k: _spec_names(v) or [] for k, v in spec.items()}
+    spec = os.fspath(spec)
+    names = storage.listdir(spec, storage_options=storage_options)
+    fields = {}
+    for n in names:
+        parts = n.split(".")
+        if len(parts) >= 3 and parts[1].isdigit():
+            fields.setdefault(parts[0], []).append(storage.join(spec, n))
+    return {k: sorted(v) for k, v in fields.items()}
+
+
+def read_shar(spec, *, storage_options=None, threads: int = 16) -> Listing:
+    """lhotse Shar (see the module's doc): items with the cut's transcript (its supervisions'
+    texts joined by spaces), its ``start`` / ``duration`` as offset and duration, and its id,
+    supervisions and recording fields in ``item.extra``."""
+    fields = _shar_fields(spec, storage_options)
+    cuts_files = fields.get("cuts") or []
+    recs = fields.get("recording") or []
+    if not cuts_files:
+        raise ValueError(f"no cuts.NNNNNN.jsonl.gz in the Shar at {spec!r}")
+    if len(recs) != len(cuts_files):
+        raise ValueError(f"the Shar at {spec!r} has {len(cuts_files)} cut files and "
+                         f"{len(recs)} recording tars: they must pair up")
+    indexes = shards.index_shards(recs, storage_options=storage_options, threads=threads)
+    items, errors = [], []
+    for cf, url, idx in zip(cuts_files, recs, indexes):
+        errors.extend(idx.errors)
+        raw = storage.read_object(cf, storage_options=storage_options)
+        try:
+            lines = gzip.decompress(raw).decode("utf-8").splitlines()
+        except (OSError, EOFError, UnicodeDecodeError) as e:
+            errors.append((cf, f"not a gzip'ed JSON-lines file: {e}"))
+            continue
+        cuts = []
+        for ln, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                c = json.loads(line)
+                if not isinstance(c, dict) or not isinstance(c.get("id"), str):
+                    raise ValueError("a cut is a JSON object with a string id")
+            except ValueError as e:
+                errors.append((f"{cf}:{ln}", f"not a cut: {e}"))
+                cuts.append(None)
+                continue
+            cuts.append(c)
+        # the i-th cut's audio is the i-th sample of the tar (lhotse writes them in step)
+        samples = list(idx.samples)
+        by_key = {s.key: s for s in samples}
+        for k, c in enumerate(cuts):
+            if c is None:
+                continue
+            cid = c["id"]
+            s = samples[k] if k < len(samples) and _shar_match(samples[k], cid) else None
+            if s is None:
+                s = by_key.get(cid.split(".", 1)[0])
+                if s is not None and not _shar_match(s, cid):
+                    s = None
+            name = shards.sample_name(url, cid)
+            if s is None:
+                errors.append((name, "the cut's recording is not in the tar"))
+                continue
+            ext = _kind_ext(s, "audio")
+            if ext is None:
+                errors.append((name, f"no audio member among {s.exts()}"))
+                continue
+            sups = c.get("supervisions") or []
+            text = " ".join(str(x.get("text") or "") for x in sups
+                            if isinstance(x, dict)).strip()
+            try:
+                start = _seconds(c.get("start", 0.0), "start") or 0.0
+                duration = _seconds(c.get("duration"), "duration")
+            except ValueError as e:
+                errors.append((name, str(e)))
+                continue
+            extra = {k2: v for k2, v in c.items() if k2 not in ("start", "duration")}
+            items.append(Item(path=name, raw_path=cid, text=text, offset=start,
+                              duration=duration, extra=extra,
+                              locator=ShardMember(url, s, ext, storage_options)))
+    return Listing(items, errors)
+
+
+def _shar_match(sample: shards.Sample, cut_id: str) -> bool:
+    return any(f"{sample.key}.{ext}".startswith(cut_id + ".") for ext in sample.exts())
