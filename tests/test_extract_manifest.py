@@ -309,14 +309,15 @@ def test_resume_hint_only_when_a_rerun_can_help(failure, helps):
     assert "0 of 1 shards done" in text
 
 
-def test_progress_bar_rate_is_per_second(tmp_path):
+def test_progress_bar_rate_is_per_second(monkeypatch):
     import io
 
     from avpipe.recipes.extract import _Progress
 
     its = [Item(0, "a.wav", "/a.wav", "audio", {"duration": 3600.0})]
     f = io.StringIO()
-    p = _Progress(its, {"video": {}}, True, file=f)
+    monkeypatch.setattr(sys, "stderr", f)
+    p = _Progress(its, {"video": {}}, True)
     p.t0 -= 10
     p._last = -1.0
     p((1, 0, 360.0, 0.0))
@@ -347,6 +348,46 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.strip().splitlines()[-1] == \
         "avpipe extract: interrupted; run the same command again to resume"
+
+
+def _sigint_ignored(pid: int) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(int(x.split()[1], 16) for x in f if x.startswith("SigIgn:"))
+    return bool(mask & (1 << (signal.SIGINT - 1)))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_worker_processes_start_with_ctrl_c_ignored():
+    """Ctrl-C goes to the whole terminal group: the workers ignore it from their first
+    instruction (none prints a KeyboardInterrupt traceback from its imports), the parent
+    ends them."""
+    from avpipe.recipes.extract._engine_local import Standby
+
+    before = signal.getsignal(signal.SIGINT)
+    sb = Standby()
+    try:
+        assert _sigint_ignored(sb.proc.pid)
+        assert signal.getsignal(signal.SIGINT) is before  # the parent's own is kept
+    finally:
+        sb.stop()
+
+
+def test_ctrl_c_before_the_work_starts_exits_130(monkeypatch, capsys):
+    import avpipe.recipes.extract as ex
+    from avpipe.cli.main import main
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ex, "run_extract", interrupted)
+    assert main(["extract", "in", "--preset", "nemo", "--out", "o"]) == 130
+    assert capsys.readouterr().err.strip() == \
+        "avpipe extract: interrupted; run the same command again to resume"
+    import avpipe._info
+
+    monkeypatch.setattr(avpipe._info, "info", interrupted)  # any command: click's Abort
+    assert main(["info"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "avpipe: interrupted"
 
 
 # --- fuzz: typed-field attacks -------------------------------------------------------------

@@ -229,7 +229,11 @@ def main(argv=None) -> int:
     except click.ClickException as e:
         e.show()
         return e.exit_code
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:
+        if isinstance(e.__context__, KeyboardInterrupt):  # Ctrl-C: click's Abort wraps it
+            _end_children()
+            click.echo("avpipe: interrupted", err=True)
+            return 130
         click.echo("aborted", err=True)
         return 1
     return 0
