@@ -93,6 +93,15 @@ def test_null_offset_and_duration_are_absent_and_zero_is_fine(tmp_path):
     assert (a.offset, a.duration, b.offset, b.duration, b.text) == (0.0, None, 0.0, 0.0, "")
 
 
+def test_a_json_array_manifest_names_the_row(tmp_path):
+    m = tmp_path / "m.json"
+    m.write_text('[{"audio_filepath": "a.wav"}, {"audio_filepath": "b.wav", "offset": "1"}]')
+    with pytest.raises(ManifestError, match=r"m\.json: field 'offset' = '1': row 2: seconds"):
+        read_manifest(m)
+    inp = resolve_inputs(m, NEMO)
+    assert inp.items[0].error is None and inp.items[1].error[0] == "ManifestError"
+
+
 def test_a_manifest_that_is_not_utf8_names_file_and_line(tmp_path):
     m = manifest(tmp_path, GOOD, GOOD, b'{"audio_filepath": "caf\xe9.wav"}')
     with pytest.raises(ManifestError, match=r"m\.jsonl:3: not UTF-8 text \(byte 0xe9"):
@@ -208,6 +217,23 @@ def test_every_row_of_a_mixed_manifest_is_in_index_or_errors(tmp_path):
     assert 6 in why and 7 in why
     assert s.ignored == 0 and s.errors == 6 and s.complete
     assert json.loads((out / "extract.json").read_text())["input"]["count"] == n
+
+
+def test_root_refuses_links_out_of_a_folder_input(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    shutil.copy(SAMPLES / "speech" / "utt01.wav", d / "a.wav")
+    outside = tmp_path / "elsewhere.wav"
+    shutil.copy(SAMPLES / "speech" / "utt02.wav", outside)
+    os.symlink(outside, d / "b.wav")
+    assert all(it.error is None for it in resolve_inputs(d, NEMO).items)
+    a, b = resolve_inputs(d, NEMO, root=d).items
+    assert a.error is None and b.error[0] == "OutsideRootError"
+    assert "'" + str(d / "b.wav") + "' lies outside root=" in b.error[1]
+    s = run_extract(d, preset="nemo", out_dir=tmp_path / "o", device="cpu", root=d,
+                    progress=False)
+    (e,) = strict_jsonl(tmp_path / "o" / "errors.jsonl")
+    assert (e["source"], e["error"]) == ("b.wav", "OutsideRootError") and s.total_written == 1
 
 
 def test_cli_root_flag(tmp_path):

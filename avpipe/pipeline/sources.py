@@ -122,8 +122,12 @@ def _finite_float(s: str) -> float:
 
 
 def loads_strict(text: str):
-    """``json.loads`` refusing NaN, Infinity and numbers beyond float range (ValueError)."""
-    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    """``json.loads`` refusing NaN, Infinity and numbers beyond float range (ValueError; so
+    is nesting too deep for the parser)."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def _seconds(d: dict, key: str, manifest: str, line) -> None:
@@ -204,8 +208,14 @@ def manifest_records(path, *, keep_errors: bool = False) -> list:
             raise ManifestError(path, None, f"not a JSON array ({e})") from None
         if not isinstance(rows, list):
             raise ManifestError(path, None, "not a JSON array")
-        for r in rows:
-            add(r, None)
+        for n, r in enumerate(rows, 1):
+            try:
+                out.append(check_manifest_record(r, path, None))
+            except ManifestError as e:  # named by its place in the array
+                e = ManifestError(path, None, f"row {n}: {e.reason}", e.field, e.value)
+                if not keep_errors:
+                    raise e from None
+                out.append(e)
         return out
     for ln, line in enumerate(text.splitlines(), 1):
         if not line.strip():

@@ -62,12 +62,21 @@ def cases(seed: int = 0, random_cases: int = 64) -> list[tuple[str, str, bytes]]
         out.append((f"bytes-{i}", "jsonl", _jsonl(b'{"audio_filepath": "caf' + b + b'.wav"}')))
         out.append((f"csv-bytes-{i}", "csv", b"path,label\na.wav,x\ncaf" + b + b".wav,y\n"))
     for i, t in enumerate([b"", b"[", b"{", b"[]", b"[1]", b"null", b"1", b'"s"', b"{}",
-                           b'{"audio_filepath": "a.wav"', b"\xef\xbb\xbf" + _line(GOOD)]):
+                           b'{"audio_filepath": "a.wav"', b"\xef\xbb\xbf" + _line(GOOD),
+                           b"[" * 100000 + b"]" * 100000,
+                           b'{"audio_filepath": "a.wav", "x": ' + b"[" * 50000 + b"]" * 50000
+                           + b"}"]):
         out.append((f"json-{i}", "jsonl", _jsonl(t)))
     for i, t in enumerate([b"path,label\na.wav,\n", b"path,label\na.wav\n",
                            b"path,label\na.wav,x,extra\n", b"file,cls\na.wav,x\n",
                            b'path,label\n"a.wav,x\n', b"path,label\n,x\n", b""]):
         out.append((f"csv-{i}", "csv", t))
+    # a whole file holding one JSON array of rows
+    for i, t in enumerate([b'[{"audio_filepath": 3}]', b"[1, null]", b"[NaN]", b"[" * 100000,
+                           b'[{"audio_filepath": "a.wav", "duration": true}]', b"[]",
+                           b'[{"audio_filepath": "a.wav"}, {"audio_filepath": "/etc/passwd"}]',
+                           b'{"audio_filepath": "a.wav"}']):
+        out.append((f"array-{i}", "jsonl", t))
     # random: a good line with a few fields replaced by random values / raw numbers
     for i in range(random_cases):
         d = dict(GOOD)

@@ -318,9 +318,10 @@ def resolve_inputs(input_path, extensions, *, exclude=None, root=None) -> Inputs
                 continue
             kind = _row_kind(full, extensions)
             if kind is None:
+                where = f"{path}:{line}" if line else path
                 items.append(refused(i, rel, full, (
                     "UnsupportedFormatError",
-                    f"{path}:{line}: {media!r} is not one of the preset's {looked_for}")))
+                    f"{where}: {media!r} is not one of the preset's {looked_for}")))
                 continue
             items.append(Item(i, rel, full, kind, dict(fields)))
         if not items:
