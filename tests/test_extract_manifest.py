@@ -236,6 +236,18 @@ def test_root_refuses_links_out_of_a_folder_input(tmp_path):
     assert (e["source"], e["error"]) == ("b.wav", "OutsideRootError") and s.total_written == 1
 
 
+def test_files_a_folder_walk_ignores_are_named(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    shutil.copy(SAMPLES / "speech" / "utt01.wav", d / "a.wav")
+    for n in ("clip.mp4", "x.bin", "y.bin", "z.bin", "w.bin", "v.bin"):
+        (d / n).write_bytes(b"x")
+    s = run_extract(d, preset="nemo", out_dir=tmp_path / "o", device="cpu", progress=False)
+    assert s.ignored == 6 and s.ignored_names == ["clip.mp4", "v.bin", "w.bin", "x.bin", "y.bin"]
+    assert "6 file(s) ignored (not nemo inputs): clip.mp4, v.bin, w.bin, x.bin, y.bin, ..." \
+        in s.format()
+
+
 def test_cli_root_flag(tmp_path):
     m = speech_manifest(tmp_path)
     r = cli("extract", m, "--preset", "nemo", "--out", tmp_path / "o", "--devices", "cpu",

@@ -50,6 +50,7 @@ from ._writers import (
     clean_partials,
     make_shards,
     npy_name,
+    printable,
     read_part,
     write_index,
 )
@@ -99,6 +100,7 @@ class ExtractSummary:
     total_errors: int = 0
     earlier_errors: int = 0
     ignored: int = 0
+    ignored_names: list[str] = field(default_factory=list)
     shards_done: int = 0
     shards_total: int = 0
     audio_seconds: float = 0.0
@@ -137,7 +139,10 @@ class ExtractSummary:
             lines.append(f"{self.earlier_errors} input(s) failed in an earlier run "
                          "(--retry-errors redoes them)")
         if self.ignored:
-            lines.append(f"{self.ignored} file(s) ignored (not {self.preset} inputs)")
+            names = ", ".join(printable(n) for n in self.ignored_names)
+            more = ", ..." if self.ignored > len(self.ignored_names) else ""
+            lines.append(f"{self.ignored} file(s) ignored (not {self.preset} inputs)"
+                         + (f": {names}{more}" if names else ""))
         if self.total_errors:
             lines.append(f"bad inputs are listed in {os.path.join(self.out_dir, ERRORS_NAME)}")
         for f in self.failures:
@@ -536,7 +541,7 @@ def _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size, 
         input_path=os.fspath(input_path), out_dir=out_dir, preset=cfg["name"], devices=devs,
         engine=engine, output_format=format, inputs=total, written=written, skipped=done_ok,
         errors=n_err, total_errors=total_errors, earlier_errors=0 if retry_errors else done_err,
-        ignored=inp.ignored, shards_done=shards_done, shards_total=len(shards),
+        ignored=inp.ignored, ignored_names=inp.ignored_names, shards_done=shards_done, shards_total=len(shards),
         audio_seconds=bar.seconds, frames=bar.frames, elapsed_s=time.perf_counter() - t0,
         failures=failures,
     )

@@ -100,13 +100,18 @@ def refused(index: int, source: str, path: str, e: BaseException | tuple) -> Ite
 class Inputs:
     """``root``: the folder sources are relative to; ``form``: "folder", "glob", "list",
     "manifest" or "file"; ``ignored``: files of a folder or glob skipped for an unknown
-    extension (rows of a list or manifest are never skipped: see :attr:`Item.error`)."""
+    extension (rows of a list or manifest are never skipped: see :attr:`Item.error`), the
+    first :data:`IGNORED_NAMED` of them named in ``ignored_names``."""
 
     root: str
     form: str
     items: list[Item]
     ignored: int = 0
     spec: str = ""
+    ignored_names: list[str] = field(default_factory=list)
+
+
+IGNORED_NAMED = 5
 
 
 def _is_glob(s: str) -> bool:
@@ -194,7 +199,7 @@ def _outside(top, i: int, rel: str, full: str) -> Item | None:
 
 def _walk(path: str, extensions, exclude, top=None) -> Inputs:
     excl = os.path.realpath(exclude) if exclude is not None else None
-    media, manifests, ignored = [], [], 0
+    media, manifests, ignored, ignored_names = [], [], 0, []
     for dirpath, dirnames, filenames in os.walk(path):
         dirnames[:] = sorted(
             d for d in dirnames
@@ -210,6 +215,8 @@ def _walk(path: str, extensions, exclude, top=None) -> Inputs:
                 manifests.append(full)
             elif os.path.splitext(f)[1].lower() not in METADATA_EXTENSIONS:
                 ignored += 1
+                if len(ignored_names) < IGNORED_NAMED:
+                    ignored_names.append(_rel(full, path))
     rels = sorted((_rel(m, path), m) for m in media)
     fields: list[dict] = [{} for _ in rels]
     _folder_fields(manifests, {os.path.normpath(m): i for i, (_, m) in enumerate(rels)}, fields)
@@ -217,7 +224,7 @@ def _walk(path: str, extensions, exclude, top=None) -> Inputs:
         _outside(top, i, rel, full) or Item(i, rel, full, _kind(full, extensions), fields[i])
         for i, (rel, full) in enumerate(rels)
     ]
-    return Inputs(path, "folder", items, ignored)
+    return Inputs(path, "folder", items, ignored, ignored_names=ignored_names)
 
 
 def _row_kind(path: str, extensions) -> str | None:
@@ -266,6 +273,7 @@ def resolve_inputs(input_path, extensions, *, exclude=None, root=None) -> Inputs
              or Item(i, _rel(p, root_dir), p, _kind(p, extensions))
              for i, p in enumerate(media)],
             len(hits) - len(media), spec,
+            [_rel(p, root_dir) for p in hits if not _kind(p, extensions)][:IGNORED_NAMED],
         )
         if not inp.items:
             raise EmptyInputError(
