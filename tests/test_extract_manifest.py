@@ -93,6 +93,18 @@ def test_null_offset_and_duration_are_absent_and_zero_is_fine(tmp_path):
     assert (a.offset, a.duration, b.offset, b.duration, b.text) == (0.0, None, 0.0, 0.0, "")
 
 
+def test_line_numbers_count_newlines_only(tmp_path):
+    """A transcript may hold U+2028, form feeds, ... (valid in a JSON string): one line each."""
+    odd = json.dumps({"audio_filepath": "a.wav", "text": "a\u2028b\x0cc\x1dd\u0085e"},
+                     ensure_ascii=False)
+    m = manifest(tmp_path, odd, odd, '{"audio_filepath": 1}')
+    with pytest.raises(ManifestError, match=r"m\.jsonl:3: field 'audio_filepath'"):
+        read_manifest(m)
+    inp = resolve_inputs(m, NEMO)
+    assert [it.fields.get("text") for it in inp.items[:2]] == ["a\u2028b\x0cc\x1dd\u0085e"] * 2
+    assert "m.jsonl:3:" in inp.items[2].error[1]
+
+
 def test_a_json_array_manifest_names_the_row(tmp_path):
     m = tmp_path / "m.json"
     m.write_text('[{"audio_filepath": "a.wav"}, {"audio_filepath": "b.wav", "offset": "1"}]')

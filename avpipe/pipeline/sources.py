@@ -43,7 +43,7 @@ from ..errors import ManifestError, OutsideRootError
 __all__ = [
     "Item", "read_manifest", "read_csv", "read_folder", "read_list", "class_index",
     "ManifestRecord", "manifest_records", "csv_records", "check_manifest_record",
-    "decode_text", "check_root", "resolve_root", "check_path_text",
+    "decode_text", "check_root", "resolve_root", "check_path_text", "text_lines",
 ]
 
 MANIFEST_PATH_FIELD = "audio_filepath"
@@ -108,6 +108,15 @@ def decode_text(data: bytes, path: str) -> str:
         col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise ManifestError(path, line, f"not UTF-8 text (byte 0x{data[e.start]:02x} at "
                                         f"column {col})") from None
+
+
+def text_lines(text: str) -> list[str]:
+    """The lines of a list file: split at ``\\n`` only (``str.splitlines`` also splits at
+    U+2028 and other characters a JSON string may hold, and would miscount lines)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def _refuse_constant(name):
@@ -190,16 +199,6 @@ def manifest_records(path, *, keep_errors: bool = False) -> list:
         text = decode_text(f.read(), path)
     out: list = []
 
-    def add(obj_or_err, line):
-        try:
-            if isinstance(obj_or_err, ManifestError):
-                raise obj_or_err
-            out.append(check_manifest_record(obj_or_err, path, line))
-        except ManifestError as e:
-            if not keep_errors:
-                raise
-            out.append(e)
-
     stripped = text.lstrip()
     if stripped.startswith("["):  # one JSON array of rows: its rows have no line of their own
         try:
@@ -217,15 +216,19 @@ def manifest_records(path, *, keep_errors: bool = False) -> list:
                     raise e from None
                 out.append(e)
         return out
-    for ln, line in enumerate(text.splitlines(), 1):
+    for ln, line in enumerate(text_lines(text), 1):
         if not line.strip():
             continue
         try:
-            d = loads_strict(line)
-        except ValueError as e:  # JSONDecodeError, NaN, a number beyond float range
-            add(ManifestError(path, ln, f"not a JSON line ({e})"), ln)
-            continue
-        add(d, ln)
+            try:
+                d = loads_strict(line)
+            except ValueError as e:  # JSONDecodeError, NaN, a number beyond float range
+                raise ManifestError(path, ln, f"not a JSON line ({e})") from None
+            out.append(check_manifest_record(d, path, ln))
+        except ManifestError as e:
+            if not keep_errors:
+                raise
+            out.append(e)
     return out
 
 
@@ -358,7 +361,7 @@ def read_list(source, *, labels=None, root=None) -> list:
         with open(path, "rb") as f:
             text = decode_text(f.read(), path)
         entries, lines = [], []
-        for n, ln in enumerate(text.splitlines(), 1):
+        for n, ln in enumerate(text_lines(text), 1):
             if ln.strip() and not ln.strip().startswith("#"):
                 entries.append(ln.strip())
                 lines.append(n)

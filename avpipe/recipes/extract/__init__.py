@@ -319,6 +319,8 @@ class _Progress:
         if kinds == {"audio"}:
             self.unit = "audio-h"
             for it in items:
+                if it.error is not None:  # refused: no audio
+                    continue
                 d = _duration_of(it)
                 if d is None:
                     self.unknown_files += 1

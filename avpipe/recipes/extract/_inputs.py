@@ -47,6 +47,7 @@ from ...pipeline.sources import (
     decode_text,
     manifest_records,
     resolve_root,
+    text_lines,
 )
 
 LIST_EXTENSIONS = (".txt", ".lst", ".list")
@@ -237,13 +238,6 @@ def _row_kind(path: str, extensions) -> str | None:
     return kind
 
 
-def _row_source(manifest: str, line: int | None, media) -> str:
-    """What names a refused row in the outputs: its path as written, else ``FILE:LINE``."""
-    if isinstance(media, str) and media.strip():
-        return media
-    return f"{os.path.basename(manifest)}:{line if line is not None else '?'}"
-
-
 def resolve_inputs(input_path, extensions, *, exclude=None, root=None) -> Inputs:
     """Resolve INPUT (see the module docstring). Raises FileNotFoundError for a path that
     does not exist, :class:`EmptyInputError` when nothing usable was found,
@@ -300,7 +294,7 @@ def resolve_inputs(input_path, extensions, *, exclude=None, root=None) -> Inputs
             with open(path, "rb") as f:
                 text = decode_text(f.read(), path)
             rows = []
-            for n, ln in enumerate(text.splitlines(), 1):
+            for n, ln in enumerate(text_lines(text), 1):
                 if ln.strip() and not ln.lstrip().startswith("#"):
                     try:
                         check_path_text(ln.strip(), path, n)
@@ -314,7 +308,8 @@ def resolve_inputs(input_path, extensions, *, exclude=None, root=None) -> Inputs
         for row in rows:
             i = len(items)
             if isinstance(row, ManifestError):
-                items.append(refused(i, _row_source(path, row.line, None), "", row))
+                # named by its file and line (its path, if any, may be what is wrong)
+                items.append(refused(i, f"{os.path.basename(path)}:{row.line or '?'}", "", row))
                 continue
             line, media, fields = row
             full = os.path.normpath(os.path.join(base, os.path.expanduser(media)))
