@@ -15,6 +15,8 @@ __all__ = [
     "EmptyMediaError",
     "DecodeTimeoutError",
     "MemoryCapError",
+    "ManifestError",
+    "OutsideRootError",
 ]
 
 
@@ -48,3 +50,52 @@ class DecodeTimeoutError(DecodeError):
 
 class MemoryCapError(ValueError):
     """A request would need more memory than the caller's cap allows."""
+
+
+class ManifestError(ValueError):
+    """A line of an item list (NeMo manifest, CSV, file list) that cannot be used: bad JSON,
+    bytes that are not UTF-8, a missing field or a field of the wrong type or range.
+    ``.manifest`` (the file), ``.line`` (1-based; None: the whole file), ``.field`` and
+    ``.value`` (None when not about one field) say where; ``.reason`` says why."""
+
+    def __init__(self, manifest: str, line: int | None, reason: str, field: str | None = None,
+                 value=None):
+        self.manifest = manifest
+        self.line = line
+        self.reason = reason
+        self.field = field
+        self.value = value
+        where = manifest if line is None else f"{manifest}:{line}"
+        what = "" if field is None else f"field {field!r} = {_short(value)}: "
+        super().__init__(f"{where}: {what}{reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.manifest, self.line, self.reason, self.field, self.value))
+
+
+class OutsideRootError(ValueError):
+    """A listed path that lies outside the ``root`` the caller allowed (``../`` climbing out,
+    an absolute path elsewhere, or a link resolving elsewhere). ``.path`` (as written),
+    ``.root``, and where it was listed (``.manifest``, ``.line``; None when not from a file)."""
+
+    def __init__(self, path: str, root: str, manifest: str | None = None,
+                 line: int | None = None):
+        self.path = path
+        self.root = root
+        self.manifest = manifest
+        self.line = line
+        where = "" if manifest is None else (
+            f"{manifest}: " if line is None else f"{manifest}:{line}: ")
+        super().__init__(f"{where}{path!r} lies outside root={root!r}")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.root, self.manifest, self.line))
+
+
+def _short(value, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a 401-digit number stays readable)."""
+    try:
+        r = repr(value)
+    except Exception:  # noqa: BLE001
+        r = f"<{type(value).__name__}>"
+    return r if len(r) <= limit else f"{r[: limit - 12]}...({len(r)} chars)"

@@ -85,8 +85,12 @@ class _ExtractCommand(click.Command):
               help="Redo the shards holding inputs that failed in an earlier run.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr (default: when stderr is a terminal).")
+@click.option("--root", default=None, type=click.Path(file_okay=False),
+              help="A folder every input must lie under (.. and links resolved); the inputs "
+                   "outside it are refused and listed in OUT/errors.jsonl.")
 def extract(input_path, preset, out_dir, fmt, shard_size, devices, device, workers, fps,
-            batch_size, dtype, engine, ray_address, strict, retry_errors, progress) -> None:
+            batch_size, dtype, engine, ray_address, strict, retry_errors, progress,
+            root) -> None:
     """Extract features from every input of INPUT into shards in OUT.
 
     INPUT is a folder (walked recursively), a glob ("data/**/*.flac"), a file list (.txt, one
@@ -97,7 +101,9 @@ def extract(input_path, preset, out_dir, fmt, shard_size, devices, device, worke
     OUT gets shards/shard-AAAAAA-BBBBBB.tar (inputs AAAAAA..BBBBBB of the input list),
     index.jsonl (every input: shard, key, shape, dtype, status, parameters), errors.jsonl
     (inputs that failed) and extract.json (the preset's full config). Killed, it resumes
-    where it stopped when run again with the same arguments.
+    where it stopped when run again with the same arguments. Every row of a list or manifest
+    is in index.jsonl: a bad manifest line, a file not of the preset's kinds or outside
+    --root is listed in errors.jsonl with the reason.
     """
     from avpipe.recipes.extract import EmptyInputError, PresetError, run_extract
 
@@ -108,8 +114,13 @@ def extract(input_path, preset, out_dir, fmt, shard_size, devices, device, worke
             input_path, preset=preset, out_dir=out_dir, device=device, devices=devices,
             format=fmt, shard_size=shard_size, workers=workers, fps=fps, dtype=dtype,
             batch_size=batch_size, engine=engine, ray_address=ray_address,
-            retry_errors=retry_errors, progress=progress,
+            retry_errors=retry_errors, progress=progress, root=root,
         )
+    except KeyboardInterrupt:
+        _end_children()
+        click.echo("avpipe extract: interrupted; run the same command again to resume",
+                   err=True)
+        raise click.exceptions.Exit(130) from None
     except PresetError as e:
         raise click.BadParameter(str(e), param_hint="--preset") from e
     except EmptyInputError as e:
@@ -122,6 +133,19 @@ def extract(input_path, preset, out_dir, fmt, shard_size, devices, device, worke
     if strict and summary.total_errors:
         click.echo(f"--strict: {summary.total_errors} input(s) failed", err=True)
         raise click.exceptions.Exit(3)
+
+
+def _end_children() -> None:
+    """End the worker processes this process started (they ignore Ctrl-C; the interpreter's
+    exit would wait for them)."""
+    import multiprocessing as mp
+
+    for p in mp.active_children():
+        try:
+            p.kill()
+            p.join(timeout=5)
+        except (OSError, ValueError, AssertionError):
+            pass
 
 
 @cli.command()
@@ -205,7 +229,11 @@ def main(argv=None) -> int:
     except click.ClickException as e:
         e.show()
         return e.exit_code
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:
+        if isinstance(e.__context__, KeyboardInterrupt):  # Ctrl-C: click's Abort wraps it
+            _end_children()
+            click.echo("avpipe: interrupted", err=True)
+            return 130
         click.echo("aborted", err=True)
         return 1
     return 0

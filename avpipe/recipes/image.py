@@ -40,21 +40,25 @@ __all__ = ["image_classification", "ImageTask"]
 def image_classification(source, *, crop_size=224, resize_size=256, batch_size=32, train=True,
                          seed=0, shuffle=None, rank=0, world_size=1, device=None,
                          framework=None, on_error="skip", scale=(0.08, 1.0),
-                         ratio=(3 / 4, 4 / 3), dtype="float16", prefetch=2, deadline=None):
+                         ratio=(3 / 4, 4 / 3), dtype="float16", prefetch=2, deadline=None,
+                         root=None):
     """A :class:`~avpipe.pipeline.feed.Feed` of images. ``source``: a folder of class folders,
     a ``.csv`` file (``path,label``), a text file of paths, or a list of ``(path, label)``.
-    Batch fields: ``images [B, 3, crop_size, crop_size]``, ``labels [B]``, ``paths``."""
+    Batch fields: ``images [B, 3, crop_size, crop_size]``, ``labels [B]``, ``paths``.
+    ``root``: a folder every listed image must lie under (links resolved); a CSV row without a
+    path or label, or a path outside ``root``, raises :class:`~avpipe.errors.ManifestError` /
+    :class:`~avpipe.errors.OutsideRootError`."""
     spec = (image_classification, dict(
         source=source, crop_size=crop_size, resize_size=resize_size, batch_size=batch_size,
         train=train, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size,
         device=device, framework=framework, on_error=on_error, scale=scale, ratio=ratio,
-        dtype=dtype, prefetch=prefetch, deadline=deadline))  # fmt: skip
+        dtype=dtype, prefetch=prefetch, deadline=deadline, root=root))  # fmt: skip
     if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
-        items = read_folder(source, extensions=IMAGE_EXTENSIONS)
+        items = read_folder(source, extensions=IMAGE_EXTENSIONS, check=root)
     elif isinstance(source, (str, os.PathLike)) and os.fspath(source).lower().endswith(".csv"):
-        items = read_csv(source)
+        items = read_csv(source, root=root)
     else:
-        items = read_list(source)
+        items = read_list(source, root=root)
     classes, labels = class_index(items)
     dev = resolve_device(device)
     task = ImageTask(labels=labels, crop_size=crop_size, resize_size=resize_size, train=train,

@@ -76,7 +76,7 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
               world_size=1, training=True, preset="nemo", sample_rate=16000, device=None,
               framework=None, on_error="skip", prefetch=2, deadline=None, threads=8,
               decoder="auto", signal_augment=(), feature_augment=(), bucket_window=100,
-              speed_perturb=(0.85, 1.15), spec_augment=SPEC_AUGMENT):
+              speed_perturb=(0.85, 1.15), spec_augment=SPEC_AUGMENT, root=None):
     """A :class:`~avpipe.pipeline.feed.Feed` of log-mel batches from a NeMo manifest.
 
     ``batch_size`` items per batch, or ``max_duration`` seconds of padded audio per batch
@@ -93,7 +93,11 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
     worker processes: CPU device, fixed ``batch_size``, files of one sample rate without
     offsets), "threads" (``load_audio`` in threads; "cpu" is the same) or "auto" ("gpu" when
     that applies and ``device`` is a GPU, else "threads"). ``speed_perturb``,
-    ``spec_augment``: the training augmentation (module docstring).
+    ``spec_augment``: the training augmentation (module docstring). ``root``: a folder every
+    listed file must lie under (``..`` and links resolved); a manifest line that breaks the
+    manifest rule (:mod:`avpipe.pipeline.sources`) or lists a file outside ``root`` raises
+    :class:`~avpipe.errors.ManifestError` / :class:`~avpipe.errors.OutsideRootError` naming the
+    file and the line, here, before anything runs.
     """
     spec = (rnnt_feed, dict(
         manifest=manifest, batch_size=batch_size, max_duration=max_duration, seed=seed,
@@ -102,8 +106,8 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
         prefetch=prefetch, deadline=deadline, threads=threads, decoder=decoder,
         signal_augment=signal_augment, feature_augment=feature_augment,
         bucket_window=bucket_window, speed_perturb=speed_perturb,
-        spec_augment=spec_augment))  # fmt: skip
-    items = read_manifest(manifest)
+        spec_augment=spec_augment, root=root))  # fmt: skip
+    items = read_manifest(manifest, root=root)
     errors = []
     if max_duration is not None:
         keep = []

@@ -77,7 +77,7 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
                          framework=None, on_error="skip", num_clips=4, num_crops=3,
                          scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3), dtype="float16",
                          prefetch=2, deadline=None, threads=None, color_jitter=None,
-                         grayscale_p=0.0, temporal_jitter=0, index=None):
+                         grayscale_p=0.0, temporal_jitter=0, index=None, root=None):
     """A :class:`~avpipe.pipeline.feed.Feed` of video clips (module docstring).
     ``shuffle=None``: shuffle when training. ``feed.classes``: the sorted label names.
     ``threads``: decoding threads (None: 16 on a GPU, as NVDEC sessions per thread; else the
@@ -86,15 +86,17 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
     ``index``: a persisted video index (``avpipe index``'s file, :func:`avpipe.decoding.build_index`):
     files it holds, unchanged since, open without a scan. Files it lacks are scanned as they
     come; MP4 / MOV ones by ``AVPIPE_VIDEO_SCAN_AHEAD`` processes a few batches before their
-    decoding (see ``avpipe.pipeline._scan_ahead``)."""
+    decoding (see ``avpipe.pipeline._scan_ahead``). ``root``: a folder every listed video must
+    lie under; a CSV row without a path or label, or outside ``root``, raises
+    :class:`~avpipe.errors.ManifestError` / :class:`~avpipe.errors.OutsideRootError`."""
     spec = (video_classification, dict(
         file_list=file_list, clip_length=clip_length, stride=stride, crop_size=crop_size,
         batch_size=batch_size, train=train, seed=seed, shuffle=shuffle, rank=rank,
         world_size=world_size, device=device, framework=framework, on_error=on_error,
         num_clips=num_clips, num_crops=num_crops, scale=scale, ratio=ratio, dtype=dtype,
         prefetch=prefetch, deadline=deadline, threads=threads, color_jitter=color_jitter,
-        grayscale_p=grayscale_p, temporal_jitter=temporal_jitter, index=index))  # fmt: skip
-    videos = read_csv(file_list)
+        grayscale_p=grayscale_p, temporal_jitter=temporal_jitter, index=index, root=root))  # fmt: skip
+    videos = read_csv(file_list, root=root)
     classes, labels = class_index(videos)
     dev = resolve_device(device)
     if threads is None:

@@ -50,6 +50,7 @@ from ._writers import (
     clean_partials,
     make_shards,
     npy_name,
+    printable,
     read_part,
     write_index,
 )
@@ -99,6 +100,7 @@ class ExtractSummary:
     total_errors: int = 0
     earlier_errors: int = 0
     ignored: int = 0
+    ignored_names: list[str] = field(default_factory=list)
     shards_done: int = 0
     shards_total: int = 0
     audio_seconds: float = 0.0
@@ -137,16 +139,51 @@ class ExtractSummary:
             lines.append(f"{self.earlier_errors} input(s) failed in an earlier run "
                          "(--retry-errors redoes them)")
         if self.ignored:
-            lines.append(f"{self.ignored} file(s) ignored (not {self.preset} inputs)")
+            names = ", ".join(printable(n) for n in self.ignored_names)
+            more = ", ..." if self.ignored > len(self.ignored_names) else ""
+            lines.append(f"{self.ignored} file(s) ignored (not {self.preset} inputs)"
+                         + (f": {names}{more}" if names else ""))
         if self.total_errors:
             lines.append(f"bad inputs are listed in {os.path.join(self.out_dir, ERRORS_NAME)}")
         for f in self.failures:
             lines.append(f"worker failed: {f}")
         if not self.complete:
-            lines.append(f"incomplete: {self.shards_done} of {self.shards_total} shards done; "
-                         "run the same command again to resume")
-        lines.append(f"features written to {self.out_dir}")
+            if all(_rerun_helps(f) for f in self.failures):
+                lines.append(f"incomplete: {self.shards_done} of {self.shards_total} shards "
+                             "done; run the same command again to resume")
+            else:
+                lines.append(f"incomplete: {self.shards_done} of {self.shards_total} shards "
+                             "done; a rerun stops the same way until the failure above is "
+                             "fixed (the shards done are kept)")
+        if self.total_written:
+            lines.append(f"features written to {self.out_dir}")
+        elif self.skipped:
+            lines.append(f"features in {self.out_dir} (nothing new written)")
+        else:
+            lines.append(f"no features written to {self.out_dir}")
         return "\n".join(lines)
+
+
+# failures a rerun may not meet again: the machine's (files, memory, a killed process), not
+# the program's or the input's
+_TRANSIENT = ("OSError", "IOError", "BlockingIOError", "TimeoutError", "ConnectionError",
+              "BrokenPipeError", "ConnectionResetError", "InterruptedError", "MemoryError",
+              "KeyboardInterrupt", "SystemExit", "EOFError")
+
+
+def _rerun_helps(failure: str) -> bool:
+    """Whether running the same command again can get past ``failure`` (a worker's failure
+    line, "DEVICE: why"): a killed worker or a system error may not come back; a shard that
+    ended every worker tried on it, or an exception of the program, comes back every time."""
+    why = failure.split(": ", 1)[-1]
+    if " workers (last: " in why:  # a shard given up after its crashes: they repeat
+        return False
+    if why.startswith(("signal", "worker ended without finishing")):
+        return True
+    if failure.startswith("ray: "):
+        return True
+    name = why.split(":", 1)[0].strip()
+    return name in _TRANSIENT or name.endswith(("OSError", "Interrupt", "Timeout"))
 
 
 def parse_devices(devices) -> list[str]:
@@ -189,8 +226,9 @@ def _fingerprint(inp: Inputs) -> str:
     """sha256 over one JSON line ``[source, kind, fields]`` (sorted keys) per input; an input
     without fields is written by hand, the same bytes json.dumps gives, several times faster."""
     enc = json.encoder.encode_basestring_ascii
-    lines = [f"[{enc(it.source)}, {enc(it.kind)}, {{}}]" if not it.fields else
-             json.dumps([it.source, it.kind, it.fields], sort_keys=True) for it in inp.items]
+    lines = [f"[{enc(it.source)}, {enc(it.kind)}, {{}}]" if not it.fields and it.kind else
+             json.dumps([it.source, it.kind, it.fields] + ([list(it.error)] if it.error else []),
+                        sort_keys=True) for it in inp.items]
     lines.append("")
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
@@ -267,11 +305,13 @@ class _Progress:
     and the preset samples a fixed number of frames per video, else files. Fed ``(files,
     errors, audio seconds, video frames)`` payloads."""
 
-    def __init__(self, items, cfg: dict, enabled):
+    BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt}{unit} [{elapsed}<{remaining}{postfix}]"
+
+    def __init__(self, items, cfg: dict, enabled, file=None):
         from tqdm import tqdm
 
         disable = (not sys.stderr.isatty()) if enabled is None else not enabled
-        kinds = {it.kind for it in items}
+        kinds = {it.kind for it in items if it.error is None}
         self.files_total = len(items)
         self.frames_per_file = None
         self.known_seconds = 0.0  # audio: manifest durations of the inputs to do
@@ -279,6 +319,8 @@ class _Progress:
         if kinds == {"audio"}:
             self.unit = "audio-h"
             for it in items:
+                if it.error is not None:  # refused: no audio
+                    continue
                 d = _duration_of(it)
                 if d is None:
                     self.unknown_files += 1
@@ -293,9 +335,11 @@ class _Progress:
             self.unit = "file"
             total = self.files_total
         self.total = total
-        self.bar = tqdm(total=total, file=sys.stderr, disable=disable, unit=" " + self.unit,
+        # the rate is always written per second, in the postfix (tqdm's own turns into
+        # "10.1s/ audio-h" below one unit a second)
+        self.bar = tqdm(total=total, file=file or sys.stderr, disable=disable, unit=" " + self.unit,
                         unit_scale=self.unit != "file", desc="extract", dynamic_ncols=True,
-                        smoothing=0.1)
+                        smoothing=0.1, bar_format=self.BAR_FORMAT)
         self.t0 = time.perf_counter()
         self.files = self.errors = 0
         self.seconds = self.frames = 0.0
@@ -325,12 +369,10 @@ class _Progress:
         if now - self._last > 0.5:
             self._last = now
             dt = max(now - self.t0, 1e-9)
-            parts = []
-            if self.unit != "file":
-                parts.append(f"{self.files / dt:.1f} files/s")
-            if self.seconds and self.unit != "audio-h":
-                parts.append(f"{self.seconds / 3600 / dt:.3g} audio-h/s")
-            if self.frames and self.unit != "frame":
+            parts = [f"{self.files / dt:.1f} files/s"]
+            if self.seconds:
+                parts.append(f"{self.seconds / dt:.0f} audio-s/s")
+            if self.frames:
                 parts.append(f"{self.frames / dt:.1f} frames/s")
             if self.errors:
                 parts.append(f"{self.errors} err")
@@ -377,6 +419,7 @@ def run_extract(
     retry_errors: bool = False,
     progress: bool | None = None,
     ray_address: str | None = None,
+    root=None,
 ) -> ExtractSummary:
     """Extract features from every input of ``input_path`` into ``out_dir`` (see the module
     docstring). Returns an :class:`ExtractSummary`; bad inputs never raise (they are counted
@@ -386,7 +429,11 @@ def run_extract(
     GPU; an entry may repeat). With both None the job runs on every GPU of the machine, else
     on the CPU; giving both is a ValueError.
     ``dtype``: the audio features' type, "float32" (the preset's, by default) or "float16"
-    (half the bytes; computed in float32, then rounded)."""
+    (half the bytes; computed in float32, then rounded). ``root``: a folder every input must
+    lie under (``..`` and links resolved); the others are recorded as errors
+    (``OutsideRootError`` in errors.jsonl), as are manifest lines that break the manifest rule
+    and listed files not of the preset's kinds: every row of a list or manifest ends in
+    index.jsonl, ok or failed."""
     t0 = time.perf_counter()
     check_choice("format", format, FORMATS)
     check_choice("engine", engine, ENGINES)
@@ -407,7 +454,7 @@ def run_extract(
     try:
         return _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size,
                             workers, batch_size, engine, retry_errors, progress, ray_address, t0,
-                            standby)
+                            standby, root)
     finally:
         if standby is not None:
             standby.stop()
@@ -415,7 +462,7 @@ def run_extract(
 
 def _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size,  # noqa: A002
                  workers, batch_size, engine, retry_errors, progress, ray_address, t0,
-                 standby) -> ExtractSummary:
+                 standby, root=None) -> ExtractSummary:
     if batch_size is not None:
         cfg["batch_size"] = pos_int("batch_size", batch_size)
     devs = job_devices(device, devices)
@@ -424,7 +471,7 @@ def _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size, 
     out_dir = os.fspath(out_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise NotADirectoryError(f"out_dir: not a folder: {out_dir!r}")
-    inp = resolve_inputs(input_path, extensions_of(cfg), exclude=out_dir)
+    inp = resolve_inputs(input_path, extensions_of(cfg), exclude=out_dir, root=root)
     os.makedirs(out_dir, exist_ok=True)
     total = len(inp.items)
     run_cfg = {k: v for k, v in cfg.items() if k != "batch_size"}
@@ -496,7 +543,7 @@ def _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size, 
         input_path=os.fspath(input_path), out_dir=out_dir, preset=cfg["name"], devices=devs,
         engine=engine, output_format=format, inputs=total, written=written, skipped=done_ok,
         errors=n_err, total_errors=total_errors, earlier_errors=0 if retry_errors else done_err,
-        ignored=inp.ignored, shards_done=shards_done, shards_total=len(shards),
+        ignored=inp.ignored, ignored_names=inp.ignored_names, shards_done=shards_done, shards_total=len(shards),
         audio_seconds=bar.seconds, frames=bar.frames, elapsed_s=time.perf_counter() - t0,
         failures=failures,
     )

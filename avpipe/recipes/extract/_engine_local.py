@@ -31,6 +31,26 @@ from ._writers import read_part, write_shard
 WRITE_QUEUE = 2
 
 
+class _sigint_ignored:
+    """Start processes inside this block: they begin with SIGINT ignored (Python keeps an
+    inherited "ignore" at start-up), so a Ctrl-C reaches the parent alone, which ends them,
+    instead of printing a KeyboardInterrupt traceback from every worker. Only the main thread
+    may change signal handlers; elsewhere this does nothing."""
+
+    def __enter__(self):
+        import signal
+
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+
+
 def _progress_payload(r: Result) -> tuple:
     seconds = frames = 0.0
     if r.ok:
@@ -199,7 +219,8 @@ class Standby:
         recv, self._send = ctx.Pipe(duplex=False)
         self.proc = ctx.Process(target=_child_standby,
                                 args=(os.getpid(), recv, self.pq, bool(audio)), daemon=False)
-        self.proc.start()
+        with _sigint_ignored():
+            self.proc.start()
         recv.close()
         self.used = False
 
@@ -296,7 +317,8 @@ def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, re
             p = standby.proc
         else:
             p = ctx.Process(target=_child_full, daemon=False, args=args)
-            p.start()
+            with _sigint_ignored():
+                p.start()
         standby = None
         procs.append((dev, group, p))
     why: dict[int, str | None] = {}
@@ -337,7 +359,8 @@ def _probe(dev, indices, items, cfg, workers, blocked) -> dict[int, str]:
         p = ctx.Process(target=_child_probe, args=(os.getpid(), dev, vis,
                                                    {i: items[i].to_task() for i in group},
                                                    cfg, workers))
-        p.start()
+        with _sigint_ignored():
+            p.start()
         p.join(timeout=600)
         if p.exitcode is None:
             p.kill()

@@ -18,17 +18,37 @@ own order (a manifest may list one file several times, at different offsets).
   but the path is carried into the outputs (``offset`` / ``duration`` then select the span).
 * CSV manifest — ``.csv`` with a header; the path column is ``path`` (or ``filepath``,
   ``file``, ``audio_filepath``, ``video_path``, ``image_path``), the other columns are carried
-  (``label``, ...).
+  (``label``, ...; a ``label`` column may not be empty).
+
+Manifest and CSV lines are read by the feeds' reader (:mod:`avpipe.pipeline.sources`: one rule
+for a valid line). **Every row of a list or a manifest is an input**: a row that cannot be
+extracted — a line breaking the manifest rule, a file that is not of the preset's kinds, a
+path outside ``root`` — keeps its place in the list with the reason (:attr:`Item.error`) and
+ends in ``errors.jsonl`` and ``index.jsonl`` like an input that failed to decode. Under a
+preset that takes audio, a listed video file (``.mp4``, ``.mkv``, ...) is an audio input: its
+audio track is decoded. ``root`` (folder, glob, list or manifest): inputs whose path, ``..``
+and links resolved, lies outside it are refused the same way.
 """
 
 from __future__ import annotations
 
 import csv
 import glob as _glob
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from ...errors import ManifestError, OutsideRootError
+from ...formats import VIDEO_EXTENSIONS
+from ...pipeline.sources import (
+    check_path_text,
+    check_root,
+    csv_records,
+    decode_text,
+    manifest_records,
+    resolve_root,
+    text_lines,
+)
 
 LIST_EXTENSIONS = (".txt", ".lst", ".list")
 JSON_MANIFEST_EXTENSIONS = (".json", ".jsonl")
@@ -48,32 +68,51 @@ class EmptyInputError(ValueError):
 @dataclass(frozen=True)
 class Item:
     """One input: ``index`` in the input list, ``source`` (as shown in outputs: relative to the
-    input's root, posix), ``path`` (absolute), ``kind``, and the manifest's ``fields``."""
+    input's root, posix), ``path`` (absolute), ``kind``, and the manifest's ``fields``.
+    ``error``: ``(error type, message)`` for a row refused before decoding (a bad manifest
+    line, a file not of the preset's kinds, a path outside ``root``): recorded, never decoded;
+    its ``kind`` is None."""
 
     index: int
     source: str
     path: str
-    kind: str
+    kind: str | None
     fields: dict[str, Any] = field(default_factory=dict)
+    error: tuple[str, str] | None = None
 
     def to_task(self) -> tuple:
-        return (self.index, self.source, self.path, self.kind, self.fields)
+        if self.error is None:
+            return (self.index, self.source, self.path, self.kind, self.fields)
+        return (self.index, self.source, self.path, self.kind, self.fields, list(self.error))
 
     @classmethod
     def from_task(cls, t) -> Item:
-        return cls(int(t[0]), t[1], t[2], t[3], dict(t[4]))
+        err = tuple(t[5]) if len(t) > 5 and t[5] is not None else None
+        return cls(int(t[0]), t[1], t[2], t[3], dict(t[4]), err)
+
+
+def refused(index: int, source: str, path: str, e: BaseException | tuple) -> Item:
+    """A row kept in the input list as an error (see :attr:`Item.error`)."""
+    why = e if isinstance(e, tuple) else (type(e).__name__, str(e))
+    return Item(index, source, path, None, {}, why)
 
 
 @dataclass
 class Inputs:
     """``root``: the folder sources are relative to; ``form``: "folder", "glob", "list",
-    "manifest" or "file"; ``ignored``: files skipped for an unknown extension."""
+    "manifest" or "file"; ``ignored``: files of a folder or glob skipped for an unknown
+    extension (rows of a list or manifest are never skipped: see :attr:`Item.error`), the
+    first :data:`IGNORED_NAMED` of them named in ``ignored_names``."""
 
     root: str
     form: str
     items: list[Item]
     ignored: int = 0
     spec: str = ""
+    ignored_names: list[str] = field(default_factory=list)
+
+
+IGNORED_NAMED = 5
 
 
 def _is_glob(s: str) -> bool:
@@ -112,49 +151,23 @@ def _describe(extensions) -> str:
     return " ".join(sorted(extensions))
 
 
-def _read_json_manifest(path: str) -> list[dict]:
-    with open(path, encoding="utf-8-sig") as f:
-        text = f.read()
-    stripped = text.lstrip()
-    if stripped.startswith("["):  # a JSON array of rows
-        rows = json.loads(stripped)
-    else:
-        rows = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not a JSON line ({e.msg})") from None
-    out = []
-    for n, r in enumerate(rows, 1):
-        if not isinstance(r, dict) or not isinstance(r.get("audio_filepath"), str):
-            raise ValueError(f"{path}: row {n} has no 'audio_filepath' (a NeMo manifest needs it)")
-        out.append(r)
-    return out
-
-
-def _read_csv_manifest(path: str) -> tuple[list[dict], str]:
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        rows = list(csv.DictReader(f))
-        cols = [c.strip() for c in (rows[0].keys() if rows else [])]
-    key = next((c for c in CSV_PATH_COLUMNS if c in cols), None)
-    if key is None:
-        raise ValueError(
-            f"{path}: no path column (one of {', '.join(CSV_PATH_COLUMNS)}) in the header"
-        )
-    return [{k.strip(): v for k, v in r.items() if k is not None} for r in rows], key
-
-
-def _manifest_rows(path: str) -> list[tuple[str, dict]]:
-    """``[(media path as written, fields), ...]`` of a NeMo or CSV manifest."""
+def _manifest_rows(path: str) -> list:
+    """The rows of a NeMo or CSV manifest: ``(line, media path as written, fields)`` for a
+    valid one, the :class:`ManifestError` for one that breaks the rule (its place kept). Raises
+    ManifestError for the whole file (bytes not UTF-8, no path column)."""
     ext = os.path.splitext(path)[1].lower()
     if ext in CSV_EXTENSIONS:
-        rows, key = _read_csv_manifest(path)
-        return [(r.pop(key), r) for r in rows]
-    rows = _read_json_manifest(path)
-    return [(r.pop("audio_filepath"), r) for r in rows]
+        _, records = csv_records(path, CSV_PATH_COLUMNS, keep_errors=True)
+        label = "label"
+        out = []
+        for r in records:
+            if not isinstance(r, ManifestError) and label in r.fields and \
+                    not (r.fields[label] or "").strip():
+                r = ManifestError(path, r.line, "no label", label, r.fields[label])
+            out.append(r if isinstance(r, ManifestError) else (r.line, r.path, dict(r.fields)))
+        return out
+    return [r if isinstance(r, ManifestError) else (r.line, r.path, dict(r.fields))
+            for r in manifest_records(path, keep_errors=True)]
 
 
 def _folder_fields(folder_files: list[str], found: dict[str, int], items_fields: list[dict]):
@@ -162,12 +175,13 @@ def _folder_fields(folder_files: list[str], found: dict[str, int], items_fields:
     for mpath in folder_files:
         try:
             rows = _manifest_rows(mpath)
-        except (ValueError, OSError, UnicodeDecodeError, csv.Error):
+        except (ValueError, OSError, csv.Error):
             continue  # not a manifest (any JSON / CSV file): nothing to lend
         base = os.path.dirname(mpath)
-        for media, fields in rows:
-            if not isinstance(media, str):
-                continue
+        for row in rows:
+            if isinstance(row, ManifestError):
+                continue  # a line of a lending manifest that breaks the rule lends nothing
+            _, media, fields = row
             full = os.path.normpath(os.path.join(base, media))
             i = found.get(full)
             if i is not None and "offset" not in fields:
@@ -175,9 +189,18 @@ def _folder_fields(folder_files: list[str], found: dict[str, int], items_fields:
                     items_fields[i].setdefault(k, v)
 
 
-def _walk(path: str, extensions, exclude) -> Inputs:
+def _outside(top, i: int, rel: str, full: str) -> Item | None:
+    """The refused item for a path outside ``top`` (:func:`resolve_root`), else None."""
+    try:
+        check_root(full, top)
+    except OutsideRootError as e:
+        return refused(i, rel, full, e)
+    return None
+
+
+def _walk(path: str, extensions, exclude, top=None) -> Inputs:
     excl = os.path.realpath(exclude) if exclude is not None else None
-    media, manifests, ignored = [], [], 0
+    media, manifests, ignored, ignored_names = [], [], 0, []
     for dirpath, dirnames, filenames in os.walk(path):
         dirnames[:] = sorted(
             d for d in dirnames
@@ -193,21 +216,37 @@ def _walk(path: str, extensions, exclude) -> Inputs:
                 manifests.append(full)
             elif os.path.splitext(f)[1].lower() not in METADATA_EXTENSIONS:
                 ignored += 1
+                if len(ignored_names) < IGNORED_NAMED:
+                    ignored_names.append(_rel(full, path))
     rels = sorted((_rel(m, path), m) for m in media)
     fields: list[dict] = [{} for _ in rels]
     _folder_fields(manifests, {os.path.normpath(m): i for i, (_, m) in enumerate(rels)}, fields)
     items = [
-        Item(i, rel, full, _kind(full, extensions), fields[i])
+        _outside(top, i, rel, full) or Item(i, rel, full, _kind(full, extensions), fields[i])
         for i, (rel, full) in enumerate(rels)
     ]
-    return Inputs(path, "folder", items, ignored)
+    return Inputs(path, "folder", items, ignored, ignored_names=ignored_names)
 
 
-def resolve_inputs(input_path, extensions, *, exclude=None) -> Inputs:
+def _row_kind(path: str, extensions) -> str | None:
+    """A listed file's kind: by extension; a video container is an audio input under a preset
+    that takes audio and no video (its audio track is decoded)."""
+    kind = _kind(path, extensions)
+    if kind is None and os.path.splitext(path)[1].lower() in VIDEO_EXTENSIONS and \
+            "audio" in extensions.values() and "video" not in extensions.values():
+        return "audio"
+    return kind
+
+
+def resolve_inputs(input_path, extensions, *, exclude=None, root=None) -> Inputs:
     """Resolve INPUT (see the module docstring). Raises FileNotFoundError for a path that
-    does not exist, :class:`EmptyInputError` when nothing usable was found."""
+    does not exist, :class:`EmptyInputError` when nothing usable was found,
+    :class:`~avpipe.errors.ManifestError` for a list or manifest unreadable as a whole (bytes
+    not UTF-8, a CSV header without a path column). ``root``: a folder every input must lie
+    under (others are refused items, see :attr:`Item.error`)."""
     spec = os.fspath(input_path)
     path = os.path.abspath(spec)
+    top = resolve_root(root)
     looked_for = f"media files ({_describe(extensions)})"
     if not os.path.exists(path) and _is_glob(spec):
         hits = sorted(
@@ -218,14 +257,17 @@ def resolve_inputs(input_path, extensions, *, exclude=None) -> Inputs:
             if _is_glob(part):
                 break
             fixed.append(part)
-        root = os.path.abspath("/".join(fixed) or ".")
+        root_dir = os.path.abspath("/".join(fixed) or ".")
         if spec.startswith("/") and not fixed[1:]:
-            root = "/"
+            root_dir = "/"
         media = [p for p in hits if _kind(p, extensions)]
         inp = Inputs(
-            root, "glob",
-            [Item(i, _rel(p, root), p, _kind(p, extensions)) for i, p in enumerate(media)],
+            root_dir, "glob",
+            [_outside(top, i, _rel(p, root_dir), p)
+             or Item(i, _rel(p, root_dir), p, _kind(p, extensions))
+             for i, p in enumerate(media)],
             len(hits) - len(media), spec,
+            [_rel(p, root_dir) for p in hits if not _kind(p, extensions)][:IGNORED_NAMED],
         )
         if not inp.items:
             raise EmptyInputError(
@@ -236,7 +278,7 @@ def resolve_inputs(input_path, extensions, *, exclude=None) -> Inputs:
     if not os.path.exists(path):
         raise FileNotFoundError(f"input: no such file or folder: {spec!r}")
     if os.path.isdir(path):
-        inp = _walk(path, extensions, exclude)
+        inp = _walk(path, extensions, exclude, top)
         inp.spec = spec
         if not inp.items:
             raise EmptyInputError(
@@ -249,32 +291,50 @@ def resolve_inputs(input_path, extensions, *, exclude=None) -> Inputs:
     if ext in LIST_EXTENSIONS or ext in JSON_MANIFEST_EXTENSIONS or ext in CSV_EXTENSIONS:
         if ext in LIST_EXTENSIONS:
             form = "list"
-            with open(path, encoding="utf-8-sig") as f:
-                rows = [
-                    (ln.strip(), {}) for ln in f
-                    if ln.strip() and not ln.lstrip().startswith("#")
-                ]
+            with open(path, "rb") as f:
+                text = decode_text(f.read(), path)
+            rows = []
+            for n, ln in enumerate(text_lines(text), 1):
+                if ln.strip() and not ln.lstrip().startswith("#"):
+                    try:
+                        check_path_text(ln.strip(), path, n)
+                        rows.append((n, ln.strip(), {}))
+                    except ManifestError as e:
+                        rows.append(e)
         else:
             form = "manifest"
             rows = _manifest_rows(path)
-        items, ignored = [], 0
-        for media, fields in rows:
-            full = os.path.normpath(os.path.join(base, os.path.expanduser(str(media))))
-            kind = _kind(full, extensions)
-            if kind is None:
-                ignored += 1
+        items = []
+        for row in rows:
+            i = len(items)
+            if isinstance(row, ManifestError):
+                # named by its file and line (its path, if any, may be what is wrong)
+                items.append(refused(i, f"{os.path.basename(path)}:{row.line or '?'}", "", row))
                 continue
-            items.append(Item(len(items), _rel(full, base), full, kind, dict(fields)))
+            line, media, fields = row
+            full = os.path.normpath(os.path.join(base, os.path.expanduser(media)))
+            rel = _rel(full, base)
+            try:  # named with its file and line
+                check_root(full, top, raw=media, manifest=path, line=line)
+            except OutsideRootError as e:
+                items.append(refused(i, rel, full, e))
+                continue
+            kind = _row_kind(full, extensions)
+            if kind is None:
+                where = f"{path}:{line}" if line else path
+                items.append(refused(i, rel, full, (
+                    "UnsupportedFormatError",
+                    f"{where}: {media!r} is not one of the preset's {looked_for}")))
+                continue
+            items.append(Item(i, rel, full, kind, dict(fields)))
         if not items:
-            raise EmptyInputError(
-                f"no input: the {form} {path!r} lists {len(rows)} path(s), none of them "
-                f"{looked_for}"
-            )
-        return Inputs(base, form, items, ignored, spec)
+            raise EmptyInputError(f"no input: the {form} {path!r} lists no path")
+        return Inputs(base, form, items, 0, spec)
     kind = _kind(path, extensions)
     if kind is None:
         raise EmptyInputError(
             f"no input: {path!r} is not one of the {looked_for}, nor a file list "
             f"({' '.join(LIST_EXTENSIONS)}) or a manifest (.json .jsonl .csv)"
         )
-    return Inputs(base, "file", [Item(0, os.path.basename(path), path, kind)], 0, spec)
+    bad = _outside(top, 0, os.path.basename(path), path)
+    return Inputs(base, "file", [bad or Item(0, os.path.basename(path), path, kind)], 0, spec)

@@ -507,13 +507,16 @@ def iter_shards(
     The decoders (and the batched loader's worker processes, forked) are set up here, before
     the first result is asked for: call it before starting threads of your own.
     ``blocked``: ``{input index: why}`` for inputs not to decode (a decoder crashed the process
-    on them): they are reported as errors; so are inputs that are not regular files."""
+    on them): they are reported as errors; so are inputs that are not regular files and
+    inputs refused with the input list (``Item.error``)."""
     batch = int(cfg["batch_size"])
     blocked = dict(blocked or {})
     for s in shards:  # pipes, sockets, devices: never opened (a read may never return)
         for i in range(s.start, s.end):
             p = items[i].path
-            if i not in blocked and is_special_file(p):
+            if i not in blocked and items[i].error is not None:  # refused with the input list
+                blocked[i] = items[i].error
+            elif i not in blocked and is_special_file(p):
                 blocked[i] = ("UnsupportedFormatError", f"{p}: {NOT_REGULAR}")
     mine = [items[i] for s in shards for i in range(s.start, s.end) if i not in blocked]
     by_kind = {k: [it for it in mine if it.kind == k] for k in ("audio", "video", "image")}

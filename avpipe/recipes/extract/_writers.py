@@ -18,12 +18,19 @@ record the shard ranges (the unit of resume).
 Every file is written to ``NAME.<pid>.partial``, flushed, fsync'ed and renamed into place; tar
 members have mtime 0, uid/gid 0, mode 0644 and empty owner names, JSON is written with sorted
 keys: a shard's bytes depend only on its inputs and the preset.
+
+JSON is strict: a non-finite number is written as ``null`` (``NaN`` is not JSON), and a name
+holding bytes that are not UTF-8 (a file name read with ``surrogateescape``) is written with
+each such byte as ``\\xNN`` (Python's ``backslashreplace``); the index row and ``KEY.json``
+of such an input also hold ``source_bytes``, the name's exact bytes in base64.
 """
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import math
 import os
 import tarfile
 
@@ -43,7 +50,46 @@ PARTIAL = ".partial"
 
 
 def dumps(obj) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON with sorted keys, always valid and encodable as UTF-8 (module docstring:
+    non-finite numbers become null, undecodable bytes of names ``\\xNN``)."""
+    try:
+        text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False)
+        text.encode("utf-8")
+        return text
+    except (ValueError, UnicodeEncodeError):  # NaN / inf, or a lone surrogate
+        return json.dumps(_json_safe(obj), sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False, allow_nan=False)
+
+
+def printable(s: str) -> str:
+    """``s`` with the bytes ``surrogateescape`` kept (an undecodable file name's) as ``\\xNN``."""
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _json_safe(obj):
+    if isinstance(obj, str):
+        return printable(obj)
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {printable(str(k)): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return _json_safe(obj.item())
+    return obj
+
+
+def _source_bytes(row: dict, source: str) -> None:
+    """``row["source_bytes"]``: the exact bytes of a name that is not UTF-8 (base64)."""
+    if printable(source) is not source:
+        row["source_bytes"] = base64.b64encode(
+            source.encode("utf-8", "surrogateescape")).decode("ascii")
 
 
 def shard_name(shard: Shard, total: int) -> str:
@@ -166,6 +212,7 @@ def sample_meta(r: Result, preset_name: str) -> dict:
     m = dict(r.item.fields)
     m.update(source=r.item.source, kind=r.item.kind, index=r.item.index, preset=preset_name,
              shape=list(r.array.shape), dtype=str(r.array.dtype), info=r.info)
+    _source_bytes(m, r.item.source)
     return m
 
 
@@ -182,6 +229,7 @@ def index_row(r: Result, cfg: dict, shard_rel: str | None, out_rel: str | None) 
             row["output"] = out_rel
     else:
         row.update(status="error", path=it.path, error=r.error, message=r.message)
+    _source_bytes(row, it.source)
     return row
 
 
@@ -252,7 +300,7 @@ def _write_parquet(f, ok: list[Result], cfg: dict) -> None:
     table = pa.table({
         "key": pa.array([key_of(r.item.index) for r in ok], pa.string()),
         "index": pa.array([r.item.index for r in ok], pa.int64()),
-        "source": pa.array([r.item.source for r in ok], pa.string()),
+        "source": pa.array([printable(r.item.source) for r in ok], pa.string()),
         "kind": pa.array([r.item.kind for r in ok], pa.string()),
         "shape": pa.array([list(r.array.shape) for r in ok], pa.list_(pa.int64())),
         "dtype": pa.array([str(r.array.dtype) for r in ok], pa.string()),
@@ -263,8 +311,9 @@ def _write_parquet(f, ok: list[Result], cfg: dict) -> None:
 
 
 def npy_name(source: str) -> str:
-    """The name under ``features/`` an input's npy output takes (before any key)."""
-    return source.lstrip("/")
+    """The name under ``features/`` an input's npy output takes (before any key): a name that
+    is not UTF-8 takes its printable form (:func:`printable`), the one the index holds."""
+    return printable(source).lstrip("/")
 
 
 def npy_output(r: Result, duplicated: bool) -> str:
@@ -370,10 +419,11 @@ def write_index(out_dir: str, shards: list[Shard], total: int,
                 ok += 1
             else:
                 bad += 1
-                err_lines.append(dumps({"index": r["index"], "source": r["source"],
-                                        "path": r.get("path"), "kind": r["kind"],
-                                        "error": r.get("error"),
-                                        "message": r.get("message")}) + "\n")
+                e = {"index": r["index"], "source": r["source"], "path": r.get("path"),
+                     "kind": r["kind"], "error": r.get("error"), "message": r.get("message")}
+                if "source_bytes" in r:
+                    e["source_bytes"] = r["source_bytes"]
+                err_lines.append(dumps(e) + "\n")
     atomic_write(os.path.join(out_dir, INDEX_NAME), lambda f: f.write("".join(idx_lines).encode()))
     atomic_write(os.path.join(out_dir, ERRORS_NAME), lambda f: f.write("".join(err_lines).encode()))
     _fsync_dir(out_dir)
