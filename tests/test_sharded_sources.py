@@ -129,3 +129,32 @@ def test_lhotse_shar(tmp_path):
         assert a.sample_rate == c.sampling_rate
         np.testing.assert_allclose(a.samples, want, atol=1e-4)
     assert lhotse.__version__
+
+
+def test_nemo_tarred_audio(tmp_path):
+    """NeMo's layout: members named by base name, the manifest naming them with a shard_id; the
+    pattern in braces or NeMo's _OP_/_CL_."""
+    ref = {}
+    lines = []
+    for s in range(3):
+        members = []
+        for k in range(2):
+            name = f"utt_{s}_{k}.flac"
+            ref[name] = flac_bytes(s * 2 + k)
+            members.append((name, ref[name]))
+            lines.append({"audio_filepath": f"some/dir/{name}", "duration": 0.5,
+                          "text": f"t{s}{k}", "shard_id": s, "lang": "en"})
+        write_tar(tmp_path / f"audio_{s}.tar", members)
+    lines.append({"audio_filepath": "missing.flac", "duration": 1.0, "text": "x", "shard_id": 1})
+    lines.append({"audio_filepath": "utt_0_0.flac", "duration": 1.0, "text": "x", "shard_id": 7})
+    man = tmp_path / "tarred_manifest.json"
+    man.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    for pattern in (str(tmp_path / "audio__OP_0..2_CL_.tar"), str(tmp_path / "audio_{0..2}.tar")):
+        got = sharded.read_nemo_tarred(man, pattern)
+        assert [it.text for it in got.items] == [x["text"] for x in lines[:6]]
+        for it in got.items:
+            assert it.locator.read() == ref[it.raw_path.rsplit("/", 1)[1]]
+            assert it.extra == {"lang": "en"} and it.duration == 0.5
+        errs = sorted(m for _, m in got.errors)
+        assert len(errs) == 2 and "no member 'missing.flac'" in errs[0]
+        assert "shard_id must be an integer in [0, 3), got 7" in errs[1]
