@@ -272,8 +272,9 @@ class AudioBatchLoader:
     with ``on_damage="warn"`` it is decoded as far as it goes and listed in ``damaged``
     (``{path: why}``, filled as batches are read). A FLAC whose STREAMINFO gives no count (a
     stream written to a pipe) is decoded whole (its length from its frames; on the CPU).
-    ``read_lengths``: per path, the samples decoded from its start at most (None: all), e.g.
-    what a manifest's duration needs of a longer file (decoder "cpu"; the ring is sized by them).
+    ``read_seconds``: per path, the seconds decoded from its start at most (None: all), e.g.
+    what a manifest's duration needs of a longer file (decoder "cpu", ``max_samples=None``:
+    the ring is sized by them; only those samples are read).
 
     ``num_workers`` processes (default: the CPU count), ``prefetch`` batches decoded ahead.
     ``transport``: "int16" (exact for 16-bit PCM sources) or "float32".
@@ -304,7 +305,7 @@ class AudioBatchLoader:
         decode_only: bool = False,
         strict=False,
         on_damage="error",
-        read_lengths=None,
+        read_seconds=None,
     ):
         if on_damage not in DAMAGE_POLICIES:
             raise ValueError(f"on_damage must be 'error' or 'warn', got {on_damage!r}")
@@ -326,14 +327,15 @@ class AudioBatchLoader:
         self.on_damage = on_damage
         self.damaged: dict = {}  # path -> why, for files that decoded though damaged
         self._limits: dict = {}  # path -> samples read from its start at most
-        if read_lengths is not None:
-            read_lengths = list(read_lengths)
-            if len(read_lengths) != len(self.paths):
-                raise ValueError(f"read_lengths must give one entry per path ({len(self.paths)}),"
-                                 f" got {len(read_lengths)}")
-            for p, n in zip(self.paths, read_lengths):
-                if n is not None:
-                    self._limits[p] = max(self._limits.get(p, 0), int(n))
+        self._read_s: dict = {}  # path -> seconds read from its start at most
+        if read_seconds is not None:
+            read_seconds = list(read_seconds)
+            if len(read_seconds) != len(self.paths):
+                raise ValueError(f"read_seconds must give one entry per path ({len(self.paths)}),"
+                                 f" got {len(read_seconds)}")
+            for p, sec in zip(self.paths, read_seconds):
+                if sec is not None:
+                    self._read_s[p] = max(self._read_s.get(p, 0.0), float(sec))
         on_gpu = self.device.is_cuda
         if decoder == "gpu" and not on_gpu:
             raise ValueError(f"decoder='gpu' needs device='cuda', got device={device!r}")
@@ -361,7 +363,10 @@ class AudioBatchLoader:
                 self._take_infos([i for f in futs for i in f.result()])
             finally:
                 heads.close()
-            if self._limits:
+            if self._read_s and self.sample_rate:
+                # the samples of that many seconds at the loader's rate (one more: rounding)
+                self._limits = {p: int(np.ceil(sec * self.sample_rate)) + 1
+                                for p, sec in self._read_s.items()}
                 cap = np.array([self._limits.get(p, -1) for p in self.paths])
                 self.frames = np.where(cap >= 0, np.minimum(self.frames, cap), self.frames)
             max_samples = int(max(self.frames.max(), 1))

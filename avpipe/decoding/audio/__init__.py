@@ -24,11 +24,32 @@ from ...errors import CorruptDataError, DecodeError, EmptyMediaError, Unsupporte
 from ...ops._resample import QUALITIES, resample
 from ._flac_scan import flac_length
 
-__all__ = ["load_audio", "Audio", "resample", "audio_info"]
+__all__ = ["load_audio", "Audio", "resample", "audio_info", "DAMAGE_POLICIES",
+           "DURATION_TOLERANCE_S", "shorter_than_declared"]
 
 _RATES = (1000, 768000)  # source sample rates load_audio resamples from
 
 DAMAGE_POLICIES = ("error", "warn")  # load_audio(on_damage=...), and the loaders' and feeds'
+
+# How much shorter than a manifest's duration a decoded item may be before it counts as damaged
+# (seconds). Manifests round durations (NeMo's to 0.01 s, others to a 20 ms frame); a lossy
+# codec's priming and padding move the decoded length by up to a frame (AAC 2,112 samples,
+# 0.048 s at 44.1 kHz; MP3 about 0.05 s). 0.1 s is past all of these and a tenth of the
+# shortest utterances, where a cut file loses seconds (a WAV cut to a third: 8 s of 12 s).
+DURATION_TOLERANCE_S = 0.1
+
+
+def shorter_than_declared(num_samples: int, sample_rate: int, declared_s) -> str | None:
+    """Why ``num_samples`` decoded at ``sample_rate`` fall short of ``declared_s`` seconds (a
+    manifest's duration) by more than :data:`DURATION_TOLERANCE_S`, or None (also for no
+    declared duration)."""
+    if not declared_s or declared_s <= 0:
+        return None
+    got = num_samples / float(sample_rate)
+    if got + DURATION_TOLERANCE_S >= float(declared_s):
+        return None
+    return (f"decoded {got:.3f} s of the {float(declared_s):.3f} s the manifest declares "
+            f"(more than {DURATION_TOLERANCE_S:g} s short: cut short or damaged)")
 
 
 @dataclass(frozen=True)
