@@ -103,3 +103,42 @@ def test_short_item_of_a_long_file_reads_its_span(tmp_path):
     feed = rnnt_feed(m, batch_size=1, device="cpu", training=False, decoder="processes")
     assert _epoch(feed)[0] == ["long.wav"]
     assert feed.task._loader.max_samples <= 3 * SR + 2  # the ring holds the span, not the file
+
+
+def _jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def test_extract_lists_damaged_audio_in_errors_and_strict_counts_it(damaged, tmp_path):
+    """``avpipe extract`` over a manifest: the cut WAV and the clean file 8 s shorter than its
+    manifest duration fail (errors.jsonl, the summary's errors, ``--strict`` exits 3);
+    ``--allow-damaged`` keeps them, each with ``info.damaged`` in its index row."""
+    from click.testing import CliRunner
+
+    from avpipe.cli.main import cli
+    from avpipe.recipes.extract import run_extract
+
+    out = tmp_path / "out"
+    s = run_extract(damaged, preset="nemo", out_dir=str(out), device="cpu")
+    errs = {os.path.basename(r["path"]): r for r in _jsonl(out / "errors.jsonl")}
+    assert set(errs) == {"cut.wav", "short.wav"} and s.errors == 2 and s.total_errors == 2
+    assert errs["cut.wav"]["error"] == "CorruptDataError" and "truncated" in errs["cut.wav"][
+        "message"]
+    assert "the manifest declares" in errs["short.wav"]["message"]
+    r = CliRunner().invoke(cli, ["extract", damaged, "--preset", "nemo", "--out",
+                                 str(tmp_path / "cli"), "--devices", "cpu", "--strict"])
+    assert r.exit_code == 3, r.output
+    kept = tmp_path / "kept"
+    s = run_extract(damaged, preset="nemo", out_dir=str(kept), device="cpu", on_damage="warn")
+    assert s.errors == 0 and s.total_written == 3
+    rows = {os.path.basename(r["source"]): r for r in _jsonl(kept / "index.jsonl")}
+    assert all(r["status"] == "ok" for r in rows.values())
+    assert "damaged" not in rows["good.wav"]["info"]
+    assert "truncated" in rows["cut.wav"]["info"]["damaged"]
+    assert rows["cut.wav"]["info"]["seconds"] == pytest.approx(4.0, abs=0.01)
+    assert "the manifest declares" in rows["short.wav"]["info"]["damaged"]
+    r = CliRunner().invoke(cli, ["extract", damaged, "--preset", "nemo", "--out",
+                                 str(tmp_path / "cli2"), "--devices", "cpu", "--strict",
+                                 "--allow-damaged"])
+    assert r.exit_code == 0, r.output

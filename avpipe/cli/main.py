@@ -81,12 +81,17 @@ class _ExtractCommand(click.Command):
 @click.option("--strict", is_flag=True,
               help="Exit with status 3 when any input failed (default: 0, failures listed in "
                    "OUT/errors.jsonl).")
+@click.option("--allow-damaged", is_flag=True,
+              help="Keep audio that decodes though damaged (fewer samples than its header or "
+                   "its manifest duration declares), noted as info.damaged in index.jsonl "
+                   "(default: such inputs fail, listed in OUT/errors.jsonl).")
 @click.option("--retry-errors", is_flag=True,
               help="Redo the shards holding inputs that failed in an earlier run.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr (default: when stderr is a terminal).")
 def extract(input_path, preset, out_dir, fmt, shard_size, devices, device, workers, fps,
-            batch_size, dtype, engine, ray_address, strict, retry_errors, progress) -> None:
+            batch_size, dtype, engine, ray_address, strict, allow_damaged, retry_errors,
+            progress) -> None:
     """Extract features from every input of INPUT into shards in OUT.
 
     INPUT is a folder (walked recursively), a glob ("data/**/*.flac"), a file list (.txt, one
@@ -109,6 +114,7 @@ def extract(input_path, preset, out_dir, fmt, shard_size, devices, device, worke
             format=fmt, shard_size=shard_size, workers=workers, fps=fps, dtype=dtype,
             batch_size=batch_size, engine=engine, ray_address=ray_address,
             retry_errors=retry_errors, progress=progress,
+            on_damage="warn" if allow_damaged else "error",
         )
     except PresetError as e:
         raise click.BadParameter(str(e), param_hint="--preset") from e
