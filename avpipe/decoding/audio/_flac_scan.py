@@ -134,9 +134,11 @@ class FlacLength:
         declared = self.info.total_samples
         if self.streamed or self.frames is None or self.frames == declared:
             return None
-        what = "fewer" if declared < self.frames else "more"
-        return (f"the FLAC header (STREAMINFO) declares {declared} samples, {what} than the "
-                f"{self.frames} its frames hold (a damaged or wrong header)")
+        if declared < self.frames:
+            return (f"the FLAC header (STREAMINFO) declares {declared} samples, fewer than the "
+                    f"{self.frames} its frames hold (a wrong or damaged header)")
+        return (f"the FLAC header (STREAMINFO) declares {declared} samples, more than the "
+                f"{self.frames} its frames hold (cut short, damaged, or a wrong header)")
 
 
 def flac_length(f) -> FlacLength | None:
