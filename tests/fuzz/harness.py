@@ -787,6 +787,8 @@ def run_extract_folder(folder, out_dir, device="cpu", timeout=600.0, cases=(), m
                     c = by_rel.get(e["source"])
                     if c is None:
                         continue
+                    if written and e.get("status", "ok") != "ok":
+                        continue  # index.jsonl lists failed inputs too: errors.jsonl has them
                     if written:
                         rec(c, "decoded")
                     else:
