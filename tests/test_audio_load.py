@@ -426,9 +426,23 @@ def test_reader_processes_do_not_run_an_unguarded_script_again(tmp_path):
         "print('ok')\n")) == 1
 
 
+def _flac_with_total(data: bytes, total: int) -> bytes:
+    """A FLAC file's bytes with STREAMINFO's sample count set to ``total`` (0: unknown, as a
+    stream written to a pipe has it)."""
+    b = bytearray(data)
+    assert b[:4] == b"fLaC" and b[4] & 0x7F == 0
+    at = 8 + 10
+    v = int.from_bytes(b[at : at + 8], "big")
+    v = (v & ~((1 << 36) - 1)) | total
+    b[at : at + 8] = v.to_bytes(8, "big")
+    return bytes(b)
+
+
 def test_gpu_loader_header_pass_reads_frames_rate_channels_and_size(tmp_path):
     """What the GPU FLAC loader's header pass gives per file: frames, rate, channels (the FLAC
-    header's), the size on disk; (-1, 0, 0) and size 0 for a file that is not there."""
+    header's), the size on disk, why the CPU decodes it (None: the GPU may); (-1, 0, 0) and
+    size 0 for a file that is not there. A streamed FLAC (STREAMINFO count 0) has the count
+    its frames hold and goes to the CPU; so does one whose count its frames contradict."""
     import soundfile as sf
 
     from avpipe.pipeline._flac_windows import ProcessReaders
@@ -436,7 +450,15 @@ def test_gpu_loader_header_pass_reads_frames_rate_channels_and_size(tmp_path):
 
     p = tmp_path / "a.flac"
     sf.write(p, np.zeros((1234, 2), np.float32), 22050, subtype="PCM_16")
-    want = [(1234, 22050, 2, os.path.getsize(p)), (-1, 0, 0, 0)]
+    streamed, lying = tmp_path / "s.flac", tmp_path / "l.flac"
+    streamed.write_bytes(_flac_with_total(p.read_bytes(), 0))
+    lying.write_bytes(_flac_with_total(p.read_bytes(), 100))
+    size = os.path.getsize(p)
+    got = [_header_and_size(str(q)) for q in (streamed, lying)]
+    assert got[0][:4] == (1234, 22050, 2, size) and "sample count" in got[0][4]
+    assert got[1][:4] == (-1, 0, 0, size) or got[1][0] == 1234
+    assert "declares 100 samples" in got[1][4]
+    want = [(1234, 22050, 2, size, None), (-1, 0, 0, 0, None)]
     paths = [str(p), str(tmp_path / "missing.flac")]
     assert [_header_and_size(q) for q in paths] == want
     readers = ProcessReaders(2)

@@ -240,3 +240,32 @@ def test_batch_plan_equals_the_plan_of_each_file_parsed_alone(cases, tmp_path):
     assert set(plan.cpu) >= {n + 3, n + 4, n + 5, n + 6, n + 7, n + 8, n + 9}
     assert plan.infos[n] is not None and plan.infos[n + 1] is not None  # read one by one
     assert plan.infos[n + 2] is not None  # the ID3 tag skipped
+
+
+def test_plan_leaves_files_whose_streaminfo_count_is_not_the_frames_to_the_cpu(tmp_path):
+    """The loader's header pass finds FLAC files whose STREAMINFO count their frames contradict
+    (or that give none); the plan leaves those to the CPU (load_audio: the damage reported, or
+    the frames decoded to their end), never to the GPU, which would decode the declared count
+    and call it covered."""
+    import soundfile as sf
+
+    from avpipe.decoding.audio._flac_scan import flac_length_of_path
+    from avpipe.pipeline.audio_loader import _header_and_size
+
+    x = (np.sin(np.arange(9000) / 5) * 0.3).astype(np.float32)
+    p = tmp_path / "a.flac"
+    sf.write(p, x, 16000, subtype="PCM_16")
+    data = bytearray(p.read_bytes())
+    v = int.from_bytes(data[18:26], "big")
+    data[18:26] = ((v & ~((1 << 36) - 1)) | 100).to_bytes(8, "big")
+    q = tmp_path / "lies.flac"
+    q.write_bytes(bytes(data))
+    fl = flac_length_of_path(str(q))
+    assert fl.info.total_samples == 100 and fl.frames == 9000 and "declares 100" in fl.problem
+    leave = {i: g[4] for i, g in enumerate(map(_header_and_size, [str(p), str(q)])) if g[4]}
+    assert list(leave) == [1]
+    buf, offsets = pack([str(p), str(q)])
+    plan = fc.plan_batch(buf, offsets, leave)
+    assert list(plan.cpu) == [1] and "declares 100" in plan.cpu[1]
+    assert plan.itotal.tolist() == [9000, 0] and plan.iend[1] == plan.istart[1]
+    assert fc.plan_batch(buf, offsets).cpu == {}  # by its STREAMINFO alone it looks fine

@@ -44,7 +44,7 @@ def test_corpus_is_seeded_and_complete(tmp_path):
             assert f.read() == g.read()
     dmg = {c["damage"] for c in a if c["family"] == "wav"}
     assert {"clean", "truncate", "flip_header", "flip_payload", "zero_length", "header_only",
-            "wrong_extension", "zero_frames", "absurd"} <= dmg  # fmt: skip
+            "wrong_extension", "zero_frames", "absurd", "header_lies"} <= dmg  # fmt: skip
 
 
 def test_fuzz_cpu_backends(small_corpus, tmp_path):
@@ -65,6 +65,13 @@ def test_fuzz_cpu_backends(small_corpus, tmp_path):
     cut = [r for r in records if r["backend"] == "audio_cpu" and r["family"] == "wav"
            and r["damage"] == "truncate_tail"]  # fmt: skip
     assert cut and all(r["outcome"] in ("decoded_damaged", "typed_error") for r in cut)
+    # audio header totals that lie are reported by every audio backend (``silent_damage``, a
+    # failure, otherwise); a streamed FLAC (no sample count) decodes
+    lies = [r for r in records if r["damage"] == "header_lies"]
+    assert {r["family"] for r in lies} == {"wav", "wav_float", "flac", "ogg"}
+    assert all(r["outcome"] in ("typed_error", "skipped", "decoded_damaged") for r in lies)
+    streamed = [r for r in records if r["damage"] == "streamed"]
+    assert streamed and all(r["outcome"] == "decoded" for r in streamed)
 
 
 def test_fuzz_extract_folder(small_corpus, tmp_path):
@@ -97,6 +104,9 @@ def test_fuzz_feed_backends(small_corpus, tmp_path):
     records = harness.run_units(units, workers=os.cpu_count(), case_timeout=120,
                                 log_dir=str(tmp_path), progress=False)  # fmt: skip
     _check_feeds(records, cases, harness.FEED_CPU_BACKENDS)
+    # the RNN-T feed reports audio whose header totals lie (never trains it silently)
+    lies = [r for r in records if r["backend"] == "rnnt_feed_cpu" and r["damage"] == "header_lies"]
+    assert lies and all(r["outcome"] in ("skipped", "decoded_damaged") for r in lies)
 
 
 # the GPU runs: last in the session (tests/conftest.py), each with a wall budget, so that a run

@@ -30,14 +30,17 @@ def _cut(src, dst, fraction):
 
 
 @pytest.mark.parametrize("subtype", ["PCM_16", "FLOAT"])
-def test_truncated_wav_is_flagged_and_strict_raises(tmp_path, subtype):
+def test_truncated_wav_raises_or_is_flagged_with_on_damage_warn(tmp_path, subtype):
     x = np.sin(np.arange(SR) / 7).astype(np.float32) * 0.5
     p = tmp_path / "a.wav"
     sf.write(p, x, SR, subtype=subtype)
     clean = avpipe.load_audio(p)
     assert clean.damaged is None and clean.num_samples == SR
     cut = _cut(p, tmp_path / "cut.wav", 0.6)
-    a = avpipe.load_audio(cut)
+    with pytest.raises(CorruptDataError, match="truncated") as ei:
+        avpipe.load_audio(cut)  # the default: damage is an error
+    assert ei.value.source == cut
+    a = avpipe.load_audio(cut, on_damage="warn")
     assert 0 < a.num_samples < SR
     assert a.damaged and "truncated" in a.damaged and "data chunk" in a.damaged
     np.testing.assert_allclose(a.samples, clean.samples[: a.num_samples], atol=1e-4)
@@ -54,8 +57,10 @@ def test_truncated_ogg_and_flac_are_corrupt_not_unsupported(tmp_path):
         assert avpipe.load_audio(p).damaged is None
         for frac in (0.3, 0.7, 0.97):
             cut = _cut(p, tmp_path / f"cut{frac}.{ext}", frac)
+            with pytest.raises(CorruptDataError):
+                avpipe.load_audio(cut)
             try:
-                a = avpipe.load_audio(cut)
+                a = avpipe.load_audio(cut, on_damage="warn")
             except CorruptDataError:
                 continue
             assert a.damaged, (ext, frac)  # decoded what is there: it says so
@@ -376,13 +381,20 @@ def test_streamed_wav_with_unknown_data_size_is_not_flagged(tmp_path):
         assert a.num_samples == 1000 and a.damaged is None
 
 
-def test_loader_lists_files_decoded_though_cut_short(tmp_path):
+def test_loader_refuses_files_cut_short_or_lists_them_with_on_damage_warn(tmp_path):
     from avpipe.pipeline.audio_loader import AudioBatchLoader
 
     p = tmp_path / "a.wav"
     sf.write(p, np.full(4000, 0.25, np.float32), SR, subtype="PCM_16")
     cut = _cut(p, tmp_path / "cut.wav", 0.5)
     with AudioBatchLoader([str(p), cut], batch_size=2, num_workers=1, device="cpu") as loader:
+        ((_, lengths, _, errors),) = list(loader.batches())
+    assert lengths.tolist() == [4000, 0] and not loader.damaged
+    ((i, e),) = errors
+    assert i == 1 and isinstance(e, CorruptDataError) and e.source == cut
+    assert "truncated" in e.cause
+    with AudioBatchLoader([str(p), cut], batch_size=2, num_workers=1, device="cpu",
+                          on_damage="warn") as loader:
         ((_, lengths, _, errors),) = list(loader.batches())
     assert not errors and lengths[0] == 4000 and 0 < lengths[1] < 4000
     assert set(loader.damaged) == {cut} and "truncated" in loader.damaged[cut]
@@ -448,3 +460,92 @@ def test_pipes_are_refused_never_read(tmp_path):
     assert written == 1 and errors == [["p.jpg", "UnsupportedFormatError"],
                                        ["p.mp4", "UnsupportedFormatError"],
                                        ["p.wav", "UnsupportedFormatError"]], out
+
+
+# --- audio: header totals that lie, streamed FLAC -------------------------------------------------
+
+
+def _flac_total(data: bytes, total: int) -> bytes:
+    """FLAC bytes with STREAMINFO's sample count set to ``total`` (0: unknown, as FFmpeg writes
+    a stream to a pipe)."""
+    b = bytearray(data)
+    at = 8 + 10
+    v = int.from_bytes(b[at : at + 8], "big")
+    b[at : at + 8] = ((v & ~((1 << 36) - 1)) | total).to_bytes(8, "big")
+    return bytes(b)
+
+
+@pytest.fixture
+def flacs(tmp_path):
+    x = (np.sin(np.arange(3 * SR) / 9) * 0.4).astype(np.float32)
+    p = tmp_path / "a.flac"
+    sf.write(p, x, SR, subtype="PCM_16")
+    want, _ = sf.read(p, dtype="float32")
+    out = {"clean": str(p)}
+    for name, total in (("streamed", 0), ("few", 100), ("many", 3 * SR + 5000)):
+        q = tmp_path / f"{name}.flac"
+        q.write_bytes(_flac_total(p.read_bytes(), total))
+        out[name] = str(q)
+    return out, want
+
+
+def test_streamed_flac_decodes_whole_everywhere(flacs):
+    """STREAMINFO count 0 ("unknown", a stream written to a pipe): every sample, no damage, in
+    load_audio (whole and a span) and the batch loader (its length from the frames)."""
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
+
+    f, want = flacs
+    a = avpipe.load_audio(f["streamed"])
+    assert a.damaged is None and a.num_samples == len(want)
+    np.testing.assert_array_equal(a.samples, want)
+    b = avpipe.load_audio(f["streamed"], offset=1.0, duration=0.5)
+    np.testing.assert_array_equal(b.samples, want[SR : SR + SR // 2])
+    with AudioBatchLoader([f["clean"], f["streamed"]], batch_size=2, num_workers=1,
+                          device="cpu", transport="float32") as loader:  # fmt: skip
+        ((x, lengths, _, errors),) = list(loader.batches())
+    assert not errors and lengths.tolist() == [len(want)] * 2
+    np.testing.assert_array_equal(x[1], want)
+
+
+@pytest.mark.parametrize("name,what", [("few", "fewer"), ("many", "more")])
+def test_flac_whose_streaminfo_count_lies_is_an_error_or_decoded_whole(flacs, name, what):
+    """A STREAMINFO count its frames contradict: CorruptDataError naming the file by default
+    (libsndfile returned the first 100 of 48,000 samples, no note); with on_damage="warn" every
+    sample the frames hold, and the note. The batch loader the same."""
+    from avpipe.pipeline.audio_loader import AudioBatchLoader
+
+    f, want = flacs
+    with pytest.raises(CorruptDataError, match=f"declares .* samples, {what} than the 48000") as ei:
+        avpipe.load_audio(f[name])
+    assert ei.value.source == f[name]
+    a = avpipe.load_audio(f[name], on_damage="warn")
+    assert a.damaged and "STREAMINFO" in a.damaged
+    np.testing.assert_array_equal(a.samples, want)
+    with AudioBatchLoader([f["clean"], f[name]], batch_size=2, num_workers=1,
+                          device="cpu") as loader:  # fmt: skip
+        ((_, lengths, _, errors),) = list(loader.batches())
+    assert lengths.tolist() == [len(want), 0] and [i for i, _ in errors] == [1]
+    assert isinstance(errors[0][1], CorruptDataError) and "STREAMINFO" in errors[0][1].cause
+    with AudioBatchLoader([f["clean"], f[name]], batch_size=2, num_workers=1, device="cpu",
+                          on_damage="warn") as loader:  # fmt: skip
+        ((_, lengths, _, errors),) = list(loader.batches())
+    assert not errors and lengths.tolist() == [len(want)] * 2 and f[name] in loader.damaged
+
+
+def test_ogg_with_a_bad_crc_page_is_an_error(tmp_path):
+    """One page of an Ogg stream with a bad CRC: libsndfile skips it (fewer samples than the
+    stream's last granule position says, those after the gap shifted): an error by default."""
+    rng = np.random.default_rng(0)
+    x = (0.3 * np.sin(np.arange(6 * SR) / 7) + 0.05 * rng.standard_normal(6 * SR))
+    p = tmp_path / "a.ogg"
+    sf.write(p, x.astype(np.float32), SR, format="OGG", subtype="VORBIS")
+    b = bytearray(p.read_bytes())
+    pages = [i for i in range(len(b) - 4) if b[i : i + 4] == b"OggS"]
+    b[pages[len(pages) // 2] + 40] ^= 0xFF  # a payload byte: the page's CRC fails
+    q = tmp_path / "crc.ogg"
+    q.write_bytes(bytes(b))
+    assert avpipe.load_audio(p).num_samples == 6 * SR
+    with pytest.raises(CorruptDataError, match="samples its header declares"):
+        avpipe.load_audio(q)
+    a = avpipe.load_audio(q, on_damage="warn")
+    assert a.damaged and a.num_samples < 6 * SR

@@ -81,6 +81,10 @@ class _ExtractCommand(click.Command):
 @click.option("--strict", is_flag=True,
               help="Exit with status 3 when any input failed (default: 0, failures listed in "
                    "OUT/errors.jsonl).")
+@click.option("--allow-damaged", is_flag=True,
+              help="Keep audio that decodes though damaged (fewer samples than its header or "
+                   "its manifest duration declares), noted as info.damaged in index.jsonl "
+                   "(default: such inputs fail, listed in OUT/errors.jsonl).")
 @click.option("--retry-errors", is_flag=True,
               help="Redo the shards holding inputs that failed in an earlier run.")
 @click.option("--progress/--no-progress", default=None,
@@ -89,8 +93,8 @@ class _ExtractCommand(click.Command):
               help="A folder every input must lie under (.. and links resolved); the inputs "
                    "outside it are refused and listed in OUT/errors.jsonl.")
 def extract(input_path, preset, out_dir, fmt, shard_size, devices, device, workers, fps,
-            batch_size, dtype, engine, ray_address, strict, retry_errors, progress,
-            root) -> None:
+            batch_size, dtype, engine, ray_address, strict, allow_damaged, retry_errors,
+            progress, root) -> None:
     """Extract features from every input of INPUT into shards in OUT.
 
     INPUT is a folder (walked recursively), a glob ("data/**/*.flac"), a file list (.txt, one
@@ -115,6 +119,7 @@ def extract(input_path, preset, out_dir, fmt, shard_size, devices, device, worke
             format=fmt, shard_size=shard_size, workers=workers, fps=fps, dtype=dtype,
             batch_size=batch_size, engine=engine, ray_address=ray_address,
             retry_errors=retry_errors, progress=progress, root=root,
+            on_damage="warn" if allow_damaged else "error",
         )
     except KeyboardInterrupt:
         _end_children()

@@ -331,10 +331,14 @@ class GpuFlacBatches:
     """
 
     def __init__(self, sizes: dict, *, max_samples: int, prefetch: int = 2, read_threads: int = 8,
-                 window: int = 256, readers="auto"):
+                 window: int = 256, readers="auto", leave=None, on_damage="error"):
         import cupy
 
         self.sizes = sizes  # path -> bytes on disk
+        # path -> why the CPU decodes it (a STREAMINFO count its frames contradict, or none)
+        self.leave = dict(leave or {})
+        self.on_damage = on_damage
+        self.damaged: dict = {}  # path -> why, decoded though damaged (on_damage="warn")
         self.max_samples = int(max_samples)
         self.prefetch = max(1, int(prefetch))
         self.read_threads = max(1, int(read_threads))
@@ -430,7 +434,8 @@ class GpuFlacBatches:
             for f in futs:
                 errors.update(f.result())
         buf[int(offsets[-1]) : int(offsets[-1]) + _flac.PAD] = 0
-        return buf, offsets, errors, _flac.plan_batch(buf, offsets)
+        leave = {i: self.leave[p] for i, p in enumerate(paths) if p in self.leave}
+        return buf, offsets, errors, _flac.plan_batch(buf, offsets, leave)
 
     def _finish(self, x, plan, left, paths, read_errors):
         """Fill the rows the GPU left with libFLAC's decode; lengths and errors per item."""
@@ -445,7 +450,9 @@ class GpuFlacBatches:
                 lengths[i] = 0
                 continue
             try:
-                y = _flac._cpu_decode(paths[i], self.max_samples)
+                y, damaged = _flac._cpu_decode(paths[i], self.max_samples, self.on_damage)
+                if damaged:
+                    self.damaged[paths[i]] = damaged
             except Exception as e:  # one bad file does not stop the batch
                 errors[i] = f"{type(e).__name__}: {e}"
                 lengths[i] = 0

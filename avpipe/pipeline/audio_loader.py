@@ -32,8 +32,9 @@ from .. import settings
 from .._results import BatchResult
 from .._source import NOT_REGULAR, is_regular_file, open_source
 from .._validate import pos_float
-from ..decoding.audio import _header_damage
+from ..decoding.audio import DAMAGE_POLICIES, _header_damage, load_audio
 from ..decoding.audio._flac_cuda import header_info
+from ..decoding.audio._flac_scan import flac_length_of_path
 from ..device import resolve_device
 from ..errors import (
     CorruptDataError,
@@ -120,22 +121,34 @@ def _frames_of(path):
         return -1, 0, 0
     try:
         i = sf.info(path)
+        fl = flac_length_of_path(path) if i.format == "FLAC" else None
+        if fl is not None and (fl.streamed or fl.problem):  # libsndfile's count: STREAMINFO's
+            frames = fl.frames if fl.frames else -1
+            return _plausible(path, (frames, fl.info.sample_rate, fl.info.channels))
         return _plausible(path, (int(i.frames), int(i.samplerate), int(i.channels)))
     except Exception:
         return -1, 0, 0
 
 
 def _header_and_size(path):
-    """``(frames, rate, channels, bytes)`` of a file for the GPU FLAC loader: its FLAC
-    header (libsndfile for anything else), checked; 0 bytes where it cannot be stat'ed."""
+    """``(frames, rate, channels, bytes, leave)`` of a file for the GPU FLAC loader: its FLAC
+    header (libsndfile for anything else), checked; 0 bytes where it cannot be stat'ed;
+    ``leave``: why the CPU decodes it (None: the GPU may)."""
     if not is_regular_file(path):  # a pipe or device: never opened (reading could block)
-        return -1, 0, 0, 0
-    info = _plausible(path, header_info(path) or _frames_of(path))
+        return -1, 0, 0, 0, None
+    fl = flac_length_of_path(path)
+    if fl is not None and (fl.streamed or fl.problem):
+        # the CPU decodes it: the GPU plans a file by its STREAMINFO count
+        si = fl.info
+        info = _plausible(path, (fl.frames if fl.frames else -1, si.sample_rate, si.channels))
+        leave = fl.problem or "STREAMINFO does not give the sample count"
+    else:
+        info, leave = _plausible(path, header_info(path) or _frames_of(path)), None
     try:
         size = os.path.getsize(path)
     except OSError:
         size = 0
-    return (*info, size)
+    return (*info, size, leave)
 
 
 def _cut_short(path):
@@ -147,43 +160,77 @@ def _cut_short(path):
 
 
 def _decode_into(task):
-    """Worker: decode ``path`` into slot ``slot`` row ``row``; returns (frames, error or None)."""
-    slot, row, path = task
+    """Worker: decode ``path`` into slot ``slot`` row ``row`` (at most ``limit`` samples from
+    its start; None: all); returns (frames, error or None, damaged or None)."""
+    slot, row, path, limit = task
     import soundfile as sf
 
     g = _WORKER
     dt = g["dtype"]
     stride = g["max_samples"]
+    warn = g.get("on_damage") == "warn"
     base = (slot * g["batch"] + row) * stride * dt.itemsize
     out = np.frombuffer(g["mm"], dtype=dt, count=stride, offset=base)
     if not is_regular_file(path):
         return 0, NOT_REGULAR
+    rate = g.get("sample_rate")
     try:
         with sf.SoundFile(path) as f:
-            rate = g.get("sample_rate")
-            if rate and int(f.samplerate) != rate:
+            fl = flac_length_of_path(path) if f.format == "FLAC" else None
+            if fl is not None and (fl.streamed or fl.problem):
+                k = -1  # libsndfile's count is STREAMINFO's: decoded below
+            elif rate and int(f.samplerate) != rate:
                 return 0, f"sample rate {int(f.samplerate)} Hz, not the loader's {rate} Hz: skipped"
-            if int(f.frames) > stride:
-                return 0, f"{int(f.frames)} samples, more than max_samples={stride}: skipped"
-            n = int(f.frames)
-            # libsndfile hands float files to an int16 read unscaled (0.3 -> 0): those go
-            # through float32 and are scaled here, as a downmix is
-            if f.channels == 1 and not (dt == np.int16 and f.subtype in ("FLOAT", "DOUBLE")):
-                got = f.read(frames=n, dtype=dt.name, out=out[:n])
-                k = len(got)
             else:
-                data = f.read(frames=n, dtype="float32", always_2d=True).mean(axis=1)
-                if dt == np.int16:
-                    data = np.clip(np.round(data * 32768.0), -32768, 32767)
-                k = len(data)
-                out[:k] = data.astype(dt)
+                n = int(f.frames) if limit is None else min(int(f.frames), int(limit))
+                if n > stride:
+                    return 0, f"{n} samples, more than max_samples={stride}: skipped"
+                # libsndfile hands float files to an int16 read unscaled (0.3 -> 0): those go
+                # through float32 and are scaled here, as a downmix is
+                if f.channels == 1 and not (dt == np.int16 and f.subtype in ("FLOAT", "DOUBLE")):
+                    got = f.read(frames=n, dtype=dt.name, out=out[:n])
+                    k = len(got)
+                else:
+                    data = f.read(frames=n, dtype="float32", always_2d=True).mean(axis=1)
+                    if dt == np.int16:
+                        data = np.clip(np.round(data * 32768.0), -32768, 32767)
+                    k = len(data)
+                    out[:k] = data.astype(dt)
+        if k < 0:
+            return _decode_flac_frames(path, fl, out, limit, warn)
         if k == 0:
             return 0, "no audio samples"
+        damaged = None
         if k < n:
-            return k, None, f"decoded {k} of the {n} samples its header declares (truncated)"
-        return k, None, _cut_short(path)
+            damaged = f"decoded {k} of the {n} samples its header declares (truncated)"
+        damaged = _cut_short(path) or damaged
+        if damaged and not warn:
+            return 0, damaged
+        return k, None, damaged
     except Exception as e:  # reported per item; one bad file does not stop the batch
         return 0, f"{type(e).__name__}: {e}"
+
+
+def _decode_flac_frames(path, fl, out, limit, warn):
+    """Worker: a FLAC whose STREAMINFO gives no count, or one its frames contradict, decoded
+    by ``load_audio`` (FFmpeg, to the frames' end) into ``out``, or that damage refused."""
+    if fl.problem and not warn:
+        return 0, fl.problem
+    rate = _WORKER.get("sample_rate")
+    if rate and fl.info.sample_rate != rate:
+        return 0, f"sample rate {fl.info.sample_rate} Hz, not the loader's {rate} Hz: skipped"
+    a = load_audio(path, on_damage="warn", check_finite=False,
+                   duration=None if limit is None else limit / fl.info.sample_rate)
+    data = a.samples
+    if len(data) > len(out):
+        return 0, f"{len(data)} samples, more than max_samples={len(out)}: skipped"
+    if out.dtype == np.int16:
+        data = np.clip(np.round(data * 32768.0), -32768, 32767)
+    k = len(data)
+    out[:k] = data.astype(out.dtype)
+    if k == 0:
+        return 0, "no audio samples"
+    return k, None, a.damaged
 
 
 def _shutdown(pool, ring):
@@ -219,8 +266,15 @@ class AudioBatchLoader:
     loader never hangs. A file whose header is absurd (a length no file of its size holds, a
     sample rate outside 1 kHz..768 kHz) or whose rate differs from nearly all others (at most
     1% of the files, or one file among three or more) is reported in its batch's ``errors``.
-    Files that decode though damaged (cut short) are listed in ``damaged`` (``{path: why}``,
-    filled as batches are read; decoder "cpu").
+    A file that holds fewer samples than its header declares (cut short, an Ogg page skipped,
+    a FLAC STREAMINFO count its frames contradict) is an error of its batch
+    (:class:`~avpipe.CorruptDataError`, length 0) with ``on_damage="error"`` (the default);
+    with ``on_damage="warn"`` it is decoded as far as it goes and listed in ``damaged``
+    (``{path: why}``, filled as batches are read). A FLAC whose STREAMINFO gives no count (a
+    stream written to a pipe) is decoded whole (its length from its frames; on the CPU).
+    ``read_seconds``: per path, the seconds decoded from its start at most (None: all), e.g.
+    what a manifest's duration needs of a longer file (decoder "cpu", ``max_samples=None``:
+    the ring is sized by them; only those samples are read).
 
     ``num_workers`` processes (default: the CPU count), ``prefetch`` batches decoded ahead.
     ``transport``: "int16" (exact for 16-bit PCM sources) or "float32".
@@ -250,7 +304,11 @@ class AudioBatchLoader:
         decoder="auto",
         decode_only: bool = False,
         strict=False,
+        on_damage="error",
+        read_seconds=None,
     ):
+        if on_damage not in DAMAGE_POLICIES:
+            raise ValueError(f"on_damage must be 'error' or 'warn', got {on_damage!r}")
         if transport not in ("int16", "float32"):
             raise ValueError(f"transport must be 'int16' or 'float32', got {transport!r}")
         if decoder not in ("auto", "cpu", "gpu"):
@@ -266,7 +324,18 @@ class AudioBatchLoader:
         self.dtype = np.dtype(transport)
         self.timeout = pos_float("timeout", timeout, " of seconds")
         self.strict = bool(strict)
+        self.on_damage = on_damage
         self.damaged: dict = {}  # path -> why, for files that decoded though damaged
+        self._limits: dict = {}  # path -> samples read from its start at most
+        self._read_s: dict = {}  # path -> seconds read from its start at most
+        if read_seconds is not None:
+            read_seconds = list(read_seconds)
+            if len(read_seconds) != len(self.paths):
+                raise ValueError(f"read_seconds must give one entry per path ({len(self.paths)}),"
+                                 f" got {len(read_seconds)}")
+            for p, sec in zip(self.paths, read_seconds):
+                if sec is not None:
+                    self._read_s[p] = max(self._read_s.get(p, 0.0), float(sec))
         on_gpu = self.device.is_cuda
         if decoder == "gpu" and not on_gpu:
             raise ValueError(f"decoder='gpu' needs device='cuda', got device={device!r}")
@@ -294,6 +363,12 @@ class AudioBatchLoader:
                 self._take_infos([i for f in futs for i in f.result()])
             finally:
                 heads.close()
+            if self._read_s and self.sample_rate:
+                # the samples of that many seconds at the loader's rate (one more: rounding)
+                self._limits = {p: int(np.ceil(sec * self.sample_rate)) + 1
+                                for p, sec in self._read_s.items()}
+                cap = np.array([self._limits.get(p, -1) for p in self.paths])
+                self.frames = np.where(cap >= 0, np.minimum(self.frames, cap), self.frames)
             max_samples = int(max(self.frames.max(), 1))
         else:
             self.frames, self.sample_rate = None, None
@@ -310,6 +385,7 @@ class AudioBatchLoader:
         self._state = dict(
             ring=self._mm.path, nbytes=self._mm.nbytes, dtype=self.dtype,
             max_samples=self.max_samples, batch=self.batch, sample_rate=self.sample_rate,
+            on_damage=self.on_damage,
         )  # fmt: skip
         # workers and the shared segment go away with the loader, also without close()
         self._finalizer = weakref.finalize(self, _shutdown, None, self._mm)
@@ -380,6 +456,8 @@ class AudioBatchLoader:
                 sizes, max_samples=self.max_samples, prefetch=min(self.prefetch, 2),
                 window=settings.flac_window(),
                 readers=readers if readers is not None else "threads",
+                leave={p: g[4] for p, g in zip(self.paths, got) if g[4]},
+                on_damage=self.on_damage,
             )
         self._pool = None
         self._mm = None
@@ -413,7 +491,7 @@ class AudioBatchLoader:
             except cf.TimeoutError:
                 stuck = True
                 why = f"no answer from the decoding worker within {self.timeout:g} s"
-                for _slot, _row, path in chunk:
+                for _slot, _row, path, _limit in chunk:
                     err = DecodeTimeoutError(path, why)
                     if self.strict:
                         self._restart_pool(pending)
@@ -506,6 +584,7 @@ class AudioBatchLoader:
         if self.decoder == "gpu":
             dev = str(self.device)
             for x, lengths, group, errs in self._gpu.run(groups):
+                self.damaged.update(self._gpu.damaged)
                 yield AudioBatch(x, lengths, list(group), _as_errors(group, errs), dev)
             return
         pending = deque()
@@ -530,7 +609,7 @@ class AudioBatchLoader:
             if ev is not None:
                 ev.synchronize()
                 self._events[slot] = None
-            tasks = [(slot, r, p) for r, p in enumerate(group)]
+            tasks = [(slot, r, p, self._limits.get(p)) for r, p in enumerate(group)]
             size = max(1, len(tasks) // (self.num_workers * 2))
             chunks = [tasks[i : i + size] for i in range(0, len(tasks), size)]
             pending.append((slot, group, chunks, self._submit_chunks(chunks)))

@@ -47,12 +47,14 @@ exact.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
-from .._source import is_regular_file, open_source
-from ..decoding.audio import load_audio
+from .._source import TimedFile, is_regular_file, open_source
+from ..decoding.audio import DAMAGE_POLICIES, load_audio, shorter_than_declared
 from ..device import array_module, resolve_device
-from ..errors import CorruptDataError, DecodeError
+from ..errors import CorruptDataError
 from ..formats import is_flac
 from ..ops import audio_augment as _aug
 from ..ops import random as _rnd
@@ -76,7 +78,8 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
               world_size=1, training=True, preset="nemo", sample_rate=16000, device=None,
               framework=None, on_error="skip", prefetch=2, deadline=None, threads=8,
               decoder="auto", signal_augment=(), feature_augment=(), bucket_window=100,
-              speed_perturb=(0.85, 1.15), spec_augment=SPEC_AUGMENT, root=None):
+              speed_perturb=(0.85, 1.15), spec_augment=SPEC_AUGMENT, root=None,
+              on_damage="error"):
     """A :class:`~avpipe.pipeline.feed.Feed` of log-mel batches from a NeMo manifest.
 
     ``batch_size`` items per batch, or ``max_duration`` seconds of padded audio per batch
@@ -98,6 +101,16 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
     manifest rule (:mod:`avpipe.pipeline.sources`) or lists a file outside ``root`` raises
     :class:`~avpipe.errors.ManifestError` / :class:`~avpipe.errors.OutsideRootError` naming the
     file and the line, here, before anything runs.
+
+    Damage: an item whose file holds fewer samples than its header declares (cut short, an Ogg
+    page lost, a FLAC STREAMINFO count its frames contradict), or that decodes more than
+    :data:`~avpipe.decoding.audio.DURATION_TOLERANCE_S` (0.1 s) shorter than its manifest
+    ``duration``, fails as :class:`~avpipe.CorruptDataError` with ``on_damage="error"`` (the
+    default): skipped and listed in ``feed.errors`` with the reason (``on_error="skip"``), never
+    trained with its full transcript. ``on_damage="warn"`` trains it as decoded, issues a
+    ``RuntimeWarning`` naming the file and lists it in ``feed.task.damaged`` (``{path: why}``).
+    Reads are bounded by the item: ``offset`` + ``duration`` of the file (speed perturbation
+    resamples that span and needs nothing past it), never the whole of a longer file.
     """
     spec = (rnnt_feed, dict(
         manifest=manifest, batch_size=batch_size, max_duration=max_duration, seed=seed,
@@ -106,7 +119,7 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
         prefetch=prefetch, deadline=deadline, threads=threads, decoder=decoder,
         signal_augment=signal_augment, feature_augment=feature_augment,
         bucket_window=bucket_window, speed_perturb=speed_perturb,
-        spec_augment=spec_augment, root=root))  # fmt: skip
+        spec_augment=spec_augment, root=root, on_damage=on_damage))  # fmt: skip
     items = read_manifest(manifest, root=root)
     errors = []
     if max_duration is not None:
@@ -126,7 +139,7 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
                     device=dev, deadline=deadline, threads=threads, decoder=decoder,
                     signal_augment=signal_augment, feature_augment=feature_augment,
                     speed_perturb=speed_perturb, spec_augment=spec_augment,
-                    batch_size=batch_size)
+                    batch_size=batch_size, on_damage=on_damage)
     return Feed(items, task, batch_size=batch_size, max_duration=max_duration,
                 durations=durations, seed=seed, shuffle=shuffle, rank=rank,
                 world_size=world_size, prefetch=prefetch, on_error=on_error, device=dev,
@@ -140,8 +153,12 @@ class RnntTask(Task):
 
     def __init__(self, *, preset, training, sample_rate, seed, device, deadline=None, threads=8,
                  decoder="auto", signal_augment=(), feature_augment=(),
-                 speed_perturb=None, spec_augment=None, batch_size=None):
+                 speed_perturb=None, spec_augment=None, batch_size=None, on_damage="error"):
         super().__init__()
+        if on_damage not in DAMAGE_POLICIES:
+            raise ValueError(f"on_damage must be 'error' or 'warn', got {on_damage!r}")
+        self.on_damage = on_damage
+        self.damaged: dict = {}  # path -> why, items trained though damaged (on_damage="warn")
         if decoder not in ("auto", "cpu", "threads", "gpu", "processes"):
             raise ValueError("decoder must be 'auto', 'gpu', 'processes' or 'threads' ('cpu'), "
                              f"got {decoder!r}")
@@ -166,29 +183,38 @@ class RnntTask(Task):
 
     # -- decoding ----------------------------------------------------------------------------
     def decode_one(self, i, item):
-        import time
-
-        src = item.path
-        if not is_regular_file(src):  # missing, or a pipe or device (reading could block)
-            open_source(src)  # raises FileNotFoundError / UnsupportedFormatError naming it
-        if not item.offset:  # whole file: read its bytes first (the "read" stage of stats())
-            t0 = time.perf_counter()
-            with open(item.path, "rb") as f:
-                src = f.read()
-            if self.timings is not None:
-                self.timings("read", time.perf_counter() - t0)
+        if not is_regular_file(item.path):  # missing, or a pipe or device (reading could block)
+            open_source(item.path)  # raises FileNotFoundError / UnsupportedFormatError naming it
+        # the decoder reads the parts of the file the item's span needs (the "read" stage of
+        # stats(): the time in those reads), never the whole of a longer file
+        f = TimedFile(item.path)
         try:
-            a = load_audio(src, sample_rate=self.sample_rate, offset=item.offset,
-                           duration=item.duration if item.duration else None)
-        except DecodeError as e:
-            if isinstance(src, bytes):  # name the file, not "<bytes>"
-                raise type(e)(item.path, e.cause) from None
-            raise
+            a = load_audio(f, sample_rate=self.sample_rate, offset=item.offset,
+                           duration=item.duration if item.duration else None,
+                           on_damage=self.on_damage)
+        finally:
+            f.close()
+            if self.timings is not None:
+                self.timings("read", f.seconds)
+        self._check_damage(item, a.damaged or shorter_than_declared(
+            a.num_samples, a.sample_rate, item.duration))
         x = a.samples
         bad = _signal_problem(float(np.abs(x).max()) if x.size else 0.0)
         if bad is not None:
             raise CorruptDataError(item.path, bad)
         return x
+
+    def _check_damage(self, item, why):
+        """An item decoded though damaged (``why``): CorruptDataError (``on_damage="error"``),
+        else a warning and an entry of ``damaged``."""
+        if not why:
+            return
+        if self.on_damage == "error":
+            raise CorruptDataError(item.path, why)
+        if item.path not in self.damaged:
+            self.damaged[item.path] = why
+            warnings.warn(f"{item.path}: {why} (trained as decoded: on_damage='warn')",
+                          RuntimeWarning, stacklevel=2)
 
     def _loader_kind(self, items):
         """"gpu", "processes" or None (threads) for these items."""
@@ -226,20 +252,36 @@ class RnntTask(Task):
         # the batch loader over every path of the feed (known up front: sizes and lengths come
         # from the headers once)
         paths = sorted({it.path for it in self._all_items})
+        # the seconds each file's items need from its start (None: the whole file)
+        need: dict = {}
+        for it in self._all_items:
+            sec = float(it.duration) if it.duration else None
+            old = need.get(it.path, 0.0)
+            need[it.path] = None if sec is None or old is None else max(old, sec)
         try:
             if kind == "gpu":
-                ld = AudioBatchLoader(paths, batch_size=64,
+                ld = AudioBatchLoader(paths, batch_size=64, on_damage=self.on_damage,
                                       device=f"cuda:{self.device.index}", decoder="gpu")
             else:
                 import os
 
                 ld = AudioBatchLoader(paths, batch_size=self.batch_size, device="cpu",
                                       decoder="cpu", transport="float32",
-                                      num_workers=min(self.threads, os.cpu_count() or 1))
+                                      num_workers=min(self.threads, os.cpu_count() or 1),
+                                      on_damage=self.on_damage,
+                                      read_seconds=[need[p] for p in paths])
         except ValueError:
             if self.decoder in ("gpu", "processes"):
                 raise
             return None  # several sample rates: the threads' path resamples
+        if kind == "gpu" and self.decoder == "auto" and ld.sample_rate:
+            # the GPU decodes whole files: one much longer than its items need (a long
+            # recording cut by the manifest) goes to the threads, which read just the span
+            for p, n in zip(paths, ld.frames):
+                sec = need[p]
+                if sec is not None and n > (2 * sec + 1.0) * ld.sample_rate:
+                    ld.close()
+                    return None
         self._row = {p: k for k, p in enumerate(paths)}
         return ld
 
@@ -274,6 +316,12 @@ class RnntTask(Task):
                 bad = None if peaks is None else _signal_problem(float(peaks[r]))
                 if bad is not None:
                     out.append(CorruptDataError(it.path, bad))
+                    continue
+                try:
+                    self._check_damage(it, ld.damaged.get(it.path) or shorter_than_declared(
+                        int(lens[r]), src_sr, it.duration))
+                except CorruptDataError as e:
+                    out.append(e)
                     continue
                 n = int(lens[r])
                 if it.duration:

@@ -4,7 +4,9 @@ A few small clean *seed* files are encoded once per format (PyAV, soundfile, Pil
 case is a cheap byte-level edit of a seed: truncation at a random point, bit flips in the header
 or in the payload, zero length, header only, a wrong extension, zero frames / samples, absurd
 dimensions, sample rates or channel counts (header fields patched), zeroed ranges, garbage after
-the magic bytes, and NaN / infinite samples (float WAV). The same ``seed`` gives the same bytes.
+the magic bytes, NaN / infinite samples (float WAV), audio header totals that lie (a WAV data
+size past the end, a FLAC STREAMINFO count too small or too large, an Ogg stream cut inside a
+page or with a bad-CRC page) and a streamed FLAC (STREAMINFO count 0: valid, decoded whole). The same ``seed`` gives the same bytes.
 
 ::
 
@@ -12,7 +14,9 @@ the magic bytes, and NaN / infinite samples (float WAV). The same ``seed`` gives
 
 writes ``DIR/<family>/<case>.<ext>``, the clean seeds under ``DIR/seeds/`` and ``DIR/cases.json``
 (one entry per case: ``id``, ``family``, ``kind``, ``path``, ``damage``, ``expect``, where
-``expect`` is ``"good"`` for an untouched file and ``"bad"`` / ``"any"`` otherwise).
+``expect`` is ``"good"`` for an untouched file and a valid variant (a FLAC streamed with no
+sample count), ``"damaged"`` for damage every decoder must report (audio header totals that
+lie: it is never decoded without a note or an error), and ``"bad"`` / ``"any"`` otherwise).
 """
 
 from __future__ import annotations
@@ -479,7 +483,51 @@ DAMAGES = (
     "magic_garbage",
     "flip_many",
     "nan",
+    "header_lies",
+    "streamed",
 )
+AUDIO_ONLY = {"header_lies": ("wav", "wav_float", "flac", "ogg"), "streamed": ("flac",),
+              "nan": ("wav_float",)}
+
+
+def _flac_total(data: bytes, total: int) -> bytes:
+    """FLAC bytes with STREAMINFO's sample count set to ``total`` (0: unknown, as FFmpeg writes
+    a stream to a pipe)."""
+    b = bytearray(data)
+    v = int.from_bytes(b[18:26], "big")
+    b[18:26] = ((v & ~((1 << 36) - 1)) | total).to_bytes(8, "big")
+    return bytes(b)
+
+
+def _header_lies(family, data, rng):
+    """A header whose length says more (or, for FLAC, also fewer) samples than the file holds:
+    ``(bytes, detail)``. WAV: the data chunk's size past the file's end; FLAC: STREAMINFO's
+    count too small or too large; Ogg: the stream cut inside its audio, or one audio page with
+    a bad CRC (its samples skipped by the decoder)."""
+    b = bytearray(data)
+    if family.startswith("wav"):
+        d = data.find(b"data")
+        have = len(data) - (d + 8)
+        more = int(have * rng.uniform(0.1, 2.0)) // 4 * 4 + 4
+        _put(b, d + 4, "<I", have + more)
+        return bytes(b), f"data_size+{more}"
+    if family == "flac":
+        total = int.from_bytes(data[18:26], "big") & ((1 << 36) - 1)
+        if rng.integers(0, 2):
+            t = int(rng.integers(1, total // 2))
+            return _flac_total(data, t), f"total={t}/{total}"
+        t = total + int(rng.integers(4096, total + 4097))
+        return _flac_total(data, t), f"total={t}/{total}"
+    pages = [i for i in range(len(data) - 4) if data[i : i + 4] == b"OggS"]
+    audio = pages[2:] or pages[-1:]
+    if rng.integers(0, 2):
+        a = audio[int(rng.integers(0, len(audio)))]
+        at = int(rng.integers(a + 28, min(len(data), a + 400)))
+        return data[:at], f"cut_in_page_at={at}/{len(data)}"
+    a = audio[int(rng.integers(0, len(audio)))]
+    at = a + 27 + data[a + 26] + int(rng.integers(0, 16))  # a payload byte of that page
+    b[at] ^= 0xFF
+    return bytes(b), f"bad_crc_page_at={a}"
 
 
 def damage(family, data, kind, rng, seeds, empty=None):
@@ -519,6 +567,11 @@ def damage(family, data, kind, rng, seeds, empty=None):
         return empty, "", None, "bad"
     if kind == "nan" and family == "wav_float":
         return _nan_samples(data, rng), "", None, "bad"
+    if kind == "header_lies":  # damage a decoder can tell: never decoded without a report
+        b, what = _header_lies(family, data, rng)
+        return b, what, None, "damaged"
+    if kind == "streamed" and family == "flac":  # a valid stream written to a pipe
+        return _flac_total(data, 0), "total=0", None, "good"
     if kind in ("absurd", "zero_frames", "nan"):
         b, what = absurd(family, data, rng)
         return b, what, None, "any"
@@ -553,7 +606,7 @@ def generate(out, *, per_format: int = 200, seed: int = 0, families=None) -> lis
             with open(seeds[fam + "_empty"], "rb") as f:
                 empty = f.read()
         rng = np.random.default_rng([seed, fi])
-        kinds = [d for d in DAMAGES if d != "nan" or fam == "wav_float"]
+        kinds = [d for d in DAMAGES if fam in AUDIO_ONLY.get(d, (fam,))]
         for i in range(per_format):
             if i == 0:
                 data, detail, dmg, expect = clean, "", "clean", "good"

@@ -16,7 +16,8 @@ Outcomes per case and backend:
   after other cases), ``untyped_error``, ``good_failed`` (a clean file that did not decode
   cleanly, e.g. after bad ones), ``unaccounted`` (a training feed neither put the case in a
   batch nor reported it in ``feed.errors``, or did both), ``nonfinite`` (a feed's batch row of
-  the case holds NaN / infinite values) — failures.
+  the case holds NaN / infinite values), ``silent_damage`` (a case of damage every decoder can
+  tell, ``expect="damaged"``, decoded with neither an error nor a damage note) — failures.
 
 The training feeds (``FEED_CPU_BACKENDS`` / ``FEED_GPU_BACKENDS``: ``rnnt_feed``,
 ``video_classification``, ``image_classification``) take a whole unit at once: one manifest /
@@ -41,7 +42,7 @@ from collections import Counter, deque
 from multiprocessing.connection import wait
 
 FAILING = ("hang", "crash", "hang_in_sequence", "crash_in_sequence", "untyped_error", "good_failed",
-           "unaccounted", "nonfinite", "not_run")
+           "unaccounted", "nonfinite", "not_run", "silent_damage")
 OK = ("decoded", "decoded_damaged", "typed_error", "skipped")
 
 # backend -> the case kinds it takes
@@ -197,6 +198,7 @@ def run_case(backend: str, case: dict, goods: dict) -> dict:
     if case.get("expect") == "good" and out != "decoded":  # a clean file skipped is a failure
         r.setdefault("error", f"clean file gave {out}: {r.get('damaged')}")
         out = "good_failed"
+    out = _silent_rule(case, out, r)
     r["outcome"] = out
     r["seconds"] = round(time.perf_counter() - t0, 4)
     return r
@@ -222,8 +224,12 @@ def _duration(path):
     try:
         import soundfile as sf
 
-        d = sf.info(path).duration
+        i = sf.info(path)
+        d = i.duration
+        if i.frames > 512 * max(os.path.getsize(path), 1):  # no count (a streamed FLAC)
+            raise ValueError("the header gives no sample count")
     except Exception:  # noqa: BLE001 - any failure: try PyAV
+        d = None
         try:
             import av
 
@@ -432,10 +438,20 @@ def run_feed_unit(backend, cases, goods):
     return out
 
 
+def _silent_rule(case, outcome, r):
+    """``silent_damage`` for damage that must be reported (``expect="damaged"``) but was
+    decoded with no error and no damage note; else ``outcome``."""
+    if case.get("expect") == "damaged" and outcome == "decoded":
+        r.setdefault("error", f"decoded with no error and no damage note: {case.get('detail')}")
+        return "silent_damage"
+    return outcome
+
+
 def _good_rule(case, r, t0):
     if case.get("expect") == "good" and r["outcome"] != "decoded":
         r.setdefault("error", f"clean file gave {r['outcome']}")
         r["outcome"] = "good_failed"
+    r["outcome"] = _silent_rule(case, r["outcome"], r)
     r["seconds"] = round(time.perf_counter() - t0, 4)
     return r
 
@@ -756,6 +772,7 @@ def run_extract_folder(folder, out_dir, device="cpu", timeout=600.0, cases=(), m
                  detail=c.get("detail", ""), path=c["path"], outcome=outcome, error=error[:500])
         if c.get("expect") == "good" and outcome != "decoded":
             r["outcome"] = "good_failed"
+        r["outcome"] = _silent_rule(c, r["outcome"], r)
         recs[c["id"]] = r
 
     def collect():
@@ -770,6 +787,8 @@ def run_extract_folder(folder, out_dir, device="cpu", timeout=600.0, cases=(), m
                     c = by_rel.get(e["source"])
                     if c is None:
                         continue
+                    if written and e.get("status", "ok") != "ok":
+                        continue  # index.jsonl lists failed inputs too: errors.jsonl has them
                     if written:
                         rec(c, "decoded")
                     else:

@@ -22,10 +22,34 @@ from ..._validate import check_choice, nonneg_float, nonneg_int, pos_int
 from ...device import resolve_device
 from ...errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
 from ...ops._resample import QUALITIES, resample
+from ._flac_scan import flac_length
 
-__all__ = ["load_audio", "Audio", "resample", "audio_info"]
+__all__ = ["load_audio", "Audio", "resample", "audio_info", "DAMAGE_POLICIES",
+           "DURATION_TOLERANCE_S", "shorter_than_declared"]
 
 _RATES = (1000, 768000)  # source sample rates load_audio resamples from
+
+DAMAGE_POLICIES = ("error", "warn")  # load_audio(on_damage=...), and the loaders' and feeds'
+
+# How much shorter than a manifest's duration a decoded item may be before it counts as damaged
+# (seconds). Manifests round durations (NeMo's to 0.01 s, others to a 20 ms frame); a lossy
+# codec's priming and padding move the decoded length by up to a frame (AAC 2,112 samples,
+# 0.048 s at 44.1 kHz; MP3 about 0.05 s). 0.1 s is past all of these and a tenth of the
+# shortest utterances, where a cut file loses seconds (a WAV cut to a third: 8 s of 12 s).
+DURATION_TOLERANCE_S = 0.1
+
+
+def shorter_than_declared(num_samples: int, sample_rate: int, declared_s) -> str | None:
+    """Why ``num_samples`` decoded at ``sample_rate`` fall short of ``declared_s`` seconds (a
+    manifest's duration) by more than :data:`DURATION_TOLERANCE_S`, or None (also for no
+    declared duration)."""
+    if not declared_s or declared_s <= 0:
+        return None
+    got = num_samples / float(sample_rate)
+    if got + DURATION_TOLERANCE_S >= float(declared_s):
+        return None
+    return (f"decoded {got:.3f} s of the {float(declared_s):.3f} s the manifest declares "
+            f"(more than {DURATION_TOLERANCE_S:g} s short: cut short or damaged)")
 
 
 @dataclass(frozen=True)
@@ -38,7 +62,8 @@ class Audio:
     ``source_channels``: the file's own. ``offset_samples``: where the read began, in samples
     at the file's rate. ``damaged``: None for a clean read, else why the file is damaged
     though samples were decoded (e.g. it ends before its header says: the samples are what it
-    holds); ``load_audio(strict=True)`` raises :class:`~avpipe.CorruptDataError` instead.
+    holds), with ``load_audio(on_damage="warn")``; the default raises
+    :class:`~avpipe.CorruptDataError` instead.
     """
 
     samples: Any
@@ -197,6 +222,19 @@ class _NotSoundfile(Exception):
     pass
 
 
+def _flac_length(src):
+    """:class:`~._flac_scan.FlacLength` of a FLAC source (its STREAMINFO and the count its
+    frames hold), or None for anything else."""
+    try:
+        with src.stream() as f:
+            head = f.read(4)
+            if head[:4] != b"fLaC" and head[:3] != b"ID3":
+                return None
+            return flac_length(f)
+    except (OSError, ValueError):
+        return None
+
+
 def _read_pyav(src, offset, duration):
     """(data [n, C] float32, sr, C, start) through PyAV: the best audio stream of any container."""
     import av
@@ -279,6 +317,7 @@ def load_audio(
     resample_quality="high",
     check_finite=True,
     strict=False,
+    on_damage="error",
 ) -> Audio:
     """Decode audio to float32.
 
@@ -293,10 +332,18 @@ def load_audio(
     :class:`~avpipe.UnsupportedFormatError`, a decode failure or NaN / infinite samples
     :class:`~avpipe.CorruptDataError`, no samples :class:`~avpipe.EmptyMediaError` — all
     :class:`~avpipe.DecodeError` naming the file (``"<bytes>"`` for in-memory data).
-    A damaged file that still gives samples (cut short, a bad packet) is decoded as far as it
-    goes and says so in :attr:`Audio.damaged`; ``strict=True`` raises CorruptDataError instead.
+
+    Damage: a file that holds fewer samples than its own header declares (a WAV whose data
+    chunk runs past the end, an Ogg stream without its end page or with a page skipped for a
+    bad CRC, a FLAC whose STREAMINFO count disagrees with its frames, a bad packet) raises
+    :class:`~avpipe.CorruptDataError` naming the file and saying what is missing, with
+    ``on_damage="error"`` (the default); ``on_damage="warn"`` decodes it as far as it goes (a
+    FLAC: every sample its frames hold) and says why in :attr:`Audio.damaged`.
+    ``strict=True`` is ``on_damage="error"``. A FLAC whose STREAMINFO gives no count (0: a
+    stream written to a pipe) is not damaged: its frames are decoded to the end.
     """
     _check_args(sample_rate, offset, duration, channel, resample_quality)
+    check_choice("on_damage", on_damage, DAMAGE_POLICIES)
     dev = resolve_device(device)
     src = open_source(source)
     if src.data is not None and len(src.data) == 0:
@@ -306,21 +353,30 @@ def load_audio(
 
         if os.path.getsize(src.path) == 0:
             raise EmptyMediaError(src.name, "empty file (0 bytes)")
+    flac = _flac_length(src)
+    if flac is not None and flac.problem and (strict or on_damage == "error"):
+        raise CorruptDataError(src.name, flac.problem)
     try:
-        try:
-            data, sr, C, start, damaged = _read_soundfile(src, offset, duration, "float32")
-        except _NotSoundfile:
-            bad = _wav_format_problem(src)  # FFmpeg reads past its buffers on these
-            if bad is not None:
-                raise CorruptDataError(src.name, bad) from None
+        if flac is not None and (flac.streamed or flac.problem):
+            # libsndfile trusts STREAMINFO's count (it fails without one and stops early at
+            # one too small): FFmpeg decodes the frames to their end
             data, sr, C, start, damaged = _read_pyav(src, offset, duration)
+            damaged = flac.problem or damaged
+        else:
+            try:
+                data, sr, C, start, damaged = _read_soundfile(src, offset, duration, "float32")
+            except _NotSoundfile:
+                bad = _wav_format_problem(src)  # FFmpeg reads past its buffers on these
+                if bad is not None:
+                    raise CorruptDataError(src.name, bad) from None
+                data, sr, C, start, damaged = _read_pyav(src, offset, duration)
     except DecodeError as e:
         cut = _header_damage(src)  # a truncated file is corrupt, not of an unknown format
         if cut is None or isinstance(e, CorruptDataError):
             raise
         raise CorruptDataError(src.name, f"{cut}; {e.cause}") from None
     damaged = _header_damage(src) or damaged
-    if damaged and (strict or data.size == 0):
+    if damaged and (strict or on_damage == "error" or data.size == 0):
         raise CorruptDataError(src.name, damaged)
     if sample_rate is not None and sample_rate != sr and not _RATES[0] <= sr <= _RATES[1]:
         # a damaged header's rate (1 Hz, 4 GHz) would make resampling a time and memory bomb

@@ -191,9 +191,11 @@ def scan_streaminfo(buf: np.ndarray, offsets: np.ndarray, *, max_blocks: int = 1
     return fields, ok
 
 
-def plan_batch(buf: np.ndarray, offsets: np.ndarray) -> Plan:
+def plan_batch(buf: np.ndarray, offsets: np.ndarray, leave: dict | None = None) -> Plan:
     """``buf``: uint8 holding the files back to back (``PAD`` spare bytes after the last);
-    ``offsets``: int64 ``[B + 1]``, item ``i`` is ``buf[offsets[i]:offsets[i+1]]``."""
+    ``offsets``: int64 ``[B + 1]``, item ``i`` is ``buf[offsets[i]:offsets[i+1]]``. ``leave``:
+    items (index -> why) the caller already leaves to the CPU (a STREAMINFO count that its
+    frames contradict: the GPU would decode just the samples it declares)."""
     offsets = np.asarray(offsets, np.int64)
     b = len(offsets) - 1
     lo, hi = offsets[:-1], offsets[1:]
@@ -226,6 +228,10 @@ def plan_batch(buf: np.ndarray, offsets: np.ndarray) -> Plan:
     for i in np.flatnonzero(odd_bps).tolist():
         cpu[i] = f"{int(bps[i])}-bit samples"
     gpu = parsed & ~no_count & ~odd_bps
+    for i, why in (leave or {}).items():
+        if 0 <= i < b:
+            cpu[i] = why
+            gpu[i] = False
     istart = np.where(parsed, lo + f["audio_offset"], lo)
     iend = np.where(gpu, hi, istart)
     imeta = np.zeros((b, 6), np.int32)
@@ -428,18 +434,28 @@ def header_info(path: str):
         si = parse_streaminfo(head)
     except (OSError, ValueError):
         return None
-    if si.total_samples <= 0:
-        return None
-    return si.total_samples, si.sample_rate, si.channels
+    total = si.total_samples
+    if total <= 0:  # a stream written before its length was known: its frames say
+        from ._flac_scan import flac_length_of_path
+
+        fl = flac_length_of_path(path)
+        total = fl.frames if fl is not None and fl.frames else 0
+        if total <= 0:
+            return None
+    return total, si.sample_rate, si.channels
 
 
-def _cpu_decode(path, max_samples):
-    """libFLAC through soundfile, channels averaged: the CPU path for what the GPU leaves."""
-    import soundfile as sf
+def _cpu_decode(path, max_samples, on_damage="error"):
+    """``(samples, damaged)``: the file decoded by :func:`~avpipe.load_audio` (libFLAC through
+    soundfile, FFmpeg for a STREAMINFO without a count or one its frames contradict),
+    channels averaged: the CPU path for what the GPU leaves. Damage raises
+    :class:`~avpipe.CorruptDataError` unless ``on_damage="warn"`` (then ``damaged`` says why)."""
+    from . import load_audio
 
-    x, _ = sf.read(path, dtype="float32", always_2d=True)
+    a = load_audio(path, on_damage=on_damage, check_finite=False)
+    x = a.samples
     if x.shape[0] > max_samples:
         raise ValueError(f"{x.shape[0]} samples, more than max_samples={max_samples}: skipped")
     if x.shape[0] == 0:
         raise ValueError("no audio samples")
-    return x[:, 0] if x.shape[1] == 1 else x.mean(axis=1)
+    return x, a.damaged

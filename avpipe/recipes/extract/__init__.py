@@ -420,6 +420,7 @@ def run_extract(
     progress: bool | None = None,
     ray_address: str | None = None,
     root=None,
+    on_damage: str = "error",
 ) -> ExtractSummary:
     """Extract features from every input of ``input_path`` into ``out_dir`` (see the module
     docstring). Returns an :class:`ExtractSummary`; bad inputs never raise (they are counted
@@ -433,7 +434,11 @@ def run_extract(
     lie under (``..`` and links resolved); the others are recorded as errors
     (``OutsideRootError`` in errors.jsonl), as are manifest lines that break the manifest rule
     and listed files not of the preset's kinds: every row of a list or manifest ends in
-    index.jsonl, ok or failed."""
+    index.jsonl, ok or failed.
+    ``on_damage``: audio that decodes though damaged (fewer samples than its header, or more
+    than 0.1 s fewer than its manifest ``duration``, declares) fails, listed in errors.jsonl
+    ("error", the default), or is kept with ``info.damaged`` in its index row ("warn",
+    ``--allow-damaged``; recorded in the preset's config, so a resume must give it too)."""
     t0 = time.perf_counter()
     check_choice("format", format, FORMATS)
     check_choice("engine", engine, ENGINES)
@@ -444,7 +449,10 @@ def run_extract(
         except ImportError:
             raise RuntimeError("--format parquet needs pyarrow: pip install 'avpipe[parquet]'") \
                 from None
+    check_choice("on_damage", on_damage, ("error", "warn"))
     cfg = resolve_preset(preset, fps=fps, dtype=dtype)
+    if on_damage == "warn" and cfg.get("audio") is not None:
+        cfg["audio"]["on_damage"] = "warn"
     standby = None
     if engine == "local":  # its start and imports overlap the work below (see Standby)
         from ._engine_local import Standby

@@ -23,12 +23,14 @@ import numpy as np
 
 from ... import settings
 from ..._source import NOT_REGULAR, is_special_file
-from ...decoding.audio import load_audio
+from ...decoding.audio import load_audio, shorter_than_declared
 from ...decoding.audio._flac_cuda import compile_kernels as flac_compile_kernels
 from ...decoding.audio._flac_cuda import header_info as flac_header_info
+from ...decoding.audio._flac_scan import flac_length_of_path
 from ...decoding.image import decode_image_batch
 from ...decoding.video import VideoDecoder
 from ...device import download, to_numpy
+from ...errors import CorruptDataError
 from ...formats import is_flac
 from ...ops import audio as audio_ops
 from ...ops import image as image_ops
@@ -181,6 +183,9 @@ def _probe_audio(item: Item):
     import soundfile as sf
 
     if is_flac(item.path):
+        fl = flac_length_of_path(item.path)
+        if fl is not None and fl.problem:  # a count its frames contradict: load_audio's
+            return None
         h = flac_header_info(item.path)
         if h is not None and h[2] == 1:
             return int(h[0]), int(h[1]), "FLAC", 1
@@ -194,11 +199,13 @@ def _probe_audio(item: Item):
 @dataclass(frozen=True)
 class Rows:
     """A decoded signal: row ``row`` of a padded batch ``x`` (zero past ``n``), or the 1-D
-    array ``x`` itself (``row`` None)."""
+    array ``x`` itself (``row`` None); ``damaged``: why it is damaged though decoded (kept
+    with ``on_damage="warn"``, recorded in its index row's ``info``), or None."""
 
     x: Any
     row: int | None
     n: int
+    damaged: str | None = None
 
     def signal(self):
         return self.x if self.row is None else self.x[self.row, : self.n]
@@ -252,6 +259,9 @@ class _AudioStream:
     def __init__(self, items: list[Item], cfg: dict, dev, workers: int, batch: int):
         self.items = items
         self.sr = int(cfg["sample_rate"])
+        # a file holding fewer samples than its header, or its manifest's duration, declares:
+        # an error (errors.jsonl; counted by --strict), or kept and noted (--allow-damaged)
+        self.on_damage = cfg.get("on_damage", "error")
         self.dev = dev
         self.route = {}
         self.streams = {}
@@ -291,6 +301,7 @@ class _AudioStream:
             pcm16 = all(p[2] == "PCM_16" and p[3] == 1 for _, p in group)
             kwargs = dict(batch_size=batch, device=str(dev) if dev.is_cuda else "cpu",
                           max_samples=max(p[0] for _, p in group), prefetch=4, decoder="cpu",
+                          on_damage=self.on_damage,
                           num_workers=max(1, workers), transport="int16" if pcm16 else "float32")
             with dev.activate(), timed("audio loader init (cpu)"):
                 loader = AudioBatchLoader([it.path for it, _ in group], **kwargs)
@@ -307,7 +318,8 @@ class _AudioStream:
             # warm-up threads create the device's context meanwhile (a third of a second)
             with timed("audio loader init (gpu flac)"):
                 loader = AudioBatchLoader([it.path for it in flac], batch_size=batch,
-                                          device=str(self.dev), prefetch=4, decoder="gpu")
+                                          device=str(self.dev), prefetch=4, decoder="gpu",
+                                          on_damage=self.on_damage)
         except ValueError:  # several sample rates
             return None
         if loader.sample_rate not in (None, self.sr):
@@ -326,8 +338,13 @@ class _AudioStream:
                         k += 1
                         if i in errors:
                             yield it, None, errors[i]
+                            continue
+                        n = int(lengths[i])
+                        why = loader.damaged.get(it.path) or self._short(it, n)
+                        if why and self.on_damage == "error":
+                            yield it, None, CorruptDataError(it.path, why)
                         else:  # the row of the loader's batch (zero past the length)
-                            yield it, Rows(x, i, int(lengths[i])), None
+                            yield it, Rows(x, i, n, why), None
         finally:
             loader.close()
 
@@ -339,12 +356,25 @@ class _AudioStream:
             with self.dev.activate():
                 a = load_audio(it.path, sample_rate=self.sr, offset=offset,
                                      duration=None if duration is None else float(duration),
-                                     device=str(self.dev))
-            if a.samples.shape[-1] == 0:
+                                     device=str(self.dev), on_damage=self.on_damage)
+            n = int(a.samples.shape[-1])
+            if n == 0:
                 return it, None, "no audio samples"
-            return it, Rows(a.samples, None, int(a.samples.shape[-1])), None
+            why = a.damaged or self._short(it, n)
+            if why and self.on_damage == "error":
+                return it, None, CorruptDataError(it.path, why)
+            return it, Rows(a.samples, None, n, why), None
         except Exception as e:  # noqa: BLE001 - a bad input is recorded, never fatal
             return it, None, e
+
+    def _short(self, it: Item, n: int) -> str | None:
+        """Why ``n`` samples at the preset's rate fall short of the item's manifest
+        ``duration`` (beyond the tolerance of ``shorter_than_declared``), or None."""
+        try:
+            declared = float(it.fields.get("duration") or 0.0)
+        except (TypeError, ValueError):
+            return None
+        return shorter_than_declared(n, self.sr, declared)
 
     def join_warm_up(self) -> None:
         """Wait for the warm-up threads (long done by the end of a worker's audio; joined so
@@ -670,9 +700,11 @@ def _launch_audio_features(pending, acfg: dict, dev) -> Callable[[], list[Result
         out = []
         for i, (it, _) in enumerate(pending):
             arr = host[i, ..., : int(fls[i])]  # a view: written as it is (C order)
-            out.append(Result(it, arr, {"sample_rate": sr, "num_samples": int(lens[i]),
-                                        "seconds": round(lens[i] / sr, 6),
-                                        "frames": int(fls[i])}))
+            info = {"sample_rate": sr, "num_samples": int(lens[i]),
+                    "seconds": round(lens[i] / sr, 6), "frames": int(fls[i])}
+            if pending[i][1].damaged:  # kept though damaged (--allow-damaged): said so
+                info["damaged"] = pending[i][1].damaged
+            out.append(Result(it, arr, info))
         return out
 
     return collect
