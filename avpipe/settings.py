@@ -31,6 +31,11 @@ variable                        default meaning
 ``AVPIPE_EXTRACT_LOADER_MAX_SECONDS`` 60 audio longer than this is decoded alone, not batched
 ``AVPIPE_NATIVE_STDERR``        off     let native decoders (nvImageCodec, libtiff, OpenCV) write to
                                         stderr (off: their lines go into the error's message)
+``AVPIPE_MAX_IMAGE_PIXELS``     178956970 images whose header declares more pixels are refused before
+                                        decoding (``max_pixels=``'s default; >= 0, 0: no cap)
+``AVPIPE_IMAGE_ISOLATION``      auto    which images decode in a helper process, where a decoder's crash
+                                        costs only that image: auto (JPEG 2000 whose header check
+                                        cannot vouch for it), all, off
 =============================== ======= ================================================================
 """
 
@@ -58,6 +63,8 @@ __all__ = [
     "extract_writeback_mb",
     "extract_profile",
     "extract_loader_max_seconds",
+    "max_image_pixels",
+    "image_isolation",
     "VARIABLES",
 ]
 
@@ -211,6 +218,30 @@ def extract_loader_max_seconds() -> float:
     return env_float("AVPIPE_EXTRACT_LOADER_MAX_SECONDS", 60.0, lo=0.0, hi=1e9)
 
 
+# Pillow's DecompressionBombError threshold (2 * Image.MAX_IMAGE_PIXELS): every image Pillow
+# opens decodes here too (150 Mpx medium-format photos included); one image at the cap is
+# 537 MB as RGB uint8, a few times that while a decoder works on it
+MAX_IMAGE_PIXELS_DEFAULT = 178_956_970
+
+
+def max_image_pixels() -> int | None:
+    """``AVPIPE_MAX_IMAGE_PIXELS``: the pixel cap of the image decoders (None: no cap)."""
+    v = env_int("AVPIPE_MAX_IMAGE_PIXELS", MAX_IMAGE_PIXELS_DEFAULT, minimum=0)
+    return v or None
+
+
+def image_isolation() -> str:
+    """``AVPIPE_IMAGE_ISOLATION``: ``"auto"`` (default), ``"all"`` or ``"off"``."""
+    v = _raw("AVPIPE_IMAGE_ISOLATION")
+    if v is None:
+        return "auto"
+    v = v.strip().lower()
+    if v not in ("auto", "all", "off"):
+        raise ValueError("AVPIPE_IMAGE_ISOLATION must be auto, all or off, "
+                         f"got {os.environ.get('AVPIPE_IMAGE_ISOLATION')!r}")
+    return v
+
+
 # name -> the function that reads it (the README's table lists the same)
 VARIABLES = {
     "AVPIPE_DISABLE_GPU": disable_gpu,
@@ -228,4 +259,6 @@ VARIABLES = {
     "AVPIPE_EXTRACT_WRITEBACK_MB": extract_writeback_mb,
     "AVPIPE_EXTRACT_PROFILE": extract_profile,
     "AVPIPE_EXTRACT_LOADER_MAX_SECONDS": extract_loader_max_seconds,
+    "AVPIPE_MAX_IMAGE_PIXELS": max_image_pixels,
+    "AVPIPE_IMAGE_ISOLATION": image_isolation,
 }

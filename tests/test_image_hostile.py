@@ -1,0 +1,292 @@
+"""Hostile images: JPEG 2000 headers that kill decoders (a tile size of 0: SIGFPE), headers no
+check can vouch for (decoded in a helper process), and decompression bombs (the pixel cap).
+
+Every public image API runs in a subprocess over the hostile files between good ones: the
+process must survive, and each hostile file must come back as a typed error naming it."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLES = os.path.join(ROOT, "samples", "images")
+
+
+def _j2k(raw: bool) -> bytes:
+    """A clean 56x40 JPEG 2000: a raw codestream (``.j2k``) or the JP2 box wrapper."""
+    from PIL import Image, features
+
+    if not features.check("jpg_2000"):
+        pytest.skip("Pillow without OpenJPEG")
+    a = np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, "JPEG2000", no_jp2=raw)
+    return buf.getvalue()
+
+
+# SIZ fields after the marker: Lsiz Rsiz Xsiz Ysiz XOsiz YOsiz XTsiz YTsiz XTOsiz YTOsiz Csiz
+_SIZ = {"Xsiz": 6, "Ysiz": 10, "XOsiz": 14, "YOsiz": 18, "XTsiz": 22, "YTsiz": 26,
+        "XTOsiz": 30, "YTOsiz": 34}  # fmt: skip
+
+
+def patch_siz(data: bytes, **fields) -> bytes:
+    """``data`` with SIZ fields set (offsets from the SIZ marker); ``Ssiz0``/``XRsiz0`` set the
+    first component's precision byte / horizontal subsampling."""
+    b = bytearray(data)
+    s = b.find(b"\xff\x51")
+    for k, v in fields.items():
+        if k == "Ssiz0":
+            b[s + 40] = v
+        elif k == "XRsiz0":
+            b[s + 41] = v
+        else:
+            struct.pack_into(">I", b, s + _SIZ[k], v)
+    return bytes(b)
+
+
+def hide_header(jp2: bytes) -> bytes:
+    """A JP2 whose codestream begins past the first 64 KiB (an ``xml`` box before it): the
+    header check cannot read it, so it cannot vouch for the file."""
+    i = jp2.find(b"jp2c") - 4
+    xml = b"<a>" + b"x" * 70000 + b"</a>"
+    return jp2[:i] + struct.pack(">I", len(xml) + 8) + b"xml " + xml + jp2[i:]
+
+
+def png_bomb(w: int, h: int) -> bytes:
+    """A gray PNG of ``w`` x ``h`` zeros: under a megabyte that decodes to ``w * h`` bytes."""
+    comp = zlib.compressobj(9)
+    rows = (b"\x00" + bytes(w)) * 500
+    body = b"".join(comp.compress(rows) for _ in range(h // 500)) + comp.flush()
+
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", body)
+            + chunk(b"IEND", b""))  # fmt: skip
+
+
+def jpeg_claiming(w: int, h: int) -> bytes:
+    """The sample JPEG with its frame header claiming ``w`` x ``h``."""
+    with open(os.path.join(SAMPLES, "scene.jpg"), "rb") as f:
+        b = bytearray(f.read())
+    s = b.find(b"\xff\xc0")
+    struct.pack_into(">HH", b, s + 5, h, w)
+    return bytes(b)
+
+
+HOSTILE_J2K = {  # name -> SIZ patch: each a header no decoder may be handed
+    "tile_w0": dict(XTsiz=0),
+    "tile_h0": dict(YTsiz=0),
+    "tile_00": dict(XTsiz=0, YTsiz=0),
+    "tiles_too_many": dict(Xsiz=1 << 20, Ysiz=1 << 20, XTsiz=1, YTsiz=1),
+    "tile_past_canvas": dict(XTOsiz=0xFFFFFFF0, XTsiz=0xFFFFFFF0),
+    "image_w0": dict(Xsiz=0),
+    "offset_past_size": dict(XOsiz=1000),
+    "subsampling0": dict(XRsiz0=0),
+    "precision_128": dict(Ssiz0=0x7F),
+}
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    """``(good paths, {hostile path: what})`` in one folder."""
+    d = tmp_path_factory.mktemp("hostile")
+    bad = {}
+    for raw, ext in ((True, ".j2k"), (False, ".jp2")):
+        clean = _j2k(raw)
+        for name, fields in HOSTILE_J2K.items():
+            p = d / f"{name}{ext}"
+            p.write_bytes(patch_siz(clean, **fields))
+            bad[str(p)] = "CorruptDataError"
+    p = d / "hidden_tile0.jp2"
+    p.write_bytes(hide_header(patch_siz(_j2k(False), XTsiz=0)))
+    bad[str(p)] = "CorruptDataError"
+    p = d / "bomb.png"
+    p.write_bytes(png_bomb(30000, 30000))
+    bad[str(p)] = "ImageTooLargeError"
+    p = d / "bomb.jpg"
+    p.write_bytes(jpeg_claiming(65000, 65000))
+    bad[str(p)] = "ImageTooLargeError"
+    goods = [os.path.join(SAMPLES, n) for n in ("scene.jpg", "scene.png", "scene.jp2")]
+    return goods, bad
+
+
+_RUN = r"""
+import json, sys
+api, goods, bad = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+import avpipe
+paths = []
+for b in bad:
+    paths += [b, goods[len(paths) % len(goods)]]
+out = {}
+if api == "batch":
+    from avpipe.decoding.image import decode_image_batch
+    r = decode_image_batch(paths, device="cpu")
+    out = {paths[i]: [type(e).__name__, str(e)] for i, e in r.errors}
+    ok = [i for i, im in enumerate(r.images) if im is not None]
+elif api == "images":
+    from avpipe.decoding.image import decode_images
+    ok = []
+    for i, p in enumerate(paths):
+        try:
+            decode_images([p], device="cpu")
+            ok.append(i)
+        except avpipe.DecodeError as e:
+            out[p] = [type(e).__name__, str(e)]
+elif api == "stream":
+    from avpipe.pipeline.image_stream import decode_image_stream
+    ok, k = [], 0
+    for b in decode_image_stream(paths, batch_size=3, device="cpu"):
+        out.update({paths[k + i]: [type(e).__name__, str(e)] for i, e in b.errors})
+        ok += [k + i for i, im in enumerate(b.images) if im is not None]
+        k += len(b.images)
+elif api == "folder":
+    import os, shutil, tempfile
+    from avpipe.pipeline.image_folder import ImageFolder
+    root = tempfile.mkdtemp()
+    os.makedirs(os.path.join(root, "c"))
+    for i, p in enumerate(paths):
+        shutil.copy(p, os.path.join(root, "c", f"{i:03d}_" + os.path.basename(p)))
+    f = ImageFolder(root, batch_size=4, device="cpu")
+    n = sum(len(b.paths) for b in f)
+    names = {os.path.join(root, "c", f"{i:03d}_" + os.path.basename(p)): p
+             for i, p in enumerate(paths)}
+    out = {names[p]: [type(e).__name__, str(e).replace(p, names[p])] for p, e in f.errors}
+    ok = list(range(n))
+elif api == "classification":
+    from avpipe.recipes import image_classification
+    feed = image_classification([(p, "x") for p in paths], crop_size=16, resize_size=20,
+                                batch_size=4, train=False, device="cpu")
+    n = sum(len(b.paths) for b in feed)
+    out = {p: [msg.split(":")[0], msg] for p, msg in feed.errors}
+    ok = list(range(n))
+print(json.dumps({"errors": out, "ok": len(ok)}))
+"""
+
+
+@pytest.mark.parametrize("api", ["batch", "images", "stream", "folder", "classification"])
+def test_hostile_images_cost_only_themselves(hostile, api):
+    goods, bad = hostile
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", _RUN, api, json.dumps(goods), json.dumps(list(bad))],
+                       capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert r.returncode == 0, f"the process died (exit {r.returncode}): {r.stderr[-2000:]}"
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["ok"] == len(bad), res  # every good file between them decoded
+    assert set(res["errors"]) == set(bad), sorted(set(bad) ^ set(res["errors"]))
+    for p, (typ, msg) in res["errors"].items():
+        assert typ == bad[p], (p, typ, msg)
+        assert p in msg, msg
+        if typ == "ImageTooLargeError":
+            assert "max_pixels" in msg and "x" in msg
+    hidden = next(p for p in bad if p.endswith("hidden_tile0.jp2"))
+    assert "crashed" in res["errors"][hidden][1] and "SIGFPE" in res["errors"][hidden][1]
+
+
+# --- the header check itself -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["j2k", "jp2"])
+@pytest.mark.parametrize("name", sorted(HOSTILE_J2K))
+def test_j2k_header_check_refuses_invalid_siz(raw, name):
+    from avpipe.decoding.image import j2k_header_problem
+    from avpipe.decoding.image._header import j2k_check
+
+    clean = _j2k(raw)
+    assert j2k_check(clean) == (None, True)
+    why = j2k_header_problem(patch_siz(clean, **HOSTILE_J2K[name]))
+    assert why is not None and "SIZ" in why, why
+
+
+@pytest.mark.parametrize("fields", [dict(XTsiz=0xFFFFFFFF, YTsiz=0xFFFFFFFF), dict(XTsiz=1, YTsiz=1)],
+                         ids=["one_huge_tile", "tiny_tiles"])  # fmt: skip
+def test_j2k_valid_tilings_still_decode(fields):
+    """A tile larger than the image and 1x1 tiles (2240 of them) are valid: they decode."""
+    from avpipe.decoding.image import decode_image_batch
+
+    data = patch_siz(_j2k(True), **fields)
+    r = decode_image_batch([data], device="cpu")
+    assert not r.errors and r.images[0].shape == (40, 56, 3)
+
+
+def test_hidden_header_is_not_vouched_for():
+    from avpipe.decoding.image._header import j2k_check
+
+    assert j2k_check(hide_header(_j2k(False))) == (None, False)
+
+
+def test_hidden_header_good_file_decodes_in_the_helper():
+    """An unverifiable but good JPEG 2000 decodes (in the helper), with the same pixels."""
+    from avpipe.decoding.image import decode_image_batch
+
+    clean = _j2k(False)
+    r = decode_image_batch([clean, hide_header(clean)], device="cpu")
+    assert not r.errors
+    np.testing.assert_array_equal(r.images[0], r.images[1])
+
+
+# --- the pixel cap ---------------------------------------------------------------------------
+
+
+def test_pixel_cap_option_and_setting(monkeypatch, tmp_path):
+    from avpipe.decoding.image import decode_image_batch
+    from avpipe.errors import ImageTooLargeError
+
+    jpg = os.path.join(SAMPLES, "scene.jpg")  # 320x240 = 76,800 pixels
+    r = decode_image_batch([jpg], device="cpu", max_pixels=76_799)
+    assert isinstance(r.errors[0][1], ImageTooLargeError)
+    assert "320x240" in str(r.errors[0][1]) and jpg in str(r.errors[0][1])
+    assert not decode_image_batch([jpg], device="cpu", max_pixels=76_800).errors
+    monkeypatch.setenv("AVPIPE_MAX_IMAGE_PIXELS", "1000")
+    assert isinstance(decode_image_batch([jpg], device="cpu").errors[0][1], ImageTooLargeError)
+    assert not decode_image_batch([jpg], device="cpu", max_pixels=0).errors  # 0: no cap
+    monkeypatch.setenv("AVPIPE_MAX_IMAGE_PIXELS", "0")
+    assert not decode_image_batch([jpg], device="cpu").errors
+    with pytest.raises(ValueError, match="max_pixels.*-1"):
+        decode_image_batch([jpg], device="cpu", max_pixels=-1)
+    with pytest.raises(TypeError, match="max_pixels"):
+        decode_image_batch([jpg], device="cpu", max_pixels=1.5)
+
+
+def test_default_cap_refuses_a_png_bomb(tmp_path):
+    from avpipe.decoding.image import decode_image_batch
+    from avpipe.errors import ImageTooLargeError
+
+    p = tmp_path / "bomb.png"
+    p.write_bytes(png_bomb(30000, 30000))
+    assert p.stat().st_size < 1_000_000
+    r = decode_image_batch([str(p)], device="cpu")
+    e = r.errors[0][1]
+    assert isinstance(e, ImageTooLargeError) and "30000x30000" in str(e) and str(p) in str(e)
+
+
+def test_image_sizes_from_headers(tmp_path):
+    """The header reader's sizes agree with the decoded images for every sample format."""
+    from PIL import Image
+
+    from avpipe.decoding.image import sniff_format
+    from avpipe.decoding.image._header import bytes_reader, image_size
+
+    a = np.zeros((37, 53, 3), np.uint8)
+    files = {}
+    for fmt, kw in (("BMP", {}), ("WEBP", {"lossless": True}), ("WEBP", {"quality": 50}),
+                    ("PPM", {}), ("TIFF", {}), ("PNG", {}), ("JPEG", {})):  # fmt: skip
+        buf = io.BytesIO()
+        Image.fromarray(a).save(buf, fmt, **kw)
+        files[f"{fmt}{kw}"] = buf.getvalue()
+    for name in os.listdir(SAMPLES):
+        with open(os.path.join(SAMPLES, name), "rb") as f:
+            files[name] = f.read()
+    for name, data in files.items():
+        want = Image.open(io.BytesIO(data)).size[::-1]
+        assert image_size(bytes_reader(data), sniff_format(data)) == want, name
