@@ -14,6 +14,7 @@ that a file on disk is read only where its header lies (a TIFF's IFD may sit at 
 from __future__ import annotations
 
 import struct
+import zlib
 
 __all__ = ["image_size", "j2k_check", "bytes_reader", "file_reader"]
 
@@ -158,8 +159,10 @@ def image_size(get, fmt: str | None):
         if fmt == "jpeg":
             return _jpeg_size(get)
         if fmt == "png":
-            b = get(16, 8)
-            return (int.from_bytes(b[4:8], "big"), int.from_bytes(b[0:4], "big")) if len(b) == 8 else None
+            b = get(12, 21)  # "IHDR", its 13 bytes, its CRC
+            if len(b) < 21 or b[:4] != b"IHDR" or zlib.crc32(b[:17]) != int.from_bytes(b[17:], "big"):
+                return None  # a damaged IHDR: its size means nothing (the decoder refuses it)
+            return int.from_bytes(b[8:12], "big"), int.from_bytes(b[4:8], "big")
         if fmt == "tiff":
             return _tiff_size(get)
         if fmt == "jpeg2000":
