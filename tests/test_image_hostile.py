@@ -290,3 +290,32 @@ def test_image_sizes_from_headers(tmp_path):
     for name, data in files.items():
         want = Image.open(io.BytesIO(data)).size[::-1]
         assert image_size(bytes_reader(data), sniff_format(data)) == want, name
+
+
+# --- the stream reads headers ahead, on a thread -----------------------------------------------
+
+
+@pytest.mark.parametrize("ahead", [2, 64])
+def test_stream_reads_headers_ahead(monkeypatch, tmp_path, ahead):
+    """Long streams read their headers on a thread while decoding (runs of ``RUN_AHEAD``
+    chunks): every good image decodes, in order, and each refused one is reported at its
+    place, also past the first run."""
+    from avpipe.errors import CorruptDataError, ImageTooLargeError
+    from avpipe.pipeline import image_stream
+
+    monkeypatch.setattr(image_stream, "RUN_AHEAD", ahead)
+    jpg = os.path.join(SAMPLES, "scene.jpg")
+    bomb = tmp_path / "bomb.jpg"
+    bomb.write_bytes(jpeg_claiming(60000, 60000))
+    tile0 = tmp_path / "tile0.j2k"
+    tile0.write_bytes(patch_siz(_j2k(True), XTsiz=0))
+    paths = [jpg] * 140
+    paths[3], paths[100], paths[137] = str(bomb), str(tile0), str(bomb)
+    got, errors = [], {}
+    for b in image_stream.decode_image_stream(paths, batch_size=2, device="cpu"):
+        errors.update({len(got) + i: e for i, e in b.errors})
+        got += [None if im is None else im.shape for im in b.images]
+    assert len(got) == 140
+    assert {i: type(e) for i, e in errors.items()} == {
+        3: ImageTooLargeError, 100: CorruptDataError, 137: ImageTooLargeError}
+    assert all(got[i] == (240, 320, 3) for i in range(140) if i not in errors)

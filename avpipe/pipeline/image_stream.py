@@ -9,6 +9,7 @@ and the prefetching path starts again after it.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -163,38 +164,92 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False,
         yield _center_squares(b, margin) if square else b
         return
     # the fast path never takes a chunk holding a source it must not decode (the per-batch
-    # path reports, or isolates, it)
-    cut = [any(_needs_batch_path(s, cap) for s in c) for c in chunks]
+    # path reports, or isolates, it); the headers are read ahead on a thread (_Headers)
+    heads = _Headers(chunks, cap)
     k, failures = 0, 0
-    while k < len(chunks):
-        end = k
-        while end < len(chunks) and not cut[end]:
-            end += 1
-        done = 0
-        if end > k:
-            fast = _fast_run(chunks[k:end], dev, batch_size, exact_jpeg, prefetch, square,
-                             margin)  # fmt: skip
+    try:
+        while k < len(chunks):
+            known = heads.wait(k + RUN_AHEAD)
+            end = k
+            while end < known and not heads.cut[end]:
+                end += 1
+            done = 0
+            if end > k:
+                fast = _fast_run(chunks[k:end], dev, batch_size, exact_jpeg, prefetch, square,
+                                 margin)  # fmt: skip
+                try:
+                    for batch in fast:
+                        if batch is None:  # the fast path failed at this chunk
+                            break
+                        yield batch
+                        done += 1
+                finally:
+                    fast.close()
+            failed = done < end - k
+            k += done
+            if k >= len(chunks):
+                return
+            if not failed and k == known:  # the run reached the headers read so far
+                continue
+            # a failed chunk (then a pause of the fast path) or one holding a source the fast
+            # path must not decode: the per-batch path
+            slow = 1
+            if failed:
+                failures += 1
+                slow = min(2 ** (failures - 1), 64)
+            for chunk in chunks[k : k + slow]:
+                b = decode_image_batch(chunk, device=dev, exact_jpeg=exact_jpeg,
+                                       max_pixels=cap or 0)  # fmt: skip
+                yield _center_squares(b, margin) if square else b
+            k += slow
+    finally:
+        heads.close()
+
+
+RUN_AHEAD = 64  # chunks whose headers a fast run waits for (the first run's latency bound)
+
+
+class _Headers:
+    """Each chunk's verdict of :func:`_needs_batch_path`, read in order on a daemon thread
+    ahead of the decoding: a stream of a million files starts decoding after the headers of
+    its first :data:`RUN_AHEAD` chunks, not of all of them, and the rest are read while DALI
+    decodes (so a long stream costs one more pipeline build, not a pause). Short streams are
+    read on the calling thread. ``cut[i]``: chunk ``i`` holds such a source."""
+
+    def __init__(self, chunks, cap):
+        self.chunks, self.cap = chunks, cap
+        self.cut = [None] * len(chunks)
+        self.known = 0
+        self.stop = False
+        self.cv = threading.Condition()
+        if len(chunks) <= RUN_AHEAD:
+            self._read()
+        else:
+            threading.Thread(target=self._read, daemon=True, name="avpipe-image-headers").start()
+
+    def _read(self):
+        for i, c in enumerate(self.chunks):
+            if self.stop:
+                return
             try:
-                for batch in fast:
-                    if batch is None:  # the fast path failed at this chunk
-                        break
-                    yield batch
-                    done += 1
-            finally:
-                fast.close()
-        failed = done < end - k
-        k += done
-        if k >= len(chunks):
-            return
-        # a failed chunk (then a pause of the fast path) or a cut JPEG 2000: the per-batch path
-        slow = 1
-        if failed:
-            failures += 1
-            slow = min(2 ** (failures - 1), 64)
-        for chunk in chunks[k : k + slow]:
-            b = decode_image_batch(chunk, device=dev, exact_jpeg=exact_jpeg, max_pixels=cap or 0)
-            yield _center_squares(b, margin) if square else b
-        k += slow
+                v = any(_needs_batch_path(s, self.cap) for s in c)
+            except Exception:  # noqa: BLE001 - the per-batch path reports what went wrong
+                v = True
+            with self.cv:
+                self.cut[i] = v
+                self.known = i + 1
+                self.cv.notify_all()
+
+    def wait(self, upto: int) -> int:
+        """How many chunks' verdicts are known, once ``upto`` of them are (or all)."""
+        upto = min(upto, len(self.chunks))
+        with self.cv:
+            while self.known < upto:
+                self.cv.wait()
+            return self.known
+
+    def close(self):
+        self.stop = True
 
 
 def _fast_run(chunks, dev, batch_size, exact_jpeg, prefetch, square, margin):
