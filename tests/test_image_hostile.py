@@ -319,3 +319,57 @@ def test_stream_reads_headers_ahead(monkeypatch, tmp_path, ahead):
     assert {i: type(e) for i, e in errors.items()} == {
         3: ImageTooLargeError, 100: CorruptDataError, 137: ImageTooLargeError}
     assert all(got[i] == (240, 320, 3) for i in range(140) if i not in errors)
+
+
+def test_isolation_all_decodes_every_image_in_the_helper(monkeypatch):
+    """``AVPIPE_IMAGE_ISOLATION=all``: the same pixels, from the helper process."""
+    from avpipe.decoding.image import _isolated, decode_image_batch
+
+    paths = [os.path.join(SAMPLES, n) for n in ("scene.jpg", "scene.png", "scene.tif")]
+    want = decode_image_batch(paths, device="cpu").images
+    calls = []
+    real = _isolated.decode
+    monkeypatch.setattr(_isolated, "decode", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    monkeypatch.setenv("AVPIPE_IMAGE_ISOLATION", "all")
+    got = decode_image_batch(paths, device="cpu", roi=[None, (10, 20, 30, 40), None]).images
+    assert calls == paths
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1][10:40, 20:60])
+    np.testing.assert_array_equal(got[2], want[2])
+    monkeypatch.setenv("AVPIPE_IMAGE_ISOLATION", "sometimes")
+    with pytest.raises(ValueError, match="AVPIPE_IMAGE_ISOLATION.*sometimes"):
+        decode_image_batch(paths, device="cpu")
+
+
+# --- the fuzz corpus's hostile kinds and the harness's rule for them ----------------------------
+
+
+def test_fuzz_corpus_hostile_kinds_are_refused_cases(tmp_path):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from fuzz import corpus, harness
+
+    from avpipe.decoding.image import j2k_header_problem, sniff_format
+    from avpipe.decoding.image._header import bytes_reader, image_size
+
+    cases = corpus.generate(tmp_path, per_format=20, seed=0,
+                            families=["jp2", "png", "jpeg", "tiff"])  # fmt: skip
+    by = {(c["family"], c["damage"]): c for c in cases}
+    tz = by["jp2", "tile_zero"]
+    assert tz["expect"] == "refused:CorruptDataError"
+    data = open(tz["path"], "rb").read()
+    assert "tile size" in j2k_header_problem(data)
+    for fam in ("jp2", "png", "jpeg", "tiff"):
+        c = by[fam, "bomb"]
+        assert c["expect"] == "refused:ImageTooLargeError"
+        data = open(c["path"], "rb").read()
+        h, w = image_size(bytes_reader(data), sniff_format(data))
+        assert h * w > 178_956_970, (fam, h, w)
+    assert os.path.getsize(by["png", "bomb"]["path"]) < 1_000_000
+    # the harness: a refused case that decodes, or fails with another class, is a failure
+    rule = harness.refusal_rule
+    assert rule(tz, "decoded", "")[0] == "not_refused"
+    assert rule(tz, "typed_error", "ImageTooLargeError: x")[0] == "not_refused"
+    assert rule(tz, "skipped", "CorruptDataError: x") == ("skipped", None)
+    assert rule(tz, "crash", "") == ("crash", None)
+    assert "not_refused" in harness.FAILING
+    assert rule({"expect": "any"}, "decoded", "") == ("decoded", None)

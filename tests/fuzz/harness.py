@@ -796,7 +796,7 @@ def run_extract_folder(folder, out_dir, device="cpu", timeout=600.0, cases=(), m
                     c = by_rel.get(e["source"])
                     if c is None:
                         continue
-                    if written:
+                    if written and e.get("status", "ok") == "ok":  # the index lists failures too
                         rec(c, "decoded")
                     else:
                         ok = e["error"] in typed
