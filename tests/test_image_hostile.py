@@ -373,3 +373,25 @@ def test_fuzz_corpus_hostile_kinds_are_refused_cases(tmp_path):
     assert rule(tz, "crash", "") == ("crash", None)
     assert "not_refused" in harness.FAILING
     assert rule({"expect": "any"}, "decoded", "") == ("decoded", None)
+
+
+def test_fuzz_extract_counts_failed_index_rows_as_errors(tmp_path):
+    """``avpipe extract``'s index lists failed items too: the harness reads them as errors."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from fuzz import harness
+
+    with open(os.path.join(SAMPLES, "scene.png"), "rb") as f:
+        png = f.read()
+    cases = []
+    for i, (data, expect) in enumerate(((png, "good"), (png[: len(png) // 2], "bad"),
+                                        (png_bomb(20000, 20000), "refused:ImageTooLargeError"))):
+        p = tmp_path / "c" / f"png-{i}.png"
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(data)
+        cases.append(dict(id=f"png-{i}", family="png", kind="image", path=str(p), damage="d",
+                          detail="", expect=expect))  # fmt: skip
+    recs = {r["id"]: r for r in harness.run_extract_folder(tmp_path / "c", tmp_path / "out",
+                                                           cases=cases)}  # fmt: skip
+    assert [recs[f"png-{i}"]["outcome"] for i in range(3)] == ["decoded", "typed_error",
+                                                               "typed_error"]  # fmt: skip
+    assert "ImageTooLargeError" in recs["png-2"]["error"]
