@@ -395,3 +395,36 @@ def test_fuzz_extract_counts_failed_index_rows_as_errors(tmp_path):
     assert [recs[f"png-{i}"]["outcome"] for i in range(3)] == ["decoded", "typed_error",
                                                                "typed_error"]  # fmt: skip
     assert "ImageTooLargeError" in recs["png-2"]["error"]
+
+
+_FORK = r"""
+import os, signal, sys, threading
+from avpipe.decoding.image import _isolated, decode_image_batch
+data = open(sys.argv[1], "rb").read()
+assert not decode_image_batch([data], device="cpu").errors
+helper = _isolated._STATE["proc"].pid
+busy = threading.Thread(target=_isolated._LOCK.acquire)  # a decode under way on another thread
+busy.start()
+busy.join()
+pid = os.fork()
+if pid == 0:  # the child decodes through a helper of its own, and leaves the parent's alone
+    signal.alarm(60)  # a lock inherited held: a deadlock, ended here
+    ok = not decode_image_batch([data], device="cpu").errors
+    ok = ok and _isolated._STATE["proc"].pid != helper
+    sys.exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+_isolated._LOCK.release()
+assert not decode_image_batch([data], device="cpu").errors
+assert _isolated._STATE["proc"].pid == helper, "the child's exit killed the parent's helper"
+print("ok")
+"""
+
+
+def test_forked_child_uses_its_own_helper(tmp_path):
+    p = tmp_path / "hidden.jp2"
+    p.write_bytes(hide_header(_j2k(False)))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", _FORK, str(p)], capture_output=True, text=True,
+                       timeout=150, env=env)  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -72,6 +72,23 @@ def _stop(proc) -> None:
             pass
 
 
+_LEFT: list = []  # a forked child's copy of its parent's helper: the parent's, never used here
+
+
+def _after_fork_in_child() -> None:
+    """A forked child shares its parent's pipes to the helper: it starts its own when needed
+    (and never kills the parent's at its exit)."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    if _STATE["proc"] is not None:
+        _LEFT.append(_STATE["proc"])
+        _STATE["proc"] = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @atexit.register
 def _at_exit() -> None:
     with _LOCK:
