@@ -428,3 +428,25 @@ def test_forked_child_uses_its_own_helper(tmp_path):
     r = subprocess.run([sys.executable, "-c", _FORK, str(p)], capture_output=True, text=True,
                        timeout=150, env=env)  # fmt: skip
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_max_pixels_on_the_feeds_and_the_stream(tmp_path):
+    from avpipe.pipeline.image_folder import ImageFolder
+    from avpipe.pipeline.image_stream import decode_image_stream
+    from avpipe.recipes import image_classification
+
+    jpg, png = (os.path.join(SAMPLES, n) for n in ("scene.jpg", "scene.png"))
+    (b,) = decode_image_stream([jpg, png], batch_size=2, device="cpu", max_pixels=1000)
+    assert [type(e).__name__ for _, e in b.errors] == ["ImageTooLargeError"] * 2
+    feed = image_classification([(jpg, "a"), (png, "b")], crop_size=16, resize_size=20,
+                                batch_size=2, train=False, device="cpu", max_pixels=1000)
+    assert sum(len(x.paths) for x in feed) == 0
+    assert sorted(p for p, _ in feed.errors) == sorted([jpg, png])
+    assert all(m.startswith("ImageTooLargeError") for _, m in feed.errors)
+    with pytest.raises(ValueError, match="max_pixels.*-5"):
+        image_classification([(jpg, "a")], device="cpu", max_pixels=-5)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.jpg").write_bytes(open(jpg, "rb").read())
+    f = ImageFolder(tmp_path, device="cpu", max_pixels=1000)
+    assert sum(len(x.paths) for x in f) == 0 and len(f.errors) == 1
+    assert len(next(iter(ImageFolder(tmp_path, device="cpu"))).paths) == 1
