@@ -31,8 +31,9 @@ variable                        default meaning
 ``AVPIPE_EXTRACT_LOADER_MAX_SECONDS`` 60 audio longer than this is decoded alone, not batched
 ``AVPIPE_NATIVE_STDERR``        off     let native decoders (nvImageCodec, libtiff, OpenCV) write to
                                         stderr (off: their lines go into the error's message)
-``AVPIPE_MAX_IMAGE_PIXELS``     178956970 images whose header declares more pixels are refused before
-                                        decoding (``max_pixels=``'s default; >= 0, 0: no cap)
+``AVPIPE_MAX_IMAGE_PIXELS``     179 M   images whose header declares more pixels are refused before
+                                        decoding (``max_pixels=``'s default; an integer >= 0, 0: no
+                                        cap; default 178956970, Pillow's decompression-bomb limit)
 ``AVPIPE_IMAGE_ISOLATION``      auto    which images decode in a helper process, where a decoder's crash
                                         costs only that image: auto (JPEG 2000 whose header check
                                         cannot vouch for it), all, off
