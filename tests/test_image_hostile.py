@@ -450,3 +450,32 @@ def test_max_pixels_on_the_feeds_and_the_stream(tmp_path):
     f = ImageFolder(tmp_path, device="cpu", max_pixels=1000)
     assert sum(len(x.paths) for x in f) == 0 and len(f.errors) == 1
     assert len(next(iter(ImageFolder(tmp_path, device="cpu"))).paths) == 1
+
+
+@pytest.mark.parametrize("how", ["hang", "segv", "no_python"])
+def test_helper_failures_are_typed_errors_naming_the_file(monkeypatch, how):
+    """A helper that hangs is killed after ``TIMEOUT_S`` (DecodeTimeoutError); one that dies
+    gives a CorruptDataError naming the signal; one that cannot start, a DecodeError."""
+    from avpipe.decoding.image import _isolated
+    from avpipe.errors import CorruptDataError, DecodeError, DecodeTimeoutError
+
+    code = {"hang": "import time; time.sleep(60)",
+            "segv": "import os, signal, sys; sys.stdin.buffer.read(8); "
+                    "os.kill(os.getpid(), signal.SIGSEGV)"}  # fmt: skip
+
+    def start():
+        if how == "no_python":
+            raise FileNotFoundError("no interpreter")
+        return subprocess.Popen([sys.executable, "-c", code[how]], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE)  # fmt: skip
+
+    monkeypatch.setattr(_isolated, "_start", start)
+    monkeypatch.setattr(_isolated, "TIMEOUT_S", 2.0)
+    monkeypatch.setitem(_isolated._STATE, "proc", None)
+    img, err = _isolated.decode("some/file.jp2", b"data", None, True, "JPEG 2000 decoder")
+    assert img is None and "some/file.jp2" in str(err)
+    want = {"hang": DecodeTimeoutError, "segv": CorruptDataError, "no_python": DecodeError}[how]
+    assert type(err) is want, err
+    if how == "segv":
+        assert "SIGSEGV" in str(err)
+    assert _isolated._STATE["proc"] is None  # the next image starts a fresh helper

@@ -131,7 +131,13 @@ def decode(name: str, data: bytes, roi, fancy: bool, what: str = "image decoder"
         proc = _STATE["proc"]
         if proc is None or proc.poll() is not None:
             _stop(proc)
-            proc = _STATE["proc"] = _start()
+            _STATE["proc"] = None
+            try:
+                proc = _STATE["proc"] = _start()
+            except OSError as e:  # no interpreter to start (an embedded Python): not decoded
+                return None, DecodeError(
+                    name, f"not decoded: the {what} runs in a helper process for this file, "
+                    f"and none could start ({type(e).__name__}: {e})")  # fmt: skip
         deadline = time.monotonic() + TIMEOUT_S
         try:
             proc.stdin.write(struct.pack("<Q", len(msg)) + msg)
