@@ -25,6 +25,14 @@ cannot decode and goes on; DALI (the CPU path) fails a whole batch when one imag
 failed batch is decoded again item by item to find the culprits. With ``on_error="skip"`` the
 good images still come back (``None`` in place of each bad one) and :func:`decode_image_batch`
 reports the errors.
+
+Before any decoder sees an image, its header is read (``_header.py``): an image declaring more
+pixels than the pixel cap (``max_pixels=``, ``AVPIPE_MAX_IMAGE_PIXELS``) raises
+:class:`~avpipe.errors.ImageTooLargeError`, and a JPEG 2000 main header with a field no valid
+codestream has (a tile size of 0 killed the process with SIGFPE inside the decoder) a
+:class:`~avpipe.errors.CorruptDataError`. An image the checks cannot vouch for (a JPEG 2000
+whose main header is not within its first 64 KiB; ``AVPIPE_IMAGE_ISOLATION``) is decoded in a
+helper process (``_isolated.py``): a decoder crash there costs only that image.
 """
 
 from __future__ import annotations
