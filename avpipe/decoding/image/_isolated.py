@@ -4,7 +4,7 @@ A native decoder that dies on an input (a signal: SIGFPE, SIGSEGV; an abort) tak
 process with it, and no Python ``try`` catches that. The inputs avpipe cannot check up front
 (``AVPIPE_IMAGE_ISOLATION``: JPEG 2000 whose main header the check could not walk to its end,
 or every image with ``all``) are decoded here instead: one long-lived helper process (a fresh
-interpreter, ``python -m avpipe.decoding.image._isolated``; started on first use, about a
+interpreter running :func:`_serve`; started on first use, about a
 second for its imports) decodes them one at a time with the same CPU decoder (DALI), and sends
 the pixels or the typed error back. When it dies, the image it was on gets a
 :class:`~avpipe.errors.CorruptDataError` naming the file and the signal, and the next image
@@ -48,7 +48,7 @@ def _start():
     root = _package_root()
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return subprocess.Popen(
-        [sys.executable, "-m", "avpipe.decoding.image._isolated"],
+        [sys.executable, "-c", "from avpipe.decoding.image._isolated import _serve; _serve()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
         close_fds=True,
     )  # fmt: skip
@@ -172,7 +172,7 @@ def decode(name: str, data: bytes, roi, fancy: bool, what: str = "image decoder"
 
 
 def _serve() -> None:
-    """The helper's loop (``python -m avpipe.decoding.image._isolated``)."""
+    """The helper's loop: requests from stdin, replies to the protocol's copy of stdout."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # native decoders' prints never mix with the protocol
     inp = sys.stdin.buffer
@@ -193,6 +193,3 @@ def _serve() -> None:
         out.write(struct.pack("<Q", len(msg)) + msg)
         out.flush()
 
-
-if __name__ == "__main__":
-    _serve()
