@@ -14,6 +14,7 @@ __all__ = [
     "CorruptDataError",
     "EmptyMediaError",
     "DecodeTimeoutError",
+    "ImageTooLargeError",
     "MemoryCapError",
     "ManifestError",
     "OutsideRootError",
@@ -46,6 +47,10 @@ class EmptyMediaError(DecodeError):
 
 class DecodeTimeoutError(DecodeError):
     """Decoding did not finish within the allowed time (a watchdog, never a hang)."""
+
+
+class ImageTooLargeError(DecodeError):
+    """The image's header declares more pixels than the pixel cap (``max_pixels``) allows."""
 
 
 class MemoryCapError(ValueError):

@@ -36,6 +36,12 @@ variable                        default meaning
 ``AVPIPE_STORAGE_TIMEOUT``      60      seconds a remote request may take before it counts as failed
 ``AVPIPE_CACHE_DIR``            ~/.cache/avpipe  where shard indexes are kept (one file per shard
                                         version)
+``AVPIPE_MAX_IMAGE_PIXELS``     179 M   images whose header declares more pixels are refused before
+                                        decoding (``max_pixels=``'s default; an integer >= 0, 0: no
+                                        cap; default 178956970, Pillow's decompression-bomb limit)
+``AVPIPE_IMAGE_ISOLATION``      auto    which images decode in a helper process, where a decoder's crash
+                                        costs only that image: auto (JPEG 2000 whose header check
+                                        cannot vouch for it), all, off
 =============================== ======= ================================================================
 """
 
@@ -66,6 +72,8 @@ __all__ = [
     "storage_retries",
     "storage_timeout",
     "cache_dir",
+    "max_image_pixels",
+    "image_isolation",
     "VARIABLES",
 ]
 
@@ -240,6 +248,28 @@ def cache_dir() -> str:
         return path
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "avpipe")
+# Pillow's DecompressionBombError threshold (2 * Image.MAX_IMAGE_PIXELS): every image Pillow
+# opens decodes here too (150 Mpx medium-format photos included); one image at the cap is
+# 537 MB as RGB uint8, a few times that while a decoder works on it
+MAX_IMAGE_PIXELS_DEFAULT = 178_956_970
+
+
+def max_image_pixels() -> int | None:
+    """``AVPIPE_MAX_IMAGE_PIXELS``: the pixel cap of the image decoders (None: no cap)."""
+    v = env_int("AVPIPE_MAX_IMAGE_PIXELS", MAX_IMAGE_PIXELS_DEFAULT, minimum=0)
+    return v or None
+
+
+def image_isolation() -> str:
+    """``AVPIPE_IMAGE_ISOLATION``: ``"auto"`` (default), ``"all"`` or ``"off"``."""
+    v = _raw("AVPIPE_IMAGE_ISOLATION")
+    if v is None:
+        return "auto"
+    v = v.strip().lower()
+    if v not in ("auto", "all", "off"):
+        raise ValueError("AVPIPE_IMAGE_ISOLATION must be auto, all or off, "
+                         f"got {os.environ.get('AVPIPE_IMAGE_ISOLATION')!r}")
+    return v
 
 
 # name -> the function that reads it (the README's table lists the same)
@@ -262,4 +292,6 @@ VARIABLES = {
     "AVPIPE_STORAGE_RETRIES": storage_retries,
     "AVPIPE_STORAGE_TIMEOUT": storage_timeout,
     "AVPIPE_CACHE_DIR": cache_dir,
+    "AVPIPE_MAX_IMAGE_PIXELS": max_image_pixels,
+    "AVPIPE_IMAGE_ISOLATION": image_isolation,
 }

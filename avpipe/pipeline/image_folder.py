@@ -27,7 +27,7 @@ import numpy as np
 
 from .._results import BatchResult
 from .._validate import check_on_error, pos_int
-from ..decoding.image import decode_image_batch
+from ..decoding.image import decode_image_batch, resolve_max_pixels
 from ..device import resolve_device
 from ..formats import IMAGE_EXTENSIONS
 
@@ -58,8 +58,9 @@ class ImageFolder:
     applied to each decoded ``[H, W, 3]`` uint8 image (e.g. ``functools.partial(
     avpipe.ops.image.resize_crop_normalize, short_side=224, crop_size=224)``).
     ``on_error``: ``"skip"`` or ``"raise"``. ``extensions``: which files count as images
-    (default :data:`avpipe.formats.IMAGE_EXTENSIONS`). ``self.errors`` collects
-    ``(path, DecodeError)`` for every image skipped so far.
+    (default :data:`avpipe.formats.IMAGE_EXTENSIONS`). ``max_pixels``: the pixel cap (see
+    :func:`avpipe.decoding.image.decode_image_batch`; an image over it is a bad image).
+    ``self.errors`` collects ``(path, DecodeError)`` for every image skipped so far.
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class ImageFolder:
         on_error: str = "skip",
         drop_last: bool = False,
         extensions=IMAGE_EXTENSIONS,
+        max_pixels: int | None = None,
     ):
         root = os.fspath(root)
         if not os.path.isdir(root):
@@ -90,6 +92,7 @@ class ImageFolder:
         self.transform = transform
         self.on_error = on_error
         self.drop_last = bool(drop_last)
+        self.max_pixels = resolve_max_pixels(max_pixels) or 0
         exts = tuple(e.lower() for e in extensions)
         self.classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
         if not self.classes:
@@ -125,7 +128,7 @@ class ImageFolder:
 
     def _load(self, items) -> ImageFolderBatch:
         paths = [p for p, _ in items]
-        res = decode_image_batch(paths, device=self.device)
+        res = decode_image_batch(paths, device=self.device, max_pixels=self.max_pixels)
         if res.errors and self.on_error == "raise":
             raise res.errors[0][1]
         self.errors.extend((paths[i], e) for i, e in res.errors)

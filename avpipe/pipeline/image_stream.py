@@ -9,6 +9,7 @@ and the prefetching path starts again after it.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,13 +19,16 @@ from .._validate import pos_int
 from ..decoding.image import (
     ImageBatch,
     _dali,
+    admit,
     decode_image_batch,
-    j2k_header_problem,
+    isolate,
     native_stderr,
+    resolve_max_pixels,
+    size_problem,
     sniff_format,
     square_window,
-    truncation,
 )
+from ..decoding.image._header import file_reader, j2k_check
 from ..device import Device, resolve_device
 from ._dali_stream import StreamDecoder
 
@@ -40,6 +44,7 @@ def decode_image_stream(
     prefetch: int = 2,
     center_square: bool = False,
     center_square_margin: float = 0.02,
+    max_pixels: int | None = None,
 ):
     """Decode ``sources`` in batches of ``batch_size``, yielding one :class:`ImageBatch` each, with
     DALI reading and decoding the next batches while the caller works on the current one (the
@@ -69,6 +74,11 @@ def decode_image_stream(
     On a GPU a stream of one batch has nothing to read ahead: it is decoded by
     :func:`decode_image_batch` (its own arrays; no pipeline to build, about 2 s).
     A missing path raises ``FileNotFoundError`` before anything is decoded.
+
+    ``max_pixels``: the pixel cap (see :func:`decode_image_batch`). Each source's header is
+    read before its batch is decoded (the pixel cap, the JPEG 2000 header check): a batch
+    holding an image over the cap, an invalid JPEG 2000 or one for the helper process goes to
+    :func:`decode_image_batch`, which reports (or isolates) it.
     """
     batch_size = pos_int("batch_size", batch_size)
     if isinstance(sources, (str, bytes, bytearray, memoryview, os.PathLike)) or hasattr(
@@ -84,8 +94,10 @@ def decode_image_stream(
     margin = center_square_margin
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
         raise ValueError(f"center_square_margin must be a number in [0, 1), got {margin!r}")
+    cap = resolve_max_pixels(max_pixels)
     chunks = [srcs[i : i + batch_size] for i in range(0, len(srcs), batch_size)]
-    return _stream(chunks, dev, batch_size, exact_jpeg, prefetch, center_square, float(margin))
+    return _stream(chunks, dev, batch_size, exact_jpeg, prefetch, center_square, float(margin),
+                   cap)
 
 
 def _load_chunk(chunk):
@@ -99,29 +111,46 @@ def _load_chunk(chunk):
     return out
 
 
-_J2K_EXT = (".jp2", ".j2k", ".j2c", ".jpc", ".jpx", ".jpf", ".jph")
-
-
-def _cut_j2k(s) -> bool:
-    """A JPEG 2000 source cut short (OpenJPEG has crashed the process on those): by content for
-    in-memory data, by the last bytes for files named as JPEG 2000 (a cheap read, no decode)."""
+def _needs_batch_path(s, cap) -> bool:
+    """Whether a source must not reach the fast path's decoder: a JPEG 2000 cut short or with
+    an invalid main header (decoders have died with a signal on those), an image whose header
+    declares more pixels than the cap, or one for the helper process (``AVPIPE_IMAGE_ISOLATION``).
+    The per-batch path reports, or isolates, it. Reads only header bytes (the first 4 KiB, a
+    JPEG 2000's first 64 KiB and last bytes, and where a header lies further in, that part)."""
     if s.data is not None:
-        return sniff_format(s.data) == "jpeg2000" and truncation(s.data, "jpeg2000") is not None
-    if s.path is None or not s.path.lower().endswith(_J2K_EXT):
+        fmt = sniff_format(s.data)
+        if fmt is None:
+            return False  # the decoder refuses it: the per-batch path reports it then
+        err, isolated = admit(s.name, s.data, fmt, cap)
+        return err is not None or isolated
+    if s.path is None:
         return False
     try:
         with open(s.path, "rb") as f:
             head = f.read(4096)
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 64))
-            tail = f.read()
+            fmt = sniff_format(head)
+            if fmt is None:
+                return False
+            if fmt == "jpeg2000":
+                head += f.read((1 << 16) - len(head))
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 64))
+                tail = f.read()
+                if not tail.rstrip(b"\x00").endswith(b"\xff\xd9") or head.find(b"\xff\x90") < 0:
+                    return True
+                problem, vouched = j2k_check(head)
+                if problem is not None:
+                    return True
+            else:
+                vouched = False
+            if isolate(fmt, vouched):
+                return True
+            return size_problem(s.name, file_reader(f, head), fmt, cap) is not None
     except OSError:
         return False
-    if sniff_format(head) != "jpeg2000":
-        return False
-    return not tail.rstrip(b"\x00").endswith(b"\xff\xd9") or bool(j2k_header_problem(head))
 
 
-def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False, margin=0.0):
+def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False, margin=0.0,
+            cap=None):
     """The fast path (DALI reading and decoding ahead) over runs of chunks; a chunk that fails
     there (a bad image) is decoded by :func:`decode_image_batch`, which reports its bad
     images, and the fast path starts again after it. Each restart builds a pipeline, so the
@@ -131,42 +160,96 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False,
         return
     if dev.is_cuda and len(chunks) == 1:
         # one batch: nothing to read ahead, so no stream pipeline to build (~2 s on a GPU)
-        b = decode_image_batch(chunks[0], device=dev, exact_jpeg=exact_jpeg)
+        b = decode_image_batch(chunks[0], device=dev, exact_jpeg=exact_jpeg, max_pixels=cap or 0)
         yield _center_squares(b, margin) if square else b
         return
-    # the fast path never takes a chunk holding a JPEG 2000 cut short (the per-batch path
-    # decodes, and reports, it)
-    cut = [any(_cut_j2k(s) for s in c) for c in chunks]
+    # the fast path never takes a chunk holding a source it must not decode (the per-batch
+    # path reports, or isolates, it); the headers are read ahead on a thread (_Headers)
+    heads = _Headers(chunks, cap)
     k, failures = 0, 0
-    while k < len(chunks):
-        end = k
-        while end < len(chunks) and not cut[end]:
-            end += 1
-        done = 0
-        if end > k:
-            fast = _fast_run(chunks[k:end], dev, batch_size, exact_jpeg, prefetch, square,
-                             margin)  # fmt: skip
+    try:
+        while k < len(chunks):
+            known = heads.wait(k + RUN_AHEAD)
+            end = k
+            while end < known and not heads.cut[end]:
+                end += 1
+            done = 0
+            if end > k:
+                fast = _fast_run(chunks[k:end], dev, batch_size, exact_jpeg, prefetch, square,
+                                 margin)  # fmt: skip
+                try:
+                    for batch in fast:
+                        if batch is None:  # the fast path failed at this chunk
+                            break
+                        yield batch
+                        done += 1
+                finally:
+                    fast.close()
+            failed = done < end - k
+            k += done
+            if k >= len(chunks):
+                return
+            if not failed and k == known:  # the run reached the headers read so far
+                continue
+            # a failed chunk (then a pause of the fast path) or one holding a source the fast
+            # path must not decode: the per-batch path
+            slow = 1
+            if failed:
+                failures += 1
+                slow = min(2 ** (failures - 1), 64)
+            for chunk in chunks[k : k + slow]:
+                b = decode_image_batch(chunk, device=dev, exact_jpeg=exact_jpeg,
+                                       max_pixels=cap or 0)  # fmt: skip
+                yield _center_squares(b, margin) if square else b
+            k += slow
+    finally:
+        heads.close()
+
+
+RUN_AHEAD = 64  # chunks whose headers a fast run waits for (the first run's latency bound)
+
+
+class _Headers:
+    """Each chunk's verdict of :func:`_needs_batch_path`, read in order on a daemon thread
+    ahead of the decoding: a stream of a million files starts decoding after the headers of
+    its first :data:`RUN_AHEAD` chunks, not of all of them, and the rest are read while DALI
+    decodes (so a long stream costs one more pipeline build, not a pause). Short streams are
+    read on the calling thread. ``cut[i]``: chunk ``i`` holds such a source."""
+
+    def __init__(self, chunks, cap):
+        self.chunks, self.cap = chunks, cap
+        self.cut = [None] * len(chunks)
+        self.known = 0
+        self.stop = False
+        self.cv = threading.Condition()
+        if len(chunks) <= RUN_AHEAD:
+            self._read()
+        else:
+            threading.Thread(target=self._read, daemon=True, name="avpipe-image-headers").start()
+
+    def _read(self):
+        for i, c in enumerate(self.chunks):
+            if self.stop:
+                return
             try:
-                for batch in fast:
-                    if batch is None:  # the fast path failed at this chunk
-                        break
-                    yield batch
-                    done += 1
-            finally:
-                fast.close()
-        failed = done < end - k
-        k += done
-        if k >= len(chunks):
-            return
-        # a failed chunk (then a pause of the fast path) or a cut JPEG 2000: the per-batch path
-        slow = 1
-        if failed:
-            failures += 1
-            slow = min(2 ** (failures - 1), 64)
-        for chunk in chunks[k : k + slow]:
-            b = decode_image_batch(chunk, device=dev, exact_jpeg=exact_jpeg)
-            yield _center_squares(b, margin) if square else b
-        k += slow
+                v = any(_needs_batch_path(s, self.cap) for s in c)
+            except Exception:  # noqa: BLE001 - the per-batch path reports what went wrong
+                v = True
+            with self.cv:
+                self.cut[i] = v
+                self.known = i + 1
+                self.cv.notify_all()
+
+    def wait(self, upto: int) -> int:
+        """How many chunks' verdicts are known, once ``upto`` of them are (or all)."""
+        upto = min(upto, len(self.chunks))
+        with self.cv:
+            while self.known < upto:
+                self.cv.wait()
+            return self.known
+
+    def close(self):
+        self.stop = True
 
 
 def _fast_run(chunks, dev, batch_size, exact_jpeg, prefetch, square, margin):

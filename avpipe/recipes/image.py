@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from ..decoding.image import decode_image_batch
+from ..decoding.image import decode_image_batch, resolve_max_pixels
 from ..device import array_module, resolve_device, upload_many
 from ..formats import IMAGE_EXTENSIONS
 from ..ops import image_augment as _aug
@@ -41,18 +41,21 @@ def image_classification(source, *, crop_size=224, resize_size=256, batch_size=3
                          seed=0, shuffle=None, rank=0, world_size=1, device=None,
                          framework=None, on_error="skip", scale=(0.08, 1.0),
                          ratio=(3 / 4, 4 / 3), dtype="float16", prefetch=2, deadline=None,
-                         root=None):
+                         root=None, max_pixels=None):
     """A :class:`~avpipe.pipeline.feed.Feed` of images. ``source``: a folder of class folders,
     a ``.csv`` file (``path,label``), a text file of paths, or a list of ``(path, label)``.
     Batch fields: ``images [B, 3, crop_size, crop_size]``, ``labels [B]``, ``paths``.
     ``root``: a folder every listed image must lie under (links resolved); a CSV row without a
     path or label, or a path outside ``root``, raises :class:`~avpipe.errors.ManifestError` /
-    :class:`~avpipe.errors.OutsideRootError`."""
+    :class:`~avpipe.errors.OutsideRootError`.
+    ``max_pixels``: the pixel cap (see :func:`avpipe.decoding.image.decode_image_batch`): an
+    image whose header declares more pixels is a bad item (``on_error``)."""
     spec = (image_classification, dict(
         source=source, crop_size=crop_size, resize_size=resize_size, batch_size=batch_size,
         train=train, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size,
         device=device, framework=framework, on_error=on_error, scale=scale, ratio=ratio,
-        dtype=dtype, prefetch=prefetch, deadline=deadline, root=root))  # fmt: skip
+        dtype=dtype, prefetch=prefetch, deadline=deadline, root=root,
+        max_pixels=max_pixels))  # fmt: skip
     if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
         items = read_folder(source, extensions=IMAGE_EXTENSIONS, check=root)
     elif isinstance(source, (str, os.PathLike)) and os.fspath(source).lower().endswith(".csv"):
@@ -63,7 +66,7 @@ def image_classification(source, *, crop_size=224, resize_size=256, batch_size=3
     dev = resolve_device(device)
     task = ImageTask(labels=labels, crop_size=crop_size, resize_size=resize_size, train=train,
                      seed=seed, device=dev, scale=scale, ratio=ratio, dtype=dtype,
-                     deadline=deadline)
+                     deadline=deadline, max_pixels=resolve_max_pixels(max_pixels) or 0)
     return Feed(items, task, batch_size=batch_size, seed=seed,
                 shuffle=bool(train) if shuffle is None else bool(shuffle), rank=rank,
                 world_size=world_size, prefetch=prefetch, on_error=on_error, device=dev,
@@ -76,7 +79,7 @@ class ImageTask(Task):
 
     def __init__(self, *, labels, crop_size, resize_size, train, seed, device,
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), dtype="float16",
-                 mean=IMAGENET_MEAN, std=IMAGENET_STD, deadline=None):
+                 mean=IMAGENET_MEAN, std=IMAGENET_STD, deadline=None, max_pixels=None):
         super().__init__()
         self.labels = list(labels)
         self.S, self.R = int(crop_size), int(resize_size)
@@ -84,6 +87,7 @@ class ImageTask(Task):
         self.scale, self.ratio = tuple(scale), tuple(ratio)
         self.dtype, self.mean, self.std = dtype, mean, std
         self.deadline = deadline
+        self.max_pixels = max_pixels  # None: the setting's cap, read at each decode
 
     def decode_items(self, pairs):
         """One batch decode (DALI is driven from the producer thread only)."""
@@ -95,7 +99,8 @@ class ImageTask(Task):
             else:
                 out[k] = FileNotFoundError(f"no such file: {it.path}")
         if todo:
-            res = decode_image_batch([pairs[k][1].path for k in todo], device=self.device)
+            res = decode_image_batch([pairs[k][1].path for k in todo], device=self.device,
+                                     max_pixels=self.max_pixels)
             for j, e in res.errors:
                 out[todo[j]] = e
             for j, im in enumerate(res.images):
@@ -123,7 +128,8 @@ class ImageTask(Task):
                     results[gi][k] = FileNotFoundError(f"no such file: {it.path}")
         chunk = max(1, max(len(g) for g in groups))
         stream = decode_image_stream([groups[gi][k][1].path for gi, k in where],
-                                     batch_size=chunk, device=self.device) if where else iter(())
+                                     batch_size=chunk, device=self.device,
+                                     max_pixels=self.max_pixels) if where else iter(())
         xp = self.device.xp
         got = 0  # streamed sources received so far
         try:

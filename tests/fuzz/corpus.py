@@ -6,7 +6,10 @@ or in the payload, zero length, header only, a wrong extension, zero frames / sa
 dimensions, sample rates or channel counts (header fields patched), zeroed ranges, garbage after
 the magic bytes, NaN / infinite samples (float WAV), audio header totals that lie (a WAV data
 size past the end, a FLAC STREAMINFO count too small or too large, an Ogg stream cut inside a
-page or with a bad-CRC page) and a streamed FLAC (STREAMINFO count 0: valid, decoded whole). The same ``seed`` gives the same bytes.
+page or with a bad-CRC page), a streamed FLAC (STREAMINFO count 0: valid, decoded whole),
+JPEG 2000 tilings of tile size 0 (``tile_zero``) and other impossible or extreme SIZ tilings
+(``tile_size``), and images declaring more pixels than the
+pixel cap (``bomb``: PNG, JPEG, TIFF, JPEG 2000). The same ``seed`` gives the same bytes.
 
 ::
 
@@ -16,7 +19,8 @@ writes ``DIR/<family>/<case>.<ext>``, the clean seeds under ``DIR/seeds/`` and `
 (one entry per case: ``id``, ``family``, ``kind``, ``path``, ``damage``, ``expect``, where
 ``expect`` is ``"good"`` for an untouched file and a valid variant (a FLAC streamed with no
 sample count), ``"damaged"`` for damage every decoder must report (audio header totals that
-lie: it is never decoded without a note or an error), and ``"bad"`` / ``"any"`` otherwise).
+lie: it is never decoded without a note or an error), ``"refused[:Class]"`` for a case every
+decoder must refuse (:func:`damage`), and ``"bad"`` / ``"any"`` otherwise).
 """
 
 from __future__ import annotations
@@ -469,6 +473,102 @@ def _nan_samples(data, rng):
     return bytes(b)
 
 
+def _siz(b, field, value):
+    """Set a JPEG 2000 SIZ field (offsets from the SIZ marker)."""
+    at = {"Xsiz": 6, "Ysiz": 10, "XOsiz": 14, "YOsiz": 18, "XTsiz": 22, "YTsiz": 26,
+          "XTOsiz": 30, "YTOsiz": 34}[field]  # fmt: skip
+    _put(b, b.find(b"\xff\x51") + at, ">I", value)
+
+
+TILE_ZERO = [  # a tile size of 0: a division by zero in decoders (SIGFPE)
+    ("tile_w0", {"XTsiz": 0}, "refused"),
+    ("tile_h0", {"YTsiz": 0}, "refused"),
+    ("tile_00", {"XTsiz": 0, "YTsiz": 0}, "refused"),
+]  # fmt: skip
+TILE_OTHER = [
+    ("tiles_65536+", {"Xsiz": 1 << 17, "Ysiz": 1 << 17, "XTsiz": 1, "YTsiz": 1}, "refused"),
+    ("tile_offset_past_image", {"XTOsiz": 1 << 20}, "refused"),
+    ("tile_huge", {"XTsiz": 0xFFFFFFFF, "YTsiz": 0xFFFFFFFF}, "any"),
+    ("tile_1x1", {"XTsiz": 1, "YTsiz": 1}, "any"),
+]  # fmt: skip
+
+
+def tile_size(data, rng, variants):
+    """A JPEG 2000 with its SIZ tiling patched (one of ``variants``): ``(bytes, what,
+    expect)``. A tile size of 0, more tiles than a codestream can index, or a first tile
+    missing the image must be refused with a typed error (``expect="refused"``); one tile
+    larger than the image and 1x1 tiles are valid (``"any"``). Half the cases are the raw
+    codestream (the JP2's ``jp2c`` box content, still named ``.jp2``)."""
+    raw = bool(rng.integers(0, 2))
+    if raw:
+        c = data.find(b"jp2c")
+        data = data[c + 4 :] if c >= 0 else data
+    b = bytearray(data)
+    name, fields, expect = variants[int(rng.integers(0, len(variants)))]
+    for k, v in fields.items():
+        _siz(b, k, v)
+    return bytes(b), f"{name} {'raw' if raw else 'jp2'}", expect
+
+
+_BOMBS: dict = {}
+
+
+def png_bomb(w, h):
+    """A gray PNG of ``w`` x ``h`` zeros: a few hundred KB that decode to ``w * h`` bytes."""
+    if (w, h) not in _BOMBS:
+        comp = zlib.compressobj(9)
+        rows = (b"\x00" + bytes(w)) * 250
+        body = b"".join(comp.compress(rows) for _ in range(h // 250)) + comp.flush()
+
+        def chunk(t, d):
+            return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+
+        _BOMBS[w, h] = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0,
+                        0, 0)) + chunk(b"IDAT", body) + chunk(b"IEND", b""))  # fmt: skip
+    return _BOMBS[w, h]
+
+
+BOMB_SIDE = 20000  # 400 Mpx: over avpipe's default pixel cap (178,956,970)
+
+
+def bomb(family, data, rng):
+    """An image whose header declares ``BOMB_SIDE`` squared pixels (or more), to be refused by
+    the pixel cap before decoding: ``(bytes, what)``. PNG: a real bomb (zeros, consistent
+    data); JPEG, TIFF, JPEG 2000: the clean seed with its size fields patched."""
+    n = BOMB_SIDE + int(rng.integers(0, 40000))
+    b = bytearray(data)
+    if family == "png":
+        return png_bomb(BOMB_SIDE, BOMB_SIDE), f"{BOMB_SIDE}x{BOMB_SIDE} zeros"
+    if family == "jpeg":
+        s = max(b.find(b"\xff\xc0"), b.find(b"\xff\xc2"))
+        n = min(n, 0xFFFF)
+        _put(b, s + 5, ">H", n)
+        _put(b, s + 7, ">H", n)
+    elif family == "tiff":
+        bo = "<" if data[:2] == b"II" else ">"
+        ifd = struct.unpack(bo + "I", data[4:8])[0]
+        cnt = struct.unpack(bo + "H", data[ifd : ifd + 2])[0]
+        for k in range(cnt):
+            e = ifd + 2 + 12 * k
+            tag, typ, num = struct.unpack(bo + "HHI", data[e : e + 8])
+            if tag in (256, 257):
+                _put(b, e + 8, bo + ("H" if typ == 3 else "I"), min(n, 0xFFFF))
+        n = min(n, 0xFFFF)
+    else:  # jp2: the image and its one tile (a valid tiling), and the ihdr box
+        for k in ("Xsiz", "Ysiz", "XTsiz", "YTsiz"):
+            _siz(b, k, n)
+        i = b.find(b"ihdr")
+        if i >= 0:
+            _put(b, i + 4, ">I", n)
+            _put(b, i + 8, ">I", n)
+    return bytes(b), f"{n}x{n}"
+
+
+# which families take a damage kind (the others: every family)
+ONLY = {"nan": {"wav_float"}, "tile_zero": {"jp2"}, "tile_size": {"jp2"},
+        "bomb": {"png", "jpeg", "tiff", "jp2"},
+        "header_lies": {"wav", "wav_float", "flac", "ogg"}, "streamed": {"flac"}}
+
 DAMAGES = (
     "truncate",
     "truncate_tail",
@@ -485,9 +585,10 @@ DAMAGES = (
     "nan",
     "header_lies",
     "streamed",
+    "tile_zero",
+    "tile_size",
+    "bomb",
 )
-AUDIO_ONLY = {"header_lies": ("wav", "wav_float", "flac", "ogg"), "streamed": ("flac",),
-              "nan": ("wav_float",)}
 
 
 def _flac_total(data: bytes, total: int) -> bytes:
@@ -531,7 +632,15 @@ def _header_lies(family, data, rng):
 
 
 def damage(family, data, kind, rng, seeds, empty=None):
-    """One damaged variant: ``(bytes, detail, extension or None, expect)``."""
+    """One damaged variant: ``(bytes, detail, extension or None, expect)``. ``expect``:
+    ``"bad"`` (should not decode), ``"any"``, or ``"refused"`` / ``"refused:<ErrorClass>"``
+    (must come back as a typed error, of that class: the harness fails it otherwise)."""
+    if kind in ("tile_zero", "tile_size") and family == "jp2":
+        b, what, expect = tile_size(data, rng, TILE_ZERO if kind == "tile_zero" else TILE_OTHER)
+        return b, what, None, "refused:CorruptDataError" if expect == "refused" else expect
+    if kind == "bomb" and family in ONLY["bomb"]:
+        b, what = bomb(family, data, rng)
+        return b, what, None, "refused:ImageTooLargeError"
     (h0, h1), (p0, p1) = spans(family, data)
     n = len(data)
     if kind == "truncate":
@@ -606,7 +715,7 @@ def generate(out, *, per_format: int = 200, seed: int = 0, families=None) -> lis
             with open(seeds[fam + "_empty"], "rb") as f:
                 empty = f.read()
         rng = np.random.default_rng([seed, fi])
-        kinds = [d for d in DAMAGES if fam in AUDIO_ONLY.get(d, (fam,))]
+        kinds = [d for d in DAMAGES if d not in ONLY or fam in ONLY[d]]
         for i in range(per_format):
             if i == 0:
                 data, detail, dmg, expect = clean, "", "clean", "good"

@@ -17,7 +17,9 @@ Outcomes per case and backend:
   cleanly, e.g. after bad ones), ``unaccounted`` (a training feed neither put the case in a
   batch nor reported it in ``feed.errors``, or did both), ``nonfinite`` (a feed's batch row of
   the case holds NaN / infinite values), ``silent_damage`` (a case of damage every decoder can
-  tell, ``expect="damaged"``, decoded with neither an error nor a damage note) — failures.
+  tell, ``expect="damaged"``, decoded with neither an error nor a damage note), ``not_refused`` (a case the corpus marks
+  ``expect="refused[:Class]"``, e.g. a JPEG 2000 tile size of 0 or a decompression bomb over
+  the pixel cap, decoded, or failed with another error class) — failures.
 
 The training feeds (``FEED_CPU_BACKENDS`` / ``FEED_GPU_BACKENDS``: ``rnnt_feed``,
 ``video_classification``, ``image_classification``) take a whole unit at once: one manifest /
@@ -42,7 +44,7 @@ from collections import Counter, deque
 from multiprocessing.connection import wait
 
 FAILING = ("hang", "crash", "hang_in_sequence", "crash_in_sequence", "untyped_error", "good_failed",
-           "unaccounted", "nonfinite", "not_run", "silent_damage")
+           "unaccounted", "nonfinite", "not_refused", "not_run", "silent_damage")
 OK = ("decoded", "decoded_damaged", "typed_error", "skipped")
 
 # backend -> the case kinds it takes
@@ -131,7 +133,7 @@ def _in_batch(errors, images_ok, bad_index=1):
         e = errors[bad_index]
         if isinstance(e, BaseException) and not isinstance(e, avpipe.DecodeError):
             raise e
-        return {"skipped": True, "damaged": None, "info": str(e)[:300]}
+        return {"skipped": True, "damaged": None, "info": f"{type(e).__name__}: {e}"[:300]}
     return {"damaged": None, "info": "decoded in a batch"}
 
 
@@ -167,6 +169,22 @@ class _GoodFailed(Exception):
     pass
 
 
+def refusal_rule(case, outcome: str, text: str):
+    """A case the corpus marks ``expect="refused"`` / ``"refused:<ErrorClass>"`` must come back
+    as a typed error (``typed_error``, or ``skipped`` by a batch API or a feed), of that class
+    when one is named (``text`` holds the error, its class name first); otherwise
+    ``("not_refused", why)``. Other cases and failing outcomes: ``(outcome, None)``."""
+    want = case.get("expect") or ""
+    if not want.startswith("refused") or outcome in FAILING:
+        return outcome, None
+    cls = want.partition(":")[2]
+    if outcome not in ("typed_error", "skipped"):
+        return "not_refused", f"{outcome}: it should have been refused ({cls or 'a typed error'})"
+    if cls and cls not in (text or ""):
+        return "not_refused", f"refused, but not with {cls}: {text[:300]}"
+    return outcome, None
+
+
 def run_case(backend: str, case: dict, goods: dict) -> dict:
     """Decode one case with one backend; never raises."""
     import avpipe
@@ -199,6 +217,9 @@ def run_case(backend: str, case: dict, goods: dict) -> dict:
         r.setdefault("error", f"clean file gave {out}: {r.get('damaged')}")
         out = "good_failed"
     out = _silent_rule(case, out, r)
+    out, why = refusal_rule(case, out, r.get("error") or r.get("info") or "")
+    if why is not None:
+        r["error"] = why
     r["outcome"] = out
     r["seconds"] = round(time.perf_counter() - t0, 4)
     return r
@@ -431,6 +452,9 @@ def run_feed_unit(backend, cases, goods):
             r = {"outcome": o, "error": text}
         else:
             r = {"outcome": o, "damaged": None, "info": text}
+            o2, why = refusal_rule(c, o, text)
+            if why is not None:
+                r = {"outcome": o2, "error": why}
         if r["outcome"] in OK and not seeds_ok:
             r = {"outcome": "good_failed", "error": "the clean seed listed beside it failed: "
                  + repr({p: status[p] for p in seeds if p in status})[:300]}
@@ -768,6 +792,8 @@ def run_extract_folder(folder, out_dir, device="cpu", timeout=600.0, cases=(), m
     recs: dict = {}
 
     def rec(c, outcome, error=""):
+        outcome, why = refusal_rule(c, outcome, error)
+        error = why or error
         r = dict(backend=backend, id=c["id"], family=c["family"], damage=c["damage"],
                  detail=c.get("detail", ""), path=c["path"], outcome=outcome, error=error[:500])
         if c.get("expect") == "good" and outcome != "decoded":

@@ -25,6 +25,14 @@ cannot decode and goes on; DALI (the CPU path) fails a whole batch when one imag
 failed batch is decoded again item by item to find the culprits. With ``on_error="skip"`` the
 good images still come back (``None`` in place of each bad one) and :func:`decode_image_batch`
 reports the errors.
+
+Before any decoder sees an image, its header is read (``_header.py``): an image declaring more
+pixels than the pixel cap (``max_pixels=``, ``AVPIPE_MAX_IMAGE_PIXELS``) raises
+:class:`~avpipe.errors.ImageTooLargeError`, and a JPEG 2000 main header with a field no valid
+codestream has (a tile size of 0 killed the process with SIGFPE inside the decoder) a
+:class:`~avpipe.errors.CorruptDataError`. An image the checks cannot vouch for (a JPEG 2000
+whose main header is not within its first 64 KiB; ``AVPIPE_IMAGE_ISOLATION``) is decoded in a
+helper process (``_isolated.py``): a decoder crash there costs only that image.
 """
 
 from __future__ import annotations
@@ -48,8 +56,9 @@ from ..._results import BatchResult
 from ..._source import open_source
 from ..._validate import check_on_error
 from ...device import Device, gpu_available, resolve_device
-from ...errors import CorruptDataError, DecodeError, UnsupportedFormatError
-from . import _dali, _nvimgcodec
+from ...errors import CorruptDataError, DecodeError, ImageTooLargeError, UnsupportedFormatError
+from . import _dali, _isolated, _nvimgcodec
+from ._header import bytes_reader, image_size, j2k_check
 
 __all__ = [
     "decode_images",
@@ -106,49 +115,62 @@ def truncation(data: bytes, fmt: str | None) -> str | None:
     return None
 
 
-# main-header markers of a JPEG 2000 codestream (Part 1 and Part 15): CAP SIZ COD COC TLM PRF
-# PLM CPF QCD QCC RGN POC PPM CRG COM
-_J2K_MAIN = {0x50, 0x51, 0x52, 0x53, 0x55, 0x56, 0x57, 0x59, 0x5C, 0x5D, 0x5E, 0x5F, 0x60,
-             0x63, 0x64}  # fmt: skip
-
-
 def j2k_header_problem(data) -> str | None:
-    """What is inconsistent in a JPEG 2000 codestream's main header (from SOC to the first tile),
-    or None. OpenCV's OpenJPEG decoder (DALI's CPU path) has crashed the process on such headers
-    (an unknown marker, a wrong segment length) after an earlier decode; checked up front,
-    cheaply (a walk over a few hundred bytes)."""
-    b = bytes(data[: 1 << 16])
-    i = b.find(b"\xff\x4f\xff\x51")  # SOC then SIZ (a raw codestream, or a JP2's jp2c box)
-    if i < 0:
-        return None  # no codestream header in the first 64 KiB: left to the decoder
-    at, levels = i + 2, None
-    while at + 4 <= len(b):
-        if b[at] != 0xFF:
-            return f"the JPEG 2000 header is corrupt (no marker at byte {at})"
-        m = b[at + 1]
-        if m == 0x90:  # the first tile: the main header ended cleanly
-            return None
-        if m not in _J2K_MAIN:
-            return f"the JPEG 2000 header is corrupt (unknown marker 0xFF{m:02X} at byte {at})"
-        n = int.from_bytes(b[at + 2 : at + 4], "big")
-        seg = b[at + 4 : at + 2 + n]
-        if n < 2 or at + 2 + n > len(b) and len(b) == len(data):
-            return f"the JPEG 2000 header is corrupt (a segment length {n} at byte {at})"
-        if m == 0x51 and len(seg) >= 36:
-            comps = int.from_bytes(seg[34:36], "big")
-            if not 1 <= comps <= 16384 or n != 38 + 3 * comps:
-                return f"the JPEG 2000 header is corrupt (SIZ: {comps} components, length {n})"
-        if m == 0x52 and len(seg) >= 10:
-            levels = seg[5]
-            if seg[1] > 4 or levels > 32 or seg[6] > 8 or seg[7] > 8 or seg[6] + seg[7] > 8:
-                return "the JPEG 2000 header is corrupt (COD parameters out of range)"
-        if m == 0x5C and len(seg) >= 1 and levels is not None:
-            style, k = seg[0] & 0x1F, 3 * levels + 1
-            want = {0: 3 + k, 1: 5, 2: 3 + 2 * k}.get(style)
-            if want != n:
-                return f"the JPEG 2000 header is corrupt (QCD: style {style}, length {n})"
-        at += 2 + n
-    return None
+    """What in a JPEG 2000 codestream's main header (SOC to the first tile) cannot be valid, or
+    None (:func:`._header.j2k_check`: segment lengths, unknown markers, SIZ's image, tile and
+    component fields, COD and QCD). Decoders have died with a signal on such headers (a tile
+    size of 0: SIGFPE); checked up front, cheaply (a walk over a few hundred bytes)."""
+    return j2k_check(data)[0]
+
+
+def resolve_max_pixels(max_pixels) -> int | None:
+    """The pixel cap: ``max_pixels`` (an int >= 0; 0: no cap), or with None the
+    ``AVPIPE_MAX_IMAGE_PIXELS`` setting (default 178,956,970: Pillow's decompression-bomb
+    limit). Returns None for no cap."""
+    if max_pixels is None:
+        return settings.max_image_pixels()
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, (int, np.integer)):
+        raise TypeError(f"max_pixels must be an int >= 0 or None, got {max_pixels!r}")
+    if max_pixels < 0:
+        raise ValueError(f"max_pixels must be an int >= 0 (0: no cap) or None, got {max_pixels!r}")
+    return int(max_pixels) or None
+
+
+def size_problem(name: str, get, fmt: str | None, cap: int | None):
+    """An :class:`~avpipe.errors.ImageTooLargeError` when the header (read through ``get``)
+    declares more than ``cap`` pixels, else None (no cap, or a header that does not say)."""
+    if cap is None:
+        return None
+    hw = image_size(get, fmt)
+    if hw is None or hw[0] * hw[1] <= cap:
+        return None
+    h, w = hw
+    return ImageTooLargeError(
+        name, f"the {_FORMAT_NAMES.get(fmt, fmt)} header declares {w}x{h} = {w * h:,} pixels, "
+        f"over the pixel cap of {cap:,} (max_pixels=, AVPIPE_MAX_IMAGE_PIXELS; 0: no cap)")  # fmt: skip
+
+
+def isolate(fmt: str | None, vouched: bool) -> bool:
+    """Whether an image goes to the helper process (``AVPIPE_IMAGE_ISOLATION``): ``auto``, a
+    JPEG 2000 whose main header the check could not walk to its end; ``all``, every image."""
+    mode = settings.image_isolation()
+    if mode == "all":
+        return True
+    return mode == "auto" and fmt == "jpeg2000" and not vouched
+
+
+def admit(name: str, data, fmt: str | None, cap: int | None):
+    """What happens to an image's bytes before any decoder sees them: ``(error, isolated)``.
+    ``error``: a typed error (cut short, an invalid JPEG 2000 header, over the pixel cap) or
+    None; ``isolated``: decode it in the helper process (:func:`isolate`)."""
+    why = truncation(data, fmt)
+    if why is not None:
+        return CorruptDataError(name, why), False
+    err = size_problem(name, bytes_reader(data), fmt, cap)
+    if err is not None:
+        return err, False
+    vouched = fmt == "jpeg2000" and j2k_check(data)[1]
+    return None, isolate(fmt, vouched)
 
 
 _FORMAT_NAMES = {"jpeg": "JPEG", "png": "PNG", "tiff": "TIFF", "jpeg2000": "JPEG 2000",
@@ -380,6 +402,7 @@ def decode_image_batch(
     device=None,
     roi: Sequence | None = None,
     exact_jpeg: bool = True,
+    max_pixels: int | None = None,
 ) -> ImageBatch:
     """Decode every source, never raising for a bad image (see :class:`ImageBatch`).
 
@@ -390,6 +413,15 @@ def decode_image_batch(
     ``jpeg_fancy_upsampling``), so GPU and CPU pixels agree within 4 levels (IDCT rounding); False lets nvJPEG use its
     faster default upsampling (larger differences at sharp colour edges; what a plain DALI
     pipeline does).
+    ``max_pixels``: the pixel cap: an image whose header declares more pixels is not decoded
+    (an :class:`~avpipe.errors.ImageTooLargeError` naming the file and its size); None: the
+    ``AVPIPE_MAX_IMAGE_PIXELS`` setting (default 178,956,970, Pillow's decompression-bomb
+    limit); 0: no cap.
+
+    Images no header check can vouch for (``AVPIPE_IMAGE_ISOLATION``; by default a JPEG 2000
+    whose main header could not be walked to its first tile) are decoded on the CPU in a helper
+    process, so that a decoder dying on one (a signal) costs only that image: its error names
+    the file and the signal.
     """
     if isinstance(sources, (str, bytes, bytearray, memoryview, os.PathLike)) or hasattr(
         sources, "read"
@@ -400,11 +432,12 @@ def decode_image_batch(
     if dev.is_cuda:
         _dali.hw_decoder_load()  # a bad AVPIPE_JPEG_HW_LOAD is the caller's error, not the images'
     rois = _check_rois(roi, len(sources))
+    cap = resolve_max_pixels(max_pixels)
     srcs = [open_source(s, param=f"sources[{i}]") for i, s in enumerate(sources)]
     images: list = [None] * len(srcs)
     errors: list = []
     datas: list = [None] * len(srcs)
-    todo = []
+    todo, alone = [], []
     for i, s in enumerate(srcs):
         try:
             data = s.read_bytes()
@@ -416,12 +449,22 @@ def decode_image_batch(
             errors.append((i, CorruptDataError(s.name, "empty file")))
         elif (fmt := sniff_format(data)) is None:
             errors.append((i, UnsupportedFormatError(s.name, "not a supported image format")))
-        elif (why := truncation(data, fmt)) is not None:
-            errors.append((i, CorruptDataError(s.name, why)))
         else:
-            todo.append(i)
+            err, isolated = admit(s.name, data, fmt, cap)
+            if err is not None:
+                errors.append((i, err))
+            else:
+                (alone if isolated else todo).append(i)
     stacked = None
     with dev.activate():
+        for i in alone:  # decoded on the CPU in the helper process (a crash costs only it)
+            box = None if rois is None else rois[i]
+            what = f"{_FORMAT_NAMES.get(sniff_format(datas[i]), 'image')} decoder"
+            img, err = _isolated.decode(srcs[i].name, datas[i], box, exact_jpeg, what)
+            if err is not None:
+                errors.append((i, err))
+            else:
+                images[i] = dev.xp.asarray(img) if dev.is_cuda else img
         for c0 in range(0, len(todo), MAX_BATCH):
             chunk = todo[c0 : c0 + MAX_BATCH]
             crs = None
@@ -458,19 +501,36 @@ def decode_image_batch(
     return ImageBatch(images=images, errors=tuple(errors), device=str(dev), stacked=stacked)
 
 
+def _decode_alone_cpu(name: str, data: bytes, roi, fancy: bool):
+    """One image on the CPU (DALI), as the helper process decodes it: ``(array, None)`` or
+    ``(None, DecodeError)``."""
+    dev = resolve_device("cpu")
+    with dev.activate():
+        try:
+            items, _ = _run(dev, [np.frombuffer(data, np.uint8)], None if roi is None else [roi],
+                            fancy)  # fmt: skip
+            return items[0], None
+        except _dali.ShuttingDown:
+            raise
+        except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError
+            return None, _classify(name, data, e)
+
+
 def decode_images(
-    sources, *, device=None, on_error: str = "raise", roi=None, exact_jpeg: bool = True
+    sources, *, device=None, on_error: str = "raise", roi=None, exact_jpeg: bool = True,
+    max_pixels: int | None = None,
 ) -> list:
     """Decode images to a list of ``[H, W, 3]`` uint8 RGB arrays (numpy on the CPU, cupy on a GPU).
 
     ``sources``: paths, bytes or binary file-likes (a single source gives a list of one).
     ``device``: None (the GPU when usable, else the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
     ``on_error``: ``"raise"`` raises the first bad image's :class:`~avpipe.DecodeError` (naming
-    the file); ``"skip"`` puts ``None`` in its place. ``roi``, ``exact_jpeg``: see
-    :func:`decode_image_batch`.
+    the file); ``"skip"`` puts ``None`` in its place. ``roi``, ``exact_jpeg``, ``max_pixels``:
+    see :func:`decode_image_batch`.
     """
     check_on_error(on_error)
-    batch = decode_image_batch(sources, device=device, roi=roi, exact_jpeg=exact_jpeg)
+    batch = decode_image_batch(sources, device=device, roi=roi, exact_jpeg=exact_jpeg,
+                               max_pixels=max_pixels)  # fmt: skip
     if batch.errors and on_error == "raise":
         raise batch.errors[0][1]
     return batch.images
