@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..device import array_module
 from . import _log_mel, _resample
 from ._audio_core import (
     _as_batch,
@@ -161,6 +162,23 @@ def log_mel(signals, lengths=None, *, preset="nemo", training=False, sample_rate
             got = _log_mel.log_mel(x, lens_host, fl_host, T, cfg, noise)
             if got is not None:
                 return got
+    if xp is np:  # the CPU: each item alone, over its valid frames
+        hop = cfg.hop_length
+        T = int(stft_frame_lengths([n], n_fft=cfg.n_fft, hop_length=hop, center=cfg.center)[0])
+        T = max(T, int(stft_frame_lengths(lens_host, n_fft=cfg.n_fft, hop_length=hop,
+                                          center=cfg.center).max()) if B else 0)  # fmt: skip
+        noise = (_normal(np, seed, x.shape) if training and cfg.dither > 0 and T > 0
+                 else None)  # fmt: skip
+        fl_host = log_mel_frame_lengths(lens_host, preset=cfg, frames=T)
+        return _log_mel.log_mel_cpu(x, lens_host, fl_host, T, cfg, noise), fl_host
+    return _log_mel_array_module(x, lens_host, cfg, training=training, seed=seed)
+
+
+def _log_mel_array_module(x, lens_host, cfg, *, training=False, seed=None):
+    """:func:`log_mel` by the array-module operators over the padded batch: a GPU's path
+    where its kernels do not cover ``cfg``, and on the CPU (float64 filter and FFT) the
+    reference the CPU path is tested against."""
+    xp = array_module(x)
     if xp is np:
         x = x.astype(np.float64)   # CPU: filter and FFT in float64 (see stft's compute_dtype)
     if training and cfg.dither > 0:
