@@ -1,4 +1,10 @@
-"""``log_mel`` on a GPU in a few launches (private; :func:`avpipe.ops.audio.log_mel` calls it).
+"""``log_mel`` on a GPU in a few launches, and on the CPU item by item (private;
+:func:`avpipe.ops.audio.log_mel` calls them).
+
+The CPU path (:func:`log_mel_cpu`, at the end) computes each item alone, over its valid frames,
+in arrays shaped by that item only, and applies the mel filters as fixed-order sums over each
+filter's few nonzero bins (:class:`SparseRows`) instead of a BLAS product: an item's features
+are the same bits in any batch and on any number of threads.
 
 The array-module code of :mod:`avpipe.ops._audio_core` runs a log-mel batch as about seventy
 cupy operations, each a launch and a Python call: the host's time to issue them exceeded the
@@ -363,12 +369,10 @@ def _cpu_item(x, n, fl, cfg, tables, noise, out):
 def log_mel_cpu(x, lens_host, fl_host, T, cfg, noise=None, threads=None):
     """Features ``[B, n_mels, T_out]`` float32 of the numpy batch ``x [B, n]`` (``lens_host``
     samples, ``fl_host`` valid frames each, ``T`` frames in all; ``noise``: the dither's
-    standard normal draws ``[B, n]`` or None), each item computed alone over its valid frames:
-    float32 frames, FFT (scipy's pocketfft, one row at a time in effect) and power, the mel
-    filters applied in a fixed order (:func:`fixed_order_product`), the log, and the
-    statistics of the normalization in float64 over the item's frames. An item's features
-    are the same bits in any batch, on any number of threads (``threads``: None for
-    :func:`cpu_threads`)."""
+    standard normal draws ``[B, n]`` or None), each item computed alone over its valid frames
+    (:func:`_cpu_item`), the items spread over ``threads`` threads (None:
+    :func:`cpu_threads`), longest first. An item's features are the same bits in any batch,
+    on any number of threads; frames past its valid ones are 0."""
     B = x.shape[0]
     M = int(cfg.n_mels)
     pad_to = int(cfg.pad_to or 0)
