@@ -96,6 +96,32 @@ def test_local_features_are_log_mel_of_load_audio_and_batch_free(mixed, tmp_path
         assert np.array_equal(arr, ref[0, :, : int(fl[0])]), path.name
 
 
+def test_int16_transport_features_are_log_mel_of_load_audio(mixed, tmp_path):
+    """Mono 16-bit files at the preset's rate alone: the loader carries them as int16; their
+    stored features equal ops.log_mel(load_audio(file)) bit for bit too."""
+    import shutil
+
+    import soundfile as sf
+
+    d = tmp_path / "pcm16"
+    d.mkdir()
+    for p in sorted(mixed.iterdir()):
+        i = sf.info(str(p))
+        if i.samplerate == 16000 and i.channels == 1 and i.subtype == "PCM_16":
+            shutil.copy(p, d / p.name)
+    names = sorted(p.name for p in d.iterdir())
+    assert len(names) >= 3
+    out = tmp_path / "o"
+    s = run_extract(d, preset="nemo", out_dir=out, devices="cpu", workers=2, batch_size=2)
+    assert s.complete and s.written == {"audio": len(names)}
+    stored = _stored(out)
+    for name in names:
+        arr, _ = next(v for v in stored.values() if name in v[1])
+        x = avpipe.load_audio(str(d / name), sample_rate=16000)
+        ref, fl = avpipe.ops.log_mel(x.samples, preset="nemo")
+        assert np.array_equal(arr, ref[0, :, : int(fl[0])]), name
+
+
 @pytest.mark.slow
 def test_ray_writes_the_local_engines_bytes(mixed, tmp_path, local_ray):
     """Ray's workers (two, batches of 5) write the shards the local engine writes."""
