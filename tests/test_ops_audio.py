@@ -397,3 +397,119 @@ def test_log_mel_frame_lengths_on_the_host_equal_log_mels():
         got = A.log_mel_frame_lengths(lens, preset=preset, frames=feats.shape[-1])
         np.testing.assert_array_equal(got, fl)
     assert A.log_mel_frame_lengths([1600, 800], preset="nemo", frames=6).tolist() == [6, 5]
+
+
+# ---------------------------------------------------------------------------------------------
+# the CPU path: each item alone, bit for bit, whatever the batch
+# ---------------------------------------------------------------------------------------------
+
+CONFIGS = [
+    "nemo", "nemo_v1", "mlperf_rnnt",
+    A.NEMO.replace(name="p1", power=1.0, log_guard="clamp", normalize="all_features"),
+    A.NEMO.replace(name="plain", normalize=None, preemph=None, n_mels=64, fmax=None),
+    A.NEMO.replace(name="no_center", center=False, window="hamming", periodic=True,
+                   win_length=512, pad_to=8),
+]
+
+
+def _batches(items, rng, count):
+    """``count`` batches of random subsets of ``items``, in random order, with random
+    extra padding: (indices, x, lengths)."""
+    for _ in range(count):
+        idx = rng.permutation(len(items))[: int(rng.integers(1, len(items) + 1))]
+        n = max(len(items[i]) for i in idx) + int(rng.integers(0, 4000))
+        x = np.zeros((len(idx), n), np.float32)
+        for r, i in enumerate(idx):
+            x[r, : len(items[i])] = items[i]
+        yield idx, x, np.array([len(items[i]) for i in idx])
+
+
+@pytest.mark.parametrize("preset", CONFIGS, ids=lambda c: c if isinstance(c, str) else c.name)
+def test_log_mel_of_an_item_is_the_same_bits_in_any_batch(preset, monkeypatch):
+    """An item's features do not depend on the batch it is computed in: its row of any batch
+    (other items, their order, the padding, the batch size) equals it computed alone, bit for
+    bit, on one thread or several; past its frames the row is 0."""
+    from avpipe.ops import _log_mel
+
+    rng = np.random.default_rng(7)
+    items = [speech_like(int(n), seed=i) for i, n in enumerate(rng.integers(100, 40000, 9))]
+    items.append(random_signal(48000, 3))
+    alone = [A.log_mel(a, preset=preset) for a in items]
+    for threads in (1, 3):
+        monkeypatch.setattr(_log_mel, "cpu_threads", lambda t=threads: t)
+        for idx, x, lens in _batches(items, rng, 3):
+            feats, fl = A.log_mel(x, lens, preset=preset)
+            for r, i in enumerate(idx):
+                f1, fl1 = alone[i]
+                k = int(fl1[0])
+                assert fl[r] == k
+                assert np.array_equal(feats[r, :, :k], f1[0, :, :k]), (threads, r, i)
+                assert not feats[r, :, k:].any()
+
+
+@pytest.mark.parametrize("preset", CONFIGS, ids=lambda c: c if isinstance(c, str) else c.name)
+def test_log_mel_cpu_path_agrees_with_the_float64_reference(preset):
+    """The CPU path (float64 FFT over each item's frames, float32 log) against the
+    array-module code over the padded batch in float64, for every knob it covers."""
+    from avpipe.ops.audio import _log_mel_array_module, _resolve_preset
+
+    items = [speech_like(n, seed=20 + i) for i, n in enumerate([12000, 7777, 300, 16000])]
+    items.insert(3, np.zeros(0, np.float32))
+    x, lens = padded_batch(items)
+    feats, fl = A.log_mel(x, lens, preset=preset)
+    want, wfl = _log_mel_array_module(x, lens, _resolve_preset(preset))
+    np.testing.assert_array_equal(fl, wfl)
+    assert feats.shape == want.shape and feats.dtype == np.float32
+    np.testing.assert_allclose(feats, want, atol=5e-5, rtol=1e-5)
+    # float64 input: the same features
+    f64, _ = A.log_mel(x.astype(np.float64), lens, preset=preset)
+    np.testing.assert_allclose(f64, feats, atol=1e-5)
+
+
+def test_log_mel_training_dither_cpu_path():
+    """The dither draws the same noise for the batch as the reference (seeded), and reaches
+    each item's samples only."""
+    from avpipe.ops.audio import _log_mel_array_module
+
+    x, lens = padded_batch([speech_like(9000, 1), speech_like(5000, 2)])
+    got, _ = A.log_mel(x, lens, training=True, seed=3)
+    want, _ = _log_mel_array_module(x, lens, A.NEMO, training=True, seed=3)
+    np.testing.assert_allclose(got, want, atol=5e-5)
+    again, _ = A.log_mel(x, lens, training=True, seed=3)
+    np.testing.assert_array_equal(got, again)
+
+
+def test_feature_operators_are_the_same_bits_in_any_batch():
+    """The operators extraction's "mel" / "mfcc" / "normalize" steps run: an item's outputs
+    in a batch equal it alone, bit for bit (their products and statistics do not depend on
+    the batch's size or padding)."""
+    rng = np.random.default_rng(11)
+    items = [speech_like(int(n), seed=30 + i) for i, n in enumerate(rng.integers(2000, 30000, 6))]
+
+    def chain(x, lens):
+        P, fl = A.spectrogram(x, lens, n_fft=512, hop_length=160, win_length=400)
+        M = A.mel_spectrogram(P, fl, sample_rate=SR, n_mels=64)
+        db = A.power_to_db(M)
+        mf = A.mfcc(db, fl, n_mfcc=20)
+        return [M, mf, A.normalize(mf, fl), A.normalize(db, fl, mode="all_features")], fl
+
+    alone = [chain(a[None], [len(a)]) for a in items]
+    for idx, x, lens in _batches(items, rng, 3):
+        outs, fl = chain(x, lens)
+        for r, i in enumerate(idx):
+            k = int(alone[i][1][0])
+            assert fl[r] == k
+            for got, want in zip(outs, alone[i][0]):
+                assert np.array_equal(got[r, :, :k], want[0, :, :k]), (r, i)
+
+
+def test_sparse_rows_product_equals_the_dense_one():
+    from avpipe.ops._log_mel import SparseRows
+
+    rng = np.random.default_rng(2)
+    fb = A.mel_filterbank(sample_rate=SR, n_fft=512, n_mels=80).astype(np.float64)
+    dense = rng.standard_normal((7, 257))
+    dense[3] = 0  # a row of zeros
+    for w in (fb, dense, np.zeros((0, 257))):
+        s = rng.standard_normal((2, 257, 33))
+        np.testing.assert_allclose(SparseRows(w).apply(s), w @ s, rtol=1e-12, atol=1e-12)

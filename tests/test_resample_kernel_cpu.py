@@ -301,3 +301,33 @@ def test_rows_table_travels_in_the_launch(monkeypatch):
                 assert tab.tobytes() == D.NO_TABLE.tobytes()
     finally:
         D._tables_ok.cache_clear()
+
+
+@pytest.mark.parametrize("quality", ["high", "fast"])
+def test_cpu_resample_is_a_function_of_the_row(quality, monkeypatch):
+    """On the CPU a row's resampled samples are the same bits alone, in a batch of rows padded
+    to another length (resample_rows), and with one BLAS thread or two (Ray's workers run
+    one): extraction must write the same bytes for a file in any batch, in any process. Both
+    routes (block filter, phase by phase)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    rng = np.random.default_rng(9)
+    lens = np.array([44100 * 3 + 17, 5000, 30001, 1, 0, 12345])
+    x = np.zeros((len(lens), int(lens.max()) + 999), np.float32)
+    for b, m in enumerate(lens):
+        x[b, :m] = 0.1 * rng.standard_normal(m)
+    for route in ("block", "phase"):
+        if route == "phase":
+            monkeypatch.setattr(R, "_BLOCK_FILTER_MAX", 0)
+        for rate in (44100, 22050, 8000):
+            alone = {}
+            for threads in (1, 2):
+                with threadpoolctl.threadpool_limits(threads):
+                    for b in range(len(lens)):
+                        r = R.resample(x[b, : lens[b]], rate, 16000, quality=quality)
+                        if threads == 1:
+                            alone[b] = r
+                        else:
+                            assert np.array_equal(r, alone[b]), (route, rate, b)
+            out, new = R.resample_rows(x, lens, np.full(len(lens), rate), 16000, quality=quality)
+            for b in range(len(lens)):
+                assert np.array_equal(out[b, : new[b]], alone[b]), (route, rate, b)

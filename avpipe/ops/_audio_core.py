@@ -392,15 +392,28 @@ def mel_filterbank(*, sample_rate=16000, n_fft=512, n_mels=80, fmin=0.0, fmax=No
     return _mel_fb_np(sample_rate, n_fft, n_mels, float(fmin), fmax, bool(htk), norm).astype(dtype)
 
 
+_SPARSE_ROWS: dict = {}
+
+
 def _weights_times(xp, w, s):
-    """``w[None] @ s`` (``[K, F] x [B, F, T] -> [B, K, T]``) float32, the same whatever the
-    number of BLAS threads. OpenBLAS sums in an order that depends on its thread count (a
-    float32 product differs by ~1e-7 between 1 and 2 threads), and extraction must write the
-    same bytes in any process (``--engine ray`` workers run one BLAS thread). On the CPU the
-    product is taken in float64, where the orders agree to ~1e-16, then rounded to float32.
-    cupy's matmul does not depend on threads: float32 there."""
+    """``w[None] @ s`` (``[K, F] x [B, F, T] -> [B, K, T]``) float32. On the CPU each output
+    is a function of its own column of ``s`` (float64 sums over ``w``'s nonzero span, in a
+    fixed order: :class:`avpipe.ops._log_mel.SparseRows`), the same bits whatever the
+    batch's size and padding and the number of threads (a BLAS product's order of sums
+    depends on the matrices' shapes and on its threads; extraction must write the same bytes
+    for a file in any batch, in any process). cupy's matmul does not depend on threads:
+    float32 there."""
     if xp is np:
-        return np.matmul(w.astype(np.float64)[None], s.astype(np.float64)).astype(np.float32)
+        from ._log_mel import SparseRows
+
+        w64 = np.asarray(w, np.float64)
+        key = (w64.shape, w64.tobytes())
+        rows = _SPARSE_ROWS.get(key)
+        if rows is None:
+            if len(_SPARSE_ROWS) >= 32:
+                _SPARSE_ROWS.clear()
+            rows = _SPARSE_ROWS[key] = SparseRows(w64)
+        return rows.apply(np.asarray(s, np.float64)).astype(np.float32)
     return xp.matmul(w[None], s)
 
 
@@ -508,7 +521,14 @@ def normalize(features, frame_lengths=None, *, mode="per_feature", eps=1e-5, ddo
         raise ValueError(f"mode must be 'per_feature' or 'all_features', got {mode!r}")
     xp, x, single = _as_batch3(features, "features", "C, T")
     B, C, T = x.shape
-    _, fl = _as_lengths(xp, frame_lengths, B, T, "frame_lengths")
+    fl_host, fl = _as_lengths(xp, frame_lengths, B, T, "frame_lengths")
+    if xp is np:  # each item over its own frames (float64 statistics): batch-independent
+        out = np.zeros_like(x)
+        for b in range(B):
+            k = int(fl_host[b])
+            if k:
+                out[b, :, :k] = normalized(x[b, :, :k], mode=mode, eps=eps, ddof=ddof)
+        return out[0] if single else out
     m = time_mask(xp, fl, T)[:, None, :]
     zero = xp.zeros((), xp.float32)
     xm = xp.where(m, x, zero)
@@ -528,6 +548,25 @@ def normalize(features, frame_lengths=None, *, mode="per_feature", eps=1e-5, ddo
         var = xp.where((fl * C > ddof)[:, None, None], var, zero)
     out = xp.where(m, d / (xp.sqrt(var) + xp.float32(eps)), zero)
     return out[0] if single else out
+
+
+def normalized(v, *, mode="per_feature", eps=1e-5, ddof=1):
+    """One item's valid features ``v [C, k]`` (numpy, ``k >= 1``) normalized as
+    :func:`normalize` does, statistics in float64 over exactly these frames (float64 out).
+    A function of ``v`` alone: its sums run over arrays of ``v``'s own shape."""
+    C, k = v.shape
+    d = np.array(v, dtype=np.float64)  # a C-ordered copy, whatever v's layout
+    if mode == "per_feature":
+        cnt = k
+        d -= d.sum(axis=1, keepdims=True) / cnt
+        ss = np.square(d).sum(axis=1, keepdims=True)
+    else:
+        cnt = k * C
+        d -= d.sum() / cnt
+        ss = np.square(d).sum()
+    var = ss / (cnt - ddof) if cnt > ddof else ss * 0.0
+    d /= np.sqrt(var) + float(eps)
+    return d
 
 
 def stack_frames(features, frame_lengths=None, *, stacking=3, subsampling=3):

@@ -91,17 +91,22 @@ def resample(signal, orig_sr, target_sr, *, quality="high", axis=-1):
     x = xp.moveaxis(x, axis, -1)
     lead = x.shape[:-1]
     n = x.shape[-1]
-    x2 = x.reshape(-1, n)
     n_out = -(-n * up // down)
     if n_out == 0 or n == 0:
         out = xp.zeros((*lead, n_out), dtype=x.dtype)
         return xp.moveaxis(out, -1, axis)
+    x2 = x.reshape(-1, n)
     if xp is not np and x.dtype == xp.float32:
         rows = x2.shape[0]
         out = _rows_kernel(xp, x2, np.full(rows, n, np.int64), np.full(rows, up, np.int64),
                            np.full(rows, down, np.int64), np.full(rows, n_out, np.int64),
                            n_out, quality)
         return xp.moveaxis(out.reshape(*lead, n_out), -1, axis)
+    if xp is np:
+        out = np.empty((x2.shape[0], n_out), x.dtype)
+        for r in range(x2.shape[0]):  # each row alone: its outputs depend on it alone
+            out[r] = _resample_row_cpu(x2[r], up, down, quality, n_out)
+        return np.moveaxis(out.reshape(*lead, n_out), -1, axis)
     K = 2 * W
     rows = x2.shape[0]
     as_strided = xp.lib.stride_tricks.as_strided
@@ -138,6 +143,55 @@ def resample(signal, orig_sr, target_sr, *, quality="high", axis=-1):
             out[:, m0::up] = xp.matmul(view, h[(m0 * down) % up])
     out = out.reshape(*lead, n_out)
     return xp.moveaxis(out, -1, axis)
+
+
+# blocks of `up` outputs one product on the CPU computes: every product has this shape
+CPU_BLOCKS = 64
+
+
+@functools.lru_cache(maxsize=64)
+def _block_filter_as(up, down, quality, dtype):
+    return np.ascontiguousarray(_block_filter(up, down, quality), dtype)
+
+
+def _resample_row_cpu(x, up, down, quality, n_out):
+    """``n_out`` outputs of one numpy row ``x [n]`` (float32 or float64). The products are
+    numpy's own loops (``einsum``), not BLAS, whose order of sums depends on its thread count
+    (a float32 output differed by an ulp between one and two OpenBLAS threads) and on the
+    matrices' shapes: the block filter runs over windows of exactly :data:`CPU_BLOCKS` blocks
+    (zeros past the row's end), so an output's sum is the same operations wherever the row
+    comes from (alone, from a batch of rows padded to another length, in any process)."""
+    h, W = _taps(up, down, quality)
+    K = 2 * W
+    n = x.shape[0]
+    dt = x.dtype
+    nk = -(-n_out // up)
+    if up * ((up - 1) * down // up + K) <= _BLOCK_FILTER_MAX:
+        F = _block_filter_as(up, down, quality, dt.str)
+        L = F.shape[0]
+        nb = -(-nk // CPU_BLOCKS) * CPU_BLOCKS
+        # xpad[j] = x[j - W]: block k's window starts at xpad[k * down + 1]
+        xpad = np.zeros(max((nb - 1) * down + 1 + L, n + W), dt)
+        xpad[W : W + n] = x
+        view = np.lib.stride_tricks.as_strided(xpad[1:], shape=(nb, L),
+                                               strides=(down * dt.itemsize, dt.itemsize))
+        out = np.empty((nb, up), dt)
+        for k0 in range(0, nb, CPU_BLOCKS):
+            np.einsum("kl,lm->km", view[k0 : k0 + CPU_BLOCKS], F,
+                      out=out[k0 : k0 + CPU_BLOCKS], optimize=False)  # fmt: skip
+        return out.reshape(-1)[:n_out]
+    # a large `up`: phase by phase, each a strided product of the row's windows and its taps
+    hd = np.asarray(h, dt)
+    xpad = np.zeros(n + 2 * W + 1, dt)
+    xpad[W : W + n] = x
+    out = np.empty(n_out, dt)
+    for m0 in range(min(up, n_out)):
+        nkp = -(-(n_out - m0) // up)
+        base0 = (m0 * down) // up
+        view = np.lib.stride_tricks.as_strided(xpad[base0 + 1 :], shape=(nkp, K),
+                                               strides=(down * dt.itemsize, dt.itemsize))
+        out[m0::up] = np.einsum("kl,l->k", view, hd[(m0 * down) % up], optimize=False)
+    return out
 
 
 def resample_rows(x, lengths, orig_rates, target_sr, *, quality="high"):

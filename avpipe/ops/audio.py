@@ -18,14 +18,22 @@ item's length are exactly 0 and results stay on the input's device.
 1-D input: ``log_mel(x)`` with ``x [n]`` returns ``([1, n_mels, T], [1])`` — always a batch;
 the lower-level operators return ``[F, T]`` for ``[n]``.
 
-Tolerances: CPU and GPU run the same float32 code (``numpy.fft`` / ``cupy.fft``); they agree to
-1e-3 relative on power / mel energies and 1e-3 absolute on log and normalized features.
+On the CPU, :func:`log_mel` computes each item alone over its valid frames (float64 filter,
+FFT, power and mel filters; float32 log; float64 normalization statistics), on threads over the
+items: an item's features are the same bits in any batch (other items, padding, batch size) and
+on any number of threads, and within 1e-5 of a float64 transcription of the preset. The mel and
+DCT products (:func:`mel_spectrogram`, :func:`mfcc`), :func:`normalize` and :func:`resample` are
+likewise functions of each item alone on the CPU (no BLAS, whose sums depend on its threads).
+
+Tolerances: CPU and GPU (float32 ``cupy.fft``) agree to 1e-3 relative on power / mel energies and
+1e-3 absolute on log and normalized features.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..device import array_module
 from . import _log_mel, _resample
 from ._audio_core import (
     _as_batch,
@@ -136,6 +144,8 @@ def log_mel(signals, lengths=None, *, preset="nemo", training=False, sample_rate
 
     Steps: dither -> preemphasis -> STFT (centred, per-item padding) -> ``|X|**power`` -> mel
     -> log with a guard -> normalize over valid frames -> mask past the length -> pad_to.
+    On the CPU each item is computed alone, over its valid frames only, on up to
+    ``min(cores, 8)`` threads: its features are the same bits whatever the batch.
     Short items (documented rule): an empty item gives 0 frames (all zeros); an item shorter
     than one window is zero-padded (``"reflect"`` presets too, when it has no more samples
     than ``n_fft // 2``); an item with a single valid frame normalizes to 0.
@@ -161,6 +171,23 @@ def log_mel(signals, lengths=None, *, preset="nemo", training=False, sample_rate
             got = _log_mel.log_mel(x, lens_host, fl_host, T, cfg, noise)
             if got is not None:
                 return got
+    if xp is np:  # the CPU: each item alone, over its valid frames
+        hop = cfg.hop_length
+        T = int(stft_frame_lengths([n], n_fft=cfg.n_fft, hop_length=hop, center=cfg.center)[0])
+        T = max(T, int(stft_frame_lengths(lens_host, n_fft=cfg.n_fft, hop_length=hop,
+                                          center=cfg.center).max()) if B else 0)  # fmt: skip
+        noise = (_normal(np, seed, x.shape) if training and cfg.dither > 0 and T > 0
+                 else None)  # fmt: skip
+        fl_host = log_mel_frame_lengths(lens_host, preset=cfg, frames=T)
+        return _log_mel.log_mel_cpu(x, lens_host, fl_host, T, cfg, noise), fl_host
+    return _log_mel_array_module(x, lens_host, cfg, training=training, seed=seed)
+
+
+def _log_mel_array_module(x, lens_host, cfg, *, training=False, seed=None):
+    """:func:`log_mel` by the array-module operators over the padded batch: a GPU's path
+    where its kernels do not cover ``cfg``, and on the CPU (float64 filter and FFT) the
+    reference the CPU path is tested against."""
+    xp = array_module(x)
     if xp is np:
         x = x.astype(np.float64)   # CPU: filter and FFT in float64 (see stft's compute_dtype)
     if training and cfg.dither > 0:
