@@ -447,3 +447,137 @@ def test_pipes_are_refused_never_read(tmp_path):
     assert written == 1 and errors == [["p.jpg", "UnsupportedFormatError"],
                                        ["p.mp4", "UnsupportedFormatError"],
                                        ["p.wav", "UnsupportedFormatError"]], out
+
+
+# --- reads that never return ---------------------------------------------------------------------
+
+_STUCK_FEED = r"""
+import gc, json, os, sys, time
+import numpy as np, soundfile as sf
+import avpipe
+d = sys.argv[1]
+os.mkfifo(os.path.join(d, "stuck.wav"))  # a "regular" file here (pipes_read_as_files)
+with open(os.path.join(d, "m.jsonl"), "w") as f:
+    for name in ["stuck.wav"] + [f"a{i}.wav" for i in range(3)] + ["stuck.wav"]:
+        if name != "stuck.wav":
+            sf.write(os.path.join(d, name), np.full(1600, 0.25, np.float32), 16000)
+        f.write(json.dumps({"audio_filepath": name, "duration": 0.1, "text": "x"}) + "\n")
+m = os.path.join(d, "m.jsonl")
+out = {}
+# the default deadline (AVPIPE_FEED_DEADLINE=1 here): each epoch skips the stuck items
+feed = avpipe.recipes.rnnt_feed(m, batch_size=2, device="cpu", training=False, shuffle=False,
+                                threads=2)
+for epoch in range(2):
+    t0 = time.monotonic()
+    n = sum(len(b.paths) for b in feed)
+    out[f"epoch{epoch}"] = [n, time.monotonic() - t0,
+                            [(os.path.basename(p), e.split(":")[0]) for p, e in feed.errors]]
+    feed.errors.clear()
+t0 = time.monotonic()
+del feed
+gc.collect()
+out["del"] = time.monotonic() - t0
+# no deadline: a feed dropped while its producer waits on a stuck item does not wait for it
+feed = avpipe.recipes.rnnt_feed(m, batch_size=2, device="cpu", training=False, shuffle=False,
+                                threads=2, deadline=None)
+it = iter(feed)
+time.sleep(0.5)  # the producer is inside the first batch, whose first item never comes
+t0 = time.monotonic()
+del it, feed
+gc.collect()
+out["del_no_deadline"] = time.monotonic() - t0
+print(json.dumps(out), flush=True)
+print(time.time(), flush=True)
+"""
+
+
+def _run_until_exit(script, args, hook, env=None, timeout=90):
+    """Run ``script``; its last line is the time it finished its work: returns (JSON of the line
+    before, seconds from that time to the process's exit)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": hook + os.pathsep + root, "AVPIPE_DISABLE_GPU": "1",
+           **(env or {})}
+    p = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                       timeout=timeout, cwd=root, env=env)
+    gone = time.time()
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.strip().splitlines()
+    return json.loads(lines[-2]), gone - float(lines[-1])
+
+
+def test_feed_item_whose_read_never_returns_costs_the_item_not_the_process(tmp_path):
+    """A "regular" file whose read never returns (a stalled network mount; here a named pipe
+    taken for a file) is skipped as a DecodeTimeoutError past the feed's default deadline,
+    each epoch; neither the next epoch, ``del feed`` (with or without a deadline) nor the
+    interpreter's exit waits for the thread stuck in it. In a subprocess: the feed and its
+    exit are what is timed."""
+    from stalls import pipes_read_as_files
+
+    d = tmp_path / "in"
+    d.mkdir()
+    out, exit_s = _run_until_exit(_STUCK_FEED, [str(d)], pipes_read_as_files(tmp_path),
+                                  env={"AVPIPE_FEED_DEADLINE": "1"})
+    for epoch in ("epoch0", "epoch1"):
+        n, seconds, errors = out[epoch]
+        assert n == 3 and errors == [["stuck.wav", "DecodeTimeoutError"]] * 2, out
+        assert seconds < 1 + 5, out
+    assert out["del"] < 1 and out["del_no_deadline"] < 1, out
+    assert exit_s < 5, (exit_s, out)
+
+
+_STUCK_EXTRACT = r"""
+import hashlib, json, os, shutil, subprocess, sys, time
+d, samples, out = sys.argv[1], sys.argv[2], sys.argv[3]
+# a "regular" file here (pipes_read_as_files); not the first video, whose wait has more time
+# (the decoders start then)
+os.mkfifo(os.path.join(d, "w_stuck.mp4"))
+shutil.copy(os.path.join(samples, "speech", "utt01.wav"), os.path.join(d, "a.wav"))
+shutil.copy(os.path.join(samples, "video", "circles_h264.mp4"), os.path.join(d, "v.mp4"))
+shutil.copy(os.path.join(samples, "images", "scene.jpg"), os.path.join(d, "i.jpg"))
+cmd = [sys.executable, "-m", "avpipe", "extract", d, "--preset", "quickstart", "--out", out,
+       "--device", "cpu"]
+res = {}
+for run in ("first", "again"):
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    files = {}
+    for root, _, names in os.walk(out):
+        for n in names:
+            f = os.path.join(root, n)
+            # the shards themselves are not rewritten; every file keeps its bytes
+            files[os.path.relpath(f, out)] = [
+                hashlib.sha256(open(f, "rb").read()).hexdigest(),
+                os.stat(f).st_mtime_ns if f.endswith(".tar") else 0]
+    errors = sorted((os.path.basename(r["source"]), r["error"]) for r in
+                    map(json.loads, open(os.path.join(out, "errors.jsonl"))))
+    res[run] = [p.returncode, time.monotonic() - t0, errors, files, p.stderr[-2000:]]
+print(json.dumps(res), flush=True)
+print(time.time(), flush=True)
+"""
+
+
+def test_extract_input_whose_read_never_returns_is_a_timeout_error(tmp_path):
+    """``avpipe extract`` over an input whose read never returns (a video): its worker is
+    replaced past ``AVPIPE_EXTRACT_FILE_TIMEOUT``, it is listed in
+    errors.jsonl as DecodeTimeoutError, the other inputs are written, the run exits 0, and a
+    rerun rewrites nothing."""
+    from stalls import pipes_read_as_files
+
+    d = tmp_path / "in"
+    d.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out, exit_s = _run_until_exit(
+        _STUCK_EXTRACT, [str(d), os.path.join(root, "samples"), str(tmp_path / "out")],
+        pipes_read_as_files(tmp_path), env={"AVPIPE_EXTRACT_FILE_TIMEOUT": "1"}, timeout=280)
+    code, seconds, errors, files, stderr = out["first"]
+    assert code == 0, stderr
+    assert errors == [["w_stuck.mp4", "DecodeTimeoutError"]], stderr
+    assert len([f for f in files if f.endswith(".tar")]) >= 1
+    code2, _, errors2, files2, stderr2 = out["again"]
+    assert code2 == 0 and errors2 == errors and files2 == files, stderr2
+    assert exit_s < 5

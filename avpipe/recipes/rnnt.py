@@ -74,7 +74,7 @@ MAX_SAMPLE = 2.0 ** 32
 
 def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=True, rank=0,
               world_size=1, training=True, preset="nemo", sample_rate=16000, device=None,
-              framework=None, on_error="skip", prefetch=2, deadline=None, threads=8,
+              framework=None, on_error="skip", prefetch=2, deadline="auto", threads=8,
               decoder="auto", signal_augment=(), feature_augment=(), bucket_window=100,
               speed_perturb=(0.85, 1.15), spec_augment=SPEC_AUGMENT):
     """A :class:`~avpipe.pipeline.feed.Feed` of log-mel batches from a NeMo manifest.
@@ -88,7 +88,11 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
     ``max_duration`` at the default 0.85 (give ``max_duration * low`` if memory must hold the
     bound after augmentation). Batch fields: ``features [B, n_mels, T]`` float32, ``feature_lengths
     [B]``, ``transcripts``, ``paths`` (absolute), ``durations`` (manifest seconds), ``ids``.
-    ``deadline``: seconds one item may take to decode (None: no limit). ``decoder``: "gpu"
+    ``deadline``: seconds one item may take to read and decode (``"auto"``: the
+    ``AVPIPE_FEED_DEADLINE`` setting, 60 s unless set; None or 0: no limit); an item past it
+    is skipped as a :class:`~avpipe.DecodeTimeoutError` naming the file, and the thread stuck
+    in it is given up (never waited for: not by the next epoch, ``close``, nor at exit).
+    ``decoder``: "gpu"
     (GPU FLAC windows; FLAC files of one sample rate, no offsets), "processes" (the loader's
     worker processes: CPU device, fixed ``batch_size``, files of one sample rate without
     offsets), "threads" (``load_audio`` in threads; "cpu" is the same) or "auto" ("gpu" when
@@ -134,7 +138,7 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
 class RnntTask(Task):
     array_fields = ("features", "feature_lengths")
 
-    def __init__(self, *, preset, training, sample_rate, seed, device, deadline=None, threads=8,
+    def __init__(self, *, preset, training, sample_rate, seed, device, deadline="auto", threads=8,
                  decoder="auto", signal_augment=(), feature_augment=(),
                  speed_perturb=None, spec_augment=None, batch_size=None):
         super().__init__()
@@ -229,9 +233,12 @@ class RnntTask(Task):
             else:
                 import os
 
+                # a batch's workers answer within the feed's deadline (then its items fail
+                # as timeouts and the workers are replaced)
                 ld = AudioBatchLoader(paths, batch_size=self.batch_size, device="cpu",
                                       decoder="cpu", transport="float32",
-                                      num_workers=min(self.threads, os.cpu_count() or 1))
+                                      num_workers=min(self.threads, os.cpu_count() or 1),
+                                      **({"timeout": self.deadline} if self.deadline else {}))
         except ValueError:
             if self.decoder in ("gpu", "processes"):
                 raise

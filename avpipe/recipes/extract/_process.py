@@ -191,6 +191,37 @@ def _probe_audio(item: Item):
         return None
 
 
+def _probe_all(items: list[Item], threads: int = 16) -> list:
+    """:func:`_probe_audio` of each item, on daemon threads nothing waits for at exit; a
+    probe without an answer within ``AVPIPE_EXTRACT_FILE_TIMEOUT`` seconds (a read that never
+    returns) is None: its input goes the one-by-one way, whose wait the engine's watchdog
+    times, and the probe's thread is left behind."""
+    from ...pipeline._threads import AbandonablePool
+
+    if not items:
+        return []
+    pool = AbandonablePool(threads, "avpipe-extract-probe")
+    try:
+        futs = [pool.submit(_probe_audio, it) for it in items]
+        limit = settings.extract_file_timeout()
+        out = []
+        for f in futs:
+            t0 = time.monotonic()
+            while True:  # a slow probe's wait starts when it starts, not when it was queued
+                try:
+                    out.append(f.result(timeout=0.1 if limit else None))
+                    break
+                except TimeoutError:
+                    if not f.running():
+                        t0 = time.monotonic()
+                    elif time.monotonic() - t0 > limit:
+                        out.append(None)
+                        break
+        return out
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
 @dataclass(frozen=True)
 class Rows:
     """A decoded signal: row ``row`` of a padded batch ``x`` (zero past ``n``), or the 1-D
@@ -270,8 +301,8 @@ class _AudioStream:
                 rest = [it for it in items if it.index not in self.route]
         if not rest:
             return
-        with timed("audio probe"), ThreadPoolExecutor(16) as ex:
-            probes = list(ex.map(_probe_audio, rest, chunksize=64))
+        with timed("audio probe"):
+            probes = _probe_all(rest)
         cap = int(settings.extract_loader_max_seconds() * self.sr)
         groups: dict[str, list] = {"other": [], "slow": []}
         for it, p in zip(rest, probes):
@@ -553,6 +584,24 @@ def _shard_results(shards, items, cfg, dev, batch, audio, video, image, on_resul
                 close()
 
 
+# the input the worker's main thread waits for, since when (``time.monotonic()``), and whether
+# it is the first of its kind (that wait includes its decoders' start): read by the local
+# engine's watchdog (``_engine_local``), which gives up a worker that waits on one input longer
+# than ``AVPIPE_EXTRACT_FILE_TIMEOUT`` (a read that never returns)
+WAITING = {"index": None, "since": 0.0, "first": False, "kinds": set()}
+
+
+def _next_of(it, get):
+    WAITING["since"] = time.monotonic()
+    WAITING["first"] = it.kind not in WAITING["kinds"]
+    WAITING["index"] = it.index
+    try:
+        return get()
+    finally:
+        WAITING["index"] = None
+        WAITING["kinds"].add(it.kind)
+
+
 def _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit, blocked):
     for s in shards:
         results: dict[int, Result] = {}
@@ -579,7 +628,7 @@ def _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit,
                 results[it.index] = emit(Result(it, error=err, message=msg))
             elif it.kind == "audio":
                 with timed("audio decode wait"):
-                    _, sig, err = audio.next_for(it)
+                    _, sig, err = _next_of(it, lambda it=it: audio.next_for(it))
                 if err is not None:
                     results[it.index] = emit(_fail(it, err))
                 else:
@@ -587,11 +636,11 @@ def _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit,
                     if len(pending) >= batch:
                         flush(pending, launched, results)
             elif it.kind == "video":
-                r = next(video)
+                r = _next_of(it, lambda: next(video))
                 assert r.item.index == it.index
                 results[it.index] = emit(r)
             else:
-                r = next(image)
+                r = _next_of(it, lambda: next(image))
                 assert r.item.index == it.index
                 results[it.index] = emit(r)
         if pending:
