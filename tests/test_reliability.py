@@ -581,3 +581,56 @@ def test_extract_input_whose_read_never_returns_is_a_timeout_error(tmp_path):
     code2, _, errors2, files2, stderr2 = out["again"]
     assert code2 == 0 and errors2 == errors and files2 == files, stderr2
     assert exit_s < 5
+
+
+_STUCK_VIDEO_FEED = r"""
+import gc, json, os, shutil, sys, time
+import avpipe
+d, samples = sys.argv[1], sys.argv[2]
+os.mkfifo(os.path.join(d, "stuck.mp4"))  # a "regular" file here (pipes_read_as_files)
+with open(os.path.join(d, "list.csv"), "w") as f:
+    f.write("path,label\n")
+    for i in range(3):
+        shutil.copy(os.path.join(samples, "video", "circles_h264.mp4"),
+                    os.path.join(d, f"v{i}.mp4"))
+        f.write(f"v{i}.mp4,{i % 2}\n")
+    f.write("stuck.mp4,1\n")
+with avpipe.VideoDecoder(os.path.join(d, "v0.mp4"), device="cpu") as dec:
+    dec.get_frames([0, 1])  # the decoders' first use (imports, libraries): not an item's time
+feed = avpipe.recipes.video_classification(os.path.join(d, "list.csv"), clip_length=2,
+                                           stride=1, crop_size=32, batch_size=2, device="cpu",
+                                           threads=2, dtype="float32")
+out = {}
+for epoch in range(2):
+    t0 = time.monotonic()
+    n = sum(len(b.paths) for b in feed)
+    out[f"epoch{epoch}"] = [n, time.monotonic() - t0,
+                            [(os.path.basename(p), e.split(":")[0]) for p, e in feed.errors]]
+    feed.errors.clear()
+t0 = time.monotonic()
+del feed
+gc.collect()
+out["del"] = time.monotonic() - t0
+print(json.dumps(out), flush=True)
+print(time.time(), flush=True)
+"""
+
+
+def test_video_feed_item_whose_read_never_returns_costs_the_item_not_the_process(tmp_path):
+    """The video feed, as the RNN-T feed above: the stuck video is a DecodeTimeoutError past
+    the default deadline in each epoch, and nothing waits for its threads (the decoding
+    thread, the scan-ahead process reading its sample tables) at ``del feed`` or exit."""
+    from stalls import pipes_read_as_files
+
+    d = tmp_path / "in"
+    d.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out, exit_s = _run_until_exit(_STUCK_VIDEO_FEED, [str(d), os.path.join(root, "samples")],
+                                  pipes_read_as_files(tmp_path),
+                                  env={"AVPIPE_FEED_DEADLINE": "2"})
+    for epoch in ("epoch0", "epoch1"):
+        n, seconds, errors = out[epoch]
+        assert n == 3 and errors == [["stuck.mp4", "DecodeTimeoutError"]], out
+        assert seconds < 2 + 5, out
+    assert out["del"] < 1, out
+    assert exit_s < 5, (exit_s, out)
