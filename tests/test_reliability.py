@@ -634,3 +634,73 @@ def test_video_feed_item_whose_read_never_returns_costs_the_item_not_the_process
         assert seconds < 2 + 5, out
     assert out["del"] < 1, out
     assert exit_s < 5, (exit_s, out)
+
+
+def test_feed_deadline_option_and_setting(monkeypatch, tmp_path):
+    """``deadline="auto"`` (the recipes' default) is ``AVPIPE_FEED_DEADLINE`` (60 s unset; 0:
+    no limit); a number is used as given, None or 0 turn it off, anything else is a
+    ValueError naming the option and the value."""
+    from avpipe import settings
+    from avpipe.pipeline.feed import resolve_deadline
+
+    monkeypatch.delenv("AVPIPE_FEED_DEADLINE", raising=False)
+    assert resolve_deadline("auto") == settings.FEED_DEADLINE_S == 60.0
+    monkeypatch.setenv("AVPIPE_FEED_DEADLINE", "2.5")
+    assert resolve_deadline("auto") == 2.5
+    monkeypatch.setenv("AVPIPE_FEED_DEADLINE", "0")
+    assert resolve_deadline("auto") is None
+    assert resolve_deadline(None) is None and resolve_deadline(0) is None
+    assert resolve_deadline(3) == 3.0
+    for bad in (-1, "soon", True):
+        with pytest.raises(ValueError, match="deadline") as ei:
+            resolve_deadline(bad)
+        assert repr(bad) in str(ei.value) or str(bad) in str(ei.value)
+    monkeypatch.setenv("AVPIPE_FEED_DEADLINE", "later")
+    with pytest.raises(ValueError, match="AVPIPE_FEED_DEADLINE"):
+        resolve_deadline("auto")
+    monkeypatch.setenv("AVPIPE_FEED_DEADLINE", "7")
+    sf.write(tmp_path / "a.wav", np.zeros(160, np.float32), SR)
+    (tmp_path / "m.jsonl").write_text('{"audio_filepath": "a.wav", "duration": 0.01}\n')
+    feed = avpipe.recipes.rnnt_feed(tmp_path / "m.jsonl", batch_size=1, device="cpu")
+    assert feed.task.deadline == 7.0
+    feed = avpipe.recipes.rnnt_feed(tmp_path / "m.jsonl", batch_size=1, device="cpu",
+                                    deadline=None)
+    assert feed.task.deadline is None
+
+
+def test_abandonable_pool_threads_are_not_joined_and_end_when_dropped():
+    """The feeds' decoding threads: daemon threads outside concurrent.futures' exit join;
+    a pool shut down or dropped lets its idle threads end; a call running when the pool is
+    shut down is not waited for."""
+    import concurrent.futures.thread as cft
+    import gc
+    import threading
+    import time
+
+    from avpipe.pipeline._threads import AbandonablePool
+
+    pool = AbandonablePool(2, "t")
+    release = threading.Event()
+    stuck = pool.submit(release.wait)
+    assert pool.submit(lambda: 5).result(timeout=10) == 5
+    ts = pool.threads
+    assert all(t.daemon for t in ts) and not set(ts) & set(cft._threads_queues)
+    queued = [pool.submit(time.sleep, 0) for _ in range(3)]
+    t0 = time.monotonic()
+    pool.shutdown(wait=True, cancel_futures=True)
+    assert time.monotonic() - t0 < 1 and not stuck.done()
+    assert all(f.cancelled() or f.done() for f in queued)
+    with pytest.raises(RuntimeError):
+        pool.submit(lambda: 1)
+    release.set()
+    for t in ts:
+        t.join(timeout=10)
+        assert not t.is_alive()
+    pool = AbandonablePool(2, "t")
+    assert pool.submit(lambda: 1).result(timeout=10) == 1
+    ts = pool.threads
+    del pool
+    gc.collect()
+    for t in ts:
+        t.join(timeout=10)
+        assert not t.is_alive()
