@@ -79,3 +79,14 @@ def pipes_read_as_files(tmp_path) -> str:
     hook.mkdir(exist_ok=True)
     (hook / "sitecustomize.py").write_text(_PIPES_ARE_FILES)
     return str(hook)
+
+
+def treat_pipes_as_files() -> None:
+    """In this process, from now on: avpipe takes named pipes for regular files (the
+    ``sitecustomize`` of :func:`pipes_read_as_files`, applied here; later imports included)."""
+    import avpipe.recipes  # noqa: F401 - the modules that bind the checks
+    import avpipe.recipes.extract  # noqa: F401
+
+    ns: dict = {}
+    exec(_PIPES_ARE_FILES, ns)
+    ns["_patch"]()
