@@ -555,7 +555,9 @@ for run in ("first", "again"):
                 os.stat(f).st_mtime_ns if f.endswith(".tar") else 0]
     errors = sorted((os.path.basename(r["source"]), r["error"]) for r in
                     map(json.loads, open(os.path.join(out, "errors.jsonl"))))
-    res[run] = [p.returncode, time.monotonic() - t0, errors, files, p.stderr[-2000:]]
+    status = sorted((r["source"], r["status"]) for r in
+                    map(json.loads, open(os.path.join(out, "index.jsonl"))))
+    res[run] = [p.returncode, time.monotonic() - t0, errors, files, p.stderr[-2000:], status]
 print(json.dumps(res), flush=True)
 print(time.time(), flush=True)
 """
@@ -574,11 +576,13 @@ def test_extract_input_whose_read_never_returns_is_a_timeout_error(tmp_path):
     out, exit_s = _run_until_exit(
         _STUCK_EXTRACT, [str(d), os.path.join(root, "samples"), str(tmp_path / "out")],
         pipes_read_as_files(tmp_path), env={"AVPIPE_EXTRACT_FILE_TIMEOUT": "1"}, timeout=280)
-    code, seconds, errors, files, stderr = out["first"]
+    code, seconds, errors, files, stderr, status = out["first"]
     assert code == 0, stderr
     assert errors == [["w_stuck.mp4", "DecodeTimeoutError"]], stderr
+    assert status == [["a.wav", "ok"], ["i.jpg", "ok"], ["v.mp4", "ok"],
+                      ["w_stuck.mp4", "error"]], status
     assert len([f for f in files if f.endswith(".tar")]) >= 1
-    code2, _, errors2, files2, stderr2 = out["again"]
+    code2, _, errors2, files2, stderr2, _ = out["again"]
     assert code2 == 0 and errors2 == errors and files2 == files, stderr2
     assert exit_s < 5
 

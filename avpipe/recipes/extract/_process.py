@@ -587,7 +587,10 @@ def _shard_results(shards, items, cfg, dev, batch, audio, video, image, on_resul
 # the input the worker's main thread waits for, since when (``time.monotonic()``), and whether
 # it is the first of its kind (that wait includes its decoders' start): read by the local
 # engine's watchdog (``_engine_local``), which gives up a worker that waits on one input longer
-# than ``AVPIPE_EXTRACT_FILE_TIMEOUT`` (a read that never returns)
+# than ``AVPIPE_EXTRACT_FILE_TIMEOUT`` (a read that never returns). Set where the wait is for
+# that input alone: videos and audio decoded one by one (a batch loader's or the image
+# stream's wait is for a batch, and blaming its first file would be wrong; the audio loaders
+# time out their batches themselves)
 WAITING = {"index": None, "since": 0.0, "first": False, "kinds": set()}
 
 
@@ -628,7 +631,10 @@ def _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit,
                 results[it.index] = emit(Result(it, error=err, message=msg))
             elif it.kind == "audio":
                 with timed("audio decode wait"):
-                    _, sig, err = _next_of(it, lambda it=it: audio.next_for(it))
+                    if audio.route.get(it.index) == "slow":  # one file at a time: watched
+                        _, sig, err = _next_of(it, lambda it=it: audio.next_for(it))
+                    else:  # a batch loader: its own timeout fails the batch's late files
+                        _, sig, err = audio.next_for(it)
                 if err is not None:
                     results[it.index] = emit(_fail(it, err))
                 else:
@@ -639,8 +645,8 @@ def _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit,
                 r = _next_of(it, lambda: next(video))
                 assert r.item.index == it.index
                 results[it.index] = emit(r)
-            else:
-                r = _next_of(it, lambda: next(image))
+            else:  # decoded a batch at a time: a wait is not one file's (not watched)
+                r = next(image)
                 assert r.item.index == it.index
                 results[it.index] = emit(r)
         if pending:
