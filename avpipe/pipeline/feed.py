@@ -23,6 +23,14 @@ longest <= max_duration``); the first one that does not fit ends the refill (the
 shorter). ``on_error="raise"`` raises the item's error. Exact resume assumes an item that failed
 fails again (a missing or corrupt file does; a deadline missed under load may not).
 
+Deadline: an item still decoding ``deadline`` seconds after a thread started it (the recipes'
+default ``"auto"``: ``AVPIPE_FEED_DEADLINE``, 60 s; None or 0: no limit) fails as a
+:class:`~avpipe.DecodeTimeoutError` naming the file: a read that never returns (a stalled
+network mount, a device file with a media name) costs that item and the thread stuck in it.
+The decoding threads are daemon threads that nothing joins (:mod:`._threads`): the stuck one is
+replaced, and neither the rest of the epoch, the next epoch, ``close()``, a dropped feed nor
+the interpreter's exit waits for it (a producer told to stop stops waiting for its items).
+
 Resume: ``feed.state_dict()`` holds the position as ``(epoch, step)`` in one global order -
 ``consumed = step * world_size * batch_size`` items of the epoch's permutation (fixed batch
 size; with ``max_duration``, ``step * world_size`` global batches) - plus ``borrowed``, the
