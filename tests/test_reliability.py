@@ -486,6 +486,13 @@ t0 = time.monotonic()
 del it, feed
 gc.collect()
 out["del_no_deadline"] = time.monotonic() - t0
+# the worker processes' decoder: the same (its loader's header pass gets no answer: threads)
+feed = avpipe.recipes.rnnt_feed(m, batch_size=2, device="cpu", training=False, shuffle=False,
+                                threads=2, decoder="processes")
+t0 = time.monotonic()
+n = sum(len(b.paths) for b in feed)
+out["processes"] = [n, time.monotonic() - t0,
+                    [(os.path.basename(p), e.split(":")[0]) for p, e in feed.errors]]
 print(json.dumps(out), flush=True)
 print(time.time(), flush=True)
 """
@@ -527,6 +534,9 @@ def test_feed_item_whose_read_never_returns_costs_the_item_not_the_process(tmp_p
         assert n == 3 and errors == [["stuck.wav", "DecodeTimeoutError"]] * 2, out
         assert seconds < 1 + 5, out
     assert out["del"] < 1 and out["del_no_deadline"] < 1, out
+    n, seconds, errors = out["processes"]
+    assert n == 3 and errors == [["stuck.wav", "DecodeTimeoutError"]] * 2, out
+    assert seconds < 2 * (1 + 5), out  # the header pass's wait, then the item's deadline
     assert exit_s < 5, (exit_s, out)
 
 

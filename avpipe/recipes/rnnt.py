@@ -47,6 +47,8 @@ exact.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .._source import is_regular_file, open_source
@@ -57,6 +59,7 @@ from ..formats import is_flac
 from ..ops import audio_augment as _aug
 from ..ops import random as _rnd
 from ..ops.audio import _resolve_preset, log_mel, log_mel_frame_lengths, resample
+from ..pipeline._shared_memory import WorkerLost
 from ..pipeline.audio_loader import AudioBatchLoader
 from ..pipeline.feed import Feed, Task
 from ..pipeline.sources import read_manifest
@@ -243,6 +246,12 @@ class RnntTask(Task):
             if self.decoder in ("gpu", "processes"):
                 raise
             return None  # several sample rates: the threads' path resamples
+        except WorkerLost as e:
+            # its pass over the files' headers got no answer in time (a read that never
+            # returns): the threads decode the feed, each item within the deadline
+            warnings.warn(f"the audio loader could not read the files' headers ({e}); "
+                          "decoding with threads instead", RuntimeWarning, stacklevel=2)
+            return None
         self._row = {p: k for k, p in enumerate(paths)}
         return ld
 
