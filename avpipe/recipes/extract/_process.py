@@ -32,6 +32,7 @@ from ...device import download, to_numpy
 from ...formats import is_flac
 from ...ops import audio as audio_ops
 from ...ops import image as image_ops
+from ...pipeline._threads import AbandonablePool
 from ...pipeline.audio_loader import AudioBatchLoader
 from ...pipeline.image_stream import decode_image_stream
 from ...pipeline.samplers import clip_indices_regular, uniform_indices
@@ -196,8 +197,6 @@ def _probe_all(items: list[Item], threads: int = 16) -> list:
     probe without an answer within ``AVPIPE_EXTRACT_FILE_TIMEOUT`` seconds (a read that never
     returns) is None: its input goes the one-by-one way, whose wait the engine's watchdog
     times, and the probe's thread is left behind."""
-    from ...pipeline._threads import AbandonablePool
-
     if not items:
         return []
     pool = AbandonablePool(threads, "avpipe-extract-probe")
