@@ -462,6 +462,9 @@ with open(os.path.join(d, "m.jsonl"), "w") as f:
         if name != "stuck.wav":
             sf.write(os.path.join(d, name), np.full(1600, 0.25, np.float32), 16000)
         f.write(json.dumps({"audio_filepath": name, "duration": 0.1, "text": "x"}) + "\n")
+    # a part of it (the decoder reads the file itself)
+    f.write(json.dumps({"audio_filepath": "stuck.wav", "offset": 0.01, "duration": 0.05,
+                        "text": "x"}) + "\n")
 m = os.path.join(d, "m.jsonl")
 out = {}
 # the default deadline (AVPIPE_FEED_DEADLINE=1 here): each epoch skips the stuck items
@@ -487,8 +490,11 @@ del it, feed
 gc.collect()
 out["del_no_deadline"] = time.monotonic() - t0
 # the worker processes' decoder: the same (its loader's header pass gets no answer: threads)
-feed = avpipe.recipes.rnnt_feed(m, batch_size=2, device="cpu", training=False, shuffle=False,
-                                threads=2, decoder="processes")
+whole = os.path.join(d, "whole.jsonl")  # no offsets (this decoder takes none)
+with open(whole, "w") as f:
+    f.writelines(line for line in open(m) if "offset" not in line)
+feed = avpipe.recipes.rnnt_feed(whole, batch_size=2, device="cpu", training=False,
+                                shuffle=False, threads=2, decoder="processes")
 t0 = time.monotonic()
 n = sum(len(b.paths) for b in feed)
 out["processes"] = [n, time.monotonic() - t0,
@@ -531,7 +537,7 @@ def test_feed_item_whose_read_never_returns_costs_the_item_not_the_process(tmp_p
                                   env={"AVPIPE_FEED_DEADLINE": "1"})
     for epoch in ("epoch0", "epoch1"):
         n, seconds, errors = out[epoch]
-        assert n == 3 and errors == [["stuck.wav", "DecodeTimeoutError"]] * 2, out
+        assert n == 3 and errors == [["stuck.wav", "DecodeTimeoutError"]] * 3, out
         assert seconds < 1 + 5, out
     assert out["del"] < 1 and out["del_no_deadline"] < 1, out
     n, seconds, errors = out["processes"]
@@ -718,3 +724,40 @@ def test_abandonable_pool_threads_are_not_joined_and_end_when_dropped():
     for t in ts:
         t.join(timeout=10)
         assert not t.is_alive()
+
+
+def test_extract_audio_probe_gives_up_a_read_that_never_returns(tmp_path, monkeypatch):
+    """Extraction reads every audio file's header before routing it: a header read that never
+    returns gives no probe after ``AVPIPE_EXTRACT_FILE_TIMEOUT`` (the file goes the one-by-one
+    way, whose wait the worker's watchdog times) instead of holding the worker's set-up, and
+    the other files' probes are not held behind it (soundfile opens files under one lock)."""
+    import threading
+    import time
+
+    from avpipe.recipes.extract._inputs import Item
+    from avpipe.recipes.extract._process import _probe_all
+
+    good = tmp_path / "a.wav"
+    sf.write(good, np.zeros(800, np.float32), SR)
+    stuck = tmp_path / "stuck.wav"
+    os.mkfifo(stuck)  # libsndfile's open blocks until a writer comes
+    monkeypatch.setenv("AVPIPE_EXTRACT_FILE_TIMEOUT", "1")
+    items = [Item(index=i, path=str(p), kind="audio", source=p.name, fields={})
+             for i, p in enumerate((stuck, good, good))]  # the stuck one starts first
+    got = []
+    t = threading.Thread(target=lambda: got.append(_probe_all(items)), daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(timeout=20)
+    try:
+        assert got and time.monotonic() - t0 < 10
+        assert got[0] == [None, (800, SR, "PCM_16", 1), (800, SR, "PCM_16", 1)], got
+    finally:  # let the abandoned read end: a writer comes, the pipe goes (the probe's next
+        # open, soundfile's, then fails at once instead of blocking under soundfile's lock)
+        fd = os.open(stuck, os.O_WRONLY | os.O_NONBLOCK)
+        os.unlink(stuck)
+        os.close(fd)
+        for th in threading.enumerate():
+            if th.name.startswith("avpipe-extract-probe"):
+                th.join(timeout=10)
+                assert not th.is_alive()

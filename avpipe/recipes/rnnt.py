@@ -180,6 +180,12 @@ class RnntTask(Task):
                 src = f.read()
             if self.timings is not None:
                 self.timings("read", time.perf_counter() - t0)
+        else:
+            # a part of the file, read by the decoder; its first byte read here first: a read
+            # that never returns then blocks this thread alone (soundfile opens every file
+            # under one process-wide lock: a stuck open there would stop every item's decode)
+            with open(item.path, "rb") as f:
+                f.read(1)
         try:
             a = load_audio(src, sample_rate=self.sample_rate, offset=item.offset,
                            duration=item.duration if item.duration else None)

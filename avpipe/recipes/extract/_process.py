@@ -176,11 +176,24 @@ def _ordered_map(fn, items, threads: int) -> Iterator:
                 pending.append(ex.submit(fn, nxt))
 
 
+def _first_byte(path) -> None:
+    """Read ``path``'s first byte in Python before a library opens it: a read that never
+    returns then blocks here, in this thread alone. soundfile opens every file under one
+    process-wide lock, so a stuck ``sf_open`` of a path would stop every other audio open of
+    the worker. Errors are left to the decoder."""
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError:
+        pass
+
+
 def _probe_audio(item: Item):
     """``(frames, sample rate, subtype, channels)`` or None. FLAC: its STREAMINFO (one small
     read)."""
     import soundfile as sf
 
+    _first_byte(item.path)
     if is_flac(item.path):
         h = flac_header_info(item.path)
         if h is not None and h[2] == 1:
@@ -364,6 +377,7 @@ class _AudioStream:
     def _load_one(self, it: Item):
         f = it.fields
         try:
+            _first_byte(it.path)  # a read that never returns stops here, not in soundfile
             offset = float(f.get("offset", 0.0) or 0.0)
             duration = f.get("duration") if "offset" in f else None
             with self.dev.activate():
