@@ -91,7 +91,8 @@ from ..ops import random as _rnd
 from . import _order
 from ._threads import ProcessThreads
 
-__all__ = ["Feed", "Task", "Batch", "dataset_class", "map_with_deadline", "resolve_deadline"]  # + FeedDataset (lazy)
+# + FeedDataset (lazy)
+__all__ = ["Feed", "Task", "Batch", "dataset_class", "map_with_deadline", "resolve_deadline"]
 
 _STAGES = ("read", "decode", "gpu", "wait", "step")
 
