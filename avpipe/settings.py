@@ -29,6 +29,10 @@ variable                        default meaning
                                         MB written (>= 0; 0: only the fsync at the shard's end)
 ``AVPIPE_EXTRACT_PROFILE``      off     ``avpipe extract`` prints a time breakdown per stage
 ``AVPIPE_EXTRACT_LOADER_MAX_SECONDS`` 60 audio longer than this is decoded alone, not batched
+``AVPIPE_FEED_DEADLINE``        60      seconds one item of a feed may take to read and decode (>= 0; 0: no
+                                        limit); a feed's ``deadline="auto"`` (its default)
+``AVPIPE_EXTRACT_FILE_TIMEOUT`` 60      seconds ``avpipe extract`` waits on one input before it gives
+                                        the input up as a timeout error (>= 0; 0: no limit)
 ``AVPIPE_NATIVE_STDERR``        off     let native decoders (nvImageCodec, libtiff, OpenCV) write to
                                         stderr (off: their lines go into the error's message)
 ``AVPIPE_STORAGE_RETRIES``      5       retries of a remote read or write that failed transiently
@@ -74,6 +78,10 @@ __all__ = [
     "cache_dir",
     "max_image_pixels",
     "image_isolation",
+    "feed_deadline",
+    "extract_file_timeout",
+    "FEED_DEADLINE_S",
+    "EXTRACT_FILE_TIMEOUT_S",
     "VARIABLES",
 ]
 
@@ -272,6 +280,24 @@ def image_isolation() -> str:
     return v
 
 
+FEED_DEADLINE_S = 60.0
+EXTRACT_FILE_TIMEOUT_S = 60.0
+
+
+def feed_deadline() -> float | None:
+    """``AVPIPE_FEED_DEADLINE``: a feed's default per-item deadline in seconds (None: 0, no
+    limit). An item past it is skipped as a ``DecodeTimeoutError`` and its thread given up."""
+    x = env_float("AVPIPE_FEED_DEADLINE", FEED_DEADLINE_S, lo=0.0, hi=1e9)
+    return x or None
+
+
+def extract_file_timeout() -> float | None:
+    """``AVPIPE_EXTRACT_FILE_TIMEOUT``: seconds ``avpipe extract`` waits on one input (None:
+    0, no limit); then the worker process is replaced and the input listed as a timeout."""
+    x = env_float("AVPIPE_EXTRACT_FILE_TIMEOUT", EXTRACT_FILE_TIMEOUT_S, lo=0.0, hi=1e9)
+    return x or None
+
+
 # name -> the function that reads it (the README's table lists the same)
 VARIABLES = {
     "AVPIPE_DISABLE_GPU": disable_gpu,
@@ -294,4 +320,6 @@ VARIABLES = {
     "AVPIPE_CACHE_DIR": cache_dir,
     "AVPIPE_MAX_IMAGE_PIXELS": max_image_pixels,
     "AVPIPE_IMAGE_ISOLATION": image_isolation,
+    "AVPIPE_FEED_DEADLINE": feed_deadline,
+    "AVPIPE_EXTRACT_FILE_TIMEOUT": extract_file_timeout,
 }

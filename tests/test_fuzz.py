@@ -160,3 +160,25 @@ def test_run_units_budget_records_what_it_did_not_reach(small_corpus, tmp_path):
     assert len(harness.failures(records)) == n
     with open(tmp_path / "records.jsonl") as f:
         assert len([json.loads(line) for line in f]) == len(records)
+
+
+def test_fuzz_feed_blocking_reads(small_corpus, tmp_path):
+    """The damage kind "blocking reads" (a file whose read never returns) through the feeds
+    that can abandon a read: each such case is skipped as a DecodeTimeoutError within the
+    feed's deadline (a handled timeout, not a hang), the clean files around it decode, and the
+    worker serves its next unit."""
+    root, info = small_corpus
+    seeds = info["seeds"]
+    blocking = corpus.blocking_cases(tmp_path / "blocking")
+    backends = {b: k for b, k in harness.FEED_CPU_BACKENDS.items()
+                if b.split("_feed")[0] in harness.BLOCKING_FEEDS}
+    units = harness.make_units(blocking, backends, seeds)
+    units += units  # the same worker again after a stuck read
+    exits = []
+    records = harness.run_units(units, workers=1, case_timeout=30, log_dir=str(tmp_path),
+                                progress=False, exits=exits)
+    _check(records)
+    assert exits == [True]  # the stuck threads did not hold the worker's exit
+    got = [r for r in records if r["damage"] == "blocking_read"]
+    assert len(got) == 4 and all(r["outcome"] == "skipped" and "DecodeTimeoutError" in r["info"]
+                                 for r in got), got

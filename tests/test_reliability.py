@@ -549,3 +549,315 @@ def test_ogg_with_a_bad_crc_page_is_an_error(tmp_path):
         avpipe.load_audio(q)
     a = avpipe.load_audio(q, on_damage="warn")
     assert a.damaged and a.num_samples < 6 * SR
+# --- reads that never return ---------------------------------------------------------------------
+
+_STUCK_FEED = r"""
+import gc, json, os, sys, time
+import numpy as np, soundfile as sf
+import avpipe
+d = sys.argv[1]
+os.mkfifo(os.path.join(d, "stuck.wav"))  # a "regular" file here (pipes_read_as_files)
+with open(os.path.join(d, "m.jsonl"), "w") as f:
+    for name in ["stuck.wav"] + [f"a{i}.wav" for i in range(3)] + ["stuck.wav"]:
+        if name != "stuck.wav":
+            sf.write(os.path.join(d, name), np.full(1600, 0.25, np.float32), 16000)
+        f.write(json.dumps({"audio_filepath": name, "duration": 0.1, "text": "x"}) + "\n")
+    # a part of it (the decoder reads the file itself)
+    f.write(json.dumps({"audio_filepath": "stuck.wav", "offset": 0.01, "duration": 0.05,
+                        "text": "x"}) + "\n")
+m = os.path.join(d, "m.jsonl")
+out = {}
+# the default deadline (AVPIPE_FEED_DEADLINE=1 here): each epoch skips the stuck items
+feed = avpipe.recipes.rnnt_feed(m, batch_size=2, device="cpu", training=False, shuffle=False,
+                                threads=2)
+for epoch in range(2):
+    t0 = time.monotonic()
+    n = sum(len(b.paths) for b in feed)
+    out[f"epoch{epoch}"] = [n, time.monotonic() - t0,
+                            [(os.path.basename(p), e.split(":")[0]) for p, e in feed.errors]]
+    feed.errors.clear()
+t0 = time.monotonic()
+del feed
+gc.collect()
+out["del"] = time.monotonic() - t0
+# no deadline: a feed dropped while its producer waits on a stuck item does not wait for it
+feed = avpipe.recipes.rnnt_feed(m, batch_size=2, device="cpu", training=False, shuffle=False,
+                                threads=2, deadline=None)
+it = iter(feed)
+time.sleep(0.5)  # the producer is inside the first batch, whose first item never comes
+t0 = time.monotonic()
+del it, feed
+gc.collect()
+out["del_no_deadline"] = time.monotonic() - t0
+# the worker processes' decoder: the same (its loader's header pass gets no answer: threads)
+whole = os.path.join(d, "whole.jsonl")  # no offsets (this decoder takes none)
+with open(whole, "w") as f:
+    f.writelines(line for line in open(m) if "offset" not in line)
+feed = avpipe.recipes.rnnt_feed(whole, batch_size=2, device="cpu", training=False,
+                                shuffle=False, threads=2, decoder="processes")
+t0 = time.monotonic()
+n = sum(len(b.paths) for b in feed)
+out["processes"] = [n, time.monotonic() - t0,
+                    [(os.path.basename(p), e.split(":")[0]) for p, e in feed.errors]]
+print(json.dumps(out), flush=True)
+print(time.time(), flush=True)
+"""
+
+
+def _run_until_exit(script, args, hook, env=None, timeout=90):
+    """Run ``script``; its last line is the time it finished its work: returns (JSON of the line
+    before, seconds from that time to the process's exit)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": hook + os.pathsep + root, "AVPIPE_DISABLE_GPU": "1",
+           **(env or {})}
+    p = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                       timeout=timeout, cwd=root, env=env)
+    gone = time.time()
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.strip().splitlines()
+    return json.loads(lines[-2]), gone - float(lines[-1])
+
+
+def test_feed_item_whose_read_never_returns_costs_the_item_not_the_process(tmp_path):
+    """A "regular" file whose read never returns (a stalled network mount; here a named pipe
+    taken for a file) is skipped as a DecodeTimeoutError past the feed's default deadline,
+    each epoch; neither the next epoch, ``del feed`` (with or without a deadline) nor the
+    interpreter's exit waits for the thread stuck in it. In a subprocess: the feed and its
+    exit are what is timed."""
+    from stalls import pipes_read_as_files
+
+    d = tmp_path / "in"
+    d.mkdir()
+    out, exit_s = _run_until_exit(_STUCK_FEED, [str(d)], pipes_read_as_files(tmp_path),
+                                  env={"AVPIPE_FEED_DEADLINE": "1"})
+    for epoch in ("epoch0", "epoch1"):
+        n, seconds, errors = out[epoch]
+        assert n == 3 and errors == [["stuck.wav", "DecodeTimeoutError"]] * 3, out
+        assert seconds < 1 + 5, out
+    assert out["del"] < 1 and out["del_no_deadline"] < 1, out
+    n, seconds, errors = out["processes"]
+    assert n == 3 and errors == [["stuck.wav", "DecodeTimeoutError"]] * 2, out
+    assert seconds < 2 * (1 + 5), out  # the header pass's wait, then the item's deadline
+    assert exit_s < 5, (exit_s, out)
+
+
+_STUCK_EXTRACT = r"""
+import hashlib, json, os, shutil, subprocess, sys, time
+d, samples, out = sys.argv[1], sys.argv[2], sys.argv[3]
+# a "regular" file here (pipes_read_as_files); not the first video, whose wait has more time
+# (the decoders start then)
+os.mkfifo(os.path.join(d, "w_stuck.mp4"))
+shutil.copy(os.path.join(samples, "speech", "utt01.wav"), os.path.join(d, "a.wav"))
+shutil.copy(os.path.join(samples, "video", "circles_h264.mp4"), os.path.join(d, "v.mp4"))
+shutil.copy(os.path.join(samples, "images", "scene.jpg"), os.path.join(d, "i.jpg"))
+cmd = [sys.executable, "-m", "avpipe", "extract", d, "--preset", "quickstart", "--out", out,
+       "--device", "cpu"]
+res = {}
+for run in ("first", "again"):
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    files = {}
+    for root, _, names in os.walk(out):
+        for n in names:
+            f = os.path.join(root, n)
+            # the shards themselves are not rewritten; every file keeps its bytes
+            files[os.path.relpath(f, out)] = [
+                hashlib.sha256(open(f, "rb").read()).hexdigest(),
+                os.stat(f).st_mtime_ns if f.endswith(".tar") else 0]
+    errors = sorted((os.path.basename(r["source"]), r["error"]) for r in
+                    map(json.loads, open(os.path.join(out, "errors.jsonl"))))
+    status = sorted((r["source"], r["status"]) for r in
+                    map(json.loads, open(os.path.join(out, "index.jsonl"))))
+    res[run] = [p.returncode, time.monotonic() - t0, errors, files, p.stderr[-2000:], status]
+print(json.dumps(res), flush=True)
+print(time.time(), flush=True)
+"""
+
+
+def test_extract_input_whose_read_never_returns_is_a_timeout_error(tmp_path):
+    """``avpipe extract`` over an input whose read never returns (a video): its worker is
+    replaced past ``AVPIPE_EXTRACT_FILE_TIMEOUT``, it is listed in
+    errors.jsonl as DecodeTimeoutError, the other inputs are written, the run exits 0, and a
+    rerun rewrites nothing."""
+    from stalls import pipes_read_as_files
+
+    d = tmp_path / "in"
+    d.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out, exit_s = _run_until_exit(
+        _STUCK_EXTRACT, [str(d), os.path.join(root, "samples"), str(tmp_path / "out")],
+        pipes_read_as_files(tmp_path), env={"AVPIPE_EXTRACT_FILE_TIMEOUT": "1"}, timeout=280)
+    code, seconds, errors, files, stderr, status = out["first"]
+    assert code == 0, stderr
+    assert errors == [["w_stuck.mp4", "DecodeTimeoutError"]], stderr
+    assert status == [["a.wav", "ok"], ["i.jpg", "ok"], ["v.mp4", "ok"],
+                      ["w_stuck.mp4", "error"]], status
+    assert len([f for f in files if f.endswith(".tar")]) >= 1
+    code2, _, errors2, files2, stderr2, _ = out["again"]
+    assert code2 == 0 and errors2 == errors and files2 == files, stderr2
+    assert exit_s < 5
+
+
+_STUCK_VIDEO_FEED = r"""
+import gc, json, os, shutil, sys, time
+import avpipe
+d, samples = sys.argv[1], sys.argv[2]
+os.mkfifo(os.path.join(d, "stuck.mp4"))  # a "regular" file here (pipes_read_as_files)
+with open(os.path.join(d, "list.csv"), "w") as f:
+    f.write("path,label\n")
+    for i in range(3):
+        shutil.copy(os.path.join(samples, "video", "circles_h264.mp4"),
+                    os.path.join(d, f"v{i}.mp4"))
+        f.write(f"v{i}.mp4,{i % 2}\n")
+    f.write("stuck.mp4,1\n")
+with avpipe.VideoDecoder(os.path.join(d, "v0.mp4"), device="cpu") as dec:
+    dec.get_frames([0, 1])  # the decoders' first use (imports, libraries): not an item's time
+feed = avpipe.recipes.video_classification(os.path.join(d, "list.csv"), clip_length=2,
+                                           stride=1, crop_size=32, batch_size=2, device="cpu",
+                                           threads=2, dtype="float32")
+out = {}
+for epoch in range(2):
+    t0 = time.monotonic()
+    n = sum(len(b.paths) for b in feed)
+    out[f"epoch{epoch}"] = [n, time.monotonic() - t0,
+                            [(os.path.basename(p), e.split(":")[0]) for p, e in feed.errors]]
+    feed.errors.clear()
+t0 = time.monotonic()
+del feed
+gc.collect()
+out["del"] = time.monotonic() - t0
+print(json.dumps(out), flush=True)
+print(time.time(), flush=True)
+"""
+
+
+def test_video_feed_item_whose_read_never_returns_costs_the_item_not_the_process(tmp_path):
+    """The video feed, as the RNN-T feed above: the stuck video is a DecodeTimeoutError past
+    the default deadline in each epoch, and nothing waits for its threads (the decoding
+    thread, the scan-ahead process reading its sample tables) at ``del feed`` or exit."""
+    from stalls import pipes_read_as_files
+
+    d = tmp_path / "in"
+    d.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out, exit_s = _run_until_exit(_STUCK_VIDEO_FEED, [str(d), os.path.join(root, "samples")],
+                                  pipes_read_as_files(tmp_path),
+                                  env={"AVPIPE_FEED_DEADLINE": "2"})
+    for epoch in ("epoch0", "epoch1"):
+        n, seconds, errors = out[epoch]
+        assert n == 3 and errors == [["stuck.mp4", "DecodeTimeoutError"]], out
+        assert seconds < 2 + 5, out
+    assert out["del"] < 1, out
+    assert exit_s < 5, (exit_s, out)
+
+
+def test_feed_deadline_option_and_setting(monkeypatch, tmp_path):
+    """``deadline="auto"`` (the recipes' default) is ``AVPIPE_FEED_DEADLINE`` (60 s unset; 0:
+    no limit); a number is used as given, None or 0 turn it off, anything else is a
+    ValueError naming the option and the value."""
+    from avpipe import settings
+    from avpipe.pipeline.feed import resolve_deadline
+
+    monkeypatch.delenv("AVPIPE_FEED_DEADLINE", raising=False)
+    assert resolve_deadline("auto") == settings.FEED_DEADLINE_S == 60.0
+    monkeypatch.setenv("AVPIPE_FEED_DEADLINE", "2.5")
+    assert resolve_deadline("auto") == 2.5
+    monkeypatch.setenv("AVPIPE_FEED_DEADLINE", "0")
+    assert resolve_deadline("auto") is None
+    assert resolve_deadline(None) is None and resolve_deadline(0) is None
+    assert resolve_deadline(3) == 3.0
+    for bad in (-1, "soon", True):
+        with pytest.raises(ValueError, match="deadline") as ei:
+            resolve_deadline(bad)
+        assert repr(bad) in str(ei.value) or str(bad) in str(ei.value)
+    monkeypatch.setenv("AVPIPE_FEED_DEADLINE", "later")
+    with pytest.raises(ValueError, match="AVPIPE_FEED_DEADLINE"):
+        resolve_deadline("auto")
+    monkeypatch.setenv("AVPIPE_FEED_DEADLINE", "7")
+    sf.write(tmp_path / "a.wav", np.zeros(160, np.float32), SR)
+    (tmp_path / "m.jsonl").write_text('{"audio_filepath": "a.wav", "duration": 0.01}\n')
+    feed = avpipe.recipes.rnnt_feed(tmp_path / "m.jsonl", batch_size=1, device="cpu")
+    assert feed.task.deadline == 7.0
+    feed = avpipe.recipes.rnnt_feed(tmp_path / "m.jsonl", batch_size=1, device="cpu",
+                                    deadline=None)
+    assert feed.task.deadline is None
+
+
+def test_abandonable_pool_threads_are_not_joined_and_end_when_dropped():
+    """The feeds' decoding threads: daemon threads outside concurrent.futures' exit join;
+    a pool shut down or dropped lets its idle threads end; a call running when the pool is
+    shut down is not waited for."""
+    import concurrent.futures.thread as cft
+    import gc
+    import threading
+    import time
+
+    from avpipe.pipeline._threads import AbandonablePool
+
+    pool = AbandonablePool(2, "t")
+    release = threading.Event()
+    stuck = pool.submit(release.wait)
+    assert pool.submit(lambda: 5).result(timeout=10) == 5
+    ts = pool.threads
+    assert all(t.daemon for t in ts) and not set(ts) & set(cft._threads_queues)
+    queued = [pool.submit(time.sleep, 0) for _ in range(3)]
+    t0 = time.monotonic()
+    pool.shutdown(wait=True, cancel_futures=True)
+    assert time.monotonic() - t0 < 1 and not stuck.done()
+    assert all(f.cancelled() or f.done() for f in queued)
+    with pytest.raises(RuntimeError):
+        pool.submit(lambda: 1)
+    release.set()
+    for t in ts:
+        t.join(timeout=10)
+        assert not t.is_alive()
+    pool = AbandonablePool(2, "t")
+    assert pool.submit(lambda: 1).result(timeout=10) == 1
+    ts = pool.threads
+    del pool
+    gc.collect()
+    for t in ts:
+        t.join(timeout=10)
+        assert not t.is_alive()
+
+
+def test_extract_audio_probe_gives_up_a_read_that_never_returns(tmp_path, monkeypatch):
+    """Extraction reads every audio file's header before routing it: a header read that never
+    returns gives no probe after ``AVPIPE_EXTRACT_FILE_TIMEOUT`` (the file goes the one-by-one
+    way, whose wait the worker's watchdog times) instead of holding the worker's set-up, and
+    the other files' probes are not held behind it (soundfile opens files under one lock)."""
+    import threading
+    import time
+
+    from avpipe.recipes.extract._inputs import Item
+    from avpipe.recipes.extract._process import _probe_all
+
+    good = tmp_path / "a.wav"
+    sf.write(good, np.zeros(800, np.float32), SR)
+    stuck = tmp_path / "stuck.wav"
+    os.mkfifo(stuck)  # libsndfile's open blocks until a writer comes
+    monkeypatch.setenv("AVPIPE_EXTRACT_FILE_TIMEOUT", "1")
+    items = [Item(index=i, path=str(p), kind="audio", source=p.name, fields={})
+             for i, p in enumerate((stuck, good, good))]  # the stuck one starts first
+    got = []
+    t = threading.Thread(target=lambda: got.append(_probe_all(items)), daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(timeout=20)
+    try:
+        assert got and time.monotonic() - t0 < 10
+        assert got[0] == [None, (800, SR, "PCM_16", 1), (800, SR, "PCM_16", 1)], got
+    finally:  # let the abandoned read end: a writer comes, the pipe goes (the probe's next
+        # open, soundfile's, then fails at once instead of blocking under soundfile's lock)
+        fd = os.open(stuck, os.O_WRONLY | os.O_NONBLOCK)
+        os.unlink(stuck)
+        os.close(fd)
+        for th in threading.enumerate():
+            if th.name.startswith("avpipe-extract-probe"):
+                th.join(timeout=10)
+                assert not th.is_alive()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import weakref
 
 from ..decoding.video._scan import is_scan_cached, remember_scan, scan_mp4_file
 from ._shared_memory import WorkerPool, can_start_processes
@@ -50,6 +51,7 @@ class ScanAhead:
         self.taken = self.missed = 0  # scans used / opens that scanned themselves
         if int(workers) > 0 and can_start_processes():
             self._pool = WorkerPool(int(workers), answer_s=30.0, name="avpipe-scan-ahead")
+            _close_at_exit(self)
 
     @property
     def active(self) -> bool:
@@ -108,6 +110,33 @@ class ScanAhead:
             self._futs.clear()
         if pool is not None:
             pool.close()
+
+
+# Scan-ahead pools still open when the interpreter exits are closed before concurrent.futures
+# joins its executors' threads (a ``threading._register_atexit`` hook, which runs before
+# those joins: they are called in reverse order of registration): a pool's thread waiting for
+# the scan of a file whose read never returns would otherwise hold the exit for the pool's
+# ``answer_s``. Closing it kills the worker process, which ends that wait.
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_EXIT_HOOK: list = []
+
+
+def _close_at_exit(scan: ScanAhead) -> None:
+    _LIVE.add(scan)
+    if not _EXIT_HOOK:
+        _EXIT_HOOK.append(True)
+        try:
+            threading._register_atexit(_close_live)
+        except (AttributeError, RuntimeError):  # no such hook, or the interpreter is exiting
+            pass
+
+
+def _close_live() -> None:
+    for scan in list(_LIVE):
+        try:
+            scan.close()
+        except Exception:  # noqa: BLE001 - interpreter exit: the next one still closes
+            pass
 
 
 def lookahead(groups, depth: int, on_seen):

@@ -23,6 +23,14 @@ longest <= max_duration``); the first one that does not fit ends the refill (the
 shorter). ``on_error="raise"`` raises the item's error. Exact resume assumes an item that failed
 fails again (a missing or corrupt file does; a deadline missed under load may not).
 
+Deadline: an item still decoding ``deadline`` seconds after a thread started it (the recipes'
+default ``"auto"``: ``AVPIPE_FEED_DEADLINE``, 60 s; None or 0: no limit) fails as a
+:class:`~avpipe.DecodeTimeoutError` naming the file: a read that never returns (a stalled
+network mount, a device file with a media name) costs that item and the thread stuck in it.
+The decoding threads are daemon threads that nothing joins (:mod:`._threads`): the stuck one is
+replaced, and neither the rest of the epoch, the next epoch, ``close()``, a dropped feed nor
+the interpreter's exit waits for it (a producer told to stop stops waiting for its items).
+
 Resume: ``feed.state_dict()`` holds the position as ``(epoch, step)`` in one global order -
 ``consumed = step * world_size * batch_size`` items of the epoch's permutation (fixed batch
 size; with ``max_duration``, ``step * world_size`` global batches) - plus ``borrowed``, the
@@ -83,7 +91,8 @@ from ..ops import random as _rnd
 from . import _order
 from ._threads import ProcessThreads
 
-__all__ = ["Feed", "Task", "Batch", "dataset_class", "map_with_deadline"]  # + FeedDataset (lazy)
+# + FeedDataset (lazy)
+__all__ = ["Feed", "Task", "Batch", "dataset_class", "map_with_deadline", "resolve_deadline"]
 
 _STAGES = ("read", "decode", "gpu", "wait", "step")
 
@@ -124,8 +133,19 @@ class Task:
     """
 
     array_fields: tuple = ()
-    deadline: float | None = None
     threads: int = 8
+    _deadline: float | None = None
+
+    @property
+    def deadline(self) -> float | None:
+        """Seconds one item may take on a decoding thread (None: no limit); set from a
+        recipe's ``deadline`` option through :func:`resolve_deadline` (``"auto"``: the
+        ``AVPIPE_FEED_DEADLINE`` setting)."""
+        return self._deadline
+
+    @deadline.setter
+    def deadline(self, value) -> None:
+        self._deadline = resolve_deadline(value)
 
     def __init__(self):
         self._pool = None
@@ -213,6 +233,34 @@ class Task:
             self._pool = None
 
 
+def resolve_deadline(deadline) -> float | None:
+    """A feed's ``deadline`` option in seconds: ``"auto"`` is the ``AVPIPE_FEED_DEADLINE``
+    setting (default :data:`avpipe.settings.FEED_DEADLINE_S`); None or 0: no limit."""
+    from .. import settings
+
+    if isinstance(deadline, str) and deadline == "auto":
+        return settings.feed_deadline()
+    if deadline is None or (not isinstance(deadline, bool)
+                            and isinstance(deadline, (int, float)) and deadline == 0):
+        return None
+    return pos_float("deadline", deadline, " of seconds, 'auto', or None / 0 for no limit")
+
+
+# the stop event of the producer running on this thread (set around its decoding calls):
+# _collect stops waiting for its items once the producer is told to stop
+_producing = threading.local()
+
+
+@contextlib.contextmanager
+def _stopping(event):
+    before = getattr(_producing, "stop", None)
+    _producing.stop = event
+    try:
+        yield
+    finally:
+        _producing.stop = before
+
+
 def _drawn(table, fn, *args):
     """``fn(*args)`` with the random words of ``table`` at hand (``Task.ahead``)."""
     with _rnd.drawn_from(table):
@@ -253,17 +301,27 @@ def _collect(works, deadline):
     started it) becomes a :class:`~avpipe.DecodeTimeoutError`. Its thread is left to finish in
     the background and the threads it belongs to are given up (``ProcessThreads.retire``):
     later work goes to fresh threads, and work queued behind it is submitted to them again, so
-    stuck decodes never take the feed's threads one by one until nothing runs."""
+    stuck decodes never take the feed's threads one by one until nothing runs. A producer
+    told to stop (the feed closed or collected, the iterator dropped, interpreter exit) stops
+    waiting at once: what is not done becomes a :class:`~avpipe.DecodeTimeoutError` too (the
+    batch is never handed out) and queued work is cancelled."""
     out = [None] * len(works)
     started = {}
     t_first, t_last = None, None
     pending = set(range(len(works)))
+    stop = getattr(_producing, "stop", None)
 
     def fut(i):
         w = works[i]
         return w.fut if isinstance(w, _Work) else w[0]
 
     while pending:
+        if stop is not None and stop.is_set():
+            for i in pending:
+                fut(i).cancel()
+                out[i] = DecodeTimeoutError(_name(works[i].pair if isinstance(works[i], _Work)
+                                                  else works[i][1]), "the feed stopped")
+            break
         for i in list(pending):
             w = works[i]
             f = fut(i)
@@ -287,7 +345,8 @@ def _collect(works, deadline):
             elif isinstance(w, _Work):
                 w.requeue()
         if pending:
-            cf.wait([fut(i) for i in pending], timeout=0.05 if deadline else None,
+            cf.wait([fut(i) for i in pending],
+                    timeout=0.05 if deadline or stop is not None else None,
                     return_when=cf.FIRST_COMPLETED)
     return out, (None if t_first is None else t_last - t_first)
 
@@ -815,7 +874,8 @@ def _batches(feed, pos, shared):
         for s in range(pos["step"], steps):
             if shared.stop.is_set():
                 return
-            with _on(dev, stream):  # GPU decoders' work goes on the producer stream
+            # GPU decoders' work goes on the producer stream
+            with _on(dev, stream), _stopping(shared.stop):
                 group_vals = next(decoded)
             # the group was pulled before later replacements were taken: keep its live prefix
             planned = live(s)
@@ -844,7 +904,7 @@ def _batches(feed, pos, shared):
                     cand.append((int(flat[j]), items[int(flat[j])]))
                 if not cand:
                     break
-                with _on(dev, stream):
+                with _on(dev, stream), _stopping(shared.stop):
                     vals = task.decode_items(cand)
                 for (i, _), v in zip(cand, vals):
                     if isinstance(v, BaseException):

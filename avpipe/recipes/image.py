@@ -40,7 +40,7 @@ __all__ = ["image_classification", "ImageTask"]
 def image_classification(source, *, crop_size=224, resize_size=256, batch_size=32, train=True,
                          seed=0, shuffle=None, rank=0, world_size=1, device=None,
                          framework=None, on_error="skip", scale=(0.08, 1.0),
-                         ratio=(3 / 4, 4 / 3), dtype="float16", prefetch=2, deadline=None,
+                         ratio=(3 / 4, 4 / 3), dtype="float16", prefetch=2, deadline="auto",
                          root=None, max_pixels=None):
     """A :class:`~avpipe.pipeline.feed.Feed` of images. ``source``: a folder of class folders,
     a ``.csv`` file (``path,label``), a text file of paths, or a list of ``(path, label)``.
@@ -79,7 +79,7 @@ class ImageTask(Task):
 
     def __init__(self, *, labels, crop_size, resize_size, train, seed, device,
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), dtype="float16",
-                 mean=IMAGENET_MEAN, std=IMAGENET_STD, deadline=None, max_pixels=None):
+                 mean=IMAGENET_MEAN, std=IMAGENET_STD, deadline="auto", max_pixels=None):
         super().__init__()
         self.labels = list(labels)
         self.S, self.R = int(crop_size), int(resize_size)

@@ -59,6 +59,7 @@ from ..formats import is_flac
 from ..ops import audio_augment as _aug
 from ..ops import random as _rnd
 from ..ops.audio import _resolve_preset, log_mel, log_mel_frame_lengths, resample
+from ..pipeline._shared_memory import WorkerLost
 from ..pipeline.audio_loader import AudioBatchLoader
 from ..pipeline.feed import Feed, Task
 from ..pipeline.sources import read_manifest
@@ -76,7 +77,7 @@ MAX_SAMPLE = 2.0 ** 32
 
 def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=True, rank=0,
               world_size=1, training=True, preset="nemo", sample_rate=16000, device=None,
-              framework=None, on_error="skip", prefetch=2, deadline=None, threads=8,
+              framework=None, on_error="skip", prefetch=2, deadline="auto", threads=8,
               decoder="auto", signal_augment=(), feature_augment=(), bucket_window=100,
               speed_perturb=(0.85, 1.15), spec_augment=SPEC_AUGMENT, root=None,
               on_damage="error"):
@@ -91,7 +92,11 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
     ``max_duration`` at the default 0.85 (give ``max_duration * low`` if memory must hold the
     bound after augmentation). Batch fields: ``features [B, n_mels, T]`` float32, ``feature_lengths
     [B]``, ``transcripts``, ``paths`` (absolute), ``durations`` (manifest seconds), ``ids``.
-    ``deadline``: seconds one item may take to decode (None: no limit). ``decoder``: "gpu"
+    ``deadline``: seconds one item may take to read and decode (``"auto"``: the
+    ``AVPIPE_FEED_DEADLINE`` setting, 60 s unless set; None or 0: no limit); an item past it
+    is skipped as a :class:`~avpipe.DecodeTimeoutError` naming the file, and the thread stuck
+    in it is given up (never waited for: not by the next epoch, ``close``, nor at exit).
+    ``decoder``: "gpu"
     (GPU FLAC windows; FLAC files of one sample rate, no offsets), "processes" (the loader's
     worker processes: CPU device, fixed ``batch_size``, files of one sample rate without
     offsets), "threads" (``load_audio`` in threads; "cpu" is the same) or "auto" ("gpu" when
@@ -151,7 +156,7 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
 class RnntTask(Task):
     array_fields = ("features", "feature_lengths")
 
-    def __init__(self, *, preset, training, sample_rate, seed, device, deadline=None, threads=8,
+    def __init__(self, *, preset, training, sample_rate, seed, device, deadline="auto", threads=8,
                  decoder="auto", signal_augment=(), feature_augment=(),
                  speed_perturb=None, spec_augment=None, batch_size=None, on_damage="error"):
         super().__init__()
@@ -188,6 +193,11 @@ class RnntTask(Task):
         # the decoder reads the parts of the file the item's span needs (the "read" stage of
         # stats(): the time in those reads), never the whole of a longer file
         f = TimedFile(item.path)
+        # its first byte is read here, outside the decoder: a read that never returns then blocks
+        # this thread alone (soundfile opens every file under one process-wide lock: a stuck
+        # open there would stop every item's decode)
+        f.read(1)
+        f.seek(0)
         try:
             a = load_audio(f, sample_rate=self.sample_rate, offset=item.offset,
                            duration=item.duration if item.duration else None,
@@ -265,15 +275,24 @@ class RnntTask(Task):
             else:
                 import os
 
+                # a batch's workers answer within the feed's deadline (then its items fail
+                # as timeouts and the workers are replaced)
                 ld = AudioBatchLoader(paths, batch_size=self.batch_size, device="cpu",
                                       decoder="cpu", transport="float32",
                                       num_workers=min(self.threads, os.cpu_count() or 1),
                                       on_damage=self.on_damage,
-                                      read_seconds=[need[p] for p in paths])
+                                      read_seconds=[need[p] for p in paths],
+                                      **({"timeout": self.deadline} if self.deadline else {}))
         except ValueError:
             if self.decoder in ("gpu", "processes"):
                 raise
             return None  # several sample rates: the threads' path resamples
+        except WorkerLost as e:
+            # its pass over the files' headers got no answer in time (a read that never
+            # returns): the threads decode the feed, each item within the deadline
+            warnings.warn(f"the audio loader could not read the files' headers ({e}); "
+                          "decoding with threads instead", RuntimeWarning, stacklevel=2)
+            return None
         if kind == "gpu" and self.decoder == "auto" and ld.sample_rate:
             # the GPU decodes whole files: one much longer than its items need (a long
             # recording cut by the manifest) goes to the threads, which read just the span

@@ -76,7 +76,7 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
                          train=True, seed=0, shuffle=None, rank=0, world_size=1, device=None,
                          framework=None, on_error="skip", num_clips=4, num_crops=3,
                          scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3), dtype="float16",
-                         prefetch=2, deadline=None, threads=None, color_jitter=None,
+                         prefetch=2, deadline="auto", threads=None, color_jitter=None,
                          grayscale_p=0.0, temporal_jitter=0, index=None, root=None):
     """A :class:`~avpipe.pipeline.feed.Feed` of video clips (module docstring).
     ``shuffle=None``: shuffle when training. ``feed.classes``: the sorted label names.
@@ -139,7 +139,7 @@ class VideoTask(Task):
 
     def __init__(self, *, labels, clip_length, stride, crop_size, train, seed, device,
                  num_clips=4, num_crops=3, scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3),
-                 dtype="float16", mean=IMAGENET_MEAN, std=IMAGENET_STD, deadline=None,
+                 dtype="float16", mean=IMAGENET_MEAN, std=IMAGENET_STD, deadline="auto",
                  threads=8, color_jitter=None, grayscale_p=0.0, temporal_jitter=0,
                  index=None):
         super().__init__()

@@ -734,6 +734,26 @@ def generate(out, *, per_format: int = 200, seed: int = 0, families=None) -> lis
     return cases
 
 
+def blocking_cases(out, families=("wav", "h264_mp4")) -> list[dict]:
+    """``blocking_read`` cases: per family a named pipe with its extension, under ``out``.
+    Nothing writes to them, so a read never returns (as on a stalled network mount); the fuzz
+    worker running them takes pipes for regular files (``harness.BLOCKING_FEEDS`` feeds only:
+    a decoder called directly would block its caller for good)."""
+    out = os.fspath(out)
+    cases = []
+    for fam in families:
+        kind, ext = FAMILIES[fam]
+        folder = os.path.join(out, fam)
+        os.makedirs(folder, exist_ok=True)
+        cid = f"{fam}-blocking"
+        path = os.path.join(folder, f"{cid}-blocking_read{ext}")
+        if not os.path.exists(path):
+            os.mkfifo(path)
+        cases.append(dict(id=cid, family=fam, kind=kind, path=path, damage="blocking_read",
+                          detail="a named pipe nothing writes to", expect="bad"))
+    return cases
+
+
 def load(out) -> dict:
     with open(os.path.join(os.fspath(out), "cases.json")) as f:
         return json.load(f)

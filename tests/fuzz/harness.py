@@ -236,11 +236,54 @@ FEED_SETTINGS = {
 GOOD_EVERY = 3  # a clean seed listed after every GOOD_EVERY damaged files
 
 
+# A feed unit holding a ``blocking_read`` case (:func:`corpus.blocking_cases`: a named pipe with
+# a media name, which the worker takes for a regular file: its read never returns, as on a
+# stalled network mount) runs its feed with this per-item deadline. The case is handled when it
+# comes back ``skipped`` with a DecodeTimeoutError in ``feed.errors`` well within the case
+# timeout, and the worker goes on with its next unit (the stuck thread is left behind).
+BLOCKING_DEADLINE_S = 2.0
+# feeds whose reads can be abandoned (the image feed's DALI reader cannot: not given these)
+BLOCKING_FEEDS = ("rnnt", "video")
+
+
+def _pipes_as_files():
+    """In this worker: avpipe takes named pipes for regular files (tests/stalls.py)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from stalls import treat_pipes_as_files
+
+    treat_pipes_as_files()
+
+
+def _warm_up(kind, seeds):
+    """Decode the clean seeds once in this worker: a decoder's first use (libraries loaded,
+    codecs set up: a second or more on a busy machine) is not charged to a feed item's short
+    deadline."""
+    import avpipe
+
+    for p in seeds:
+        try:
+            if kind == "video":
+                with avpipe.VideoDecoder(p, device="cpu") as dec:
+                    dec.get_frames([0])
+            else:
+                avpipe.load_audio(p)
+        except Exception:  # noqa: BLE001 - the feed reports it
+            pass
+
+
 def _duration(path):
     """Seconds for the manifest: soundfile's, else PyAV's, else 0.5 (a damaged header is part
-    of the test: an absurd but positive duration stays)."""
+    of the test: an absurd but positive duration stays). A pipe is not read (0.5)."""
     import math
+    import stat
 
+    try:
+        if stat.S_ISFIFO(os.stat(path).st_mode):
+            return 0.5
+    except OSError:
+        pass
     d = None
     try:
         import soundfile as sf
@@ -315,11 +358,11 @@ def _feed_kind(backend):
     return backend.split("_feed")[0]
 
 
-def _make_feed(backend, listing, device):
+def _make_feed(backend, listing, device, **extra):
     from avpipe import recipes
 
     kind = _feed_kind(backend)
-    st = FEED_SETTINGS[kind]
+    st = {**FEED_SETTINGS[kind], **extra}
     if kind == "rnnt":
         return recipes.rnnt_feed(listing, device=device, shuffle=False, **st)
     if kind == "video":
@@ -377,8 +420,15 @@ def run_feed_unit(backend, cases, goods):
     entries = _listing(cases, goods)
     folder = tempfile.mkdtemp(prefix="avpipe-fuzz-feed-")
     feed = None
+    extra = {}
+    if any(c.get("damage") == "blocking_read" for c in cases):
+        if kind not in BLOCKING_FEEDS:
+            raise ValueError(f"blocking_read cases are for the {BLOCKING_FEEDS} feeds only")
+        _pipes_as_files()
+        _warm_up(kind, [goods[f] for f in sorted({c["family"] for c in cases}) if goods.get(f)])
+        extra["deadline"] = BLOCKING_DEADLINE_S
     try:
-        feed = _make_feed(backend, _write_list(kind, entries, folder), dev)
+        feed = _make_feed(backend, _write_list(kind, entries, folder), dev, **extra)
         in_batch, nonfinite, zero_len = {}, set(), set()
         for b in feed:
             bad = _check_batch(kind, b, st)
@@ -450,6 +500,9 @@ def run_feed_unit(backend, cases, goods):
                  {"outcome": "good_failed", "error": f"the clean file ({n} items): {o}: {text}"})
         elif o in FAILING:
             r = {"outcome": o, "error": text}
+        elif c.get("damage") == "blocking_read" and not (
+                o == "skipped" and text.startswith("DecodeTimeoutError")):
+            r = {"outcome": "hang", "error": f"a read that never returns gave {o}: {text}"}
         else:
             r = {"outcome": o, "damaged": None, "info": text}
             o2, why = refusal_rule(c, o, text)
@@ -514,6 +567,8 @@ def _worker(conn, log_path, dali_threads=None):
 
 # --- the scheduler ----------------------------------------------------------------------------
 
+EXIT_S = 5.0  # a worker told to end exits within this, else it is killed
+
 
 class _Slot:
     def __init__(self, ctx, log_dir, k, dali_threads=None):
@@ -562,13 +617,15 @@ def good_case(family, seeds, kind):
 
 
 def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=True,
-              budget_s=None):
+              budget_s=None, exits=None):
     """Run the units; returns one record per (backend, case) run.
 
     ``budget_s``: wall seconds for the whole run; past it the workers are killed and every case
     not yet recorded gets the failing outcome ``not_run`` (a run that cannot finish says so,
     and which cases it did not reach, instead of blocking its caller). ``log_dir`` also gets
-    ``records.jsonl``, one line per record as it is made (what a killed run had reached)."""
+    ``records.jsonl``, one line per record as it is made (what a killed run had reached).
+    ``exits``: a list that gets, per worker at the end, whether it exited by itself within
+    ``EXIT_S`` of being told to (a thread left stuck in a read must not hold its exit)."""
     ctx = mp.get_context("spawn")
     workers = max(1, int(workers or os.cpu_count() or 1))
     dali_threads = max(1, (os.cpu_count() or 1) // workers)  # the cores shared among workers
@@ -737,7 +794,9 @@ def run_units(units, *, workers=None, case_timeout=30.0, log_dir=None, progress=
             s.parent.send(None)
         except OSError:
             pass
-        s.proc.join(2)
+        s.proc.join(EXIT_S)
+        if exits is not None:
+            exits.append(not s.proc.is_alive())
         if s.proc.is_alive():
             s.kill()
     if over_budget:  # every case not recorded: not run within the budget

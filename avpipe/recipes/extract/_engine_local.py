@@ -22,7 +22,16 @@ from ... import settings
 from ...device import resolve_device
 from ...pipeline._flac_windows import drop_readers_ahead, start_readers_ahead
 from ._inputs import Item
-from ._process import Result, Shard, iter_shards, mark, profile_report, profiling, timed
+from ._process import (
+    WAITING,
+    Result,
+    Shard,
+    iter_shards,
+    mark,
+    profile_report,
+    profiling,
+    timed,
+)
 from ._writers import read_part, write_shard
 
 # shards are written by WRITERS threads (default 4; a shard's files are its own, so any order
@@ -203,6 +212,10 @@ _CRASHES_BEFORE_PROBING = 2
 _PROBE_AHEAD = 512
 _CRASHES_PER_SHARD = 8  # then the shard is given up (a failure; the run stays resumable)
 _MAX_RESTARTS = 64
+# the first input of each kind waits this much longer: its wait includes the decoders' start
+# (worker processes, libraries' first calls, kernels compiled on a GPU)
+_FIRST_WAIT_EXTRA_S = 60.0
+_STUCK_EXIT = 75  # a worker's exit code after its watchdog gave up an input (_watch_inputs)
 
 
 class Standby:
@@ -278,6 +291,18 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
             left = [sh for sh in group if read_part(out_dir, sh, total) is None]
             if why is None or not left:
                 continue
+            if why.startswith("stuck "):  # one input's read never returned: it is skipped
+                _, index, limit = why.split(" ")
+                index = int(index)
+                print(f"avpipe extract: no result for {items[index].path} within {limit} s "
+                      f"(a read that never returns?); it is skipped and a new worker on {dev} "
+                      f"takes the {len(left)} shard(s) left", file=sys.stderr)
+                blocked[index] = ("DecodeTimeoutError",
+                                  f"{items[index].path}: no result within {limit} s "
+                                  "(AVPIPE_EXTRACT_FILE_TIMEOUT): a read that never returned; "
+                                  "the input was skipped")
+                todo.append((dev, left))
+                continue
             if not why.startswith("signal") or restarts >= _MAX_RESTARTS:
                 failures.append(f"{dev}: {why}")
                 continue
@@ -334,6 +359,13 @@ def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, re
             continue
         if kind == "p":
             report(payload)
+        elif kind == "stuck":
+            index, limit = payload
+            why[wid] = f"stuck {index} {limit:g}"
+            p = procs[wid][2]
+            p.join(timeout=10)
+            if p.exitcode is None:
+                p.kill()
         elif kind == "error":
             why[wid] = payload.split(": ", 1)[-1]
         else:
@@ -392,6 +424,32 @@ def _child_probe(parent, device, visible, tasks, cfg, workers):
         pass
 
 
+def _watch_inputs(wid, pq, limit: float | None) -> None:
+    """Start this worker's watchdog: once its main thread has waited on one input
+    (``_process.WAITING``) for more than ``limit`` seconds (a read that never returns: a
+    stalled network mount, a device file with a media name), it tells the parent
+    (``("stuck", index)``) and ends the process, whose threads cannot be stopped otherwise;
+    the parent lists the input as a timeout and a new worker does the shards left. The first
+    input of each kind gets ``_FIRST_WAIT_EXTRA_S`` more (its decoders start meanwhile)."""
+    if not limit:
+        return
+
+    def watch():
+        while True:
+            time.sleep(min(0.25, limit / 4))
+            i, since, first = WAITING["index"], WAITING["since"], WAITING["first"]
+            allowed = limit + (_FIRST_WAIT_EXTRA_S if first else 0.0)
+            if i is None or time.monotonic() - since <= allowed or WAITING["index"] != i:
+                continue
+            pq.put((wid, "stuck", (i, limit)))
+            pq.close()
+            pq.join_thread()  # the message is in the pipe before the process ends
+            sys.stderr.flush()
+            os._exit(_STUCK_EXIT)
+
+    threading.Thread(target=watch, name="avpipe-extract-watchdog", daemon=True).start()
+
+
 def _die_with_parent(parent: int) -> None:
     """Linux: this process gets SIGKILL when its parent dies (a killed run leaves no worker
     writing behind the next one's back)."""
@@ -416,6 +474,7 @@ def _child_full(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, t
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
         device = "cuda:0"
     items = {i: Item.from_task(t) for i, t in full.items()}
+    _watch_inputs(wid, pq, settings.extract_file_timeout())
     try:
         run_worker(device, shards, items, cfg, out_dir, fmt, total, workers, duplicated,
                    lambda p: pq.put((wid, "p", p)), blocked=blocked)

@@ -34,6 +34,7 @@ from ...errors import CorruptDataError
 from ...formats import is_flac
 from ...ops import audio as audio_ops
 from ...ops import image as image_ops
+from ...pipeline._threads import AbandonablePool
 from ...pipeline.audio_loader import AudioBatchLoader
 from ...pipeline.image_stream import decode_image_stream
 from ...pipeline.samplers import clip_indices_regular, uniform_indices
@@ -177,11 +178,24 @@ def _ordered_map(fn, items, threads: int) -> Iterator:
                 pending.append(ex.submit(fn, nxt))
 
 
+def _first_byte(path) -> None:
+    """Read ``path``'s first byte in Python before a library opens it: a read that never
+    returns then blocks here, in this thread alone. soundfile opens every file under one
+    process-wide lock, so a stuck ``sf_open`` of a path would stop every other audio open of
+    the worker. Errors are left to the decoder."""
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError:
+        pass
+
+
 def _probe_audio(item: Item):
     """``(frames, sample rate, subtype, channels)`` or None. FLAC: its STREAMINFO (one small
     read)."""
     import soundfile as sf
 
+    _first_byte(item.path)
     if is_flac(item.path):
         fl = flac_length_of_path(item.path)
         if fl is not None and fl.problem:  # a count its frames contradict: load_audio's
@@ -194,6 +208,35 @@ def _probe_audio(item: Item):
         return int(i.frames), int(i.samplerate), str(i.subtype), int(i.channels)
     except Exception:
         return None
+
+
+def _probe_all(items: list[Item], threads: int = 16) -> list:
+    """:func:`_probe_audio` of each item, on daemon threads nothing waits for at exit; a
+    probe without an answer within ``AVPIPE_EXTRACT_FILE_TIMEOUT`` seconds (a read that never
+    returns) is None: its input goes the one-by-one way, whose wait the engine's watchdog
+    times, and the probe's thread is left behind."""
+    if not items:
+        return []
+    pool = AbandonablePool(threads, "avpipe-extract-probe")
+    try:
+        futs = [pool.submit(_probe_audio, it) for it in items]
+        limit = settings.extract_file_timeout()
+        out = []
+        for f in futs:
+            t0 = time.monotonic()
+            while True:  # a slow probe's wait starts when it starts, not when it was queued
+                try:
+                    out.append(f.result(timeout=0.1 if limit else None))
+                    break
+                except TimeoutError:
+                    if not f.running():
+                        t0 = time.monotonic()
+                    elif time.monotonic() - t0 > limit:
+                        out.append(None)
+                        break
+        return out
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 @dataclass(frozen=True)
@@ -280,8 +323,8 @@ class _AudioStream:
                 rest = [it for it in items if it.index not in self.route]
         if not rest:
             return
-        with timed("audio probe"), ThreadPoolExecutor(16) as ex:
-            probes = list(ex.map(_probe_audio, rest, chunksize=64))
+        with timed("audio probe"):
+            probes = _probe_all(rest)
         cap = int(settings.extract_loader_max_seconds() * self.sr)
         groups: dict[str, list] = {"other": [], "slow": []}
         for it, p in zip(rest, probes):
@@ -351,6 +394,7 @@ class _AudioStream:
     def _load_one(self, it: Item):
         f = it.fields
         try:
+            _first_byte(it.path)  # a read that never returns stops here, not in soundfile
             offset = float(f.get("offset", 0.0) or 0.0)
             duration = f.get("duration") if "offset" in f else None
             with self.dev.activate():
@@ -586,6 +630,27 @@ def _shard_results(shards, items, cfg, dev, batch, audio, video, image, on_resul
                 close()
 
 
+# the input the worker's main thread waits for, since when (``time.monotonic()``), and whether
+# it is the first of its kind (that wait includes its decoders' start): read by the local
+# engine's watchdog (``_engine_local``), which gives up a worker that waits on one input longer
+# than ``AVPIPE_EXTRACT_FILE_TIMEOUT`` (a read that never returns). Set where the wait is for
+# that input alone: videos and audio decoded one by one (a batch loader's or the image
+# stream's wait is for a batch, and blaming its first file would be wrong; the audio loaders
+# time out their batches themselves)
+WAITING = {"index": None, "since": 0.0, "first": False, "kinds": set()}
+
+
+def _next_of(it, get):
+    WAITING["since"] = time.monotonic()
+    WAITING["first"] = it.kind not in WAITING["kinds"]
+    WAITING["index"] = it.index
+    try:
+        return get()
+    finally:
+        WAITING["index"] = None
+        WAITING["kinds"].add(it.kind)
+
+
 def _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit, blocked):
     for s in shards:
         results: dict[int, Result] = {}
@@ -612,7 +677,10 @@ def _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit,
                 results[it.index] = emit(Result(it, error=err, message=msg))
             elif it.kind == "audio":
                 with timed("audio decode wait"):
-                    _, sig, err = audio.next_for(it)
+                    if audio.route.get(it.index) == "slow":  # one file at a time: watched
+                        _, sig, err = _next_of(it, lambda it=it: audio.next_for(it))
+                    else:  # a batch loader: its own timeout fails the batch's late files
+                        _, sig, err = audio.next_for(it)
                 if err is not None:
                     results[it.index] = emit(_fail(it, err))
                 else:
@@ -620,10 +688,10 @@ def _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit,
                     if len(pending) >= batch:
                         flush(pending, launched, results)
             elif it.kind == "video":
-                r = next(video)
+                r = _next_of(it, lambda: next(video))
                 assert r.item.index == it.index
                 results[it.index] = emit(r)
-            else:
+            else:  # decoded a batch at a time: a wait is not one file's (not watched)
                 r = next(image)
                 assert r.item.index == it.index
                 results[it.index] = emit(r)
