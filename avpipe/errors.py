@@ -15,6 +15,7 @@ __all__ = [
     "EmptyMediaError",
     "DecodeTimeoutError",
     "MemoryCapError",
+    "StateError",
 ]
 
 
@@ -48,3 +49,21 @@ class DecodeTimeoutError(DecodeError):
 
 class MemoryCapError(ValueError):
     """A request would need more memory than the caller's cap allows."""
+
+
+class StateError(ValueError):
+    """A feed state (``load_state_dict``) that the feed did not write, or wrote for another
+    feed: a missing or unknown field, a value of the wrong type or out of range, another
+    version, another item list (the ``items`` fingerprint), or a list of ranks' states that
+    cannot resume this rank exactly. ``.field`` names the field, ``.value`` is its value."""
+
+    def __init__(self, field: str, value, why: str):
+        self.field = field
+        self.value = value
+        self.why = why
+        shown = repr(value)
+        shown = shown if len(shown) <= 200 else shown[:200] + "..."
+        super().__init__(f"state: {field}={shown}: {why}")
+
+    def __reduce__(self):  # picklable across processes (workers)
+        return (type(self), (self.field, self.value, self.why))
