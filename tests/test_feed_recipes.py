@@ -139,13 +139,18 @@ def _bad_manifest(tmp_path):
 
 
 def test_rnnt_skip_fills_and_names_the_file(tmp_path):
-    feed = rnnt_feed(_bad_manifest(tmp_path), batch_size=3, seed=0, device="cpu")
+    feed = rnnt_feed(_bad_manifest(tmp_path), batch_size=3, seed=0, device="cpu",
+                     training=False)
     got = [b.paths for b in feed]
     assert len(got) == len(feed) == 3
     assert [len(g) for g in got][:2] == [3, 3]  # full; only the last one is short
     assert sum(len(g) for g in got) == 6
     bad = sorted(os.path.basename(p) for p, _ in feed.errors)
     assert bad == ["broken.wav", "missing.flac"]
+    # training: the planned sizes (3, 3, 2), the last filled with repeats
+    feed = rnnt_feed(_bad_manifest(tmp_path), batch_size=3, seed=0, device="cpu")
+    got = [b.paths for b in feed]
+    assert [len(g) for g in got] == [3, 3, 2] and len({p for g in got for p in g}) == 6
     with pytest.raises(Exception, match="broken.wav|missing.flac"):
         for _ in rnnt_feed(_bad_manifest(tmp_path), batch_size=3, shuffle=False, device="cpu",
                            on_error="raise"):
@@ -154,8 +159,9 @@ def test_rnnt_skip_fills_and_names_the_file(tmp_path):
 
 @pytest.mark.parametrize("training", [False, True])
 def test_rnnt_an_empty_batch_keeps_the_mel_axis(tmp_path, training):
-    """Batches whose items were all skipped are [0, n_mels, 0] (they were [0, 0, 0], which a
-    model's layer over the mel axis refuses)."""
+    """Evaluation batches whose items were all skipped are [0, n_mels, 0] (they were [0, 0, 0],
+    which a model's layer over the mel axis refuses); a training feed fills them with repeats,
+    and gives an empty one only when no item of the epoch decodes."""
     lines = _lines(MANIFEST)[:2]
     for d in lines:
         d["audio_filepath"] = os.path.join(ROOT, "speech", d["audio_filepath"])
@@ -165,8 +171,14 @@ def test_rnnt_an_empty_batch_keeps_the_mel_axis(tmp_path, training):
     p.write_text("".join(json.dumps(d) + "\n" for d in lines))
     feed = rnnt_feed(p, batch_size=2, shuffle=False, device="cpu", training=training)
     shapes = [tuple(b.features.shape) for b in feed]
-    assert shapes[0][:2] == (2, 80) and shapes[1:] == [(0, 80, 0), (0, 80, 0)]
-    assert len(feed.errors) == 4
+    if training:
+        assert [s[:2] for s in shapes] == [(2, 80)] * 3
+    else:
+        assert shapes[0][:2] == (2, 80) and shapes[1:] == [(0, 80, 0), (0, 80, 0)]
+    assert len(feed.errors) == 1  # the four lines' one file and message, once
+    p.write_text("".join(json.dumps(d) + "\n" for d in lines[2:]))  # every item bad
+    feed = rnnt_feed(p, batch_size=2, shuffle=False, device="cpu", training=training)
+    assert [tuple(b.features.shape) for b in feed] == [(0, 80, 0), (0, 80, 0)]
 
 
 @pytest.mark.parametrize("decoder", ["threads", "processes"])
@@ -201,7 +213,7 @@ def test_rnnt_skips_absurd_and_nan_samples(tmp_path, decoder):
     bad = dict((os.path.basename(p), msg) for p, msg in feed.errors)
     assert sorted(bad) == ["loud.wav", "nan.wav"]
     assert "magnitude" in bad["loud.wav"] and "NaN" in bad["nan.wav"]
-    assert sorted(os.path.basename(p) for p in seen) == sorted(
+    assert sorted({os.path.basename(p) for p in seen}) == sorted(  # (training: + repeats)
         ["scaled.wav"] + [os.path.basename(d["audio_filepath"]) for d in _lines(MANIFEST)])
 
 
@@ -586,7 +598,8 @@ def test_video_skip_bad_file(tmp_path):
     feed = video_classification(tmp_path / "l.csv", clip_length=2, crop_size=32, batch_size=2,
                                 device="cpu", seed=1)
     got = [b.paths for b in feed]
-    assert len(got) == 4 and sum(len(g) for g in got) == 6
+    assert len(got) == 4 and len({p for g in got for p in g}) == 6
+    assert all(len(g) for g in got)  # training: filled with repeats, never empty
     assert [os.path.basename(p) for p, _ in feed.errors] == ["bad.mp4"]
 
 
@@ -681,7 +694,8 @@ def test_image_skip_bad_and_missing(image_folder):
                              device="cpu", seed=4)
     got = [b.paths for b in f]
     assert len(got) == len(f) == 3
-    assert [len(g) for g in got][:2] == [3, 3] and sum(len(g) for g in got) == 6
+    assert [len(g) for g in got][:2] == [3, 3] and len({p for g in got for p in g}) == 6
+    assert all(len(g) for g in got)  # training: filled with repeats, never empty
     assert sorted(os.path.basename(p) for p, _ in f.errors) == ["broken.jpg", "empty.png"]
     pairs = [(str(image_folder / "a" / "gone.jpg"), "a")] + \
         [(p, "b") for p in sorted(str(x) for x in (image_folder / "b").iterdir())]
@@ -718,7 +732,7 @@ def test_video_eval_skips_a_bad_video_view_by_view(tmp_path):
     got = [(b.video_index.tolist(), b.view.tolist()) for b in feed]
     pairs = [(v, k) for vi, ks in got for v, k in zip(vi, ks)]
     assert sorted(pairs) == [(v, k) for v in range(2) for k in range(3)]
-    assert [os.path.basename(p) for p, _ in feed.errors] == ["bad.mp4"] * 3
+    assert [os.path.basename(p) for p, _ in feed.errors] == ["bad.mp4"]  # once, not per view
 
 
 def test_rnnt_collate_takes_the_loaders_batch_only_when_rows_are_its_rows():
