@@ -869,3 +869,36 @@ def test_evaluation_feeds_give_every_item_once_across_ranks():
         paths = [p for f in feeds for b in f for p in b.paths]
         n = len(_lines(MANIFEST))
         assert len(set(paths)) == n and (len(paths) == n) == once, (training, len(paths), n)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_video_layout_cthw_is_the_default_clips_transposed(train):
+    """layout="CTHW": clips [B, 3, T, S, S] (torchvision's / PyTorchVideo's video models),
+    the same values as the default [B, T, 3, S, S] transposed."""
+    kw = dict(clip_length=3, crop_size=32, batch_size=2, device="cpu", seed=4, train=train,
+              num_clips=1, num_crops=1)
+    ref = [b.clips for b in video_classification(LABELS, **kw)]
+    got = [b.clips for b in video_classification(LABELS, layout="CTHW", **kw)]
+    assert len(got) == len(ref) and all(r.shape[1:] == (3, 3, 32, 32) for r in ref)
+    for g, r in zip(got, ref):
+        assert g.shape == (r.shape[0], 3, 3, 32, 32) and g.flags.c_contiguous
+        np.testing.assert_array_equal(g, r.transpose(0, 2, 1, 3, 4))
+    with pytest.raises(ValueError, match=r"layout must be one of 'TCHW', 'CTHW', got 'NCHW'"):
+        video_classification(LABELS, layout="NCHW", device="cpu")
+
+
+def test_video_layout_of_an_array_module_batch_and_an_empty_batch():
+    """clips_in_layout is what the collate runs on the CPU and (cupy) on a GPU: written
+    against the array module; an empty batch keeps its axes."""
+    from avpipe.recipes.video import VideoTask, clips_in_layout
+
+    x = np.arange(2 * 4 * 3 * 5 * 5, dtype=np.float32).reshape(2, 4, 3, 5, 5)
+    assert clips_in_layout(x, "TCHW") is x
+    y = clips_in_layout(x, "CTHW")
+    assert y.shape == (2, 3, 4, 5, 5) and y.flags.c_contiguous and y[1, 2, 3, 4, 0] == \
+        x[1, 3, 2, 4, 0]
+    with pytest.raises(ValueError, match="layout"):
+        clips_in_layout(x, "THWC")
+    task = VideoTask(labels=[0], clip_length=4, stride=1, crop_size=8, train=True, seed=0,
+                     device=avpipe.device.resolve_device("cpu"), layout="CTHW")
+    assert task.collate([], [], 0, 0)["clips"].shape == (0, 3, 4, 8, 8)
