@@ -10,18 +10,38 @@ rank ``k % W``. Every rank gets the same number of batches (``len(feed)``); the 
 is in :mod:`avpipe.pipeline._order`.
 
 Errors (``on_error="skip"``): an item that fails (decode error, missing file, past the
-``deadline``) is reported in ``feed.errors`` as ``(path, message)`` and, with a fixed batch
-size, replaced by the *last not yet used item of the same rank's epoch*, not by the next one:
+``deadline``) is reported in the batch's ``errors`` and in ``feed.errors`` as ``(path,
+message)`` (``feed.errors`` lists each pair once per feed: a file that fails every epoch, or
+every view of a bad video, is listed once), and replaced by the *last not yet used item of the
+same rank's epoch*, not by the next one:
 the rank's items are its batches in order, and replacements are taken from the end of that
 sequence backwards (its last item, then the one before, ...), never from the failing batch
 itself or an earlier one, and go at the end of the batch; a replacement that fails is reported
 and replaced the same way. So ranks stay disjoint, no good item is lost, batches stay full, and
-only the rank's last batch(es) of the epoch come out shorter (or empty: every rank still gets
-``len(feed)`` batches); a batch whose rank has no unused item left after it stays short. With
-``max_duration`` the same rule applies while the replacement fits the batch's budget (``count *
-longest <= max_duration``); the first one that does not fit ends the refill (the batch is then
-shorter). ``on_error="raise"`` raises the item's error. Exact resume assumes an item that failed
-fails again (a missing or corrupt file does; a deadline missed under load may not).
+only the rank's last batch(es) of the epoch run out of unused items. With ``max_duration`` the
+same rule applies while the replacement fits the batch's budget (``count * longest <=
+max_duration``); the first one that does not fit ends the refill. Then:
+
+* training feeds (``pad="repeat"``: ``training=True`` / ``train=True``) fill the batch to its
+  planned size with *repeats*: items of the rank's epoch already handed out (its earlier
+  batches' items in order, then the replacements it borrowed), then, for a rank without enough
+  good items of its own, the epoch's other items in plan order; a candidate already in the
+  batch, failed before in this run, or (``max_duration``) not fitting the budget is passed over.
+  A training batch is therefore never empty (unless no item of the epoch decodes at all) and
+  ``len(feed)`` stays the same on every rank. The repeats depend only on the position, so a
+  resume repeats the same items (as ``DistributedSampler`` pads with the epoch's first items).
+* evaluation feeds (``pad="empty"``) never repeat: every item is in exactly one batch on one
+  rank or in the errors, and the rank's last batches come out short, or empty where fewer good
+  items are left than batches (``len(feed)`` is fixed before anything is decoded, the same on
+  every rank; rank padding, below, can give empty batches as well). An empty batch is
+  well-formed: every array field with 0 rows and its other axes (the recipes' shapes).
+
+``on_error="raise"`` raises the item's error. Exact resume assumes an item that failed fails
+again (a missing or corrupt file does; a deadline missed under load may not).
+
+Across processes: a batch made in a torch DataLoader worker carries its ``errors``; unpickled in
+the main process it records them into the feed ``torch_dataset`` was called on (the same feed
+also gets the errors of the dataset's replica iterated in the main process, ``num_workers=0``).
 
 Resume: ``feed.state_dict()`` holds the position as ``(epoch, step)`` in one global order -
 ``consumed = step * world_size * batch_size`` items of the epoch's permutation (fixed batch
@@ -38,6 +58,16 @@ such a list). Anything else - a list without this rank's state at the
 same world size, or an old rank's state missing on a world size change - raises ``ValueError``
 naming the missing rank(s) and the world size (another rank's count would make the resume
 inexact: items lost or repeated).
+
+A state names what it belongs to and is checked on load (:meth:`Feed.check_state`): its
+``version`` (:data:`STATE_VERSION`), the feed's arguments that decide the order (``n``,
+``seed``, ``shuffle``, ``mode``, ``batch_size``, ``max_duration``), ``items`` (a hash of the item
+list in order: each item's path as the manifest / list wrote it, offset, duration, label and eval
+view, :func:`items_fingerprint`), every field's type and range (against the epoch's plan:
+``step``, ``borrowed``, ``rebase``) and ``check``, a hash of the other fields. A state that
+is not one the feed wrote - another item list (reordered, changed, longer), a field edited, of
+another type, missing or added, ``None`` - raises :class:`avpipe.errors.StateError` (a
+``ValueError``) naming the field and value, and the feed is left as it was.
 
 Execution: a background thread decodes and collates batches ahead into a queue of ``prefetch``
 batches; while the queue is full it holds one more, so at most ``prefetch + 1`` collated
@@ -113,6 +143,9 @@ _STATE_KEYS = ("version", "n", "seed", "shuffle", "mode", "batch_size", "max_dur
                "epoch", "step", "borrowed", "rebase", "rank", "world_size", "consumed", "check")
 _REBASE_KEYS = ("world_size", "step", "exclude")
 _MAX_EPOCH = 1 << 32  # the order's counters hold the epoch in 32 bits
+# a state's world sizes (its own, its re-cuts'): a plan holds at least one batch per rank, so
+# an absurd one would be built before it could be refused
+MAX_STATE_WORLD_SIZE = 1 << 16
 
 
 def _item_key(it) -> str:
@@ -207,7 +240,7 @@ def _check_fields(s, fp: dict, n: int) -> None:
             what = ("the item list (paths, spans, labels or their order) differs from this "
                     "feed's" if k == "items" else f"this feed has {k}={v!r}")
             raise StateError(k, s[k], f"saved by a different feed: {what}")
-    W = _int_field(s, "world_size", 1)
+    W = _int_field(s, "world_size", 1, MAX_STATE_WORLD_SIZE + 1)
     r = _int_field(s, "rank", 0)
     if r >= W:
         raise StateError("rank", r, f"rank {r} is not a rank of world_size={W}")
@@ -222,7 +255,7 @@ def _check_fields(s, fp: dict, n: int) -> None:
         where = f"rebase[{j}]"
         if not isinstance(r, dict) or sorted(r) != sorted(_REBASE_KEYS):
             raise StateError(where, r, f"not a dict of {', '.join(_REBASE_KEYS)}")
-        _int_field(r, "world_size", 1, where=where)
+        _int_field(r, "world_size", 1, MAX_STATE_WORLD_SIZE + 1, where=where)
         _int_field(r, "step", 0, where=where)
         ex = r["exclude"]
         if not isinstance(ex, list) or not all(_is_int(i) and 0 <= i < n for i in ex) \
