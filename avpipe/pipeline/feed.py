@@ -506,10 +506,12 @@ class Feed:
     decoded ahead (a background thread; 0: decode in the consumer's thread); ``on_error``:
     ``"skip"`` or ``"raise"``; ``device`` (None: the GPU when usable); ``framework``: None
     (numpy / cupy), ``"torch"`` or ``"jax"`` (DLPack, no copies); ``classes``: label names.
-    ``errors`` starts with ``initial_errors`` (items left out up front). ``pad``: where there
-    are too few items (or batches) for every rank, ``"repeat"`` gives those ranks the epoch's
-    first items again (training), ``"empty"`` empty batches (evaluation: every item exactly
-    once across the ranks); the recipes choose by their ``training`` / ``train``.
+    ``errors`` starts with ``initial_errors`` (items left out up front) and lists each
+    ``(path, message)`` once. ``pad``: where there are too few items (or batches) for every
+    rank, ``"repeat"`` gives those ranks the epoch's first items again and fills batches short
+    of good items with repeats (training), ``"empty"`` empty batches and no repeats
+    (evaluation: every item exactly once across the ranks); the recipes choose by their
+    ``training`` / ``train``.
     """
 
     def __init__(self, items, task: Task, *, batch_size=None, max_duration=None,

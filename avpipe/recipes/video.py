@@ -35,8 +35,9 @@ items are the ``(video, view)`` pairs (video-major: ``len(file_list) * V`` items
 and resume work on the expanded list as on any other (every (video, view) pair exactly once per
 epoch across the ranks; a video that fails is skipped with all its views and listed once in
 ``feed.errors``; the batches its views would have filled come out short or, at the end of the
-epoch, empty: ``clips [0, ...]`` with the other axes kept). Per-video scores: average the logits of the rows sharing a
-``video_index`` (e.g. ``np.add.at(sums, batch.video_index, logits)``).
+epoch, empty: ``clips [0, ...]`` with the other axes kept). Per-video scores: average the
+logits of the rows sharing a ``video_index`` (e.g. ``np.add.at(sums, batch.video_index,
+logits)``).
 
 Decoding: :func:`avpipe.pipeline.clips.decode_clip` per item in a thread pool (in eval, per
 video of a batch: its views there share one open file and each clip is decoded once) (the same clip
