@@ -28,6 +28,7 @@ from .errors import (
     DecodeTimeoutError,
     EmptyMediaError,
     MemoryCapError,
+    StateError,
     UnsupportedFormatError,
 )
 
@@ -53,6 +54,7 @@ __all__ = [
     "EmptyMediaError",
     "DecodeTimeoutError",
     "MemoryCapError",
+    "StateError",
     *_LAZY,
     *sorted(_SUBMODULES),
 ]

@@ -18,6 +18,7 @@ __all__ = [
     "MemoryCapError",
     "ManifestError",
     "OutsideRootError",
+    "StateError",
 ]
 
 
@@ -104,3 +105,21 @@ def _short(value, limit: int = 60) -> str:
     except Exception:  # noqa: BLE001
         r = f"<{type(value).__name__}>"
     return r if len(r) <= limit else f"{r[: limit - 12]}...({len(r)} chars)"
+
+
+class StateError(ValueError):
+    """A feed state (``load_state_dict``) that the feed did not write, or wrote for another
+    feed: a missing or unknown field, a value of the wrong type or out of range, another
+    version, another item list (the ``items`` fingerprint), or a list of ranks' states that
+    cannot resume this rank exactly. ``.field`` names the field, ``.value`` is its value."""
+
+    def __init__(self, field: str, value, why: str):
+        self.field = field
+        self.value = value
+        self.why = why
+        shown = repr(value)
+        shown = shown if len(shown) <= 200 else shown[:200] + "..."
+        super().__init__(f"state: {field}={shown}: {why}")
+
+    def __reduce__(self):  # picklable across processes (workers)
+        return (type(self), (self.field, self.value, self.why))

@@ -130,8 +130,10 @@ def test_fewer_items_than_ranks_wraps():
 
 
 def test_skip_fills_batches_and_reports_the_file():
+    """The replacement rule (both pads); evaluation's (pad="empty") batches are left short
+    at the end, training's are filled with repeats (test_training_feed_*)."""
     bad = {3, 17, 30}
-    f = make(40, task=Synth(bad=bad), batch_size=4, seed=2)
+    f = make(40, task=Synth(bad=bad), batch_size=4, seed=2, pad="empty")
     got = epoch_ids(f)
     ids = flat(got)
     assert sorted(ids) == sorted(set(range(40)) - bad)  # all good items, once
@@ -152,16 +154,21 @@ def test_skip_fills_batches_and_reports_the_file():
 def test_skip_replaces_with_the_ranks_last_unused_item():
     """The documented rule: a failed item's replacement is the rank's last unused item of the
     epoch (from the end backwards, appended to the batch), not the next item."""
-    f = make(20, task=Synth(bad={1, 6}), shuffle=False)
+    f = make(20, task=Synth(bad={1, 6}), shuffle=False, pad="empty")
     assert epoch_ids(f) == [[0, 2, 3, 19], [4, 5, 7, 18], [8, 9, 10, 11], [12, 13, 14, 15],
                             [16, 17]]
     f = make(20, task=Synth(bad={1, 19}), shuffle=False)  # the replacement fails: the next one
     assert epoch_ids(f)[0] == [0, 2, 3, 18] and len(f.errors) == 2
-    f = make(20, task=Synth(bad={1, 2, 3, 5, 6, 7, 9}), shuffle=False)
+    f = make(20, task=Synth(bad={1, 2, 3, 5, 6, 7, 9}), shuffle=False, pad="empty")
     assert epoch_ids(f) == [[0, 19, 18, 17], [4, 16, 15, 14], [8, 10, 11, 13], [12], []]
+    # training: the same, then the short batches filled with repeats of the rank's items
+    # handed out before them, in order (known failures passed over)
+    f = make(20, task=Synth(bad={1, 2, 3, 5, 6, 7, 9}), shuffle=False)
+    assert epoch_ids(f) == [[0, 19, 18, 17], [4, 16, 15, 14], [8, 10, 11, 13],
+                            [12, 0, 4, 8], [0, 4, 8, 10]]
     # each rank from its own share's end (global batch k goes to rank k % 2)
-    got = [epoch_ids(make(24, task=Synth(bad={1, 4}), shuffle=False, rank=r, world_size=2))
-           for r in range(2)]
+    got = [epoch_ids(make(24, task=Synth(bad={1, 4}), shuffle=False, rank=r, world_size=2,
+                          pad="empty")) for r in range(2)]
     assert got == [[[0, 2, 3, 19], [8, 9, 10, 11], [16, 17, 18]],
                    [[5, 6, 7, 23], [12, 13, 14, 15], [20, 21, 22]]]
 
@@ -169,13 +176,19 @@ def test_skip_replaces_with_the_ranks_last_unused_item():
 def test_skip_with_ranks_keeps_them_disjoint():
     bad = {1, 2, 5, 8, 13, 21, 34}
     W = 3
-    feeds = [make(60, task=Synth(bad=bad), batch_size=4, rank=r, world_size=W, seed=5)
-             for r in range(W)]
-    got = [epoch_ids(f) for f in feeds]
-    assert len({len(g) for g in got}) == 1
-    allids = [i for g in got for i in flat(g)]
-    assert len(allids) == len(set(allids))
-    assert set(allids) == set(range(60)) - bad
+    for pad in ("empty", "repeat"):
+        feeds = [make(60, task=Synth(bad=bad), batch_size=4, rank=r, world_size=W, seed=5,
+                      pad=pad) for r in range(W)]
+        got = [epoch_ids(f) for f in feeds]
+        assert len({len(g) for g in got}) == 1
+        allids = [i for g in got for i in flat(g)]
+        assert set(allids) == set(range(60)) - bad
+        if pad == "empty":
+            assert len(allids) == len(set(allids))
+        else:  # training: disjoint up to the repeats that fill the ranks' last batches
+            assert all(len(b) == 4 for g in got for b in g)
+            firsts = [set(flat(g)) - set(flat(g[-2:])) for g in got]
+            assert all(not (a & b) for a in firsts for b in firsts if a is not b)
 
 
 def test_raise_raises_the_items_error():
@@ -223,20 +236,22 @@ def test_stuck_decodes_never_starve_the_feed():
     waited for the stuck calls), epoch after epoch."""
     task = _Stuck(slow={0, 1}, deadline=0.2)
     task.threads = 2
-    f = Feed(items(8), task, batch_size=2, shuffle=False, device="cpu")
+    f = Feed(items(8), task, batch_size=2, shuffle=False, device="cpu", pad="empty")
     try:
         for epoch in range(3):
             t0 = time.monotonic()
             got = sorted(int(i) for b in f for i in b.ids)
             assert time.monotonic() - t0 < 10, epoch
             assert got == list(range(2, 8)), (epoch, got)
-        assert len(f.errors) == 6 and all("deadline" in m for _, m in f.errors)
+        # each (path, message) once per feed
+        assert len(f.errors) == 2 and all("deadline" in m for _, m in f.errors)
     finally:
         task.release.set()
 
 
 def test_deadline_skips_a_slow_item():
-    f = make(8, task=Synth(slow={2}, sleep=1.5, deadline=0.2), batch_size=4, shuffle=False)
+    f = make(8, task=Synth(slow={2}, sleep=1.5, deadline=0.2), batch_size=4, shuffle=False,
+             pad="empty")
     t0 = time.perf_counter()
     got = epoch_ids(f)
     assert time.perf_counter() - t0 < 1.4
@@ -284,8 +299,8 @@ def test_resume_values_and_augmentation_identical():
 @pytest.mark.parametrize("bad", [(), (0, 7, 11, 40, 55)])
 def test_resume_across_world_size(W0, W1, bad):
     n, B, k = 61, 3, 2
-    feeds = [make(n, task=Synth(bad=bad), batch_size=B, rank=r, world_size=W0, seed=4)
-             for r in range(W0)]
+    feeds = [make(n, task=Synth(bad=bad), batch_size=B, rank=r, world_size=W0, seed=4,
+                  pad="empty") for r in range(W0)]
     seen, states = [], []
     for f in feeds:
         got, it = _take(f, k)
@@ -293,8 +308,8 @@ def test_resume_across_world_size(W0, W1, bad):
         states.append(f.state_dict())
         it.close()
     assert states[0]["consumed"] == k * W0 * B
-    new = [make(n, task=Synth(bad=bad), batch_size=B, rank=r, world_size=W1, seed=4)
-           for r in range(W1)]
+    new = [make(n, task=Synth(bad=bad), batch_size=B, rank=r, world_size=W1, seed=4,
+                pad="empty") for r in range(W1)]
     for f in new:
         f.load_state_dict(states)
     rest = [epoch_ids(f) for f in new]
@@ -303,12 +318,12 @@ def test_resume_across_world_size(W0, W1, bad):
     assert len(allids) == len(set(allids))  # nothing twice
     assert set(allids) == set(range(n)) - set(bad)  # nothing lost
     # resuming the rebased feed again is exact as well
-    g = make(n, task=Synth(bad=bad), batch_size=B, rank=0, world_size=W1, seed=4)
+    g = make(n, task=Synth(bad=bad), batch_size=B, rank=0, world_size=W1, seed=4, pad="empty")
     g.load_state_dict(states)
     got, it = _take(g, 1)
     st2 = g.state_dict()
     it.close()
-    h = make(n, task=Synth(bad=bad), batch_size=B, rank=0, world_size=W1, seed=4)
+    h = make(n, task=Synth(bad=bad), batch_size=B, rank=0, world_size=W1, seed=4, pad="empty")
     h.load_state_dict(json.loads(json.dumps(st2)))
     assert got + epoch_ids(h) == rest[0]
 
@@ -580,8 +595,9 @@ def test_no_threads_left_once_the_feed_is_gone():
     assert not extra, extra
 
 
+@pytest.mark.parametrize("pad", ["empty", "repeat"])
 @pytest.mark.parametrize("mode", ["fixed", "duration"])
-def test_random_configs_resume_exact_and_cover(mode):
+def test_random_configs_resume_exact_and_cover(mode, pad):
     """Random sizes, batch sizes, world sizes and bad items: each rank's resume is exact, a
     resume with another world size loses and repeats nothing, max_duration holds (refills
     included)."""
@@ -599,7 +615,7 @@ def test_random_configs_resume_exact_and_cover(mode):
             kw = dict(batch_size=_B) if mode == "fixed" else dict(max_duration=_md,
                                                                 durations=_durs)
             return Feed(items(_n), Synth(bad=_bad), device="cpu", world_size=W, rank=r,
-                        seed=_t, **kw)
+                        seed=_t, pad=pad, **kw)
 
         full = [epoch_ids(mk(W0, r)) for r in range(W0)]
         k = rnd.randint(0, len(full[0]))
@@ -624,7 +640,9 @@ def test_random_configs_resume_exact_and_cover(mode):
         allids = seen + [i for x in rest for i in flat(x)]
         assert set(allids) == set(range(n)) - bad
         left = n - len(seen) - len(bad & set(range(n)) - set(seen))
-        if n >= max(W0, W1) and left >= W1:  # else the documented wrap-padding
+        if pad == "repeat":  # training: no empty batch (the repeats fill them)
+            assert all(len(b) for g in full + rest for b in g)
+        elif n >= max(W0, W1) and left >= W1:  # else the documented wrap-padding
             assert len(allids) == len(set(allids)), (trial, n, B, W0, W1, k, left)
 
 
@@ -705,7 +723,7 @@ def test_errors_of_the_epoch_ahead_appear_only_when_it_is_iterated():
     time.sleep(0.3)  # the producer has run ahead into epoch 1 (its failures not reported yet)
     assert len(f.errors) == n
     epoch_ids(f)
-    assert len(f.errors) == 2 * n  # each failure once per epoch
+    assert len(f.errors) == n  # each (path, message) once per feed, not once per epoch
 
 
 # --- torch DataLoader workers ---------------------------------------------------------------

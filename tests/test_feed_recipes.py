@@ -140,13 +140,18 @@ def _bad_manifest(tmp_path):
 
 
 def test_rnnt_skip_fills_and_names_the_file(tmp_path):
-    feed = rnnt_feed(_bad_manifest(tmp_path), batch_size=3, seed=0, device="cpu")
+    feed = rnnt_feed(_bad_manifest(tmp_path), batch_size=3, seed=0, device="cpu",
+                     training=False)
     got = [b.paths for b in feed]
     assert len(got) == len(feed) == 3
     assert [len(g) for g in got][:2] == [3, 3]  # full; only the last one is short
     assert sum(len(g) for g in got) == 6
     bad = sorted(os.path.basename(p) for p, _ in feed.errors)
     assert bad == ["broken.wav", "missing.flac"]
+    # training: the planned sizes (3, 3, 2), the last filled with repeats
+    feed = rnnt_feed(_bad_manifest(tmp_path), batch_size=3, seed=0, device="cpu")
+    got = [b.paths for b in feed]
+    assert [len(g) for g in got] == [3, 3, 2] and len({p for g in got for p in g}) == 6
     with pytest.raises(Exception, match="broken.wav|missing.flac"):
         for _ in rnnt_feed(_bad_manifest(tmp_path), batch_size=3, shuffle=False, device="cpu",
                            on_error="raise"):
@@ -155,8 +160,9 @@ def test_rnnt_skip_fills_and_names_the_file(tmp_path):
 
 @pytest.mark.parametrize("training", [False, True])
 def test_rnnt_an_empty_batch_keeps_the_mel_axis(tmp_path, training):
-    """Batches whose items were all skipped are [0, n_mels, 0] (they were [0, 0, 0], which a
-    model's layer over the mel axis refuses)."""
+    """Evaluation batches whose items were all skipped are [0, n_mels, 0] (they were [0, 0, 0],
+    which a model's layer over the mel axis refuses); a training feed fills them with repeats,
+    and gives an empty one only when no item of the epoch decodes."""
     lines = _lines(MANIFEST)[:2]
     for d in lines:
         d["audio_filepath"] = os.path.join(ROOT, "speech", d["audio_filepath"])
@@ -166,8 +172,14 @@ def test_rnnt_an_empty_batch_keeps_the_mel_axis(tmp_path, training):
     p.write_text("".join(json.dumps(d) + "\n" for d in lines))
     feed = rnnt_feed(p, batch_size=2, shuffle=False, device="cpu", training=training)
     shapes = [tuple(b.features.shape) for b in feed]
-    assert shapes[0][:2] == (2, 80) and shapes[1:] == [(0, 80, 0), (0, 80, 0)]
-    assert len(feed.errors) == 4
+    if training:
+        assert [s[:2] for s in shapes] == [(2, 80)] * 3
+    else:
+        assert shapes[0][:2] == (2, 80) and shapes[1:] == [(0, 80, 0), (0, 80, 0)]
+    assert len(feed.errors) == 1  # the four lines' one file and message, once
+    p.write_text("".join(json.dumps(d) + "\n" for d in lines[2:]))  # every item bad
+    feed = rnnt_feed(p, batch_size=2, shuffle=False, device="cpu", training=training)
+    assert [tuple(b.features.shape) for b in feed] == [(0, 80, 0), (0, 80, 0)]
 
 
 @pytest.mark.parametrize("decoder", ["threads", "processes"])
@@ -202,7 +214,7 @@ def test_rnnt_skips_absurd_and_nan_samples(tmp_path, decoder):
     bad = dict((os.path.basename(p), msg) for p, msg in feed.errors)
     assert sorted(bad) == ["loud.wav", "nan.wav"]
     assert "magnitude" in bad["loud.wav"] and "NaN" in bad["nan.wav"]
-    assert sorted(os.path.basename(p) for p in seen) == sorted(
+    assert sorted({os.path.basename(p) for p in seen}) == sorted(  # (training: + repeats)
         ["scaled.wav"] + [os.path.basename(d["audio_filepath"]) for d in _lines(MANIFEST)])
 
 
@@ -587,7 +599,8 @@ def test_video_skip_bad_file(tmp_path):
     feed = video_classification(tmp_path / "l.csv", clip_length=2, crop_size=32, batch_size=2,
                                 device="cpu", seed=1)
     got = [b.paths for b in feed]
-    assert len(got) == 4 and sum(len(g) for g in got) == 6
+    assert len(got) == 4 and len({p for g in got for p in g}) == 6
+    assert all(len(g) for g in got)  # training: filled with repeats, never empty
     assert [os.path.basename(p) for p, _ in feed.errors] == ["bad.mp4"]
 
 
@@ -706,7 +719,8 @@ def test_image_skip_bad_and_missing(image_folder):
                              device="cpu", seed=4)
     got = [b.paths for b in f]
     assert len(got) == len(f) == 3
-    assert [len(g) for g in got][:2] == [3, 3] and sum(len(g) for g in got) == 6
+    assert [len(g) for g in got][:2] == [3, 3] and len({p for g in got for p in g}) == 6
+    assert all(len(g) for g in got)  # training: filled with repeats, never empty
     assert sorted(os.path.basename(p) for p, _ in f.errors) == ["broken.jpg", "empty.png"]
     pairs = [(str(image_folder / "a" / "gone.jpg"), "a")] + \
         [(p, "b") for p in sorted(str(x) for x in (image_folder / "b").iterdir())]
@@ -743,7 +757,7 @@ def test_video_eval_skips_a_bad_video_view_by_view(tmp_path):
     got = [(b.video_index.tolist(), b.view.tolist()) for b in feed]
     pairs = [(v, k) for vi, ks in got for v, k in zip(vi, ks)]
     assert sorted(pairs) == [(v, k) for v in range(2) for k in range(3)]
-    assert [os.path.basename(p) for p, _ in feed.errors] == ["bad.mp4"] * 3
+    assert [os.path.basename(p) for p, _ in feed.errors] == ["bad.mp4"]  # once, not per view
 
 
 def test_rnnt_collate_takes_the_loaders_batch_only_when_rows_are_its_rows():
@@ -880,3 +894,36 @@ def test_evaluation_feeds_give_every_item_once_across_ranks():
         paths = [p for f in feeds for b in f for p in b.paths]
         n = len(_lines(MANIFEST))
         assert len(set(paths)) == n and (len(paths) == n) == once, (training, len(paths), n)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_video_layout_cthw_is_the_default_clips_transposed(train):
+    """layout="CTHW": clips [B, 3, T, S, S] (torchvision's / PyTorchVideo's video models),
+    the same values as the default [B, T, 3, S, S] transposed."""
+    kw = dict(clip_length=3, crop_size=32, batch_size=2, device="cpu", seed=4, train=train,
+              num_clips=1, num_crops=1)
+    ref = [b.clips for b in video_classification(LABELS, **kw)]
+    got = [b.clips for b in video_classification(LABELS, layout="CTHW", **kw)]
+    assert len(got) == len(ref) and all(r.shape[1:] == (3, 3, 32, 32) for r in ref)
+    for g, r in zip(got, ref):
+        assert g.shape == (r.shape[0], 3, 3, 32, 32) and g.flags.c_contiguous
+        np.testing.assert_array_equal(g, r.transpose(0, 2, 1, 3, 4))
+    with pytest.raises(ValueError, match=r"layout must be one of 'TCHW', 'CTHW', got 'NCHW'"):
+        video_classification(LABELS, layout="NCHW", device="cpu")
+
+
+def test_video_layout_of_an_array_module_batch_and_an_empty_batch():
+    """clips_in_layout is what the collate runs on the CPU and (cupy) on a GPU: written
+    against the array module; an empty batch keeps its axes."""
+    from avpipe.recipes.video import VideoTask, clips_in_layout
+
+    x = np.arange(2 * 4 * 3 * 5 * 5, dtype=np.float32).reshape(2, 4, 3, 5, 5)
+    assert clips_in_layout(x, "TCHW") is x
+    y = clips_in_layout(x, "CTHW")
+    assert y.shape == (2, 3, 4, 5, 5) and y.flags.c_contiguous and y[1, 2, 3, 4, 0] == \
+        x[1, 3, 2, 4, 0]
+    with pytest.raises(ValueError, match="layout"):
+        clips_in_layout(x, "THWC")
+    task = VideoTask(labels=[0], clip_length=4, stride=1, crop_size=8, train=True, seed=0,
+                     device=avpipe.device.resolve_device("cpu"), layout="CTHW")
+    assert task.collate([], [], 0, 0)["clips"].shape == (0, 3, 4, 8, 8)

@@ -74,6 +74,54 @@ def test_fuzz_cpu_backends(small_corpus, tmp_path):
     assert streamed and all(r["outcome"] == "decoded" for r in streamed)
 
 
+@pytest.mark.parametrize("pad,max_duration", [("repeat", None), ("empty", None),
+                                                ("repeat", 9.0), ("empty", 9.0)])
+def test_fuzz_state_attacks(pad, max_duration):
+    """Random mutations of real feed states (mid-epoch, ranks of 1-3, failing items counted as
+    replacements): each load is a StateError or an exact resume, never another exception and
+    never a silently different rest of the epoch."""
+    import random
+
+    from fuzz import states
+
+    rng = random.Random(17 if pad == "repeat" else 18)
+    recs = states.attack(states.synthetic_feed_factory(pad=pad, max_duration=max_duration),
+                         rng, 300)
+    bad = [r for r in recs if r["outcome"] in states.FAILING]
+    assert not bad, bad[:5]
+    outcomes = {r["outcome"] for r in recs}
+    assert outcomes == {"typed_error", "exact"}  # both branches were reached
+
+
+def test_fuzz_state_attacks_on_a_recipe(tmp_path):
+    """The same on rnnt_feed over the sample manifest with a missing file (fewer rounds: each
+    exact resume decodes the rest of an epoch)."""
+    import json
+    import random
+
+    from fuzz import states
+
+    from avpipe.recipes import rnnt_feed
+
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples",
+                       "speech")
+    lines = [json.loads(x) for x in open(os.path.join(src, "manifest.jsonl")) if x.strip()]
+    for d in lines:
+        d["audio_filepath"] = os.path.join(src, d["audio_filepath"])
+        d["duration"] = 0.5
+    lines.insert(2, {"audio_filepath": "gone.wav", "duration": 0.5, "text": "x"})
+    m = tmp_path / "m.jsonl"
+    m.write_text("".join(json.dumps(d) + "\n" for d in lines))
+
+    def make(*, rank, world_size):
+        return rnnt_feed(m, batch_size=2, device="cpu", seed=1, rank=rank,
+                         world_size=world_size, prefetch=0, threads=2)
+
+    recs = states.attack(make, random.Random(5), 40, world_sizes=(1, 2))
+    bad = [r for r in recs if r["outcome"] in states.FAILING]
+    assert not bad, bad[:5]
+
+
 def test_fuzz_extract_folder(small_corpus, tmp_path):
     root, info = small_corpus
     recs = harness.run_extract_folder(root, tmp_path / "out", device="cpu", timeout=300,

@@ -10,18 +10,38 @@ rank ``k % W``. Every rank gets the same number of batches (``len(feed)``); the 
 is in :mod:`avpipe.pipeline._order`.
 
 Errors (``on_error="skip"``): an item that fails (decode error, missing file, past the
-``deadline``) is reported in ``feed.errors`` as ``(path, message)`` and, with a fixed batch
-size, replaced by the *last not yet used item of the same rank's epoch*, not by the next one:
+``deadline``) is reported in the batch's ``errors`` and in ``feed.errors`` as ``(path,
+message)`` (``feed.errors`` lists each pair once per feed: a file that fails every epoch, or
+every view of a bad video, is listed once), and replaced by the *last not yet used item of the
+same rank's epoch*, not by the next one:
 the rank's items are its batches in order, and replacements are taken from the end of that
 sequence backwards (its last item, then the one before, ...), never from the failing batch
 itself or an earlier one, and go at the end of the batch; a replacement that fails is reported
 and replaced the same way. So ranks stay disjoint, no good item is lost, batches stay full, and
-only the rank's last batch(es) of the epoch come out shorter (or empty: every rank still gets
-``len(feed)`` batches); a batch whose rank has no unused item left after it stays short. With
-``max_duration`` the same rule applies while the replacement fits the batch's budget (``count *
-longest <= max_duration``); the first one that does not fit ends the refill (the batch is then
-shorter). ``on_error="raise"`` raises the item's error. Exact resume assumes an item that failed
-fails again (a missing or corrupt file does; a deadline missed under load may not).
+only the rank's last batch(es) of the epoch run out of unused items. With ``max_duration`` the
+same rule applies while the replacement fits the batch's budget (``count * longest <=
+max_duration``); the first one that does not fit ends the refill. Then:
+
+* training feeds (``pad="repeat"``: ``training=True`` / ``train=True``) fill the batch to its
+  planned size with *repeats*: items of the rank's epoch already handed out (its earlier
+  batches' items in order, then the replacements it borrowed), then, for a rank without enough
+  good items of its own, the epoch's other items in plan order; a candidate already in the
+  batch, failed before in this run, or (``max_duration``) not fitting the budget is passed over.
+  A training batch is therefore never empty (unless no item of the epoch decodes at all) and
+  ``len(feed)`` stays the same on every rank. The repeats depend only on the position, so a
+  resume repeats the same items (as ``DistributedSampler`` pads with the epoch's first items).
+* evaluation feeds (``pad="empty"``) never repeat: every item is in exactly one batch on one
+  rank or in the errors, and the rank's last batches come out short, or empty where fewer good
+  items are left than batches (``len(feed)`` is fixed before anything is decoded, the same on
+  every rank; rank padding, below, can give empty batches as well). An empty batch is
+  well-formed: every array field with 0 rows and its other axes (the recipes' shapes).
+
+``on_error="raise"`` raises the item's error. Exact resume assumes an item that failed fails
+again (a missing or corrupt file does; a deadline missed under load may not).
+
+Across processes: a batch made in a torch DataLoader worker carries its ``errors``; unpickled in
+the main process it records them into the feed ``torch_dataset`` was called on (the same feed
+also gets the errors of the dataset's replica iterated in the main process, ``num_workers=0``).
 
 Deadline: an item still decoding ``deadline`` seconds after a thread started it (the recipes'
 default ``"auto"``: ``AVPIPE_FEED_DEADLINE``, 60 s; None or 0: no limit) fails as a
@@ -46,6 +66,16 @@ such a list). Anything else - a list without this rank's state at the
 same world size, or an old rank's state missing on a world size change - raises ``ValueError``
 naming the missing rank(s) and the world size (another rank's count would make the resume
 inexact: items lost or repeated).
+
+A state names what it belongs to and is checked on load (:meth:`Feed.check_state`): its
+``version`` (:data:`STATE_VERSION`), the feed's arguments that decide the order (``n``,
+``seed``, ``shuffle``, ``mode``, ``batch_size``, ``max_duration``), ``items`` (a hash of the item
+list in order: each item's path as the manifest / list wrote it, offset, duration, label and eval
+view, :func:`items_fingerprint`), every field's type and range (against the epoch's plan:
+``step``, ``borrowed``, ``rebase``) and ``check``, a hash of the other fields. A state that
+is not one the feed wrote - another item list (reordered, changed, longer), a field edited, of
+another type, missing or added, ``None`` - raises :class:`avpipe.errors.StateError` (a
+``ValueError``) naming the field and value, and the feed is left as it was.
 
 Execution: a background thread decodes and collates batches ahead into a queue of ``prefetch``
 batches; while the queue is full it holds one more, so at most ``prefetch + 1`` collated
@@ -72,9 +102,13 @@ from __future__ import annotations
 
 import atexit
 import collections
+import collections.abc
 import concurrent.futures as cf
 import contextlib
 import functools
+import hashlib
+import json
+import numbers
 import os
 import queue
 import threading
@@ -86,13 +120,13 @@ import numpy as np
 
 from .._validate import check_choice, check_on_error, pos_float, pos_int
 from ..device import export, resolve_device
-from ..errors import DecodeTimeoutError
+from ..errors import DecodeTimeoutError, StateError
 from ..ops import random as _rnd
 from . import _order
 from ._threads import ProcessThreads
 
-# + FeedDataset (lazy)
-__all__ = ["Feed", "Task", "Batch", "dataset_class", "map_with_deadline", "resolve_deadline"]
+__all__ = ["Feed", "Task", "Batch", "dataset_class", "map_with_deadline", "resolve_deadline",
+           "items_fingerprint", "STATE_VERSION"]  # + FeedDataset (lazy)
 
 _STAGES = ("read", "decode", "gpu", "wait", "step")
 
@@ -111,9 +145,164 @@ def _flat_states(state) -> list:
     return [state]
 
 
+# the state_dict format; load_state_dict takes this version only
+STATE_VERSION = 2
+_STATE_KEYS = ("version", "n", "seed", "shuffle", "mode", "batch_size", "max_duration", "items",
+               "epoch", "step", "borrowed", "rebase", "rank", "world_size", "consumed", "check")
+_REBASE_KEYS = ("world_size", "step", "exclude")
+_MAX_EPOCH = 1 << 32  # the order's counters hold the epoch in 32 bits
+# a state's world sizes (its own, its re-cuts'): a plan holds at least one batch per rank, so
+# an absurd one would be built before it could be refused
+MAX_STATE_WORLD_SIZE = 1 << 16
+
+
+def _item_key(it) -> str:
+    """An item's identity for :func:`items_fingerprint`: its path as the list wrote it, span
+    (offset, duration), label and eval view (the fields that decide what it decodes to)."""
+    raw = getattr(it, "raw_path", None)
+    if raw is None:
+        return repr(it)
+    extra = getattr(it, "extra", None) or {}
+    return (f"{raw}\x1f{getattr(it, 'offset', None)!r}\x1f{getattr(it, 'duration', None)!r}"
+            f"\x1f{getattr(it, 'label', None)!r}\x1f{extra.get('video')!r}"
+            f"\x1f{extra.get('view')!r}")
+
+
+def items_fingerprint(items) -> str:
+    """A hash (hex) of the item list in order: each item's path as the manifest / list wrote
+    it (so a dataset moved as a whole keeps it), offset, duration, label and eval view. One
+    pass over the items (about a second per million)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{len(items)}\x1e".encode())
+    h.update("\x1e".join(_item_key(it) for it in items).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def state_check(state: dict) -> str:
+    """The ``check`` field of a state: a hash of its other fields (canonical JSON). A field
+    changed after the feed wrote the state no longer matches it."""
+    body = {k: state[k] for k in _STATE_KEYS if k != "check"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def _plain(v):
+    """A state as plain JSON types (mappings -> dict, sequences -> list, numpy scalars ->
+    Python's), as a checkpoint library may hand it back."""
+    if isinstance(v, collections.abc.Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)) or (isinstance(v, collections.abc.Sequence)
+                                        and not isinstance(v, (str, bytes))):
+        return [_plain(x) for x in v]
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def _int_field(s, name, lo, hi=None, where=None) -> int:
+    v = s[name]
+    label = name if where is None else f"{where}.{name}"
+    if not _is_int(v):
+        raise StateError(label, v, f"not an integer (a {type(v).__name__})")
+    if v < lo or (hi is not None and v >= hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi})"
+        raise StateError(label, v, f"out of range (must be {rng})")
+    return int(v)
+
+
+def _same(v, want) -> bool:
+    """A state's fingerprint value ``v`` is the feed's ``want``, of the same kind."""
+    if want is None or isinstance(want, bool):
+        return v is want or (isinstance(v, (bool, np.bool_)) and want is not None
+                             and bool(v) == want)
+    if isinstance(want, int):
+        return _is_int(v) and int(v) == want
+    if isinstance(want, float):
+        return isinstance(v, (numbers.Real)) and not isinstance(v, (bool, np.bool_)) \
+            and float(v) == want
+    return type(v) is type(want) and v == want
+
+
+def _check_fields(s, fp: dict, n: int) -> None:
+    """One state's fields: present, of their types, in their ranges, this version and this
+    feed's fingerprint (:meth:`Feed.check_state`; the plan-dependent bounds are checked
+    there)."""
+    if not isinstance(s, dict):
+        raise StateError("state", s, f"a {type(s).__name__}, not a feed state (a dict, or a "
+                                     "list of the ranks' dicts)")
+    for k in _STATE_KEYS:
+        if k not in s:
+            raise StateError(k, None, "missing (not a state a feed wrote)")
+    for k in s:
+        if k not in _STATE_KEYS:
+            raise StateError(str(k), s[k], "not a field of a feed state")
+    if not _is_int(s["version"]) or s["version"] != STATE_VERSION:
+        raise StateError("version", s["version"],
+                         f"this feed reads state version {STATE_VERSION} only")
+    for k, v in fp.items():
+        if not _same(s[k], v):
+            what = ("the item list (paths, spans, labels or their order) differs from this "
+                    "feed's" if k == "items" else f"this feed has {k}={v!r}")
+            raise StateError(k, s[k], f"saved by a different feed: {what}")
+    W = _int_field(s, "world_size", 1, MAX_STATE_WORLD_SIZE + 1)
+    r = _int_field(s, "rank", 0)
+    if r >= W:
+        raise StateError("rank", r, f"rank {r} is not a rank of world_size={W}")
+    _int_field(s, "epoch", 0, _MAX_EPOCH)
+    _int_field(s, "step", 0)
+    _int_field(s, "borrowed", 0)
+    _int_field(s, "consumed", 0)
+    rebase = s["rebase"]
+    if not isinstance(rebase, list):
+        raise StateError("rebase", rebase, f"a {type(rebase).__name__}, not a list")
+    for j, r in enumerate(rebase):
+        where = f"rebase[{j}]"
+        if not isinstance(r, dict) or sorted(r) != sorted(_REBASE_KEYS):
+            raise StateError(where, r, f"not a dict of {', '.join(_REBASE_KEYS)}")
+        _int_field(r, "world_size", 1, MAX_STATE_WORLD_SIZE + 1, where=where)
+        _int_field(r, "step", 0, where=where)
+        ex = r["exclude"]
+        if not isinstance(ex, list) or not all(_is_int(i) and 0 <= i < n for i in ex) \
+                or any(a >= b for a, b in zip(ex, ex[1:])):
+            raise StateError(f"{where}.exclude", ex,
+                             f"not an increasing list of item indices in [0, {n})")
+
+
+# live feeds of this process by token: where the errors of batches that arrive from
+# DataLoader workers go (Batch.__reduce__)
+_LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
 class Batch(SimpleNamespace):
     """One batch: recipe fields (arrays and lists) plus ``ids`` (item indices in the feed's
-    item list), ``epoch`` and ``step``."""
+    item list), ``epoch``, ``step`` and ``errors``: the ``(path, message)`` of each item skipped
+    while this batch was made (failed items and failed replacements; each pair once).
+
+    A batch pickled in a torch DataLoader worker and unpickled in the main process records its
+    ``errors`` into the main process's feed (the one ``torch_dataset`` was called on), so that
+    ``feed.errors`` there lists the workers' skipped items as their batches arrive."""
+
+    __slots__ = ("_sink",)
+
+    def __reduce__(self):
+        return (_arrive, (getattr(self, "_sink", None), dict(self.__dict__)))
+
+
+def _arrive(sink, fields):
+    """Unpickling a :class:`Batch`: rebuilt, its errors recorded into the feed ``sink`` names
+    when that feed lives in this process."""
+    b = Batch(**fields)
+    b._sink = sink
+    errs = fields.get("errors")
+    if sink is not None and errs:
+        feed = _LIVE.get(sink)
+        if feed is not None:
+            feed._record_errors(errs)
+    return b
 
 
 class Task:
@@ -375,10 +564,12 @@ class Feed:
     decoded ahead (a background thread; 0: decode in the consumer's thread); ``on_error``:
     ``"skip"`` or ``"raise"``; ``device`` (None: the GPU when usable); ``framework``: None
     (numpy / cupy), ``"torch"`` or ``"jax"`` (DLPack, no copies); ``classes``: label names.
-    ``errors`` starts with ``initial_errors`` (items left out up front). ``pad``: where there
-    are too few items (or batches) for every rank, ``"repeat"`` gives those ranks the epoch's
-    first items again (training), ``"empty"`` empty batches (evaluation: every item exactly
-    once across the ranks); the recipes choose by their ``training`` / ``train``.
+    ``errors`` starts with ``initial_errors`` (items left out up front) and lists each
+    ``(path, message)`` once. ``pad``: where there are too few items (or batches) for every
+    rank, ``"repeat"`` gives those ranks the epoch's first items again and fills batches short
+    of good items with repeats (training), ``"empty"`` empty batches and no repeats
+    (evaluation: every item exactly once across the ranks); the recipes choose by their
+    ``training`` / ``train``.
     """
 
     def __init__(self, items, task: Task, *, batch_size=None, max_duration=None,
@@ -415,7 +606,14 @@ class Feed:
         self.framework = framework
         self.bucket_window = int(bucket_window)
         self.classes = classes
-        self.errors: list = list(initial_errors)
+        self._lock = threading.Lock()
+        self.errors: list = []
+        self._error_seen: set = set()
+        self._record_errors(initial_errors)
+        # feed.errors of DataLoader workers' batches arrive here (_sink, Batch.__reduce__)
+        self._token = os.urandom(12).hex()
+        self._errors_to = None  # a replica's: its parent feed's token
+        _LIVE[self._token] = self
         self._spec = spec
         self._pos = {"epoch": 0, "step": 0, "borrowed": 0, "rebase": []}
         self._pending = False  # a loaded state waits for the next iter
@@ -426,7 +624,6 @@ class Feed:
         self._stream = None
         self._times = {k: collections.deque(maxlen=2048) for k in _STAGES}
         self._steps = collections.deque(maxlen=2048)  # (consumer work, wait) per batch
-        self._lock = threading.Lock()
         task.timings = _Recorder(self)  # weak: no feed <-> task cycle
         task.bind(self.items)
 
@@ -505,20 +702,29 @@ class Feed:
     def _fingerprint(self) -> dict:
         return {"n": len(self.items), "seed": self.seed, "shuffle": self.shuffle,
                 "mode": self.mode, "batch_size": self.batch_size,
-                "max_duration": self.max_duration}
+                "max_duration": self.max_duration, "items": self.items_fingerprint()}
+
+    def items_fingerprint(self) -> str:
+        """A hash of the item list, in order (:func:`items_fingerprint`; computed once)."""
+        fp = getattr(self, "_items_fp", None)
+        if fp is None:
+            fp = self._items_fp = items_fingerprint(self.items)
+        return fp
 
     def state_dict(self) -> dict:
         """JSON-serializable position (module docstring: the resume rule)."""
         p = self._pos
         W = self.world_size
         unit = (self.batch_size or 1) if self.mode == "fixed" else 1
-        return {
-            "version": 1, **self._fingerprint(),
+        st = {
+            "version": STATE_VERSION, **self._fingerprint(),
             "epoch": p["epoch"], "step": p["step"], "borrowed": p["borrowed"],
-            "rebase": [dict(r, exclude=list(r["exclude"])) for r in p["rebase"]],
+            "rebase": [dict(r, exclude=[int(i) for i in r["exclude"]]) for r in p["rebase"]],
             "rank": self.rank, "world_size": W,
-            "consumed": p["step"] * W * unit,
+            "consumed": p["step"] * W * unit, "check": "",
         }
+        st["check"] = state_check(st)
+        return st
 
     def _borrowed_ids(self, state) -> list:
         """The replacement items the state's rank took from the end of its share."""
@@ -531,50 +737,116 @@ class Feed:
         flat = np.concatenate(lane) if lane else np.zeros(0, np.int64)
         return flat[len(flat) - b:].tolist()
 
+    def check_state(self, state) -> list:
+        """The states of ``state`` (one rank's state, or a list of ranks' states), checked to be
+        ones this feed (a feed built with the same arguments over the same item list, at any
+        rank and world size) can have written: every field present and of its type, no other
+        field, this ``STATE_VERSION``, the fingerprint (``n``, ``seed``, ``shuffle``,
+        ``mode``, ``batch_size``, ``max_duration``, ``items``) this feed's, ``rank`` /
+        ``world_size`` / ``epoch`` / ``step`` / ``borrowed`` / ``consumed`` / ``rebase``
+        within what the epoch's plan allows, and a list's states at one position, one per
+        rank. Anything else raises :class:`~avpipe.errors.StateError` naming the field and
+        value. Returns the states (a list of dicts)."""
+        states = [_plain(s) for s in _flat_states(_plain(state))]
+        if not states:
+            raise StateError("state", state, "an empty list of states")
+        fp = self._fingerprint()
+        for s in states:
+            _check_fields(s, fp, len(self.items))
+        s0 = states[0]
+        for s in states[1:]:
+            for k in ("epoch", "step", "world_size", "rebase"):
+                if s[k] != s0[k]:
+                    raise StateError(k, s[k], f"the ranks' states are not at one position "
+                                              f"(another state has {k}={s0[k]!r})")
+        by_rank = {}
+        for s in states:
+            r = int(s["rank"])
+            if r in by_rank and int(by_rank[r]["borrowed"]) != int(s["borrowed"]):
+                raise StateError("rank", r, f"two different states of rank {r} "
+                                            f"(world_size={int(s['world_size'])})")
+            by_rank[r] = s
+        self._check_position(s0, list(by_rank.values()))
+        for s in states:
+            if s["check"] != state_check(s):
+                raise StateError("check", s["check"], "does not match the state's fields: the "
+                                                      "state was changed after it was written")
+        return states
+
+    def _check_position(self, s0, states) -> None:
+        """The epoch's plans bound ``rebase``'s steps and items, ``step`` and each rank's
+        ``borrowed`` (a feed at step k has taken at most the rank's items past its first k - 1
+        batches as replacements, none at step 0)."""
+        epoch, W = int(s0["epoch"]), int(s0["world_size"])
+        rebase = s0["rebase"]
+        n = len(self.items)
+        for j, r in enumerate(rebase):
+            rw, rs = int(r["world_size"]), int(r["step"])
+            nxt = int(rebase[j + 1]["world_size"]) if j + 1 < len(rebase) else W
+            if nxt == rw:
+                raise StateError(f"rebase[{j}].world_size", rw,
+                                 "a re-cut to the same world size (a feed never writes one)")
+            plan = self._plan(epoch, rebase[:j], rw)
+            steps = len(plan) // rw
+            if rs > steps:
+                raise StateError(f"rebase[{j}].step", rs,
+                                 f"past the end of the epoch ({steps} steps at "
+                                 f"world_size={rw})")
+            rest = set(np.concatenate(plan[rs * rw:]).tolist()) if plan[rs * rw:] else set()
+            bad = [i for i in r["exclude"] if i >= n or i not in rest]
+            if bad:
+                raise StateError(f"rebase[{j}].exclude", bad[:8],
+                                 "items that are not in the rest of the epoch")
+        plan = self._plan(epoch, rebase, W)
+        steps = len(plan) // W
+        step = int(s0["step"])
+        if step > steps:
+            raise StateError("step", step, f"past the end of the epoch ({steps} steps at "
+                                           f"world_size={W})")
+        unit = (self.batch_size or 1) if self.mode == "fixed" else 1
+        if int(s0["consumed"]) != step * W * unit:
+            raise StateError("consumed", s0["consumed"],
+                             f"not step * world_size * {unit} = {step * W * unit}")
+        for s in states:
+            if int(s["consumed"]) != int(s0["consumed"]):
+                raise StateError("consumed", s["consumed"], "the ranks' states differ")
+            lane = [plan[k] for k in range(int(s["rank"]), len(plan), W)]
+            total = sum(len(b) for b in lane)
+            # a batch borrows from past its own end: the borrowed items lie past the first
+            # batch (a state's own count is vouched for by its check)
+            room = 0 if step == 0 else total - (len(lane[0]) if lane else 0)
+            if int(s["borrowed"]) > room:
+                raise StateError("borrowed", s["borrowed"],
+                                 f"more than the {room} items rank {int(s['rank'])} has past "
+                                 f"step {step}")
+
     def load_state_dict(self, state) -> None:
         """Resume at ``state``: one rank's state, or a list of ranks' states (lists of lists are
         flattened). With the saving feed's ``world_size`` it must hold this rank's state; with
         another ``world_size`` every saving rank's state (module docstring: the resume rule).
-        Anything else is a ``ValueError`` naming the missing ranks."""
-        states = _flat_states(state)
-        if not states:
-            raise ValueError("state: empty list")
-        fp = self._fingerprint()
-        for s in states:
-            for k, v in fp.items():
-                if s.get(k) != v:
-                    raise ValueError(f"state was saved by a different feed: {k}={s.get(k)!r}, "
-                                     f"this feed has {v!r}")
+        A state this feed cannot have written (:meth:`check_state`) or a list that misses a
+        rank it needs raises :class:`~avpipe.errors.StateError` (a ``ValueError``)."""
+        states = self.check_state(state)
         s0 = states[0]
-        for s in states[1:]:
-            if (s["epoch"], s["step"], s["world_size"], s["rebase"]) != \
-                    (s0["epoch"], s0["step"], s0["world_size"], s0["rebase"]):
-                raise ValueError("state: the ranks' states are not at the same step")
         old_w = int(s0["world_size"])
-        by_rank = {}
-        for s in states:
-            r = int(s["rank"])
-            if not 0 <= r < old_w:
-                raise ValueError(f"state: rank {r} is not a rank of world_size={old_w}")
-            if r in by_rank and int(by_rank[r]["borrowed"]) != int(s["borrowed"]):
-                raise ValueError(f"state: two different states of rank {r} "
-                                 f"(world_size={old_w})")
-            by_rank[r] = s
-        rebase = [dict(r) for r in s0["rebase"]]
+        by_rank = {int(s["rank"]): s for s in states}
+        rebase = [dict(r, exclude=[int(i) for i in r["exclude"]]) for r in s0["rebase"]]
         if old_w == self.world_size:
             if self.rank not in by_rank:
-                raise ValueError(
-                    f"state: no state of rank {self.rank} (world_size={old_w}) among the "
-                    f"given ranks {sorted(by_rank)}; each rank resumes from its own state "
-                    "(it holds the rank's replacement count)")
+                raise StateError(
+                    "rank", sorted(by_rank),
+                    f"no state of rank {self.rank} (world_size={old_w}) among the given "
+                    "ranks; each rank resumes from its own state (it holds the rank's "
+                    "replacement count)")
             self._pos = {"epoch": int(s0["epoch"]), "step": int(s0["step"]),
                          "borrowed": int(by_rank[self.rank]["borrowed"]), "rebase": rebase}
         else:
             missing = sorted(set(range(old_w)) - set(by_rank))
             if missing:
-                raise ValueError(
-                    f"state: resuming world_size={old_w} with world_size={self.world_size} "
-                    f"needs every rank's state of world_size={old_w} (they hold the ranks' "
+                raise StateError(
+                    "rank", sorted(by_rank),
+                    f"resuming world_size={old_w} with world_size={self.world_size} needs "
+                    f"every rank's state of world_size={old_w} (they hold the ranks' "
                     f"replacement counts); missing rank(s) {missing}")
             exclude = sorted({i for s in by_rank.values() for i in self._borrowed_ids(s)})
             rebase.append({"world_size": old_w, "step": int(s0["step"]), "exclude": exclude})
@@ -632,6 +904,22 @@ class Feed:
         self._drop_ahead()
         self.task.close()
 
+    # -- errors ------------------------------------------------------------------------------
+    def _record_errors(self, pairs) -> None:
+        """Add ``(path, message)`` pairs to ``errors``, each pair once per feed (an item that
+        fails again in a later epoch, or another view of one bad video, is not listed again)."""
+        with self._lock:
+            for path, msg in pairs:
+                key = (path, msg)
+                if key not in self._error_seen:
+                    self._error_seen.add(key)
+                    self.errors.append(key)
+
+    def _sink(self) -> str:
+        """The token of the feed whose ``errors`` this feed's skipped items also go to (its own,
+        or for a replica of a torch dataset its parent's)."""
+        return self._errors_to or self._token
+
     # -- telemetry ---------------------------------------------------------------------------
     def _record(self, stage, seconds):
         self._times[stage].append(float(seconds))
@@ -671,6 +959,13 @@ class Feed:
         fn, kw = self._spec
         return fn(**{**kw, **overrides, "rank": rank, "world_size": world_size})
 
+    def _worker_replica(self, *, rank: int, world_size: int, **overrides):
+        """A replica for a torch dataset's process: its skipped items also go to this feed's
+        ``errors`` (directly in this process; from a worker, with the batches)."""
+        f = self.replica(rank=rank, world_size=world_size, **overrides)
+        f._errors_to = self._sink()
+        return f
+
     def torch_dataset(self, *, num_workers: int = 0):
         """A torch ``IterableDataset`` for ``DataLoader(ds, batch_size=None, num_workers=N,
         multiprocessing_context="forkserver")`` ("spawn" works too; both need the usual
@@ -692,15 +987,19 @@ class Feed:
         if self._spec is None:
             raise TypeError("only feeds built by a recipe can be pickled")
         return {"spec": self._spec, "pos": self._pos, "pending": self._pending,
-                "next_epoch": self._next_epoch}
+                "next_epoch": self._next_epoch, "sink": self._sink()}
 
     def __setstate__(self, st):
         fn, kw = st["spec"]
         other = fn(**kw)
         self.__dict__.update(other.__dict__)
         self.task.timings = _Recorder(self)
+        _LIVE[self._token] = self
         self._pos, self._pending = st["pos"], st["pending"]
         self._next_epoch = st["next_epoch"]
+        # (in the pickling process itself this is the original feed's token: its errors
+        # are recorded there once, the pairs being deduplicated)
+        self._errors_to = st.get("sink")
 
 
 class _Recorder:
@@ -858,6 +1157,7 @@ def _batches(feed, pos, shared):
     dev = feed.device
     stream = _stream_of(feed)
     task.epoch = epoch  # decode_one's random draws are keyed by it
+    known_bad = set()  # items that failed in this run of the epoch (not tried again as repeats)
 
     def live(s):
         """Step s's items not yet taken as replacements, in order. Replacements come from the
@@ -883,6 +1183,7 @@ def _batches(feed, pos, shared):
             failed = []  # (path, message): reported when the consumer takes this batch
             for i, v in zip(planned, group_vals):
                 if isinstance(v, BaseException):
+                    known_bad.add(i)
                     _fail(feed, i, v, failed)
                 else:
                     good_ids.append(i)
@@ -908,10 +1209,19 @@ def _batches(feed, pos, shared):
                     vals = task.decode_items(cand)
                 for (i, _), v in zip(cand, vals):
                     if isinstance(v, BaseException):
+                        known_bad.add(i)
                         _fail(feed, i, v, failed)
                     else:
                         good_ids.append(i)
                         good_vals.append(v)
+            full = int(starts[s + 1] - starts[s])  # the batch's size in the plan
+            if refill and feed.pad == "repeat" and len(good_ids) < full:
+                # training: no unused item left to replace the failed (or borrowed) ones: the
+                # batch is filled with repeats of the epoch's items, never left short or empty
+                for i, v in _repeat_fill(feed, plan, flat, int(starts[s]), state["borrowed"],
+                                         good_ids, full, failed, known_bad, dev, stream):
+                    good_ids.append(i)
+                    good_vals.append(v)
             pairs = [(i, items[i]) for i in good_ids]
             if stream is not None:
                 import cupy
@@ -929,7 +1239,9 @@ def _batches(feed, pos, shared):
                 fields = task.collate(good_vals, pairs, epoch, s)
                 event, gpu_timing = None, None
                 feed._record("gpu", time.perf_counter() - t1)
-            batch = Batch(**fields, ids=np.array(good_ids, np.int64), epoch=epoch, step=s)
+            batch = Batch(**fields, ids=np.array(good_ids, np.int64), epoch=epoch, step=s,
+                          errors=list(dict.fromkeys(failed)))
+            batch._sink = feed._sink()
             after = {"epoch": epoch, "step": s + 1, "borrowed": state["borrowed"],
                      "rebase": rebase}
             yield ("batch", batch, after, event, gpu_timing, failed)
@@ -938,6 +1250,58 @@ def _batches(feed, pos, shared):
         close = getattr(decoded, "close", None)
         if close is not None:
             close()
+
+
+def _repeat_candidates(plan, flat, start, borrowed):
+    """Training repeats for a batch of a rank's lane ``flat`` that starts at ``start``: the
+    rank's items of the epoch already handed out (its earlier batches' items in order, then
+    the replacements it borrowed from its end), then every item of the epoch's plan in order
+    (other ranks' items, for a rank with too few good items of its own)."""
+    yield from flat[:start].tolist()
+    if borrowed:
+        yield from flat[len(flat) - borrowed:].tolist()
+    for b in plan:
+        yield from b.tolist()
+
+
+def _repeat_fill(feed, plan, flat, start, borrowed, good_ids, want, failed, known_bad, dev,
+                 stream):
+    """``(id, value)`` of the repeats that fill a training batch to ``want`` items (the
+    module docstring's rule). The candidates (:func:`_repeat_candidates`) depend only on the
+    position (``start``, ``borrowed``), so a resumed feed repeats the same items. A candidate
+    already in the batch, known to fail in this run, or (``max_duration``) not fitting the
+    batch's budget is passed over; one that fails is reported and passed over."""
+    durs = feed.durations if feed.mode == "duration" else None
+    have = set(good_ids)
+    ids = list(good_ids)
+    out = []
+    cands = _repeat_candidates(plan, flat, start, borrowed)
+    while len(ids) < want:
+        take = []
+        for i in cands:
+            i = int(i)
+            if i in have or i in known_bad:
+                continue
+            if durs is not None:
+                now = ids + [c for c, _ in take] + [i]
+                if len(now) * float(durs[now].max()) > feed.max_duration:
+                    continue
+            have.add(i)
+            take.append((i, feed.items[i]))
+            if len(ids) + len(take) >= want:
+                break
+        if not take:
+            break  # no good item of the epoch left to repeat (every one failed)
+        with _on(dev, stream):
+            vals = feed.task.decode_items(take)
+        for (i, _), v in zip(take, vals):
+            if isinstance(v, BaseException):
+                known_bad.add(i)
+                _fail(feed, i, v, failed)
+            else:
+                ids.append(i)
+                out.append((i, v))
+    return out
 
 
 def _fail(feed, i, exc, failed):
@@ -1030,8 +1394,11 @@ class _EpochIterator:
             raise StopIteration
         _, batch, after, event, gpu_timing, failed = msg
         if failed:
-            with feed._lock:
-                feed.errors.extend(failed)
+            feed._record_errors(failed)
+            if feed._errors_to is not None:  # a replica: its parent's too, if in this process
+                parent = _LIVE.get(feed._errors_to)
+                if parent is not None and parent is not feed:
+                    parent._record_errors(failed)
         if event is not None:
             self._held = [getattr(batch, k, None) for k in feed.task.array_fields]
             self._wait_on(event)
@@ -1218,6 +1585,9 @@ class _FeedDataset:
         self._order += 1
 
     def load_state_dict(self, state):
+        """Resume from a feed state (checked here: :meth:`Feed.check_state`; a bad one raises
+        :class:`~avpipe.errors.StateError` before any worker starts)."""
+        self.feed.check_state(state)
         self._state = state
         self._order += 1
 
@@ -1233,10 +1603,13 @@ class _FeedDataset:
         W = f.world_size * nw
         step = int(batches_consumed) // nw
         unit = (f.batch_size or 1) if f.mode == "fixed" else 1
-        return [dict(base, world_size=W, rank=f.rank * nw + w, step=step, borrowed=0,
-                     consumed=step * W * unit,
-                     rebase=[dict(r, exclude=list(r["exclude"])) for r in base["rebase"]])
-                for w in range(nw)]
+        out = [dict(base, world_size=W, rank=f.rank * nw + w, step=step, borrowed=0,
+                    consumed=step * W * unit,
+                    rebase=[dict(r, exclude=list(r["exclude"])) for r in base["rebase"]])
+               for w in range(nw)]
+        for st in out:
+            st["check"] = state_check(st)
+        return out
 
     _num_workers = 0  # the DataLoader's, as torch_dataset(num_workers=) gave it
 
@@ -1261,8 +1634,9 @@ class _FeedDataset:
             # process's replica: not this process's)
             f = self.feed
             if nw > 1 or f.framework != "torch":
-                f = f.replica(rank=f.rank * nw + wid, world_size=f.world_size * nw,
-                              framework="torch", **({"device": "cpu"} if nw > 1 else {}))
+                f = f._worker_replica(rank=f.rank * nw + wid, world_size=f.world_size * nw,
+                                      framework="torch",
+                                      **({"device": "cpu"} if nw > 1 else {}))
             rep = (me, None, f)
         f = rep[2]
         if rep[1] != self._order:  # a set_epoch / load_state_dict not applied here yet

@@ -10,6 +10,9 @@
 
 The contract, in both modes: ``clips [B, clip_length, 3, crop_size, crop_size]`` floating
 point, normalized; ``labels [B]`` integer; ``paths [B]``; ``B <= batch_size``.
+``layout="CTHW"`` gives ``clips [B, 3, clip_length, crop_size, crop_size]`` instead, the layout
+torchvision's and PyTorchVideo's video models take (``layout="TCHW"``, the default, is the
+one above); the clips are made as above and transposed once per batch (a contiguous copy).
 
 ``train=True``: one clip per video at a random start (``clip_length`` frames, ``stride`` apart),
 then :mod:`avpipe.ops.image_augment`'s draws for all its frames:
@@ -30,8 +33,11 @@ items are the ``(video, view)`` pairs (video-major: ``len(file_list) * V`` items
 ``batch_size`` views, with ``video_index [B]`` (the video's row in the file list) and ``view
 [B]`` besides ``clips``, ``labels`` and ``paths``. ``len(feed)`` counts these batches; sharding
 and resume work on the expanded list as on any other (every (video, view) pair exactly once per
-epoch across the ranks). Per-video scores: average the logits of the rows sharing a
-``video_index`` (e.g. ``np.add.at(sums, batch.video_index, logits)``).
+epoch across the ranks; a video that fails is skipped with all its views and listed once in
+``feed.errors``; the batches its views would have filled come out short or, at the end of the
+epoch, empty: ``clips [0, ...]`` with the other axes kept). Per-video scores: average the
+logits of the rows sharing a ``video_index`` (e.g. ``np.add.at(sums, batch.video_index,
+logits)``).
 
 Decoding: :func:`avpipe.pipeline.clips.decode_clip` per item in a thread pool (in eval, per
 video of a batch: its views there share one open file and each clip is decoded once) (the same clip
@@ -58,6 +64,7 @@ import time
 import numpy as np
 
 from .. import settings
+from .._validate import check_choice
 from ..decoding import load_index
 from ..device import array_module, keep_until_done, resolve_device, upload_many
 from ..ops import image_augment as _aug
@@ -69,7 +76,7 @@ from ..pipeline.feed import Feed, Task, _collect
 from ..pipeline.samplers import clip_indices_at, clip_indices_regular
 from ..pipeline.sources import class_index, read_csv
 
-__all__ = ["video_classification", "VideoTask", "eval_views"]
+__all__ = ["video_classification", "VideoTask", "eval_views", "clips_in_layout", "LAYOUTS"]
 
 
 def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, batch_size=8,
@@ -77,7 +84,8 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
                          framework=None, on_error="skip", num_clips=4, num_crops=3,
                          scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3), dtype="float16",
                          prefetch=2, deadline="auto", threads=None, color_jitter=None,
-                         grayscale_p=0.0, temporal_jitter=0, index=None, root=None):
+                         grayscale_p=0.0, temporal_jitter=0, index=None, root=None,
+                         layout="TCHW"):
     """A :class:`~avpipe.pipeline.feed.Feed` of video clips (module docstring).
     ``shuffle=None``: shuffle when training. ``feed.classes``: the sorted label names.
     ``threads``: decoding threads (None: 16 on a GPU, as NVDEC sessions per thread; else the
@@ -88,14 +96,18 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
     come; MP4 / MOV ones by ``AVPIPE_VIDEO_SCAN_AHEAD`` processes a few batches before their
     decoding (see ``avpipe.pipeline._scan_ahead``). ``root``: a folder every listed video must
     lie under; a CSV row without a path or label, or outside ``root``, raises
-    :class:`~avpipe.errors.ManifestError` / :class:`~avpipe.errors.OutsideRootError`."""
+    :class:`~avpipe.errors.ManifestError` / :class:`~avpipe.errors.OutsideRootError`.
+    ``layout``: ``"TCHW"`` (clips ``[B, T, 3, S, S]``) or ``"CTHW"`` (``[B, 3, T, S, S]``,
+    torchvision's / PyTorchVideo's)."""
+    check_choice("layout", layout, LAYOUTS)
     spec = (video_classification, dict(
         file_list=file_list, clip_length=clip_length, stride=stride, crop_size=crop_size,
         batch_size=batch_size, train=train, seed=seed, shuffle=shuffle, rank=rank,
         world_size=world_size, device=device, framework=framework, on_error=on_error,
         num_clips=num_clips, num_crops=num_crops, scale=scale, ratio=ratio, dtype=dtype,
         prefetch=prefetch, deadline=deadline, threads=threads, color_jitter=color_jitter,
-        grayscale_p=grayscale_p, temporal_jitter=temporal_jitter, index=index, root=root))  # fmt: skip
+        grayscale_p=grayscale_p, temporal_jitter=temporal_jitter, index=index, root=root,
+        layout=layout))  # fmt: skip
     videos = read_csv(file_list, root=root)
     classes, labels = class_index(videos)
     dev = resolve_device(device)
@@ -107,13 +119,27 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
                      train=train, seed=seed, device=dev, num_clips=num_clips,
                      num_crops=num_crops, scale=scale, ratio=ratio, dtype=dtype,
                      deadline=deadline, threads=threads, color_jitter=color_jitter,
-                     grayscale_p=grayscale_p, temporal_jitter=temporal_jitter, index=index)
+                     grayscale_p=grayscale_p, temporal_jitter=temporal_jitter, index=index,
+                     layout=layout)
     items = videos if train else eval_views(videos, task.views)
     return Feed(items, task, batch_size=batch_size, seed=seed,
                 shuffle=bool(train) if shuffle is None else bool(shuffle), rank=rank,
                 world_size=world_size, prefetch=prefetch, on_error=on_error, device=dev,
                 framework=framework, classes=classes, spec=spec,
                 pad="repeat" if train else "empty")
+
+
+LAYOUTS = ("TCHW", "CTHW")
+
+
+def clips_in_layout(clips, layout: str):
+    """A batch of clips ``[B, T, 3, S, S]`` (numpy or cupy) in ``layout``: as is for
+    ``"TCHW"``, ``[B, 3, T, S, S]`` (contiguous) for ``"CTHW"``."""
+    check_choice("layout", layout, LAYOUTS)
+    if layout == "TCHW":
+        return clips
+    xp = array_module(clips)
+    return xp.ascontiguousarray(clips.transpose(0, 2, 1, 3, 4))
 
 
 def eval_views(videos, views):
@@ -141,8 +167,9 @@ class VideoTask(Task):
                  num_clips=4, num_crops=3, scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3),
                  dtype="float16", mean=IMAGENET_MEAN, std=IMAGENET_STD, deadline="auto",
                  threads=8, color_jitter=None, grayscale_p=0.0, temporal_jitter=0,
-                 index=None):
+                 index=None, layout="TCHW"):
         super().__init__()
+        self.layout = check_choice("layout", layout, LAYOUTS)
         self.labels = list(labels)
         self.T, self.stride, self.S = int(clip_length), int(stride), int(crop_size)
         self.train, self.seed, self.device = bool(train), int(seed), device
@@ -480,6 +507,7 @@ class VideoTask(Task):
                 keep_until_done(done, made)
         else:
             clips = xp.zeros((0, self.T, 3, self.S, self.S), np.dtype(self.dtype))
+        clips = clips_in_layout(clips, self.layout)
         # the small arrays in one copy from page-locked memory (a copy from pageable memory
         # would first wait for the producer stream's work: the stack above)
         host = [np.array([self.labels[v] for v in vids], np.int64)]

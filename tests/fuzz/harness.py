@@ -15,11 +15,13 @@ Outcomes per case and backend:
 * ``hang``, ``crash`` (confirmed alone), ``hang_in_sequence`` / ``crash_in_sequence`` (only
   after other cases), ``untyped_error``, ``good_failed`` (a clean file that did not decode
   cleanly, e.g. after bad ones), ``unaccounted`` (a training feed neither put the case in a
-  batch nor reported it in ``feed.errors``, or did both), ``nonfinite`` (a feed's batch row of
-  the case holds NaN / infinite values), ``silent_damage`` (a case of damage every decoder can
-  tell, ``expect="damaged"``, decoded with neither an error nor a damage note), ``not_refused`` (a case the corpus marks
-  ``expect="refused[:Class]"``, e.g. a JPEG 2000 tile size of 0 or a decompression bomb over
-  the pixel cap, decoded, or failed with another error class) — failures.
+  batch nor reported it in ``feed.errors``, or did both, or listed it in ``feed.errors`` but in no
+  batch's ``errors``; a training feed may repeat a good item to fill its last batches),
+  ``nonfinite`` (a feed's batch row of the case holds NaN / infinite values), ``silent_damage``
+  (a case of damage every decoder can tell, ``expect="damaged"``, decoded with neither an error
+  nor a damage note), ``not_refused`` (a case the corpus marks ``expect="refused[:Class]"``,
+  e.g. a JPEG 2000 tile size of 0 or a decompression bomb over the pixel cap, decoded, or failed
+  with another error class) — failures.
 
 The training feeds (``FEED_CPU_BACKENDS`` / ``FEED_GPU_BACKENDS``: ``rnnt_feed``,
 ``video_classification``, ``image_classification``) take a whole unit at once: one manifest /
@@ -375,7 +377,7 @@ def _check_batch(kind, b, st):
     values (checked over the valid part)."""
     import numpy as np
 
-    n = len(b.paths)  # 0: every item of a last batch failed, none left to replace them
+    n = len(b.paths)  # 0: evaluation, every item of a last batch failed (or rank padding)
     cap = st.get("batch_size") or 10**9  # max_duration: any count
     assert 0 <= n <= cap, f"batch of {n} items (batch_size {cap})"
     assert len(b.ids) == n, f"{len(b.ids)} ids for {n} paths"
@@ -430,7 +432,10 @@ def run_feed_unit(backend, cases, goods):
     try:
         feed = _make_feed(backend, _write_list(kind, entries, folder), dev, **extra)
         in_batch, nonfinite, zero_len = {}, set(), set()
+        batch_errors = set()  # the (path, message) pairs the batches carry
+        repeats = feed.pad == "repeat"  # a training feed fills its last batches with repeats
         for b in feed:
+            batch_errors.update(tuple(e) for e in b.errors)
             bad = _check_batch(kind, b, st)
             ids = [int(i) for i in _host(b.ids)]
             for r, i in enumerate(ids):
@@ -467,13 +472,18 @@ def run_feed_unit(backend, cases, goods):
     listed = {os.path.abspath(p) for p in entries}
     status = {}  # listed path -> (outcome, text)
     for p, ids in by_path.items():
-        got = sum(in_batch.get(j, 0) for j in ids)
+        # items of the file in a batch (a training feed may repeat one: counted once); the
+        # others must be in feed.errors, which lists each (path, message) once
+        got = sum(1 for j in ids if in_batch.get(j, 0))
         msgs = errors.get(p, [])
-        if any(in_batch.get(j, 0) > 1 for j in ids) or got + len(msgs) != len(ids):
-            how = "neither in a batch nor in feed.errors" if got + len(msgs) < len(ids) else \
+        twice = not repeats and any(in_batch.get(j, 0) > 1 for j in ids)
+        if twice or (got < len(ids)) != bool(msgs):
+            how = "neither in a batch nor in feed.errors" if got < len(ids) else \
                 "both in a batch and in feed.errors (or twice)"
-            status[p] = ("unaccounted", f"{len(ids)} items, {got} batch rows, {len(msgs)} "
+            status[p] = ("unaccounted", f"{len(ids)} items, {got} in batches, {len(msgs)} "
                                         f"errors: {how} {msgs[:1]!r}")
+        elif any((p, m) not in batch_errors for m in msgs):
+            status[p] = ("unaccounted", f"in feed.errors but in no batch's errors: {msgs[:1]!r}")
         elif not all(str(m).strip() for m in msgs):
             status[p] = ("unaccounted", f"reported without a message: {msgs!r}")
         elif any(j in nonfinite for j in ids):
