@@ -18,7 +18,7 @@ import numpy as np
 
 from ._scan import StreamScan
 
-__all__ = ["PacketPathError", "DecodePlan", "plan_request", "skippable_pts"]
+__all__ = ["PacketPathError", "DecodePlan", "plan_request", "skippable_pts", "skipped_mask"]
 
 
 class PacketPathError(RuntimeError):
@@ -31,13 +31,24 @@ def _skipped(decode_pts: np.ndarray, disposable: np.ndarray, want) -> np.ndarray
     return disposable & ~np.isin(decode_pts, np.fromiter(want, np.int64, len(want)))
 
 
+def skipped_mask(scan: StreamScan, targets) -> np.ndarray | None:
+    """Per packet in decode order: disposable and not among the display indices ``targets``
+    (the packets :meth:`DecodePlan.needed` leaves out); None when the scan has no packet order."""
+    if scan.decode_pts is None or scan.disposable is None:
+        return None
+    if not scan.disposable.any():
+        return np.zeros(len(scan.decode_pts), dtype=bool)
+    wanted = {int(scan.pts[t]) for t in targets}
+    return _skipped(scan.decode_pts, scan.disposable, wanted)
+
+
 def skippable_pts(scan: StreamScan, targets) -> frozenset:
     """Pts of the disposable packets that are not among the display indices ``targets``
     (the packets :meth:`DecodePlan.needed` leaves out)."""
-    if scan.disposable is None or not scan.disposable.any():
+    mask = skipped_mask(scan, targets)
+    if mask is None or not mask.any():
         return frozenset()
-    wanted = {int(scan.pts[t]) for t in targets}
-    return frozenset(scan.decode_pts[_skipped(scan.decode_pts, scan.disposable, wanted)].tolist())
+    return frozenset(scan.decode_pts[mask].tolist())
 
 
 @dataclass(frozen=True)
