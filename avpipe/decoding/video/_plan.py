@@ -6,8 +6,9 @@ keyframe at or before the first target and runs in decode order. A packet is nee
 that keyframe, when other pictures may reference it (not *disposable*, see :mod:`._nal`), or
 when it is a target itself; a disposable packet that is not a target is never decoded. The
 packet path stops at the last target's packet in decode order (which need not be the last target
-in display order); PyAV decodes forward, seeking where a keyframe lies between targets, and
-skips the same disposable packets wherever it meets them.
+in display order); PyAV decodes forward, seeking to a keyframe between targets only where the
+packets before it would cost more than the seek, and skips the same disposable packets wherever
+it meets them.
 """
 
 from __future__ import annotations

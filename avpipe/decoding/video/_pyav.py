@@ -12,9 +12,9 @@ a seek (:data:`SEEK_COST`): a strided clip is one seek and one decode pass. Ever
 request is decoded at most once, and *disposable* packets (pictures no other picture
 references, see :mod:`._nal`) that are not wanted are not decoded at all.
 
-Decoder threads: ``threads=0`` (the default) lets FFmpeg pick the count (the CPU count plus one
-on a machine with several) with frame and slice threading; ``threads=1`` decodes on the
-calling thread only. Frames are the same either way.
+Decoder threads: ``threads=0`` (the default) is FFmpeg's frame and slice threading with the
+count FFmpeg picks from the CPU count; ``threads=1`` decodes on the calling thread only. Frames
+are the same for any count.
 """
 
 from __future__ import annotations
