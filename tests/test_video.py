@@ -344,3 +344,169 @@ def test_h264_in_avi_with_b_frames_is_refused_not_misnumbered(tmp_path):
         want = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
     with avpipe.VideoDecoder(p, device="cpu") as d:
         np.testing.assert_array_equal(d.get_frames(list(range(30))[::-1]).data, want[::-1])
+
+
+# -- clips: the keyframe seek, one decode pass, decoder threads ----------------------------------
+_GOP10 = "keyint=10:min-keyint=10:scenecut=0"
+CLIP_FILES = {  # (muxer, encoder, options): B-frames everywhere, open GOPs in the HEVC ones
+    "mp4_h264": ("mp4", "libx264", f"bframes=3:b-adapt=0:{_GOP10}"),
+    "mp4_hevc_open_gop": ("mp4", "libx265", f"bframes=3:{_GOP10}:open-gop=1"),
+    "mov_h264": ("mov", "libx264", f"bframes=2:b-adapt=0:{_GOP10}"),
+    "mkv_h264": ("matroska", "libx264", f"bframes=3:b-adapt=0:{_GOP10}"),
+    "mkv_hevc_open_gop": ("matroska", "libx265", f"bframes=3:{_GOP10}:open-gop=1"),
+    "ts_h264": ("mpegts", "libx264", f"bframes=3:b-adapt=0:{_GOP10}"),
+    "ts_hevc_open_gop": ("mpegts", "libx265", f"bframes=3:{_GOP10}:open-gop=1"),
+}
+_EXT = {"mp4": "mp4", "mov": "mov", "matroska": "mkv", "mpegts": "ts"}
+CLIP_LEN, CLIP_STRIDE = 8, 3  # 22 frames: every clip crosses two keyframes
+
+
+@pytest.fixture(scope="module")
+def clip_files(tmp_path_factory):
+    """Per key: (path, the full decode's frames); 60 frames, a keyframe every 10."""
+    import av
+    from test_mp4_scan import _x264, _x265, encode
+
+    from avpipe._source import open_source
+    from avpipe.decoding.video._scan import scan_stream
+
+    d = tmp_path_factory.mktemp("clips")
+    out = {}
+    for key, (fmt, enc, opts) in CLIP_FILES.items():
+        if not encoder_available(enc):
+            continue
+        p = encode(d / f"{key}.{_EXT[fmt]}", codec=enc, n=60,
+                   opts=_x264(opts) if enc == "libx264" else _x265(opts), fmt=fmt)
+        with av.open(p) as c:
+            frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+        s = scan_stream(open_source(p), p)
+        assert s.num_frames == len(frames) == 60 and s.keyframe_indices.tolist()[:3] == [0, 10, 20]
+        if "open_gop" in key:  # leading pictures: after a keyframe in decode order, before it shown
+            order = s.decode_pts.tolist()
+            k = order.index(int(s.pts[20]))
+            assert min(order[k + 1:k + 4]) < s.pts[20], "no open GOP"
+        out[key] = (p, frames)
+    return out
+
+
+class _Recorded:
+    """A PyAV container whose seeks and demuxed packets are recorded in ``log``."""
+
+    def __init__(self, container, log):
+        self._c, self._log = container, log
+
+    def __getattr__(self, name):
+        return getattr(self._c, name)
+
+    def seek(self, *a, **k):
+        self._log.append(("seek", a[0] if a else k.get("offset")))
+        return self._c.seek(*a, **k)
+
+    def demux(self, *a, **k):
+        for p in self._c.demux(*a, **k):
+            self._log.append(("packet", p.pts))
+            yield p
+
+
+def _record(monkeypatch):
+    from avpipe.decoding.video import _pyav
+
+    log = []
+    real = _pyav.open_container
+    monkeypatch.setattr(_pyav, "open_container", lambda src, name: _Recorded(real(src, name), log))
+    return log
+
+
+def _clips(n=60):
+    return [list(range(s, s + CLIP_LEN * CLIP_STRIDE, CLIP_STRIDE))
+            for s in range(n - (CLIP_LEN - 1) * CLIP_STRIDE)]
+
+
+@pytest.mark.parametrize("key", list(CLIP_FILES))
+def test_clip_is_one_seek_landing_on_its_keyframe(clip_files, key, monkeypatch):
+    """A strided clip across keyframes costs one seek, which lands on the keyframe at or before
+    its first frame (MP4/MOV and Matroska seek by the keyframe's pts, MPEG-TS by its dts), and
+    one decode pass: every packet is read once, nothing before that keyframe."""
+    if key not in clip_files:
+        pytest.skip("encoder missing")
+    path, frames = clip_files[key]
+    log = _record(monkeypatch)
+    with avpipe.VideoDecoder(path, device="cpu", threads=1) as dec:
+        scan = dec._scan
+        for idx in _clips():
+            log.clear()
+            got = dec.get_frames(idx).data
+            for k, i in enumerate(idx):
+                np.testing.assert_array_equal(got[k], frames[i], err_msg=f"{key} {idx} frame {i}")
+            seeks = [e for e in log if e[0] == "seek"]
+            read = [pts for kind, pts in log if kind == "packet"]
+            kf = scan.keyframe_at_or_before(idx[0])
+            assert len(seeks) == 1, (key, idx, log)
+            assert read[0] == scan.pts[kf], (key, idx, "seek landed elsewhere", read[:3])
+            assert len(read) == len(set(read)), (key, idx, "packets read twice")
+
+
+@pytest.mark.parametrize("threads", [1, 2, 0])
+@pytest.mark.parametrize("key", list(CLIP_FILES))
+def test_clips_equal_full_decode_with_threads(clip_files, key, threads):
+    """Every strided clip, the clips in one request, every frame asked for alone, and a
+    shuffled request equal a full decode: one FFmpeg thread, two, and FFmpeg's choice."""
+    if key not in clip_files:
+        pytest.skip("encoder missing")
+    path, frames = clip_files[key]
+    ref = np.stack(frames)
+    with avpipe.VideoDecoder(path, device="cpu", threads=threads) as dec:
+        for idx in _clips():
+            np.testing.assert_array_equal(dec.get_frames(idx).data, ref[idx], err_msg=f"{idx}")
+        many = [i for idx in _clips()[::7] for i in idx]
+        np.testing.assert_array_equal(dec.get_frames(many).data, ref[many])
+        for i in range(0, 60, 3 if threads else 1):
+            np.testing.assert_array_equal(dec.get_frames([i]).data[0], ref[i], err_msg=str(i))
+        order = np.random.default_rng(threads).permutation(60)
+        np.testing.assert_array_equal(dec.get_frames(order).data, ref[order])
+
+
+def test_seek_that_lands_early_drops_packets_undecoded(clip_files, monkeypatch):
+    """A demuxer that lands on an earlier keyframe (here: an MP4 sought by the keyframe's dts):
+    the packets before the wanted keyframe are read and dropped, not decoded, so the decoder
+    gets the same packets and gives the same frames as after an exact seek."""
+    from avpipe.decoding.video import _pyav
+
+    path, frames = clip_files["mp4_h264"]
+    idx = _clips()[21]  # frames 21..42: keyframe 20
+    with avpipe.VideoDecoder(path, device="cpu", threads=1) as dec:
+        exact = dec.get_frames(idx).data
+        want = dict(dec._cpu.counters)
+    assert want["dropped"] == 0 and want["seeks"] == 1
+    monkeypatch.setattr(_pyav, "seeks_by_pts", lambda container: False)
+    with avpipe.VideoDecoder(path, device="cpu", threads=1) as dec:
+        early = dec.get_frames(idx).data
+        got = dict(dec._cpu.counters)
+    assert got["dropped"] > 0  # the dts seek landed on keyframe 10
+    assert got["packets"] == want["packets"] and got["seeks"] == 1
+    np.testing.assert_array_equal(early, exact)
+    np.testing.assert_array_equal(exact, np.stack([frames[i] for i in idx]))
+
+
+def test_seek_rule_by_container():
+    from avpipe.decoding.video._pyav import seeks_by_pts
+
+    for name in ("mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", "mp4", "mov"):
+        assert seeks_by_pts(name), name
+    for name in ("mpegts", "avi", "flv", "h264", "", None):
+        assert not seeks_by_pts(name), name
+
+
+def test_threads_left_unset_use_ffmpeg_threads(media):
+    """``threads`` unset: FFmpeg's frame and slice threads with its own count (more than one
+    on a machine with several CPUs); ``threads=1``: none."""
+    import os
+
+    with avpipe.VideoDecoder(media["h264"], device="cpu") as dec:
+        dec.get_frames([3])
+        cc = dec._cpu._stream.codec_context
+        assert "FRAME" in str(cc.thread_type) or cc.thread_type.name == "AUTO"
+        assert cc.thread_count > 1 or (os.cpu_count() or 1) == 1
+    with avpipe.VideoDecoder(media["h264"], device="cpu", threads=1) as dec:
+        dec.get_frames([3])
+        assert dec._cpu._stream.codec_context.thread_count == 1

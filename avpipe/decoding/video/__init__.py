@@ -148,7 +148,9 @@ class VideoDecoder:
             False raises :class:`~avpipe.errors.UnsupportedFormatError` instead.
         memory_cap_bytes: a request whose output would exceed this raises
             :class:`~avpipe.errors.MemoryCapError` (None: no cap).
-        threads: PyAV decoder threads (0: FFmpeg's choice).
+        threads: CPU decoder threads. 0 (the default): FFmpeg's frame and slice threading
+            with the count it picks from the CPU count;
+            1: decode on the calling thread. Frames are the same for any count.
         index: a video index (:func:`avpipe.decoding.build_index`'s file, or a loaded
             :class:`~avpipe.decoding.VideoIndex`): the file's scan is taken from it when the file's
             size and mtime still match the entry (else the file is scanned as without one).

@@ -6,8 +6,9 @@ keyframe at or before the first target and runs in decode order. A packet is nee
 that keyframe, when other pictures may reference it (not *disposable*, see :mod:`._nal`), or
 when it is a target itself; a disposable packet that is not a target is never decoded. The
 packet path stops at the last target's packet in decode order (which need not be the last target
-in display order); PyAV decodes forward, seeking where a keyframe lies between targets, and
-skips the same disposable packets wherever it meets them.
+in display order); PyAV decodes forward, seeking to a keyframe between targets only where the
+packets before it would cost more than the seek, and skips the same disposable packets wherever
+it meets them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from ._scan import StreamScan
 
-__all__ = ["PacketPathError", "DecodePlan", "plan_request", "skippable_pts"]
+__all__ = ["PacketPathError", "DecodePlan", "plan_request", "skippable_pts", "skipped_mask"]
 
 
 class PacketPathError(RuntimeError):
@@ -31,13 +32,24 @@ def _skipped(decode_pts: np.ndarray, disposable: np.ndarray, want) -> np.ndarray
     return disposable & ~np.isin(decode_pts, np.fromiter(want, np.int64, len(want)))
 
 
+def skipped_mask(scan: StreamScan, targets) -> np.ndarray | None:
+    """Per packet in decode order: disposable and not among the display indices ``targets``
+    (the packets :meth:`DecodePlan.needed` leaves out); None when the scan has no packet order."""
+    if scan.decode_pts is None or scan.disposable is None:
+        return None
+    if not scan.disposable.any():
+        return np.zeros(len(scan.decode_pts), dtype=bool)
+    wanted = {int(scan.pts[t]) for t in targets}
+    return _skipped(scan.decode_pts, scan.disposable, wanted)
+
+
 def skippable_pts(scan: StreamScan, targets) -> frozenset:
     """Pts of the disposable packets that are not among the display indices ``targets``
     (the packets :meth:`DecodePlan.needed` leaves out)."""
-    if scan.disposable is None or not scan.disposable.any():
+    mask = skipped_mask(scan, targets)
+    if mask is None or not mask.any():
         return frozenset()
-    wanted = {int(scan.pts[t]) for t in targets}
-    return frozenset(scan.decode_pts[_skipped(scan.decode_pts, scan.disposable, wanted)].tolist())
+    return frozenset(scan.decode_pts[mask].tolist())
 
 
 @dataclass(frozen=True)
