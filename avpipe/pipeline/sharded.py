@@ -32,7 +32,7 @@ from . import shards
 from .sources import Item
 
 __all__ = ["ShardMember", "Listing", "is_shard_spec", "is_shar_spec", "read_webdataset",
-           "read_nemo_tarred", "read_shar", "MEDIA_EXTENSIONS"]
+           "read_nemo_tarred", "read_shar", "sharded_listing", "MEDIA_EXTENSIONS"]
 
 MEDIA_EXTENSIONS = {
     "audio": tuple(e.lstrip(".") for e in AUDIO_EXTENSIONS),
@@ -365,3 +365,19 @@ def read_shar(spec, *, storage_options=None, threads: int = 16) -> Listing:
 
 def _shar_match(sample: shards.Sample, cut_id: str) -> bool:
     return any(f"{sample.key}.{ext}".startswith(cut_id + ".") for ext in sample.exts())
+
+
+def sharded_listing(spec, *, kind: str, storage_options=None, tarred_audio_filepaths=None):
+    """The :class:`Listing` of a sharded source, or None where ``spec`` is none (a manifest,
+    CSV, list or folder of loose files, which the recipes read as before): NeMo tarred audio
+    when ``tarred_audio_filepaths`` is given (``spec``: its manifest), WebDataset shards, or a
+    lhotse Shar (audio)."""
+    if tarred_audio_filepaths is not None:
+        if kind != "audio":
+            raise ValueError("tarred_audio_filepaths is for audio feeds")
+        return read_nemo_tarred(spec, tarred_audio_filepaths, storage_options=storage_options)
+    if is_shard_spec(spec):
+        return read_webdataset(spec, kind=kind, storage_options=storage_options)
+    if kind == "audio" and is_shar_spec(spec, storage_options=storage_options):
+        return read_shar(spec, storage_options=storage_options)
+    return None

@@ -54,7 +54,7 @@ import numpy as np
 from .._source import TimedFile, is_regular_file, open_source
 from ..decoding.audio import DAMAGE_POLICIES, load_audio, shorter_than_declared
 from ..device import array_module, resolve_device
-from ..errors import CorruptDataError
+from ..errors import CorruptDataError, DecodeError
 from ..formats import is_flac
 from ..ops import audio_augment as _aug
 from ..ops import random as _rnd
@@ -62,6 +62,7 @@ from ..ops.audio import _resolve_preset, log_mel, log_mel_frame_lengths, resampl
 from ..pipeline._shared_memory import WorkerLost
 from ..pipeline.audio_loader import AudioBatchLoader
 from ..pipeline.feed import Feed, Task
+from ..pipeline.sharded import sharded_listing
 from ..pipeline.sources import read_manifest
 
 __all__ = ["rnnt_feed", "RnntTask", "SPEC_AUGMENT", "MAX_SAMPLE"]
@@ -80,7 +81,7 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
               framework=None, on_error="skip", prefetch=2, deadline="auto", threads=8,
               decoder="auto", signal_augment=(), feature_augment=(), bucket_window=100,
               speed_perturb=(0.85, 1.15), spec_augment=SPEC_AUGMENT, root=None,
-              on_damage="error"):
+              on_damage="error", tarred_audio_filepaths=None, storage_options=None):
     """A :class:`~avpipe.pipeline.feed.Feed` of log-mel batches from a NeMo manifest.
 
     ``batch_size`` items per batch, or ``max_duration`` seconds of padded audio per batch
@@ -116,6 +117,15 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
     ``RuntimeWarning`` naming the file and lists it in ``feed.task.damaged`` (``{path: why}``).
     Reads are bounded by the item: ``offset`` + ``duration`` of the file (speed perturbation
     resamples that span and needs nothing past it), never the whole of a longer file.
+
+    Sharded sources (:mod:`avpipe.pipeline.sharded`): ``manifest`` may also be WebDataset tar
+    shards (a path or URL with brace ranges, or a list: ``KEY.flac|wav|ogg`` + ``KEY.json``
+    with ``text`` and ``duration``) or a lhotse Shar folder; with
+    ``tarred_audio_filepaths=PATTERN`` it is a NeMo tarred-audio manifest (``shard_id`` per
+    line). Their items' ``paths`` are ``URL#KEY``; each is read by one ranged read of its
+    member (never a whole shard); damage found while indexing the shards is in ``feed.errors``
+    from the start. ``storage_options``: passed to fsspec for URLs (``s3://``, ``gs://``,
+    ``http(s)://``).
     """
     spec = (rnnt_feed, dict(
         manifest=manifest, batch_size=batch_size, max_duration=max_duration, seed=seed,
@@ -124,9 +134,15 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
         prefetch=prefetch, deadline=deadline, threads=threads, decoder=decoder,
         signal_augment=signal_augment, feature_augment=feature_augment,
         bucket_window=bucket_window, speed_perturb=speed_perturb,
-        spec_augment=spec_augment, root=root, on_damage=on_damage))  # fmt: skip
-    items = read_manifest(manifest, root=root)
-    errors = []
+        spec_augment=spec_augment, root=root, on_damage=on_damage,
+        tarred_audio_filepaths=tarred_audio_filepaths,
+        storage_options=storage_options))  # fmt: skip
+    listing = sharded_listing(manifest, kind="audio", storage_options=storage_options,
+                              tarred_audio_filepaths=tarred_audio_filepaths)
+    if listing is None:
+        items, errors = read_manifest(manifest, root=root), []
+    else:
+        items, errors = listing.items, list(listing.errors)
     if max_duration is not None:
         keep = []
         for it in items:
@@ -188,6 +204,8 @@ class RnntTask(Task):
 
     # -- decoding ----------------------------------------------------------------------------
     def decode_one(self, i, item):
+        if item.locator is not None:  # a shard's member: its bytes by one ranged read
+            return self._samples(item, self._decode_member(item))
         if not is_regular_file(item.path):  # missing, or a pipe or device (reading could block)
             open_source(item.path)  # raises FileNotFoundError / UnsupportedFormatError naming it
         # the decoder reads the parts of the file the item's span needs (the "read" stage of
@@ -206,6 +224,25 @@ class RnntTask(Task):
             f.close()
             if self.timings is not None:
                 self.timings("read", f.seconds)
+        return self._samples(item, a)
+
+    def _decode_member(self, item):
+        """``load_audio`` of a shard member's bytes, its errors naming the item."""
+        import time
+
+        t0 = time.perf_counter()
+        data = item.locator.read()
+        if self.timings is not None:
+            self.timings("read", time.perf_counter() - t0)
+        try:
+            return load_audio(data, sample_rate=self.sample_rate, offset=item.offset,
+                              duration=item.duration if item.duration else None,
+                              on_damage=self.on_damage)
+        except DecodeError as e:  # name the item, not "<bytes>"
+            raise type(e)(item.path, e.cause) from None
+
+    def _samples(self, item, a):
+        """A decoded item's samples, after the damage and signal checks."""
         self._check_damage(item, a.damaged or shorter_than_declared(
             a.num_samples, a.sample_rate, item.duration))
         x = a.samples
@@ -228,7 +265,7 @@ class RnntTask(Task):
 
     def _loader_kind(self, items):
         """"gpu", "processes" or None (threads) for these items."""
-        plain = all(not it.offset for it in items)
+        plain = all(not it.offset and it.locator is None for it in items)
         if self.device.is_cuda:
             if self.decoder in ("threads",):
                 return None
