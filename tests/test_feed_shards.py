@@ -190,3 +190,50 @@ def test_lhotse_shar_feed(dataset, tmp_path):
     assert feed.errors == [] and len(got) == len(cuts)
     for k in got:
         np.testing.assert_allclose(got[k], ref[k], atol=1e-5)
+
+
+def _video_bytes(tmp_path, name, frames):
+    from video_media import make_video
+
+    return open(make_video(tmp_path / name, codec="h264", num_frames=frames), "rb").read()
+
+
+def test_video_and_image_feeds_over_shards(tmp_path):
+    """Video shards (KEY.mp4 + KEY.cls: the class index) and image shards (KEY.png +
+    KEY.json label) through the recipes, over an HTTP server; a bad member named."""
+    from avpipe.recipes import image_classification, video_classification
+
+    vids = [(f"v{i}.mp4", _video_bytes(tmp_path, f"v{i}.mp4", 12 + i)) for i in range(4)]
+    members = []
+    for i, (name, data) in enumerate(vids):
+        members += [(name, data), (name.replace(".mp4", ".cls"), str(i % 3).encode())]
+    members += [("v9.mp4", b"not a video"), ("v9.cls", b"1")]
+    _tar(tmp_path / "videos.tar", members)
+    from PIL import Image
+
+    imgs = []
+    for i in range(5):
+        b = io.BytesIO()
+        Image.fromarray(np.full((40, 50, 3), 30 * i, np.uint8)).save(b, format="PNG")
+        imgs += [(f"im{i}.png", b.getvalue()),
+                 (f"im{i}.json", json.dumps({"label": "cat" if i % 2 else "dog"}).encode())]
+    _tar(tmp_path / "images.tar", imgs)
+    with http_server(tmp_path, fail_every=7) as (base, _srv):
+        vf = video_classification(base + "/videos.tar", clip_length=4, stride=1, crop_size=32,
+                                  batch_size=2, device="cpu", train=True, seed=0)
+        assert vf.classes == [0, 1, 2]
+        got = {}
+        for b in vf:
+            assert b.clips.shape[1:] == (4, 3, 32, 32)
+            for p, lab in zip(b.paths, b.labels.tolist()):
+                got[p.rsplit("#", 1)[1]] = lab
+        assert {k: v for k, v in got.items() if k != "v9"} == {f"v{i}": i % 3 for i in range(4)}
+        assert [p for p, _ in vf.errors] == [base + "/videos.tar#v9"]
+        imf = image_classification(base + "/images.tar", crop_size=16, resize_size=20,
+                                   batch_size=2, device="cpu", train=False)
+        assert imf.classes == ["cat", "dog"] and imf.errors == []
+        seen = {}
+        for b in imf:
+            for p, lab in zip(b.paths, b.labels.tolist()):
+                seen[p.rsplit("#", 1)[1]] = imf.classes[lab]
+        assert seen == {f"im{i}": "cat" if i % 2 else "dog" for i in range(5)}

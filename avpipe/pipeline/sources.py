@@ -387,8 +387,14 @@ def read_list(source, *, labels=None, root=None) -> list:
     return items
 
 
-def class_index(items) -> tuple[list, list]:
-    """``(classes, labels)``: the sorted label names and each item's index into them."""
+def class_index(items, *, integers_are_indices: bool = False) -> tuple[list, list]:
+    """``(classes, labels)``: the sorted label names and each item's index into them. With
+    ``integers_are_indices`` (WebDataset's ``KEY.cls``) labels that are all integers >= 0 are
+    the indices themselves: classes ``0 .. max``."""
+    if integers_are_indices and items and all(
+            isinstance(it.label, int) and not isinstance(it.label, bool) and it.label >= 0
+            for it in items):
+        return list(range(max(it.label for it in items) + 1)), [it.label for it in items]
     classes = sorted({str(it.label) for it in items})
     pos = {c: i for i, c in enumerate(classes)}
     return classes, [pos[str(it.label)] for it in items]

@@ -27,11 +27,13 @@ import numpy as np
 
 from ..decoding.image import decode_image_batch, resolve_max_pixels
 from ..device import array_module, resolve_device, upload_many
+from ..errors import DecodeError
 from ..formats import IMAGE_EXTENSIONS
 from ..ops import image_augment as _aug
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
 from ..pipeline.feed import Feed, Task
 from ..pipeline.image_stream import decode_image_stream
+from ..pipeline.sharded import sharded_listing
 from ..pipeline.sources import class_index, read_csv, read_folder, read_list
 
 __all__ = ["image_classification", "ImageTask"]
@@ -41,7 +43,7 @@ def image_classification(source, *, crop_size=224, resize_size=256, batch_size=3
                          seed=0, shuffle=None, rank=0, world_size=1, device=None,
                          framework=None, on_error="skip", scale=(0.08, 1.0),
                          ratio=(3 / 4, 4 / 3), dtype="float16", prefetch=2, deadline="auto",
-                         root=None, max_pixels=None):
+                         root=None, max_pixels=None, storage_options=None):
     """A :class:`~avpipe.pipeline.feed.Feed` of images. ``source``: a folder of class folders,
     a ``.csv`` file (``path,label``), a text file of paths, or a list of ``(path, label)``.
     Batch fields: ``images [B, 3, crop_size, crop_size]``, ``labels [B]``, ``paths``.
@@ -49,20 +51,27 @@ def image_classification(source, *, crop_size=224, resize_size=256, batch_size=3
     path or label, or a path outside ``root``, raises :class:`~avpipe.errors.ManifestError` /
     :class:`~avpipe.errors.OutsideRootError`.
     ``max_pixels``: the pixel cap (see :func:`avpipe.decoding.image.decode_image_batch`): an
-    image whose header declares more pixels is a bad item (``on_error``)."""
+    image whose header declares more pixels is a bad item (``on_error``).
+    ``source`` may also be WebDataset shards (a path or URL with brace ranges, or a list:
+    ``KEY.jpg|png|tif|jp2|...`` with ``KEY.cls``, an integer that is the class index, or
+    ``KEY.json`` ``{"label": ...}``), read through fsspec with ``storage_options``."""
     spec = (image_classification, dict(
         source=source, crop_size=crop_size, resize_size=resize_size, batch_size=batch_size,
         train=train, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size,
         device=device, framework=framework, on_error=on_error, scale=scale, ratio=ratio,
         dtype=dtype, prefetch=prefetch, deadline=deadline, root=root,
-        max_pixels=max_pixels))  # fmt: skip
-    if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
+        max_pixels=max_pixels, storage_options=storage_options))  # fmt: skip
+    listing = sharded_listing(source, kind="image", storage_options=storage_options)
+    errors = [] if listing is None else list(listing.errors)
+    if listing is not None:
+        items = listing.items
+    elif isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
         items = read_folder(source, extensions=IMAGE_EXTENSIONS, check=root)
     elif isinstance(source, (str, os.PathLike)) and os.fspath(source).lower().endswith(".csv"):
         items = read_csv(source, root=root)
     else:
         items = read_list(source, root=root)
-    classes, labels = class_index(items)
+    classes, labels = class_index(items, integers_are_indices=listing is not None)
     dev = resolve_device(device)
     task = ImageTask(labels=labels, crop_size=crop_size, resize_size=resize_size, train=train,
                      seed=seed, device=dev, scale=scale, ratio=ratio, dtype=dtype,
@@ -70,7 +79,7 @@ def image_classification(source, *, crop_size=224, resize_size=256, batch_size=3
     return Feed(items, task, batch_size=batch_size, seed=seed,
                 shuffle=bool(train) if shuffle is None else bool(shuffle), rank=rank,
                 world_size=world_size, prefetch=prefetch, on_error=on_error, device=dev,
-                framework=framework, classes=classes, spec=spec,
+                framework=framework, classes=classes, spec=spec, initial_errors=errors,
                 pad="repeat" if train else "empty")
 
 
@@ -90,18 +99,29 @@ class ImageTask(Task):
         self.max_pixels = max_pixels  # None: the setting's cap, read at each decode
 
     def decode_items(self, pairs):
-        """One batch decode (DALI is driven from the producer thread only)."""
+        """One batch decode (DALI is driven from the producer thread only). A shard's member
+        is read here (one ranged read), and its errors name the item, not ``<bytes>``."""
         out = [None] * len(pairs)
-        todo = []
+        todo, srcs = [], []
         for k, (_, it) in enumerate(pairs):
-            if os.path.exists(it.path):
+            if it.locator is not None:
+                try:
+                    srcs.append(it.locator.read())
+                except OSError as e:
+                    out[k] = e
+                    continue
                 todo.append(k)
+            elif os.path.exists(it.path):
+                todo.append(k)
+                srcs.append(it.path)
             else:
                 out[k] = FileNotFoundError(f"no such file: {it.path}")
         if todo:
-            res = decode_image_batch([pairs[k][1].path for k in todo], device=self.device,
-                                     max_pixels=self.max_pixels)
+            res = decode_image_batch(srcs, device=self.device, max_pixels=self.max_pixels)
             for j, e in res.errors:
+                it = pairs[todo[j]][1]
+                if it.locator is not None and isinstance(e, DecodeError):
+                    e = type(e)(it.path, e.cause)
                 out[todo[j]] = e
             for j, im in enumerate(res.images):
                 if im is not None:
@@ -115,6 +135,16 @@ class ImageTask(Task):
         (a group's live items are always a prefix of it)."""
         import time
 
+        if any(it.locator is not None for it in self._all_items):
+            # shards: each group's members read and decoded when it comes (a stream over the
+            # whole epoch would hold every member's bytes at once)
+            for g in groups:
+                t0 = time.perf_counter()
+                values = self.decode_items(list(g))
+                if self.timings is not None:
+                    self.timings("decode", time.perf_counter() - t0)
+                yield values
+            return
         groups = [list(g) for g in groups]
         if not groups:
             return

@@ -55,6 +55,7 @@ either way.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -67,6 +68,7 @@ from .. import settings
 from .._validate import check_choice
 from ..decoding import load_index
 from ..device import array_module, keep_until_done, resolve_device, upload_many
+from ..errors import DecodeError
 from ..ops import image_augment as _aug
 from ..ops import random as _rnd
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
@@ -74,6 +76,7 @@ from ..pipeline._scan_ahead import SCAN_DEPTH, ScanAhead, lookahead
 from ..pipeline.clips import ThreadStreams, decode_clip
 from ..pipeline.feed import Feed, Task, _collect
 from ..pipeline.samplers import clip_indices_at, clip_indices_regular
+from ..pipeline.sharded import sharded_listing
 from ..pipeline.sources import class_index, read_csv
 
 __all__ = ["video_classification", "VideoTask", "eval_views", "clips_in_layout", "LAYOUTS"]
@@ -85,7 +88,7 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
                          scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3), dtype="float16",
                          prefetch=2, deadline="auto", threads=None, color_jitter=None,
                          grayscale_p=0.0, temporal_jitter=0, index=None, root=None,
-                         layout="TCHW"):
+                         layout="TCHW", storage_options=None):
     """A :class:`~avpipe.pipeline.feed.Feed` of video clips (module docstring).
     ``shuffle=None``: shuffle when training. ``feed.classes``: the sorted label names.
     ``threads``: decoding threads (None: 16 on a GPU, as NVDEC sessions per thread; else the
@@ -98,7 +101,10 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
     lie under; a CSV row without a path or label, or outside ``root``, raises
     :class:`~avpipe.errors.ManifestError` / :class:`~avpipe.errors.OutsideRootError`.
     ``layout``: ``"TCHW"`` (clips ``[B, T, 3, S, S]``) or ``"CTHW"`` (``[B, 3, T, S, S]``,
-    torchvision's / PyTorchVideo's)."""
+    torchvision's / PyTorchVideo's). ``file_list`` may also be WebDataset shards (a path or URL
+    with brace ranges, or a list: ``KEY.mp4|mkv|webm|...`` with ``KEY.cls``, an integer that is
+    the class index, or ``KEY.json`` ``{"label": ...}``), read through fsspec with
+    ``storage_options``; a video is read by one ranged read of its member."""
     check_choice("layout", layout, LAYOUTS)
     spec = (video_classification, dict(
         file_list=file_list, clip_length=clip_length, stride=stride, crop_size=crop_size,
@@ -107,9 +113,13 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
         num_clips=num_clips, num_crops=num_crops, scale=scale, ratio=ratio, dtype=dtype,
         prefetch=prefetch, deadline=deadline, threads=threads, color_jitter=color_jitter,
         grayscale_p=grayscale_p, temporal_jitter=temporal_jitter, index=index, root=root,
-        layout=layout))  # fmt: skip
-    videos = read_csv(file_list, root=root)
-    classes, labels = class_index(videos)
+        layout=layout, storage_options=storage_options))  # fmt: skip
+    listing = sharded_listing(file_list, kind="video", storage_options=storage_options)
+    if listing is None:
+        videos, errors = read_csv(file_list, root=root), []
+    else:
+        videos, errors = listing.items, list(listing.errors)
+    classes, labels = class_index(videos, integers_are_indices=listing is not None)
     dev = resolve_device(device)
     if threads is None:
         import os
@@ -125,7 +135,7 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
     return Feed(items, task, batch_size=batch_size, seed=seed,
                 shuffle=bool(train) if shuffle is None else bool(shuffle), rank=rank,
                 world_size=world_size, prefetch=prefetch, on_error=on_error, device=dev,
-                framework=framework, classes=classes, spec=spec,
+                framework=framework, classes=classes, spec=spec, initial_errors=errors,
                 pad="repeat" if train else "empty")
 
 
@@ -140,6 +150,17 @@ def clips_in_layout(clips, layout: str):
         return clips
     xp = array_module(clips)
     return xp.ascontiguousarray(clips.transpose(0, 2, 1, 3, 4))
+
+
+@contextlib.contextmanager
+def _naming(item, src):
+    """Errors about in-memory bytes (a shard's member) name the item, not ``<bytes>``."""
+    try:
+        yield
+    except DecodeError as e:
+        if isinstance(src, (bytes, bytearray)):
+            raise type(e)(item.path, e.cause) from None
+        raise
 
 
 def eval_views(videos, views):
@@ -390,8 +411,8 @@ class VideoTask(Task):
             index = self.index
 
             def seen(group):
-                ahead.submit(it.path for _, it in group
-                             if index is None or it.path not in index)
+                ahead.submit(it.path for _, it in group if it.locator is None
+                             and (index is None or it.path not in index))
 
             groups = lookahead(groups, SCAN_DEPTH, seen)
         # (after the lookahead: a chunk's tables are all handed out before the next is drawn)
@@ -437,10 +458,19 @@ class VideoTask(Task):
                     return _Deferred(frames, _rnd.drawn_table())
                 return self._train_transform(frames, i, epoch)
 
-            out, _, _, _ = decode_clip(item.path, select, transform, device=self.device,
-                                       stream=self._streams.get(),
-                                       on_open=self._on_open(item.path), index=self.index)
+            src, index = self._source(item)
+            with _naming(item, src):
+                out, _, _, _ = decode_clip(src, select, transform, device=self.device,
+                                           stream=self._streams.get(),
+                                           on_open=self._on_open(item.path), index=index)
             return out
+
+    def _source(self, item):
+        """``(source, index)`` to open: a shard member's bytes (no persisted index applies to
+        them), else the path and the feed's index."""
+        if item.locator is not None:
+            return item.locator.read(), None
+        return item.path, self.index
 
     def decode_views(self, pairs):
         """Eval: views of one video (``pairs`` of ``(id, item)``, all the same video), its file
@@ -461,10 +491,12 @@ class VideoTask(Task):
                 return [xp.ascontiguousarray(per_clip[v // self.num_crops][v % self.num_crops])
                         for v in views]
 
-            path = pairs[0][1].path
-            out, _, _, _ = decode_clip(path, select, transform, device=self.device,
-                                       stream=self._streams.get(), on_open=self._on_open(path),
-                                       index=self.index)
+            item = pairs[0][1]
+            src, index = self._source(item)
+            with _naming(item, src):
+                out, _, _, _ = decode_clip(src, select, transform, device=self.device,
+                                           stream=self._streams.get(),
+                                           on_open=self._on_open(item.path), index=index)
             return out
 
     def _submit(self, pairs):
