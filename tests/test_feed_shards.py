@@ -237,3 +237,42 @@ def test_video_and_image_feeds_over_shards(tmp_path):
             for p, lab in zip(b.paths, b.labels.tolist()):
                 seen[p.rsplit("#", 1)[1]] = imf.classes[lab]
         assert seen == {f"im{i}": "cat" if i % 2 else "dog" for i in range(5)}
+
+
+def test_grouped_order_keeps_shards_together():
+    from avpipe.pipeline._order import grouped_permutation
+
+    groups = [0, 1, 2, 0, 1, 2, 0, 1, 2, 2, 2, 5]
+    a = grouped_permutation(groups, seed=3, epoch=0)
+    assert sorted(a.tolist()) == list(range(len(groups)))
+    runs = [groups[i] for i in a]
+    # each group's items form one run
+    assert len([k for k in range(len(runs)) if k == 0 or runs[k] != runs[k - 1]]) == 4
+    assert a.tolist() == grouped_permutation(groups, seed=3, epoch=0).tolist()
+    assert a.tolist() != grouped_permutation(groups, seed=3, epoch=1).tolist()
+    assert grouped_permutation(groups, seed=3, epoch=0, shuffle=False).tolist() == [
+        0, 3, 6, 1, 4, 7, 2, 5, 8, 9, 10, 11]
+
+
+def test_shard_order_feed_resumes_and_refuses_the_other_order(dataset):
+    import avpipe
+
+    _, shards = dataset
+    spec = str(shards / "train-{000000..000002}.tar")
+    kw = dict(KW, batch_size=1, training=True)
+    f = rnnt_feed(spec, shard_order=True, **kw)
+    full = [b.paths[0] for b in f]
+    shard_of = [p.split("#")[0] for p in full]
+    assert len([k for k in range(10) if k == 0 or shard_of[k] != shard_of[k - 1]]) == 3
+    g = rnnt_feed(spec, shard_order=True, **kw)
+    it = iter(g)
+    head = [next(it).paths[0] for _ in range(4)]
+    state = g.state_dict()
+    h = rnnt_feed(spec, shard_order=True, **kw)
+    h.load_state_dict(state)
+    assert head + [b.paths[0] for b in h] == full
+    with pytest.raises(avpipe.StateError, match="order"):
+        rnnt_feed(spec, **kw).load_state_dict(state)
+    loose, _ = dataset
+    with pytest.raises(ValueError, match="shard_order=True takes sharded sources"):
+        rnnt_feed(str(loose / "manifest.jsonl"), shard_order=True, **kw)

@@ -91,6 +91,30 @@ def permutation(n: int, *, seed: int, epoch: int, shuffle: bool = True,
     return permute(np.arange(int(n)), n, seed=seed, epoch=epoch, stream=stream)
 
 
+def grouped_permutation(groups, *, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The epoch's order with each group's items together (``groups``: a group id per item, a
+    shard's number): the groups in a permutation of them (stream ``"order.groups"``), each
+    group's items in a permutation of their own (stream ``"order.group.<id>"``). Reads then
+    go through one shard at a time, at the cost of batches drawn from fewer shards.
+    ``shuffle=False``: the groups and their items in the list's order."""
+    groups = np.asarray(groups, dtype=np.int64).reshape(-1)
+    if groups.size == 0:
+        return np.zeros(0, np.int64)
+    uniq, first, inv = np.unique(groups, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")  # groups in list order
+    members = np.argsort(rank[inv], kind="stable")
+    counts = np.bincount(rank[inv], minlength=len(uniq))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    g_order = permutation(len(uniq), seed=seed, epoch=epoch, shuffle=shuffle,
+                          stream="order.groups")
+    out = []
+    for g in g_order:
+        m = members[starts[g]: starts[g] + counts[g]]
+        out.append(m[permutation(len(m), seed=seed, epoch=epoch, shuffle=shuffle,
+                                 stream=f"order.group.{int(g)}")])
+    return np.concatenate(out)
+
+
 def steps_fixed(m: int, batch_size: int, world_size: int) -> int:
     """Batches per rank for ``m`` items (the remainder rule: ``ceil(m / (W * B))``)."""
     if m <= 0:

@@ -147,7 +147,8 @@ def _flat_states(state) -> list:
 
 # the state_dict format; load_state_dict takes this version only
 STATE_VERSION = 2
-_STATE_KEYS = ("version", "n", "seed", "shuffle", "mode", "batch_size", "max_duration", "items",
+_STATE_KEYS = ("version", "n", "seed", "shuffle", "order", "mode", "batch_size", "max_duration",
+               "items",
                "epoch", "step", "borrowed", "rebase", "rank", "world_size", "consumed", "check")
 _REBASE_KEYS = ("world_size", "step", "exclude")
 _MAX_EPOCH = 1 << 32  # the order's counters hold the epoch in 32 bits
@@ -569,13 +570,15 @@ class Feed:
     rank, ``"repeat"`` gives those ranks the epoch's first items again and fills batches short
     of good items with repeats (training), ``"empty"`` empty batches and no repeats
     (evaluation: every item exactly once across the ranks); the recipes choose by their
-    ``training`` / ``train``.
+    ``training`` / ``train``. ``groups``: a group id per item (its shard) for an order that keeps
+    each group's items together (:func:`._order.grouped_permutation`); None: one permutation
+    of all items.
     """
 
     def __init__(self, items, task: Task, *, batch_size=None, max_duration=None,
                  durations=None, seed=0, shuffle=True, rank=0, world_size=1, prefetch=2,
                  on_error="skip", device=None, framework=None, bucket_window=100,
-                 initial_errors=(), classes=None, spec=None, pad="repeat"):
+                 initial_errors=(), classes=None, spec=None, pad="repeat", groups=None):
         if (batch_size is None) == (max_duration is None):
             raise ValueError("give exactly one of batch_size and max_duration, got "
                              f"batch_size={batch_size!r}, max_duration={max_duration!r}")
@@ -592,6 +595,12 @@ class Feed:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, "
                              f"world_size={world_size}")
         self.items = list(items)
+        if groups is not None:
+            groups = np.asarray(groups, np.int64).reshape(-1)
+            if len(groups) != len(self.items):
+                raise ValueError(f"groups: one group id per item, got {len(groups)} for "
+                                 f"{len(self.items)} items")
+        self.groups = groups
         self.task = task
         self.batch_size = None if batch_size is None else int(batch_size)
         self.max_duration = None if max_duration is None else float(max_duration)
@@ -633,8 +642,12 @@ class Feed:
         return "fixed" if self.batch_size is not None else "duration"
 
     def _base_plan(self, epoch: int, world_size: int) -> list:
-        order = _order.permutation(len(self.items), seed=self.seed, epoch=epoch,
-                                   shuffle=self.shuffle)
+        if self.groups is None:
+            order = _order.permutation(len(self.items), seed=self.seed, epoch=epoch,
+                                       shuffle=self.shuffle)
+        else:
+            order = _order.grouped_permutation(self.groups, seed=self.seed, epoch=epoch,
+                                               shuffle=self.shuffle)
         if self.mode == "fixed":
             return _order.plan_fixed(order, self.batch_size, world_size, pad=self.pad)
         return _order.plan_buckets(order, self.durations, self.max_duration, world_size,
@@ -701,6 +714,7 @@ class Feed:
     # -- resume ----------------------------------------------------------------------------
     def _fingerprint(self) -> dict:
         return {"n": len(self.items), "seed": self.seed, "shuffle": self.shuffle,
+                "order": "global" if self.groups is None else "grouped",
                 "mode": self.mode, "batch_size": self.batch_size,
                 "max_duration": self.max_duration, "items": self.items_fingerprint()}
 
@@ -741,7 +755,7 @@ class Feed:
         """The states of ``state`` (one rank's state, or a list of ranks' states), checked to be
         ones this feed (a feed built with the same arguments over the same item list, at any
         rank and world size) can have written: every field present and of its type, no other
-        field, this ``STATE_VERSION``, the fingerprint (``n``, ``seed``, ``shuffle``,
+        field, this ``STATE_VERSION``, the fingerprint (``n``, ``seed``, ``shuffle``, ``order``,
         ``mode``, ``batch_size``, ``max_duration``, ``items``) this feed's, ``rank`` /
         ``world_size`` / ``epoch`` / ``step`` / ``borrowed`` / ``consumed`` / ``rebase``
         within what the epoch's plan allows, and a list's states at one position, one per

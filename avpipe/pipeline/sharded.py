@@ -32,7 +32,7 @@ from . import shards
 from .sources import Item
 
 __all__ = ["ShardMember", "Listing", "is_shard_spec", "is_shar_spec", "read_webdataset",
-           "read_nemo_tarred", "read_shar", "sharded_listing", "MEDIA_EXTENSIONS"]
+           "read_nemo_tarred", "read_shar", "sharded_listing", "shard_groups", "MEDIA_EXTENSIONS"]
 
 MEDIA_EXTENSIONS = {
     "audio": tuple(e.lstrip(".") for e in AUDIO_EXTENSIONS),
@@ -381,3 +381,17 @@ def sharded_listing(spec, *, kind: str, storage_options=None, tarred_audio_filep
     if kind == "audio" and is_shar_spec(spec, storage_options=storage_options):
         return read_shar(spec, storage_options=storage_options)
     return None
+
+
+def shard_groups(items) -> list:
+    """A group id per item: the number of its shard, in the order shards first appear (for
+    :class:`avpipe.pipeline.feed.Feed`'s ``groups``). Every item must come from a shard."""
+    ids: dict = {}
+    out = []
+    for it in items:
+        loc = it.locator
+        if loc is None or not hasattr(loc, "url"):
+            raise ValueError(f"shard_order=True takes sharded sources only; {it.path!r} is a "
+                             "loose file")
+        out.append(ids.setdefault(loc.url, len(ids)))
+    return out

@@ -62,7 +62,7 @@ from ..ops.audio import _resolve_preset, log_mel, log_mel_frame_lengths, resampl
 from ..pipeline._shared_memory import WorkerLost
 from ..pipeline.audio_loader import AudioBatchLoader
 from ..pipeline.feed import Feed, Task
-from ..pipeline.sharded import sharded_listing
+from ..pipeline.sharded import shard_groups, sharded_listing
 from ..pipeline.sources import read_manifest
 
 __all__ = ["rnnt_feed", "RnntTask", "SPEC_AUGMENT", "MAX_SAMPLE"]
@@ -81,7 +81,8 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
               framework=None, on_error="skip", prefetch=2, deadline="auto", threads=8,
               decoder="auto", signal_augment=(), feature_augment=(), bucket_window=100,
               speed_perturb=(0.85, 1.15), spec_augment=SPEC_AUGMENT, root=None,
-              on_damage="error", tarred_audio_filepaths=None, storage_options=None):
+              on_damage="error", tarred_audio_filepaths=None, storage_options=None,
+              shard_order=False):
     """A :class:`~avpipe.pipeline.feed.Feed` of log-mel batches from a NeMo manifest.
 
     ``batch_size`` items per batch, or ``max_duration`` seconds of padded audio per batch
@@ -125,7 +126,9 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
     line). Their items' ``paths`` are ``URL#KEY``; each is read by one ranged read of its
     member (never a whole shard); damage found while indexing the shards is in ``feed.errors``
     from the start. ``storage_options``: passed to fsspec for URLs (``s3://``, ``gs://``,
-    ``http(s)://``).
+    ``http(s)://``). ``shard_order=True``: the epoch's order keeps each shard's items together
+    (the shards shuffled, then the items within each shard): reads go through one shard at a
+    time, and a batch draws from one or two shards instead of all of them.
     """
     spec = (rnnt_feed, dict(
         manifest=manifest, batch_size=batch_size, max_duration=max_duration, seed=seed,
@@ -136,7 +139,7 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
         bucket_window=bucket_window, speed_perturb=speed_perturb,
         spec_augment=spec_augment, root=root, on_damage=on_damage,
         tarred_audio_filepaths=tarred_audio_filepaths,
-        storage_options=storage_options))  # fmt: skip
+        storage_options=storage_options, shard_order=shard_order))  # fmt: skip
     listing = sharded_listing(manifest, kind="audio", storage_options=storage_options,
                               tarred_audio_filepaths=tarred_audio_filepaths)
     if listing is None:
@@ -165,7 +168,7 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
                 durations=durations, seed=seed, shuffle=shuffle, rank=rank,
                 world_size=world_size, prefetch=prefetch, on_error=on_error, device=dev,
                 framework=framework, bucket_window=bucket_window, initial_errors=errors,
-                spec=spec,
+                spec=spec, groups=shard_groups(items) if shard_order else None,
                 pad="repeat" if training else "empty")
 
 
