@@ -43,12 +43,13 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-def make_data(d, n, n_shards, seed=0):
-    """n FLAC utterances of 2-16 s (16 kHz), a manifest, and the same as n_shards tars."""
+def make_data(d, n, n_shards, seed=0, seconds=(2, 16)):
+    """n FLAC utterances of ``seconds`` (a range; 16 kHz), a manifest, and the same as
+    n_shards tars."""
     import numpy as np
     import soundfile as sf
 
-    done = os.path.join(d, f"done-{n}-{n_shards}-{seed}")
+    done = os.path.join(d, f"done-{n}-{n_shards}-{seed}-{seconds[0]}-{seconds[1]}")
     if os.path.exists(done):
         return
     os.makedirs(os.path.join(d, "files"), exist_ok=True)
@@ -56,7 +57,7 @@ def make_data(d, n, n_shards, seed=0):
     rng = np.random.default_rng(seed)
     lines, members = [], [[] for _ in range(n_shards)]
     for i in range(n):
-        sec = float(rng.uniform(2, 16))
+        sec = float(rng.uniform(*seconds))
         m = int(sec * 16000)
         t = np.arange(m) / 16000
         f0 = 110 + 80 * np.sin(2 * np.pi * 0.5 * t + rng.uniform(0, 6))
@@ -165,8 +166,8 @@ def main():
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--big-items", type=int, default=0,
-                    help="also measure peak RSS over one shard of this many items (about "
-                         "0.25 MB each: 4000 makes a 1 GB shard)")
+                    help="also measure peak RSS over one shard of this many 60 s items (about "
+                         "1.5 MB each: 700 make a 1 GB shard) against the same items as files")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ.setdefault("AVPIPE_DISABLE_GPU", "1")
@@ -181,7 +182,7 @@ def main():
                                 "log-mel (nemo), SpecAugment"},
            "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
            "environment": environment()}
-    with s3_server():
+    with s3_server(process=True):  # its own process: it shares no interpreter with the feed
         import boto3
 
         s3 = boto3.client("s3")
@@ -221,7 +222,7 @@ def main():
     log("ratio of medians to files:", res["ratio_to_files"])
     if a.big_items:
         big = os.path.join(a.data, f"big{a.big_items}")
-        make_data(big, a.big_items, 1, seed=1)
+        make_data(big, a.big_items, 1, seed=1, seconds=(60, 60))
         env = {**os.environ, "PYTHONPATH": ROOT}
         pf = peak_rss(os.path.join(big, "files", "manifest.jsonl"), env)
         ps = peak_rss(os.path.join(big, "shards", "train-000000.tar"), env)

@@ -119,15 +119,44 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def s3_server(monkeypatch=None):
+def s3_server(*, process: bool = False):
     """A moto S3 server on 127.0.0.1, configured as boto3 is: ``AWS_ENDPOINT_URL`` and test
-    credentials in the environment (restored afterwards). Yields the endpoint URL."""
-    from moto.server import ThreadedMotoServer
-
+    credentials in the environment (restored afterwards). Yields the endpoint URL.
+    ``process=True``: the server runs in its own process (a benchmark's client then does not
+    share its interpreter with the server); else on a thread of this one."""
     port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
     endpoint = f"http://127.0.0.1:{port}"
+    if process:
+        import subprocess
+        import sys
+        import time
+        import urllib.request
+
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                                 str(port)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    raise RuntimeError("the moto S3 server did not start") from None
+                time.sleep(0.2)
+
+        class _Proc:
+            def stop(self):
+                proc.terminate()
+                proc.wait(timeout=30)
+
+        server = _Proc()
+    else:
+        from moto.server import ThreadedMotoServer
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
     env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     old = {k: os.environ.get(k) for k in env}
