@@ -116,8 +116,9 @@ def is_shar_spec(spec, *, storage_options=None) -> bool:
     return any(n.startswith("cuts.") and n.endswith(".jsonl.gz") for n in names)
 
 
-def _kind_ext(sample: shards.Sample, kind: str) -> str | None:
-    want = MEDIA_EXTENSIONS[kind]
+def _kind_ext(sample: shards.Sample, kind: str, extensions=None) -> str | None:
+    want = MEDIA_EXTENSIONS[kind] if extensions is None else tuple(
+        e.lower().lstrip(".") for e in extensions)
     for ext in sample.exts():
         if ext.rsplit(".", 1)[-1].lower() in want:
             return ext
@@ -166,11 +167,14 @@ def _seconds(v, what):
     return float(v)
 
 
-def read_webdataset(spec, *, kind: str, storage_options=None, threads: int = 16) -> Listing:
+def read_webdataset(spec, *, kind: str | None = None, extensions=None, storage_options=None,
+                    threads: int = 16) -> Listing:
     """Items of WebDataset shards (see the module's doc). ``kind``: ``"audio"``, ``"video"``
-    or ``"image"``: which member is the item's media."""
-    if kind not in MEDIA_EXTENSIONS:
+    or ``"image"``: which member is the item's media; or ``extensions`` (``[".flac", ...]``):
+    the first member with one of them."""
+    if extensions is None and kind not in MEDIA_EXTENSIONS:
         raise ValueError(f"kind must be one of {sorted(MEDIA_EXTENSIONS)}, got {kind!r}")
+    what = kind if extensions is None else "media"
     urls = _spec_names(spec)
     if not urls:
         raise ValueError(f"no shards in {spec!r}")
@@ -184,10 +188,11 @@ def read_webdataset(spec, *, kind: str, storage_options=None, threads: int = 16)
             if isinstance(meta, Exception):
                 errors.append((name, f"metadata: {meta}"))
                 continue
-            ext = _kind_ext(sample, kind)
+            ext = _kind_ext(sample, kind, extensions)
             if ext is None:
-                errors.append((name, f"no {kind} member ({', '.join(MEDIA_EXTENSIONS[kind][:6])}"
-                                     f", ...) among its members {sample.exts()}"))
+                want = list(MEDIA_EXTENSIONS[kind] if extensions is None else extensions)
+                errors.append((name, f"no {what} member ({', '.join(want[:6])}, ...) among "
+                                     f"its members {sample.exts()}"))
                 continue
             try:
                 offset = _seconds(meta.pop("offset", None), "offset") or 0.0

@@ -421,6 +421,7 @@ def run_extract(
     ray_address: str | None = None,
     root=None,
     on_damage: str = "error",
+    storage_options=None,
 ) -> ExtractSummary:
     """Extract features from every input of ``input_path`` into ``out_dir`` (see the module
     docstring). Returns an :class:`ExtractSummary`; bad inputs never raise (they are counted
@@ -438,7 +439,10 @@ def run_extract(
     ``on_damage``: audio that decodes though damaged (fewer samples than its header, or more
     than 0.1 s fewer than its manifest ``duration``, declares) fails, listed in errors.jsonl
     ("error", the default), or is kept with ``info.damaged`` in its index row ("warn",
-    ``--allow-damaged``; recorded in the preset's config, so a resume must give it too)."""
+    ``--allow-damaged``; recorded in the preset's config, so a resume must give it too).
+    ``input_path`` may also be WebDataset shards (a path or URL of ``.tar`` files with brace
+    ranges, or a list): each sample's first member of the preset's kinds is an input, named
+    ``URL#KEY``, read by one ranged read; ``storage_options`` goes to fsspec for URLs."""
     t0 = time.perf_counter()
     check_choice("format", format, FORMATS)
     check_choice("engine", engine, ENGINES)
@@ -462,7 +466,7 @@ def run_extract(
     try:
         return _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size,
                             workers, batch_size, engine, retry_errors, progress, ray_address, t0,
-                            standby, root)
+                            standby, root, storage_options)
     finally:
         if standby is not None:
             standby.stop()
@@ -470,7 +474,7 @@ def run_extract(
 
 def _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size,  # noqa: A002
                  workers, batch_size, engine, retry_errors, progress, ray_address, t0,
-                 standby, root=None) -> ExtractSummary:
+                 standby, root=None, storage_options=None) -> ExtractSummary:
     if batch_size is not None:
         cfg["batch_size"] = pos_int("batch_size", batch_size)
     devs = job_devices(device, devices)
@@ -479,7 +483,8 @@ def _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size, 
     out_dir = os.fspath(out_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise NotADirectoryError(f"out_dir: not a folder: {out_dir!r}")
-    inp = resolve_inputs(input_path, extensions_of(cfg), exclude=out_dir, root=root)
+    inp = resolve_inputs(input_path, extensions_of(cfg), exclude=out_dir, root=root,
+                         storage_options=storage_options)
     os.makedirs(out_dir, exist_ok=True)
     total = len(inp.items)
     run_cfg = {k: v for k, v in cfg.items() if k != "batch_size"}

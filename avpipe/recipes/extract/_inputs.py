@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import ManifestError, OutsideRootError
-from ...formats import VIDEO_EXTENSIONS
+from ...formats import VIDEO_EXTENSIONS, kind_of
+from ...pipeline.sharded import is_shard_spec, read_webdataset
 from ...pipeline.sources import (
     check_path_text,
     check_root,
@@ -79,16 +80,21 @@ class Item:
     kind: str | None
     fields: dict[str, Any] = field(default_factory=dict)
     error: tuple[str, str] | None = None
+    # a shard's member (``read() -> bytes``) when ``path`` names a sample (``URL#KEY``)
+    locator: Any = field(default=None, compare=False, repr=False)
 
     def to_task(self) -> tuple:
-        if self.error is None:
-            return (self.index, self.source, self.path, self.kind, self.fields)
-        return (self.index, self.source, self.path, self.kind, self.fields, list(self.error))
+        return (self.index, self.source, self.path, self.kind, self.fields,
+                None if self.error is None else list(self.error), self.locator)
 
     @classmethod
     def from_task(cls, t) -> Item:
         err = tuple(t[5]) if len(t) > 5 and t[5] is not None else None
-        return cls(int(t[0]), t[1], t[2], t[3], dict(t[4]), err)
+        return cls(int(t[0]), t[1], t[2], t[3], dict(t[4]), err, t[6] if len(t) > 6 else None)
+
+    def source_of(self):
+        """What a decoder opens: the shard member's bytes (one ranged read), else the path."""
+        return self.locator.read() if self.locator is not None else self.path
 
 
 def refused(index: int, source: str, path: str, e: BaseException | tuple) -> Item:
@@ -238,16 +244,45 @@ def _row_kind(path: str, extensions) -> str | None:
     return kind
 
 
-def resolve_inputs(input_path, extensions, *, exclude=None, root=None) -> Inputs:
+def _shard_inputs(spec, extensions, looked_for, storage_options) -> Inputs:
+    """The samples of WebDataset shards: each sample's first member of the preset's kinds is
+    its input (``source`` ``URL#KEY``; the sample's JSON / ``.cls`` fields travel into its
+    outputs); damage found while indexing and samples with no such member are refused items,
+    so that every sample is in index.jsonl."""
+    got = read_webdataset(spec, extensions=extensions, storage_options=storage_options)
+    items = []
+    for it in got.items:
+        fields = dict(it.extra)
+        for k, v in (("text", it.text), ("label", it.label), ("duration", it.duration)):
+            if v is not None:
+                fields[k] = v
+        if it.offset:
+            fields["offset"] = it.offset
+        kind = kind_of("x." + it.locator.ext.rsplit(".", 1)[-1])
+        items.append(Item(len(items), it.path, it.path, kind, fields,
+                          locator=it.locator))
+    for name, why in got.errors:
+        items.append(refused(len(items), name, name, ("CorruptDataError", f"{name}: {why}")))
+    if not items:
+        raise EmptyInputError(f"no input: the shards {spec!r} hold no sample with one of the "
+                              f"{looked_for}")
+    shown = spec if isinstance(spec, str) else f"{len(spec)} shard specs"
+    return Inputs("", "shards", items, 0, shown)
+
+
+def resolve_inputs(input_path, extensions, *, exclude=None, root=None,
+                   storage_options=None) -> Inputs:
     """Resolve INPUT (see the module docstring). Raises FileNotFoundError for a path that
     does not exist, :class:`EmptyInputError` when nothing usable was found,
     :class:`~avpipe.errors.ManifestError` for a list or manifest unreadable as a whole (bytes
     not UTF-8, a CSV header without a path column). ``root``: a folder every input must lie
     under (others are refused items, see :attr:`Item.error`)."""
+    looked_for = f"media files ({_describe(extensions)})"
+    if is_shard_spec(input_path):
+        return _shard_inputs(input_path, extensions, looked_for, storage_options)
     spec = os.fspath(input_path)
     path = os.path.abspath(spec)
     top = resolve_root(root)
-    looked_for = f"media files ({_describe(extensions)})"
     if not os.path.exists(path) and _is_glob(spec):
         hits = sorted(
             os.path.abspath(p) for p in _glob.glob(spec, recursive=True) if os.path.isfile(p)

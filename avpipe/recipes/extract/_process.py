@@ -10,6 +10,7 @@ engine ran it: the same shard gives the same bytes everywhere on one kind of dev
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -17,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -30,7 +32,7 @@ from ...decoding.audio._flac_scan import flac_length_of_path
 from ...decoding.image import decode_image_batch
 from ...decoding.video import VideoDecoder
 from ...device import download, to_numpy
-from ...errors import CorruptDataError
+from ...errors import CorruptDataError, DecodeError
 from ...formats import is_flac
 from ...ops import audio as audio_ops
 from ...ops import image as image_ops
@@ -321,6 +323,12 @@ class _AudioStream:
                 self.streams["flac"] = self._loader_stream(flac, loader)
                 self.route.update((it.index, "flac") for it in flac)
                 rest = [it for it in items if it.index not in self.route]
+        # a shard's members: decoded from their bytes one by one (no file to probe or batch)
+        members = [it for it in rest if it.locator is not None]
+        rest = [it for it in rest if it.locator is None]
+        if members:
+            self.route.update((it.index, "members") for it in members)
+            self.streams["members"] = _ordered_map(self._load_one, members, max(2, workers))
         if not rest:
             return
         with timed("audio probe"):
@@ -394,11 +402,13 @@ class _AudioStream:
     def _load_one(self, it: Item):
         f = it.fields
         try:
-            _first_byte(it.path)  # a read that never returns stops here, not in soundfile
+            if it.locator is None:
+                _first_byte(it.path)  # a read that never returns stops here, not in soundfile
+            src = it.source_of()
             offset = float(f.get("offset", 0.0) or 0.0)
             duration = f.get("duration") if "offset" in f else None
-            with self.dev.activate():
-                a = load_audio(it.path, sample_rate=self.sr, offset=offset,
+            with self.dev.activate(), _naming(it, src):
+                a = load_audio(src, sample_rate=self.sr, offset=offset,
                                      duration=None if duration is None else float(duration),
                                      device=str(self.dev), on_damage=self.on_damage)
             n = int(a.samples.shape[-1])
@@ -441,10 +451,22 @@ class _AudioStream:
         return got
 
 
+@contextlib.contextmanager
+def _naming(item: Item, src):
+    """Errors about a shard member's bytes name the input (``URL#KEY``), not ``<bytes>``."""
+    try:
+        yield
+    except DecodeError as e:
+        if isinstance(src, (bytes, bytearray)):
+            raise type(e)(item.path, e.cause) from None
+        raise
+
+
 def _video_one(item: Item, vcfg: dict, dev):
     try:
-        with dev.activate():
-            with VideoDecoder(item.path, device=str(dev)) as dec:
+        src = item.source_of()
+        with dev.activate(), _naming(item, src):
+            with VideoDecoder(src, device=str(dev)) as dec:
                 m = dec.metadata
                 n = int(m.num_frames)
                 if n <= 0:
@@ -493,14 +515,20 @@ def _image_stream(items: list[Item], icfg: dict, dev, batch: int) -> Iterator[Re
     """Each item's thumbnail (or its error), in order. Files are looked for once: the decoded
     batches are matched to the files found then, so a file that disappears later fails alone
     (its batch is decoded again item by item) and never shifts other items' outputs."""
-    present = [it for it in items if os.path.isfile(it.path)]
+    present = [it for it in items if it.locator is not None or os.path.isfile(it.path)]
     position = {it.index: k for k, it in enumerate(present)}
+    members = any(it.locator is not None for it in present)
 
     def batches(start: int):
         """Batches of ``present[start:]``, ``batch`` images each."""
         paths = [it.path for it in present[start:]]
         if not paths:
             return iter(())
+        if members:  # a shard's members: each batch's bytes read when it is decoded
+            return (_named_batch(present[start + i: start + i + batch],
+                                 [it.source_of() for it in present[start + i: start + i + batch]],
+                                 dev)
+                    for i in range(0, len(paths), batch))
         if dev.is_cuda:
             with dev.activate():
                 return iter(decode_image_stream(paths, batch_size=batch, device=str(dev)))
@@ -515,8 +543,7 @@ def _image_stream(items: list[Item], icfg: dict, dev, batch: int) -> Iterator[Re
         imgs, errs = [], {}
         for j, it in enumerate(present[start : start + batch]):
             try:
-                with dev.activate():
-                    b = decode_image_batch([it.path], device=str(dev))
+                b = _named_batch([it], [it.source_of()], dev)
                 imgs.append(b.images[0] if not b.errors else None)
                 if b.errors:
                     errs[j] = b.errors[0][1]
@@ -552,6 +579,18 @@ def _image_stream(items: list[Item], icfg: dict, dev, batch: int) -> Iterator[Re
             yield Result(it, arr, {"height": h, "width": w})
         except Exception as e:  # noqa: BLE001
             yield _fail(it, e)
+
+
+def _named_batch(items: list[Item], sources: list, dev):
+    """``decode_image_batch`` of ``sources``, its errors about bytes naming their inputs."""
+    with dev.activate():
+        b = decode_image_batch(sources, device=str(dev))
+    errors = []
+    for j, e in b.errors:
+        if isinstance(e, DecodeError) and isinstance(sources[j], (bytes, bytearray)):
+            e = type(e)(items[j].path, e.cause)
+        errors.append((j, e))
+    return SimpleNamespace(images=b.images, errors=errors)
 
 
 # --- shard assembly -------------------------------------------------------------------------
