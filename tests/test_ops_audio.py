@@ -504,7 +504,7 @@ def test_feature_operators_are_the_same_bits_in_any_batch():
 
 
 def test_sparse_rows_product_equals_the_dense_one():
-    from avpipe.ops._log_mel import SparseRows
+    from avpipe.ops._sparse_rows import SparseRows
 
     rng = np.random.default_rng(2)
     fb = A.mel_filterbank(sample_rate=SR, n_fft=512, n_mels=80).astype(np.float64)

@@ -21,6 +21,7 @@ import numpy as np
 from .._validate import check_choice, pos_float
 from .._validate import pos_int as _pos_int
 from ..device import array_module
+from ._sparse_rows import SparseRows
 
 # --------------------------------------------------------------------------------------------
 # argument helpers
@@ -398,14 +399,12 @@ _SPARSE_ROWS: dict = {}
 def _weights_times(xp, w, s):
     """``w[None] @ s`` (``[K, F] x [B, F, T] -> [B, K, T]``) float32. On the CPU each output
     is a function of its own column of ``s`` (float64 sums over ``w``'s nonzero span, in a
-    fixed order: :class:`avpipe.ops._log_mel.SparseRows`), the same bits whatever the
+    fixed order: :class:`avpipe.ops._sparse_rows.SparseRows`), the same bits whatever the
     batch's size and padding and the number of threads (a BLAS product's order of sums
     depends on the matrices' shapes and on its threads; extraction must write the same bytes
     for a file in any batch, in any process). cupy's matmul does not depend on threads:
     float32 there."""
     if xp is np:
-        from ._log_mel import SparseRows
-
         w64 = np.asarray(w, np.float64)
         key = (w64.shape, w64.tobytes())
         rows = _SPARSE_ROWS.get(key)

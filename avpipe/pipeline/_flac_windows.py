@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..decoding.audio import _flac_cuda as _flac
+from ..decoding.audio import load_audio
 from ..device import pinned_size
 from ._shared_memory import Ring, Worker, _ping, attach_ring, can_start_processes
 
@@ -307,6 +308,20 @@ def drop_readers_ahead() -> None:
         r.close()
 
 
+def _cpu_decode(path, max_samples, on_damage="error"):
+    """``(samples, damaged)``: the file decoded by :func:`~avpipe.load_audio` (libFLAC through
+    soundfile, FFmpeg for a STREAMINFO without a count or one its frames contradict),
+    channels averaged: the CPU path for what the GPU leaves. Damage raises
+    :class:`~avpipe.CorruptDataError` unless ``on_damage="warn"`` (then ``damaged`` says why)."""
+    a = load_audio(path, on_damage=on_damage, check_finite=False)
+    x = a.samples
+    if x.shape[0] > max_samples:
+        raise ValueError(f"{x.shape[0]} samples, more than max_samples={max_samples}: skipped")
+    if x.shape[0] == 0:
+        raise ValueError("no audio samples")
+    return x, a.damaged
+
+
 class GpuFlacBatches:
     """Padded float32 cupy batches of FLAC files decoded on the GPU.
 
@@ -450,7 +465,7 @@ class GpuFlacBatches:
                 lengths[i] = 0
                 continue
             try:
-                y, damaged = _flac._cpu_decode(paths[i], self.max_samples, self.on_damage)
+                y, damaged = _cpu_decode(paths[i], self.max_samples, self.on_damage)
                 if damaged:
                     self.damaged[paths[i]] = damaged
             except Exception as e:  # one bad file does not stop the batch

@@ -33,8 +33,7 @@ from .._results import BatchResult
 from .._source import NOT_REGULAR, is_regular_file, open_source
 from .._validate import pos_float
 from ..decoding.audio import DAMAGE_POLICIES, _header_damage, load_audio
-from ..decoding.audio._flac_cuda import header_info
-from ..decoding.audio._flac_scan import flac_length_of_path
+from ..decoding.audio._flac_scan import flac_length_of_path, header_info
 from ..device import resolve_device
 from ..errors import (
     CorruptDataError,

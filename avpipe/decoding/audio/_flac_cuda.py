@@ -16,99 +16,18 @@ CPU test of the kernels (which compiles the same ``.cu`` source as C++).
 from __future__ import annotations
 
 import os
-import struct
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...device import pinned_size, upload_many
+from ._flac_meta import CRC8, CRC16, StreamInfo, parse_streaminfo
 
 KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_flac_kernels.cu")
 PAD = 64  # bytes after a batch's data: the bit reader may look this far ahead
 
 MAX_BPS = 24  # 32-bit streams go to the CPU (their side channels need 33 bits)
-
-
-def _crc_tables():
-    """CRC-8 (0x07) table; CRC-16 (0x8005) tables for four bytes at a time: ``crc16[k*256 + x]``
-    is the CRC of byte ``x`` followed by ``k`` zero bytes."""
-    crc8 = np.zeros(256, np.uint8)
-    crc16 = np.zeros((4, 256), np.uint16)
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = ((c << 1) ^ 0x07) & 0xFF if c & 0x80 else (c << 1) & 0xFF
-        crc8[i] = c
-        c = i << 8
-        for _ in range(8):
-            c = ((c << 1) ^ 0x8005) & 0xFFFF if c & 0x8000 else (c << 1) & 0xFFFF
-        crc16[0, i] = c
-    for k in range(1, 4):
-        prev = crc16[k - 1].astype(np.uint32)
-        crc16[k] = ((prev << 8) & 0xFFFF) ^ crc16[0][prev >> 8]
-    return crc8, crc16.reshape(-1)
-
-
-CRC8, CRC16 = _crc_tables()
-
-
-@dataclass(frozen=True)
-class StreamInfo:
-    """A FLAC file's STREAMINFO, and where its first audio frame starts."""
-
-    sample_rate: int
-    channels: int
-    bits_per_sample: int
-    total_samples: int  # per channel; 0 when the encoder did not know it
-    min_block: int
-    max_block: int
-    audio_offset: int  # bytes from the start of the file
-
-
-def parse_streaminfo(buf) -> StreamInfo:
-    """Parse the metadata of a FLAC file held in ``buf`` (bytes-like). Raises ``ValueError``
-    when it is not FLAC or its metadata is cut short."""
-    mv = memoryview(buf).cast("B")
-    n = len(mv)
-    pos = 0
-    if n >= 10 and bytes(mv[:3]) == b"ID3":  # an ID3v2 tag in front, as libFLAC tolerates
-        size = (mv[6] << 21) | (mv[7] << 14) | (mv[8] << 7) | mv[9]
-        pos = 10 + size + (10 if mv[5] & 0x10 else 0)
-    if bytes(mv[pos : pos + 4]) != b"fLaC":
-        raise ValueError("not a FLAC stream (no 'fLaC' marker)")
-    pos += 4
-    info = None
-    while True:
-        if pos + 4 > n:
-            raise ValueError("FLAC metadata is cut short")
-        head = mv[pos]
-        length = (mv[pos + 1] << 16) | (mv[pos + 2] << 8) | mv[pos + 3]
-        kind = head & 0x7F
-        if kind == 0:
-            if length < 34 or pos + 4 + 34 > n:
-                raise ValueError("FLAC STREAMINFO is cut short")
-            b = bytes(mv[pos + 4 : pos + 4 + 18])
-            min_block, max_block = struct.unpack(">HH", b[:4])
-            (x,) = struct.unpack(">Q", b[10:18])
-            info = dict(
-                sample_rate=x >> 44,
-                channels=((x >> 41) & 7) + 1,
-                bits_per_sample=((x >> 36) & 31) + 1,
-                total_samples=x & ((1 << 36) - 1),
-                min_block=min_block,
-                max_block=max_block,
-            )
-        elif kind == 127:
-            raise ValueError("invalid FLAC metadata block type 127")
-        pos += 4 + length
-        if head & 0x80:
-            break
-    if info is None:
-        raise ValueError("FLAC stream without STREAMINFO")
-    if pos > n:
-        raise ValueError("FLAC metadata is cut short")
-    return StreamInfo(audio_offset=pos, **info)
 
 
 @dataclass
@@ -417,45 +336,3 @@ def collect(job: Launched):
 def decode_on_gpu(buf: np.ndarray, offsets: np.ndarray, plan: Plan | None = None):
     """:func:`launch` then :func:`collect`: decode the FLAC files in ``buf`` now."""
     return collect(launch(buf, offsets, plan))
-
-
-# ---------------------------------------------------------------------------------------------
-# one file: its header, and libFLAC's decode of what the GPU leaves
-# (windows of batches, read ahead and scheduled: avpipe.pipeline._flac_windows)
-# ---------------------------------------------------------------------------------------------
-
-
-def header_info(path: str):
-    """``(frames, sample_rate, channels)`` from the file's first bytes (FLAC STREAMINFO), or
-    ``None`` when that does not say (not FLAC, unknown length, huge metadata)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8192)
-        si = parse_streaminfo(head)
-    except (OSError, ValueError):
-        return None
-    total = si.total_samples
-    if total <= 0:  # a stream written before its length was known: its frames say
-        from ._flac_scan import flac_length_of_path
-
-        fl = flac_length_of_path(path)
-        total = fl.frames if fl is not None and fl.frames else 0
-        if total <= 0:
-            return None
-    return total, si.sample_rate, si.channels
-
-
-def _cpu_decode(path, max_samples, on_damage="error"):
-    """``(samples, damaged)``: the file decoded by :func:`~avpipe.load_audio` (libFLAC through
-    soundfile, FFmpeg for a STREAMINFO without a count or one its frames contradict),
-    channels averaged: the CPU path for what the GPU leaves. Damage raises
-    :class:`~avpipe.CorruptDataError` unless ``on_damage="warn"`` (then ``damaged`` says why)."""
-    from . import load_audio
-
-    a = load_audio(path, on_damage=on_damage, check_finite=False)
-    x = a.samples
-    if x.shape[0] > max_samples:
-        raise ValueError(f"{x.shape[0]} samples, more than max_samples={max_samples}: skipped")
-    if x.shape[0] == 0:
-        raise ValueError("no audio samples")
-    return x, a.damaged

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 
-from ._flac_cuda import CRC8, StreamInfo, parse_streaminfo
+from ._flac_meta import CRC8, StreamInfo, parse_streaminfo
 
-__all__ = ["FlacLength", "flac_length"]
+__all__ = ["FlacLength", "flac_length", "flac_length_of_path", "header_info"]
 
 _TAIL = (1 << 15, 1 << 20)  # bytes of the tail read, then read again if no frame was found
 
@@ -181,3 +181,21 @@ def flac_length_of_path(path) -> FlacLength | None:
             return flac_length(f)
     except OSError:
         return None
+
+
+def header_info(path: str):
+    """``(frames, sample_rate, channels)`` from the file's first bytes (FLAC STREAMINFO), or
+    ``None`` when that does not say (not FLAC, unknown length, huge metadata)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8192)
+        si = parse_streaminfo(head)
+    except (OSError, ValueError):
+        return None
+    total = si.total_samples
+    if total <= 0:  # a stream written before its length was known: its frames say
+        fl = flac_length_of_path(path)
+        total = fl.frames if fl is not None and fl.frames else 0
+        if total <= 0:
+            return None
+    return total, si.sample_rate, si.channels

@@ -38,13 +38,8 @@ helper process (``_isolated.py``): a decoder crash there costs only that image.
 from __future__ import annotations
 
 import base64
-import contextlib
 import math
 import os
-import re
-import sys
-import tempfile
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,9 +51,10 @@ from ..._results import BatchResult
 from ..._source import open_source
 from ..._validate import check_on_error
 from ...device import Device, gpu_available, resolve_device
-from ...errors import CorruptDataError, DecodeError, ImageTooLargeError, UnsupportedFormatError
+from ...errors import CorruptDataError, ImageTooLargeError, UnsupportedFormatError
 from . import _dali, _isolated, _nvimgcodec
-from ._header import bytes_reader, image_size, j2k_check
+from ._cpu import MAX_BATCH, _classify, _run, native_stderr
+from ._header import FORMAT_NAMES, bytes_reader, image_size, j2k_check, sniff_format
 
 __all__ = [
     "decode_images",
@@ -68,35 +64,6 @@ __all__ = [
     "square_window",
     "decoder_status",
 ]
-
-MAX_BATCH = 256
-
-_MAGIC = (
-    (b"\xff\xd8\xff", "jpeg"),
-    (b"\x89PNG\r\n\x1a\n", "png"),
-    (b"II*\x00", "tiff"),
-    (b"MM\x00*", "tiff"),
-    (b"II+\x00", "tiff"),
-    (b"MM\x00+", "tiff"),
-    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "jpeg2000"),
-    (b"\xff\x4f\xff\x51", "jpeg2000"),
-    (b"BM", "bmp"),
-)
-
-
-def sniff_format(data: bytes) -> str | None:
-    """The image format from the first bytes (``"jpeg"``, ``"png"``, ``"tiff"``, ``"jpeg2000"``,
-    ``"bmp"``, ``"webp"``, ``"pnm"``), or None when it is none of those."""
-    head = bytes(data[:16])
-    for magic, name in _MAGIC:
-        if head.startswith(magic):
-            return name
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "webp"
-    if len(head) >= 3 and head[0:1] == b"P" and head[1:2] in b"123456" and head[2:3].isspace():
-        return "pnm"
-    return None
-
 
 def truncation(data: bytes, fmt: str | None) -> str | None:
     """Why ``data`` is visibly cut short, or None. nvJPEG decodes a truncated JPEG without
@@ -146,7 +113,7 @@ def size_problem(name: str, get, fmt: str | None, cap: int | None):
         return None
     h, w = hw
     return ImageTooLargeError(
-        name, f"the {_FORMAT_NAMES.get(fmt, fmt)} header declares {w}x{h} = {w * h:,} pixels, "
+        name, f"the {FORMAT_NAMES.get(fmt, fmt)} header declares {w}x{h} = {w * h:,} pixels, "
         f"over the pixel cap of {cap:,} (max_pixels=, AVPIPE_MAX_IMAGE_PIXELS; 0: no cap)")  # fmt: skip
 
 
@@ -173,56 +140,6 @@ def admit(name: str, data, fmt: str | None, cap: int | None):
     return None, isolate(fmt, vouched)
 
 
-_FORMAT_NAMES = {"jpeg": "JPEG", "png": "PNG", "tiff": "TIFF", "jpeg2000": "JPEG 2000",
-                 "bmp": "BMP", "webp": "WebP", "pnm": "PNM"}  # fmt: skip
-_TRUNCATED = ("end of stream", "unexpected end", "too short", "truncat", "read error",
-              "premature", "not enough data", "incomplete", "end of file", "eof")  # fmt: skip
-
-_QUIET_LOCK = threading.Lock()
-_QUIET = {"depth": 0, "saved": -1, "file": None}
-
-
-@contextlib.contextmanager
-def native_stderr():
-    """Keep the native decoders' own lines (nvImageCodec's ``[ERROR] [png_parser] ...``, libtiff,
-    OpenCV) off the user's stderr: file descriptor 2 goes to a temporary file while DALI runs
-    (no DALI / nvImageCodec setting silences them). Yields a list that receives the captured
-    text when the outermost block ends; it goes into the error's message instead.
-    ``AVPIPE_NATIVE_STDERR=1`` leaves stderr alone."""
-    out: list = []
-    active = not settings.native_stderr()
-    with _QUIET_LOCK:
-        if active and _QUIET["depth"] == 0:
-            try:
-                sys.stderr.flush()
-            except Exception:  # noqa: BLE001
-                pass
-            try:
-                f = tempfile.TemporaryFile()
-                _QUIET["saved"], _QUIET["file"] = os.dup(2), f
-                os.dup2(f.fileno(), 2)
-            except OSError:  # no fd 2 (a daemon) or no temporary folder: leave stderr alone
-                active = False
-        if active:
-            _QUIET["depth"] += 1
-    if not active:
-        yield out
-        return
-    try:
-        yield out
-    finally:
-        with _QUIET_LOCK:
-            _QUIET["depth"] -= 1
-            if _QUIET["depth"] == 0:
-                os.dup2(_QUIET["saved"], 2)
-                os.close(_QUIET["saved"])
-                f = _QUIET["file"]
-                f.seek(0)
-                text = f.read(1 << 16).decode("utf-8", "replace")
-                f.close()
-                out.append(re.sub(r"\x1b\[[0-9;]*m", "", text).strip())
-
-
 @dataclass(frozen=True)
 class ImageBatch(BatchResult):
     """The result of :func:`decode_image_batch`.
@@ -245,27 +162,6 @@ class ImageBatch(BatchResult):
     windows: tuple | None = field(default=None, repr=False)
 
 
-def _classify(name: str, data: bytes, exc: BaseException) -> DecodeError:
-    """A sentence about what is wrong with the file, with the native detail after it."""
-    text = str(exc)
-    m = re.search(r"encountered:\s*(.*)", text, re.S)
-    why = (m.group(1) if m else text).strip().splitlines()
-    why = why[0].strip() if why else type(exc).__name__
-    fmt = sniff_format(data)
-    if fmt is None:
-        return UnsupportedFormatError(name, f"not a supported image format ({why})")
-    native = [re.sub(r"^(\[[^\]]*\]\s*)+", "", ln.strip())
-              for ln in getattr(exc, "native_log", "").splitlines() if ln.strip()]  # fmt: skip
-    if why.startswith("Failed to decode sample") and native:
-        why = native[0]
-    detail = "; ".join(dict.fromkeys([*native[:2], why]))
-    what = _FORMAT_NAMES.get(fmt, fmt)
-    low = (text + " " + " ".join(native)).lower()
-    if any(k in low for k in _TRUNCATED):
-        return CorruptDataError(name, f"the {what} data ends early (truncated) [{detail}]")
-    return CorruptDataError(name, f"the {what} data is corrupt: the decoder refused it [{detail}]")
-
-
 def _check_rois(rois, n):
     if rois is None:
         return None
@@ -285,31 +181,6 @@ def _check_rois(rois, n):
             raise ValueError(f"roi boxes must be (top, left, height, width) >= 0, got {r!r}")
         out.append((top, left, h, w))
     return out
-
-
-def _run(dev: Device, encoded: list, rois, fancy: bool = True):
-    """Decode one chunk on the CPU (DALI); returns (list of arrays, None). Raises DALI's error."""
-    use_roi = rois is not None
-    cap = _dali.capacity_for(len(encoded), MAX_BATCH)
-    dec = _dali.get(None, cap, use_roi, fancy)
-    # the copy out of DALI's buffers too: the exit hook shuts the pipeline down only after it
-    with _dali.native_call():
-        try:
-            with native_stderr() as log:
-                try:
-                    out = dec.run(encoded, rois)
-                except _dali.ShuttingDown:  # the interpreter is exiting; the pipeline is fine
-                    raise
-                except BaseException:
-                    _dali.discard(dec)
-                    raise
-        except Exception as e:
-            try:
-                e.native_log = log[0] if log else ""
-            except AttributeError:
-                pass
-            raise
-        return _dali.to_host_list(out), None
 
 
 class _NotDecoded(RuntimeError):
@@ -459,7 +330,7 @@ def decode_image_batch(
     with dev.activate():
         for i in alone:  # decoded on the CPU in the helper process (a crash costs only it)
             box = None if rois is None else rois[i]
-            what = f"{_FORMAT_NAMES.get(sniff_format(datas[i]), 'image')} decoder"
+            what = f"{FORMAT_NAMES.get(sniff_format(datas[i]), 'image')} decoder"
             img, err = _isolated.decode(srcs[i].name, datas[i], box, exact_jpeg, what)
             if err is not None:
                 errors.append((i, err))
@@ -499,21 +370,6 @@ def decode_image_batch(
                         errors.append((i, _classify(srcs[i].name, datas[i], e)))
     errors.sort(key=lambda t: t[0])
     return ImageBatch(images=images, errors=tuple(errors), device=str(dev), stacked=stacked)
-
-
-def _decode_alone_cpu(name: str, data: bytes, roi, fancy: bool):
-    """One image on the CPU (DALI), as the helper process decodes it: ``(array, None)`` or
-    ``(None, DecodeError)``."""
-    dev = resolve_device("cpu")
-    with dev.activate():
-        try:
-            items, _ = _run(dev, [np.frombuffer(data, np.uint8)], None if roi is None else [roi],
-                            fancy)  # fmt: skip
-            return items[0], None
-        except _dali.ShuttingDown:
-            raise
-        except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError
-            return None, _classify(name, data, e)
 
 
 def decode_images(

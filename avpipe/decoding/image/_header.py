@@ -1,5 +1,5 @@
-"""Image headers read before decoding (private): the picture's size for the pixel cap, and the
-JPEG 2000 main-header check.
+"""Image headers read before decoding (private): the format from the first bytes, the picture's
+size for the pixel cap, and the JPEG 2000 main-header check.
 
 Both read a few header bytes, never pixels: ``image_size`` walks JPEG markers, PNG's IHDR, the
 first TIFF IFD (classic and BigTIFF), a JPEG 2000 SIZ segment, BMP's info header, WebP's
@@ -16,7 +16,39 @@ from __future__ import annotations
 import struct
 import zlib
 
-__all__ = ["image_size", "j2k_check", "bytes_reader", "file_reader"]
+__all__ = ["sniff_format", "FORMAT_NAMES", "image_size", "j2k_check", "bytes_reader",
+           "file_reader"]
+
+
+_MAGIC = (
+    (b"\xff\xd8\xff", "jpeg"),
+    (b"\x89PNG\r\n\x1a\n", "png"),
+    (b"II*\x00", "tiff"),
+    (b"MM\x00*", "tiff"),
+    (b"II+\x00", "tiff"),
+    (b"MM\x00+", "tiff"),
+    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "jpeg2000"),
+    (b"\xff\x4f\xff\x51", "jpeg2000"),
+    (b"BM", "bmp"),
+)
+
+
+def sniff_format(data: bytes) -> str | None:
+    """The image format from the first bytes (``"jpeg"``, ``"png"``, ``"tiff"``, ``"jpeg2000"``,
+    ``"bmp"``, ``"webp"``, ``"pnm"``), or None when it is none of those."""
+    head = bytes(data[:16])
+    for magic, name in _MAGIC:
+        if head.startswith(magic):
+            return name
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    if len(head) >= 3 and head[0:1] == b"P" and head[1:2] in b"123456" and head[2:3].isspace():
+        return "pnm"
+    return None
+
+
+FORMAT_NAMES = {"jpeg": "JPEG", "png": "PNG", "tiff": "TIFF", "jpeg2000": "JPEG 2000",
+                 "bmp": "BMP", "webp": "WebP", "pnm": "PNM"}  # fmt: skip
 
 
 def bytes_reader(data):

@@ -31,6 +31,7 @@ import threading
 import time
 
 from ...errors import CorruptDataError, DecodeError, DecodeTimeoutError
+from ._cpu import decode_alone
 
 TIMEOUT_S = 120.0  # one image (the first one also waits for the helper's imports)
 
@@ -176,7 +177,6 @@ def _serve() -> None:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # native decoders' prints never mix with the protocol
     inp = sys.stdin.buffer
-    from . import _decode_alone_cpu
 
     while True:
         head = inp.read(8)
@@ -185,7 +185,7 @@ def _serve() -> None:
         body = inp.read(struct.unpack("<Q", head)[0])
         name, data, roi, fancy = pickle.loads(body)
         try:
-            img, err = _decode_alone_cpu(name, data, roi, fancy)
+            img, err = decode_alone(name, data, roi, fancy)
             reply = ("ok", img) if err is None else ("err", err)
         except Exception as e:  # noqa: BLE001 - reported to the parent, typed there
             reply = ("err", f"{type(e).__name__}: {e}")
