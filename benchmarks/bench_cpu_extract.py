@@ -68,6 +68,15 @@ def log(*a):
     print(*a, flush=True)
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process (every thread) and of its waited-for
+    children (worker processes, once joined)."""
+    import resource
+
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
 # --- the soundfile + torch script -------------------------------------------------------------
 
 _FB = _WIN = None
@@ -252,16 +261,67 @@ def child(args):
 
     out = args.work_dir
     shutil.rmtree(out, ignore_errors=True)
+    cpu0 = cpu_seconds()
     t0 = time.perf_counter()
     if args.child == "avpipe":
         extra = run_avpipe(args.manifest, out, args.shard_size)
     else:
         extra = run_torch(args.manifest, out, args.shard_size, args.child.split("_")[1])
     secs = time.perf_counter() - t0
+    cpu = cpu_seconds() - cpu0
     audio_s = sum(float(m["duration"]) for m in read_manifest(args.manifest))
     print("RESULT " + json.dumps({"name": args.child, "value": audio_s / secs,
                                   "unit": "audio_s/s", "seconds": round(secs, 3),
+                                  "cpu_s": round(cpu, 3),
+                                  "audio_s_per_cpu_s": round(audio_s / cpu, 2),
                                   "audio_seconds": round(audio_s, 1), **extra}), flush=True)
+
+
+def profile(args, env):
+    """avpipe's own stage timer (``AVPIPE_EXTRACT_PROFILE=1``: the worker's seconds per stage,
+    printed by the worker process) on one run, next to the script's stages on one thread
+    (read, log-mel, npy + tar bytes) over the same files."""
+    e = dict(env, AVPIPE_EXTRACT_PROFILE="1")
+    work = os.path.join(args.work, "avpipe_profile")
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "avpipe", "--manifest",
+           args.manifest, "--work-dir", work, "--shard-size", str(args.shard_size)]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=args.timeout)
+    wall = time.perf_counter() - t0
+    res = next((json.loads(x[len("RESULT "):]) for x in p.stdout.splitlines()
+                if x.startswith("RESULT ")), None)
+    stages = {}
+    for line in (p.stderr + p.stdout).splitlines():
+        if "avpipe extract profile" in line:
+            for part in line.split(": ", 1)[1].split(", "):  # "name 1.23 s"
+                name, _, val = part.rpartition(" ")[0].rpartition(" ")
+                stages[name] = round(float(val), 3)
+    shutil.rmtree(work, ignore_errors=True)
+    import soundfile as sf
+    from bench_cpu_rnnt_feed import read_manifest
+
+    _setup()
+    t = {"read (soundfile.read)": 0.0, "log-mel (torch float32, per item)": 0.0,
+         "npy + tar member bytes": 0.0}
+    for r in read_manifest(args.manifest):
+        t0 = time.perf_counter()
+        x, _ = sf.read(r["audio_filepath"], dtype="float32")
+        t1 = time.perf_counter()
+        f = nemo_log_mel(x)
+        t2 = time.perf_counter()
+        b = io.BytesIO()
+        with tarfile.open(fileobj=b, mode="w") as tf:
+            data = _npy(f)
+            ti = tarfile.TarInfo("k.npy")
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+        t3 = time.perf_counter()
+        t["read (soundfile.read)"] += t1 - t0
+        t["log-mel (torch float32, per item)"] += t2 - t1
+        t["npy + tar member bytes"] += t3 - t2
+    return {"avpipe_run": res, "avpipe_process_wall_s": round(wall, 3),
+            "avpipe_stages_s": stages,
+            "script_serial_stages_s": {k: round(v, 3) for k, v in t.items()}}
 
 
 def run_child(args, name, env):
@@ -292,6 +352,8 @@ def main():
     ap.add_argument("--child", default="")
     ap.add_argument("--manifest", default="")
     ap.add_argument("--work-dir", default="")
+    ap.add_argument("--profile", action="store_true",
+                    help="only profile (DIR of --out: cpu_extract_profile.json)")
     args = ap.parse_args()
     if args.child:
         child(args)
@@ -301,6 +363,15 @@ def main():
 
     args.manifest, files, durs = ensure_data(args.data, args.files)
     env = dict(os.environ)
+    if args.profile:
+        out = profile(args, env)
+        log(json.dumps(out, indent=1))
+        path = os.path.join(os.path.dirname(args.out), "cpu_extract_profile.json")
+        with open(path, "w") as f:
+            json.dump({"benchmark": "cpu_extract_profile", **environment(), **out}, f,
+                      indent=1)
+        log("wrote", path)
+        return
     names = [n for n in args.only.split(",") if n]
     log(f"{len(files)} files, {sum(durs):.1f} s of audio, shards of {args.shard_size}, "
         f"{args.rounds} rounds of {names}")
@@ -324,6 +395,8 @@ def main():
     ratio = (med["avpipe"]["value"] / an[best]["value"]
              if best and med.get("avpipe", {}).get("value") else None)
     wall = {n: median_run(rs, key="process_wall_s")["process_wall_s"] for n, rs in runs.items()}
+    cpu_med = {n: median_run(rs, key="audio_s_per_cpu_s").get("audio_s_per_cpu_s")
+               for n, rs in runs.items()}
     out = {"benchmark": "cpu_extract", **environment(),
            "workload": {"files": len(files), "audio_seconds": round(sum(durs), 1),
                         "shard_size": args.shard_size, "writers": WRITERS,
@@ -331,6 +404,10 @@ def main():
            "medians": {n: (round(m["value"], 2) if m.get("value") else None)
                        for n, m in med.items()},
            "median_process_wall_s": wall,
+           "medians_audio_s_per_cpu_s": cpu_med,
+           "ratio_cpu_efficiency_avpipe_over_anchor_best": (
+               round(cpu_med["avpipe"] / cpu_med[best], 3)
+               if best and cpu_med.get("avpipe") and cpu_med.get(best) else None),
            "anchor_best": best,
            "ratio_avpipe_over_anchor_best": round(ratio, 3) if ratio else None,
            "ratio_process_wall_anchor_over_avpipe": (round(wall[best] / wall["avpipe"], 3)
@@ -341,7 +418,7 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
-    log(json.dumps({k: out[k] for k in ("medians", "anchor_best",
+    log(json.dumps({k: out[k] for k in ("medians", "anchor_best", "medians_audio_s_per_cpu_s",
                                          "ratio_avpipe_over_anchor_best",
                                          "median_process_wall_s")}))
     log("wrote", args.out)

@@ -71,6 +71,15 @@ def log(*a):
     print(*a, flush=True)
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process (every thread) and of its waited-for
+    children (worker processes, once joined)."""
+    import resource
+
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
 # --- data -------------------------------------------------------------------------------------
 
 
@@ -260,17 +269,25 @@ def run_lhotse(args, seed, workers):
 
 def child(args):
     name, seed = args.child, args.seed
+    cpu0 = cpu_seconds()
     if name == "avpipe":
         secs, first, feats, extra = run_avpipe(args, seed)
     elif name.startswith("lhotse_w"):
         secs, first, feats, extra = run_lhotse(args, seed, int(name[len("lhotse_w"):]))
+    elif name == "profile":
+        out, text = profile(args)
+        print(text, flush=True)
+        print("RESULT " + json.dumps({"name": "profile", **out}), flush=True)
+        return
     elif name == "check":
         print("RESULT " + json.dumps(check(args)), flush=True)
         return
     else:
         raise SystemExit(f"unknown contender {name!r}")
+    cpu = cpu_seconds() - cpu0
     audio_s = sum(float(m["duration"]) for m in read_manifest(args.manifest))
     out = {"name": name, "value": audio_s / secs, "unit": "audio_s/s", "seconds": round(secs, 3),
+           "cpu_s": round(cpu, 3), "audio_s_per_cpu_s": round(audio_s / cpu, 2),
            "first_batch_s": round(first, 3), "audio_seconds": round(audio_s, 1),
            **summarize(feats), **extra}
     print("RESULT " + json.dumps(out), flush=True)
@@ -324,6 +341,108 @@ def check(args):
             "min_pearson_band_median": min(r["pearson_band_median"] for r in rows)}
 
 
+# --- profile of avpipe's side -----------------------------------------------------------------
+
+# (owner, attribute, label): calls timed during a pipelined epoch (wall time per call, on
+# whichever thread makes it; a call inside another counts in both)
+PROFILED = [
+    ("avpipe.recipes.rnnt", "load_audio", "decode: load_audio (decode threads)"),
+    ("avpipe.recipes.rnnt.RnntTask", "collate", "collate (producer: pad + augment + features)"),
+    ("avpipe.ops.audio_augment", "apply_speed_perturb", "speed perturb (resample_rows)"),
+    ("avpipe.recipes.rnnt", "log_mel", "log_mel (whole)"),
+    ("avpipe.ops.audio", "dither", "  log_mel: dither"),
+    ("avpipe.ops.audio", "preemphasis", "  log_mel: preemphasis"),
+    ("avpipe.ops.audio", "stft", "  log_mel: stft (pad, frames, float64 rfft, power)"),
+    ("avpipe.ops.audio", "mel_spectrogram", "  log_mel: mel matmul"),
+    ("avpipe.ops.audio", "log_guarded", "  log_mel: log"),
+    ("avpipe.ops.audio", "normalize", "  log_mel: per-feature normalize"),
+    ("avpipe.ops.audio_augment", "spec_augment", "spec_augment"),
+]
+
+
+def profile(args):
+    """avpipe's epoch with its stages timed (pipelined, as run), then one batch's stages one
+    after the other on one thread, next to the same batch's log-mel computed per item in
+    float32 torch (valid samples only: what a float32, valid-frames log-mel can approach)."""
+    from _timing import report, time_calls
+
+    acc = time_calls(PROFILED)
+    secs, first, feats, extra = run_avpipe(args, 0)
+    audio_s = sum(float(m["duration"]) for m in read_manifest(args.manifest))
+    lines = [f"avpipe rnnt_feed epoch: {secs:.2f} s, {audio_s / secs:.1f} audio-s/s, "
+             f"first batch {first:.2f} s; per epoch (seconds summed over threads):",
+             report({k: v for k, v in acc.items()}, 1, "epoch").replace(" ms ", " ms ")]
+    out = {"epoch_s": round(secs, 3), "audio_s_per_s": round(audio_s / secs, 1),
+           "stages_s": {k: round(v[0], 3) for k, v in acc.items()},
+           "calls": {k: v[1] for k, v in acc.items()}}
+    out["serial_batch"] = _serial_batch(args)
+    lines.append("one batch, serial, one thread each stage (ms): "
+                 + json.dumps(out["serial_batch"]))
+    return out, "\n".join(lines)
+
+
+def _serial_batch(args):
+    """The stages of one training batch (the first ``--batch`` files) timed alone: decode,
+    speed perturbation, log-mel (and its float32-per-item torch equivalent), SpecAugment."""
+    import soundfile as sf
+    import torch
+
+    from avpipe.ops import audio_augment as aug
+    from avpipe.ops.audio import log_mel
+
+    rows = read_manifest(args.manifest)[: args.batch]
+    ids = np.arange(len(rows))
+    t = {}
+
+    def clock(name, f, reps=3):
+        best = None
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            r = f()
+            d = time.perf_counter() - t0
+            best = d if best is None else min(best, d)
+        t[name] = round(1e3 * best, 1)
+        return r
+
+    sig = clock("decode (soundfile.read, serial)",
+                lambda: [sf.read(r["audio_filepath"], dtype="float32")[0] for r in rows])
+    lens = np.array([len(s) for s in sig], np.int64)
+    x = np.zeros((len(sig), int(lens.max())), np.float32)
+    for i, s in enumerate(sig):
+        x[i, : len(s)] = s
+    p = aug.sample_speed_params(0, 0, ids, factor_range=(0.85, 1.15))
+    y, ylens = clock("speed perturb (apply_speed_perturb, fast)",
+                     lambda: aug.apply_speed_perturb(x, lens, p, sample_rate=SR,
+                                                     quality="fast"))
+    ylens = np.asarray(ylens)
+    feats, fl = clock("log_mel nemo (training, padded batch)",
+                      lambda: log_mel(y, ylens, preset="nemo", training=True, seed=1))
+    clock("spec_augment", lambda: aug.spec_augment(np.array(feats), np.asarray(fl), seed=0,
+                                                   epoch=0, ids=ids))
+    import librosa
+
+    fb = torch.from_numpy(librosa.filters.mel(sr=SR, n_fft=512, n_mels=80, fmin=0.0,
+                                              fmax=8000.0, norm="slaney")).float()
+    win = torch.hann_window(400, periodic=False)
+
+    def torch_items():
+        out = []
+        for i in range(y.shape[0]):
+            v = torch.from_numpy(np.ascontiguousarray(y[i, : ylens[i]]))
+            v = torch.cat([v[:1], v[1:] - 0.97 * v[:-1]])
+            s = torch.stft(v, 512, 160, 400, win, center=True, pad_mode="constant",
+                           return_complex=True)
+            lm = torch.log(fb @ (s.real.square() + s.imag.square()) + 2.0 ** -24)
+            lm = lm[:, : int(ylens[i]) // 160]
+            out.append((lm - lm.mean(1, keepdim=True)) / (lm.std(1, keepdim=True) + 1e-5))
+        return out
+
+    clock(f"log-mel per item, float32 torch ({torch.get_num_threads()} threads)", torch_items)
+    t["batch_audio_s"] = round(float(ylens.sum()) / SR, 1)
+    t["padded_fraction"] = round(1 - float(ylens.sum()) / (len(ylens) * int(ylens.max())), 3)
+    return t
+
+
 def run_child(args, name, seed, env):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--seed", str(seed),
            "--manifest", args.manifest, "--batch", str(args.batch)]
@@ -350,6 +469,8 @@ def main():
     ap.add_argument("--child", default="")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--manifest", default="")
+    ap.add_argument("--profile", action="store_true",
+                    help="only profile avpipe's side (DIR of --out: cpu_rnnt_feed_profile.json)")
     args = ap.parse_args()
     if args.child:
         child(args)
@@ -357,6 +478,16 @@ def main():
     from _timing import median_run
 
     args.manifest, files, durs = ensure_data(args.data, args.files)
+    if args.profile:
+        args.child = "profile"
+        out, text = profile(args)
+        log(text)
+        path = os.path.join(os.path.dirname(args.out), "cpu_rnnt_feed_profile.json")
+        with open(path, "w") as f:
+            json.dump({"benchmark": "cpu_rnnt_feed_profile", **environment(), **out}, f,
+                      indent=1)
+        log("wrote", path)
+        return
     env = dict(os.environ)
     names = [n for n in args.only.split(",") if n]
     log(f"{len(files)} files, {sum(durs):.1f} s of audio, batch {args.batch}, "
@@ -376,6 +507,8 @@ def main():
     med = {n: median_run(rs) for n, rs in runs.items()}
     lh = {n: m for n, m in med.items() if n.startswith("lhotse") and m.get("value")}
     best = max(lh, key=lambda n: lh[n]["value"]) if lh else None
+    cpu_med = {n: median_run(rs, key="audio_s_per_cpu_s").get("audio_s_per_cpu_s")
+               for n, rs in runs.items()}
     ratio = (med["avpipe"]["value"] / lh[best]["value"]
              if best and med.get("avpipe", {}).get("value") else None)
     out = {"benchmark": "cpu_rnnt_feed", **environment(),
@@ -383,6 +516,10 @@ def main():
                         "batch": args.batch, "rounds": args.rounds, "data": args.data},
            "medians": {n: (round(m["value"], 2) if m.get("value") else None)
                        for n, m in med.items()},
+           "medians_audio_s_per_cpu_s": cpu_med,
+           "ratio_cpu_efficiency_avpipe_over_lhotse_best": (
+               round(cpu_med["avpipe"] / cpu_med[best], 3)
+               if best and cpu_med.get("avpipe") and cpu_med.get(best) else None),
            "lhotse_best": best, "ratio_avpipe_over_lhotse_best": round(ratio, 3) if ratio else None,
            "check": chk, "runs": runs,
            "command": "PYTHONPATH=$PWD:/work/wt/anchors-site python benchmarks/"
@@ -390,7 +527,7 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
-    log(json.dumps({k: out[k] for k in ("medians", "lhotse_best",
+    log(json.dumps({k: out[k] for k in ("medians", "lhotse_best", "medians_audio_s_per_cpu_s",
                                          "ratio_avpipe_over_lhotse_best")}))
     log("wrote", args.out)
 
