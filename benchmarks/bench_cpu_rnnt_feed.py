@@ -376,17 +376,22 @@ def profile(args):
            "stages_s": {k: round(v[0], 3) for k, v in acc.items()},
            "calls": {k: v[1] for k, v in acc.items()}}
     out["serial_batch"] = _serial_batch(args)
-    lines.append("one batch, serial, one thread each stage (ms): "
+    lines.append("one batch, serial, CPU ms per stage: "
                  + json.dumps(out["serial_batch"]))
     return out, "\n".join(lines)
 
 
 def _serial_batch(args):
-    """The stages of one training batch (the first ``--batch`` files) timed alone: decode,
-    speed perturbation, log-mel (and its float32-per-item torch equivalent), SpecAugment."""
+    """The stages of one training batch (the first ``--batch`` files) run one after the
+    other, each timed in CPU seconds of this process (best of 3; robust to other processes'
+    load, unlike wall time): decode, speed perturbation, log-mel and each of its steps (called
+    as ``log_mel`` calls them), SpecAugment; and the same batch's log-mel computed per item
+    (valid samples only) in float32 torch at one thread: what a float32, valid-frames log-mel
+    can approach."""
     import soundfile as sf
     import torch
 
+    from avpipe.ops import audio as A
     from avpipe.ops import audio_augment as aug
     from avpipe.ops.audio import log_mel
 
@@ -397,9 +402,9 @@ def _serial_batch(args):
     def clock(name, f, reps=3):
         best = None
         for _ in range(reps):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             r = f()
-            d = time.perf_counter() - t0
+            d = time.process_time() - t0
             best = d if best is None else min(best, d)
         t[name] = round(1e3 * best, 1)
         return r
@@ -415,29 +420,47 @@ def _serial_batch(args):
                      lambda: aug.apply_speed_perturb(x, lens, p, sample_rate=SR,
                                                      quality="fast"))
     ylens = np.asarray(ylens)
-    feats, fl = clock("log_mel nemo (training, padded batch)",
+    feats, fl = clock("log_mel nemo (training, padded batch): whole",
                       lambda: log_mel(y, ylens, preset="nemo", training=True, seed=1))
+    cfg = A._resolve_preset("nemo")
+    x64 = clock("  to float64", lambda: y.astype(np.float64))
+    d = clock("  dither", lambda: A.dither(x64, ylens, scale=cfg.dither, seed=1))
+    pe = clock("  preemphasis", lambda: A.preemphasis(d, ylens, coeff=cfg.preemph))
+    spec, _ = clock("  stft (float64 rfft, power, [B, F, T] float32)", lambda: A.stft(
+        pe, ylens, n_fft=512, hop_length=160, win_length=400, window="hann", periodic=False,
+        center=True, pad_mode="constant", power=2.0))
+    fb = A.mel_filterbank(sample_rate=SR, n_fft=512, n_mels=80, fmin=0.0, fmax=8000.0,
+                          htk=False, norm="slaney")
+    mel = clock("  mel matmul (float64)", lambda: A.mel_spectrogram(spec, filterbank=fb))
+    lg = clock("  log", lambda: A.log_guarded(mel, guard="add", guard_value=2.0 ** -24))
+    fl_host = A.log_mel_frame_lengths(ylens, preset=cfg, frames=lg.shape[-1])
+    clock("  per-feature normalize", lambda: A.normalize(lg, fl_host, mode="per_feature",
+                                                         eps=1e-5, ddof=1))
     clock("spec_augment", lambda: aug.spec_augment(np.array(feats), np.asarray(fl), seed=0,
                                                    epoch=0, ids=ids))
     import librosa
 
-    fb = torch.from_numpy(librosa.filters.mel(sr=SR, n_fft=512, n_mels=80, fmin=0.0,
-                                              fmax=8000.0, norm="slaney")).float()
+    fbt = torch.from_numpy(librosa.filters.mel(sr=SR, n_fft=512, n_mels=80, fmin=0.0,
+                                               fmax=8000.0, norm="slaney")).float()
     win = torch.hann_window(400, periodic=False)
 
     def torch_items():
         out = []
         for i in range(y.shape[0]):
             v = torch.from_numpy(np.ascontiguousarray(y[i, : ylens[i]]))
+            v = v + 1e-5 * torch.randn_like(v)
             v = torch.cat([v[:1], v[1:] - 0.97 * v[:-1]])
             s = torch.stft(v, 512, 160, 400, win, center=True, pad_mode="constant",
                            return_complex=True)
-            lm = torch.log(fb @ (s.real.square() + s.imag.square()) + 2.0 ** -24)
+            lm = torch.log(fbt @ (s.real.square() + s.imag.square()) + 2.0 ** -24)
             lm = lm[:, : int(ylens[i]) // 160]
             out.append((lm - lm.mean(1, keepdim=True)) / (lm.std(1, keepdim=True) + 1e-5))
         return out
 
-    clock(f"log-mel per item, float32 torch ({torch.get_num_threads()} threads)", torch_items)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    clock("log-mel per item, float32 torch, 1 thread (dither included)", torch_items)
+    torch.set_num_threads(threads)
     t["batch_audio_s"] = round(float(ylens.sum()) / SR, 1)
     t["padded_fraction"] = round(1 - float(ylens.sum()) / (len(ylens) * int(ylens.max())), 3)
     return t
