@@ -276,3 +276,24 @@ def test_shard_order_feed_resumes_and_refuses_the_other_order(dataset):
     loose, _ = dataset
     with pytest.raises(ValueError, match="shard_order=True takes sharded sources"):
         rnnt_feed(str(loose / "manifest.jsonl"), shard_order=True, **kw)
+
+
+def test_weighted_mix_of_sources(dataset):
+    """NeMo input_cfg style: loose files weighted 3, shards weighted 1: 20 items of which 15
+    loose and 5 from shards (the shards' 10 items subsampled); the same per seed."""
+    loose, shards = dataset
+    cfg = [{"manifest_filepath": str(loose / "manifest.jsonl"), "weight": 3},
+           {"source": str(shards / "train-{000000..000002}.tar"), "weight": 1.0}]
+    kw = dict(KW, batch_size=4, shuffle=False)
+    f = rnnt_feed(cfg, **kw)
+    paths = [p for b in f for p in b.paths]
+    assert len(paths) == 20
+    from_shards = [p for p in paths if "#" in p]
+    assert len(from_shards) == 5 and len(set(from_shards)) == 5
+    loose_paths = [p for p in paths if "#" not in p]
+    assert len(loose_paths) == 15 and len(set(loose_paths)) == 10  # all 10, 5 twice
+    assert [p for b in rnnt_feed(cfg, **kw) for p in b.paths] == paths
+    other = [p for b in rnnt_feed(cfg, **dict(kw, seed=7)) for p in b.paths]
+    assert sorted(p for p in other if "#" in p) != sorted(from_shards)
+    with pytest.raises(ValueError, match="weight must be a number > 0, got -1"):
+        rnnt_feed([{"source": str(loose / "manifest.jsonl"), "weight": -1}], **kw)

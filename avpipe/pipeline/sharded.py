@@ -32,7 +32,8 @@ from . import shards
 from .sources import Item
 
 __all__ = ["ShardMember", "Listing", "is_shard_spec", "is_shar_spec", "read_webdataset",
-           "read_nemo_tarred", "read_shar", "sharded_listing", "shard_groups", "MEDIA_EXTENSIONS"]
+           "read_nemo_tarred", "read_shar", "sharded_listing", "shard_groups", "is_mix_spec",
+           "mix_listing", "MEDIA_EXTENSIONS"]
 
 MEDIA_EXTENSIONS = {
     "audio": tuple(e.lstrip(".") for e in AUDIO_EXTENSIONS),
@@ -400,3 +401,49 @@ def shard_groups(items) -> list:
                              "loose file")
         out.append(ids.setdefault(loc.url, len(ids)))
     return out
+
+
+def is_mix_spec(spec) -> bool:
+    """A list of sources with weights (NeMo's ``input_cfg``): dicts holding ``weight``."""
+    return isinstance(spec, (list, tuple)) and bool(spec) and all(
+        isinstance(s, dict) for s in spec)
+
+
+def mix_listing(spec, *, read, seed: int) -> Listing:
+    """Sources mixed by weight, as NeMo's ``input_cfg`` and lhotse's ``mux`` mix them.
+
+    ``spec``: a list of dicts, each ``{"source": ..., "weight": w}`` (``manifest_filepath``
+    is taken for ``source``, with ``tarred_audio_filepaths`` where given, as in NeMo's
+    ``input_cfg``); ``read(source, tarred_audio_filepaths) -> Listing`` reads one. With ``N``
+    the items of all sources together, source ``i`` gives ``round(N * w_i / sum(w))`` items:
+    drawn from a permutation of its own items seeded by ``(seed, i)``, taken in turn and
+    repeated where the weight asks for more items than it has. The mix is a function of the
+    sources and ``seed`` alone: every rank, resume and epoch sees the same item list (the feed
+    shuffles it per epoch)."""
+    from ._order import permutation
+
+    parts, total = [], 0
+    for k, s in enumerate(spec):
+        src = s.get("source", s.get("manifest_filepath"))
+        if src is None:
+            raise ValueError(f"mix source {k}: needs 'source' (or 'manifest_filepath'), got "
+                             f"{sorted(s)}")
+        w = s.get("weight", 1.0)
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0 or w == float(
+                "inf"):
+            raise ValueError(f"mix source {k}: weight must be a number > 0, got {w!r}")
+        got = read(src, s.get("tarred_audio_filepaths"))
+        parts.append((float(w), got))
+        total += len(got.items)
+    wsum = sum(w for w, _ in parts)
+    items, errors = [], []
+    for k, (w, got) in enumerate(parts):
+        errors.extend(got.errors)
+        n = len(got.items)
+        want = int(round(total * w / wsum))
+        if n == 0 or want == 0:
+            continue
+        order = permutation(n, seed=seed, epoch=0, stream=f"mix.{k}")
+        picks = [int(order[j % n]) for j in range(want)]
+        items.extend(got.items[j] for j in picks)
+    return Listing(items, errors)

@@ -62,7 +62,13 @@ from ..ops.audio import _resolve_preset, log_mel, log_mel_frame_lengths, resampl
 from ..pipeline._shared_memory import WorkerLost
 from ..pipeline.audio_loader import AudioBatchLoader
 from ..pipeline.feed import Feed, Task
-from ..pipeline.sharded import shard_groups, sharded_listing
+from ..pipeline.sharded import (
+    Listing,
+    is_mix_spec,
+    mix_listing,
+    shard_groups,
+    sharded_listing,
+)
 from ..pipeline.sources import read_manifest
 
 __all__ = ["rnnt_feed", "RnntTask", "SPEC_AUGMENT", "MAX_SAMPLE"]
@@ -126,7 +132,10 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
     line). Their items' ``paths`` are ``URL#KEY``; each is read by one ranged read of its
     member (never a whole shard); damage found while indexing the shards is in ``feed.errors``
     from the start. ``storage_options``: passed to fsspec for URLs (``s3://``, ``gs://``,
-    ``http(s)://``). ``shard_order=True``: the epoch's order keeps each shard's items together
+    ``http(s)://``). Several sources mixed by weight (NeMo's ``input_cfg``, lhotse's ``mux``):
+    ``manifest=[{"source": ..., "weight": 2.0}, {"manifest_filepath": ...,
+    "tarred_audio_filepaths": ..., "weight": 1.0}]`` (:func:`avpipe.pipeline.sharded.mix_listing`:
+    the mix is drawn once per ``seed``). ``shard_order=True``: the epoch's order keeps each shard's items together
     (the shards shuffled, then the items within each shard): reads go through one shard at a
     time, and a batch draws from one or two shards instead of all of them.
     """
@@ -140,12 +149,16 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
         spec_augment=spec_augment, root=root, on_damage=on_damage,
         tarred_audio_filepaths=tarred_audio_filepaths,
         storage_options=storage_options, shard_order=shard_order))  # fmt: skip
-    listing = sharded_listing(manifest, kind="audio", storage_options=storage_options,
-                              tarred_audio_filepaths=tarred_audio_filepaths)
-    if listing is None:
-        items, errors = read_manifest(manifest, root=root), []
+    def read(src, tarred):
+        got = sharded_listing(src, kind="audio", storage_options=storage_options,
+                              tarred_audio_filepaths=tarred)
+        return got if got is not None else Listing(read_manifest(src, root=root), [])
+
+    if is_mix_spec(manifest):
+        listing = mix_listing(manifest, read=read, seed=seed)
     else:
-        items, errors = listing.items, list(listing.errors)
+        listing = read(manifest, tarred_audio_filepaths)
+    items, errors = listing.items, list(listing.errors)
     if max_duration is not None:
         keep = []
         for it in items:
