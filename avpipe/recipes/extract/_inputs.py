@@ -84,8 +84,10 @@ class Item:
     locator: Any = field(default=None, compare=False, repr=False)
 
     def to_task(self) -> tuple:
-        return (self.index, self.source, self.path, self.kind, self.fields,
-                None if self.error is None else list(self.error), self.locator)
+        t = (self.index, self.source, self.path, self.kind, self.fields)
+        if self.locator is not None:
+            return (*t, None if self.error is None else list(self.error), self.locator)
+        return t if self.error is None else (*t, list(self.error))
 
     @classmethod
     def from_task(cls, t) -> Item:
