@@ -8,8 +8,12 @@ the built-in :class:`FileNotFoundError`; a bad argument raises :class:`ValueErro
 
 from __future__ import annotations
 
+import contextlib
+
 __all__ = [
     "DecodeError",
+    "naming",
+    "renamed",
     "UnsupportedFormatError",
     "CorruptDataError",
     "EmptyMediaError",
@@ -32,6 +36,23 @@ class DecodeError(Exception):
 
     def __reduce__(self):  # picklable across processes (workers, Ray)
         return (type(self), (self.source, self.cause))
+
+
+def renamed(e: DecodeError, name: str) -> DecodeError:
+    """``e`` naming ``name`` instead of its source (the same class and cause)."""
+    return type(e)(name, e.cause)
+
+
+@contextlib.contextmanager
+def naming(name: str, source):
+    """Errors raised inside about in-memory bytes (``source``: a shard's member, read into
+    memory) name ``name`` (``URL#KEY``) instead of ``<bytes>``; other errors pass unchanged."""
+    try:
+        yield
+    except DecodeError as e:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            raise renamed(e, name) from None
+        raise
 
 
 class UnsupportedFormatError(DecodeError):

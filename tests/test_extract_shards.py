@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from servers import http_server
+from shard_media import write_tar
 
 from avpipe.recipes.extract import run_extract
 
@@ -28,13 +29,6 @@ def _env(tmp_path, monkeypatch):
     monkeypatch.setenv("AVPIPE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("AVPIPE_DISABLE_GPU", "1")
 
-
-def _tar(path, members):
-    with tarfile.open(path, "w") as tf:
-        for name, data in members:
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tf.addfile(ti, io.BytesIO(data))
 
 
 def _arrays(out):
@@ -63,8 +57,8 @@ def shards(tmp_path):
           for n in sorted(IMAGES.glob("scene.*"))[:2]]  # scene_jp2.jp2, scene_jpg.jpg
     d = tmp_path / "shards"
     d.mkdir()
-    _tar(d / "part-0.tar", a)
-    _tar(d / "part-1.tar", b)
+    write_tar(d / "part-0.tar", a)
+    write_tar(d / "part-1.tar", b)
     return d, lines
 
 

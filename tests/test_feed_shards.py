@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from servers import http_server, s3_server
+from shard_media import write_tar
 
 from avpipe.recipes import rnnt_feed
 
@@ -50,16 +51,9 @@ def dataset(tmp_path):
     shards = tmp_path / "shards"
     shards.mkdir()
     for s, mem in enumerate(members):
-        _tar(shards / f"train-{s:06d}.tar", mem)
+        write_tar(shards / f"train-{s:06d}.tar", mem)
     return loose, shards
 
-
-def _tar(path, members):
-    with tarfile.open(path, "w") as tf:
-        for name, data in members:
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tf.addfile(ti, io.BytesIO(data))
 
 
 def by_key(feed):
@@ -117,7 +111,7 @@ def test_damage_in_shards_is_named(dataset, tmp_path):
     with tarfile.open(shards / "train-000000.tar") as tf:
         mem = [(m.name, tf.extractfile(m).read()) for m in tf.getmembers()]
     mem[0] = (mem[0][0], b"fLaC" + bytes(200))
-    _tar(bad / "a.tar", mem)
+    write_tar(bad / "a.tar", mem)
     raw = (shards / "train-000001.tar").read_bytes()
     (bad / "b.tar").write_bytes(raw[: len(raw) // 2])
     feed = rnnt_feed([str(bad / "a.tar"), str(bad / "b.tar")], **KW)
@@ -157,7 +151,7 @@ def test_nemo_tarred_audio_feed(dataset, tmp_path):
         x["shard_id"] = i % 2
         groups[i % 2].append((x["audio_filepath"], (loose / x["audio_filepath"]).read_bytes()))
     for s, g in enumerate(groups):
-        _tar(tars / f"audio_{s}.tar", g)
+        write_tar(tars / f"audio_{s}.tar", g)
     man = tars / "tarred_audio_manifest.json"
     man.write_text("".join(json.dumps(x) + "\n" for x in lines))
     feed = rnnt_feed(str(man), tarred_audio_filepaths=str(tars / "audio__OP_0..1_CL_.tar"), **KW)
@@ -208,7 +202,7 @@ def test_video_and_image_feeds_over_shards(tmp_path):
     for i, (name, data) in enumerate(vids):
         members += [(name, data), (name.replace(".mp4", ".cls"), str(i % 3).encode())]
     members += [("v9.mp4", b"not a video"), ("v9.cls", b"1")]
-    _tar(tmp_path / "videos.tar", members)
+    write_tar(tmp_path / "videos.tar", members)
     from PIL import Image
 
     imgs = []
@@ -217,7 +211,7 @@ def test_video_and_image_feeds_over_shards(tmp_path):
         Image.fromarray(np.full((40, 50, 3), 30 * i, np.uint8)).save(b, format="PNG")
         imgs += [(f"im{i}.png", b.getvalue()),
                  (f"im{i}.json", json.dumps({"label": "cat" if i % 2 else "dog"}).encode())]
-    _tar(tmp_path / "images.tar", imgs)
+    write_tar(tmp_path / "images.tar", imgs)
     with http_server(tmp_path, fail_every=7) as (base, _srv):
         vf = video_classification(base + "/videos.tar", clip_length=4, stride=1, crop_size=32,
                                   batch_size=2, device="cpu", train=True, seed=0)

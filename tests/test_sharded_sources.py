@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import io
 import json
-import tarfile
 
 import numpy as np
 import pytest
 import soundfile as sf
 from servers import http_server
+from shard_media import write_tar
 
 import avpipe
 from avpipe.pipeline import sharded, shards
@@ -29,13 +29,6 @@ def flac_bytes(i, seconds=0.5):
     sf.write(b, x, SR, format="FLAC")
     return b.getvalue()
 
-
-def write_tar(path, members):
-    with tarfile.open(path, "w") as tf:
-        for name, data in members:
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tf.addfile(ti, io.BytesIO(data))
 
 
 def audio_shards(d, n_shards=2, per=3):

@@ -43,7 +43,7 @@ from ..errors import ManifestError, OutsideRootError
 __all__ = [
     "Item", "read_manifest", "read_csv", "read_folder", "read_list", "class_index",
     "ManifestRecord", "manifest_records", "csv_records", "check_manifest_record",
-    "decode_text", "check_root", "resolve_root", "check_path_text", "text_lines",
+    "decode_text", "check_root", "resolve_root", "check_path_text", "within_max_duration", "text_lines",
 ]
 
 MANIFEST_PATH_FIELD = "audio_filepath"
@@ -385,6 +385,23 @@ def read_list(source, *, labels=None, root=None) -> list:
         check_root(full, top, raw=raw, manifest=where, line=lines[i])
         items.append(Item(path=full, raw_path=raw, label=lab))
     return items
+
+
+def within_max_duration(items, max_duration) -> tuple[list, list]:
+    """``(kept, errors)``: the items of at most ``max_duration`` seconds (a duration bucketing
+    feed's budget), and ``(path, message)`` for each left out (longer, or no duration)."""
+    if max_duration is None:
+        return list(items), []
+    keep, errors = [], []
+    for it in items:
+        if it.duration is None:
+            errors.append((it.path, "no duration known (max_duration needs it)"))
+        elif it.duration > float(max_duration):
+            errors.append((it.path, f"{it.duration:g} s, longer than max_duration="
+                                    f"{float(max_duration):g} s: left out"))
+        else:
+            keep.append(it)
+    return keep, errors
 
 
 def class_index(items, *, integers_are_indices: bool = False) -> tuple[list, list]:

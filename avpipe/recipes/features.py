@@ -38,7 +38,7 @@ from ..errors import CorruptDataError
 from ..pipeline import shards
 from ..pipeline.feed import Feed, Task
 from ..pipeline.sharded import ShardMember
-from ..pipeline.sources import Item
+from ..pipeline.sources import Item, within_max_duration
 
 __all__ = ["feature_feed", "FeatureTask", "read_feature_index"]
 
@@ -179,17 +179,8 @@ def feature_feed(source, *, batch_size=None, max_duration=None, seed=0, shuffle=
         framework=framework, on_error=on_error, prefetch=prefetch, threads=threads,
         deadline=deadline, bucket_window=bucket_window, storage_options=storage_options))
     items, errors = read_feature_index(source, storage_options=storage_options)
-    if max_duration is not None:
-        keep = []
-        for it in items:
-            if it.duration is None:
-                errors.append((it.path, "no duration recorded (max_duration needs it)"))
-            elif it.duration > float(max_duration):
-                errors.append((it.path, f"{it.duration:g} s, longer than max_duration="
-                                        f"{float(max_duration):g} s: left out"))
-            else:
-                keep.append(it)
-        items = keep
+    items, left_out = within_max_duration(items, max_duration)
+    errors += left_out
     dev = resolve_device(device)
     task = FeatureTask(device=dev, threads=threads, deadline=deadline)
     return Feed(items, task, batch_size=batch_size, max_duration=max_duration,

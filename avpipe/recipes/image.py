@@ -27,7 +27,7 @@ import numpy as np
 
 from ..decoding.image import decode_image_batch, resolve_max_pixels
 from ..device import array_module, resolve_device, upload_many
-from ..errors import DecodeError
+from ..errors import DecodeError, renamed
 from ..formats import IMAGE_EXTENSIONS
 from ..ops import image_augment as _aug
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
@@ -121,7 +121,7 @@ class ImageTask(Task):
             for j, e in res.errors:
                 it = pairs[todo[j]][1]
                 if it.locator is not None and isinstance(e, DecodeError):
-                    e = type(e)(it.path, e.cause)
+                    e = renamed(e, it.path)
                 out[todo[j]] = e
             for j, im in enumerate(res.images):
                 if im is not None:

@@ -54,7 +54,7 @@ import numpy as np
 from .._source import TimedFile, is_regular_file, open_source
 from ..decoding.audio import DAMAGE_POLICIES, load_audio, shorter_than_declared
 from ..device import array_module, resolve_device
-from ..errors import CorruptDataError, DecodeError
+from ..errors import CorruptDataError, naming
 from ..formats import is_flac
 from ..ops import audio_augment as _aug
 from ..ops import random as _rnd
@@ -69,7 +69,7 @@ from ..pipeline.sharded import (
     shard_groups,
     sharded_listing,
 )
-from ..pipeline.sources import read_manifest
+from ..pipeline.sources import read_manifest, within_max_duration
 
 __all__ = ["rnnt_feed", "RnntTask", "SPEC_AUGMENT", "MAX_SAMPLE"]
 
@@ -159,17 +159,8 @@ def rnnt_feed(manifest, *, batch_size=None, max_duration=None, seed=0, shuffle=T
     else:
         listing = read(manifest, tarred_audio_filepaths)
     items, errors = listing.items, list(listing.errors)
-    if max_duration is not None:
-        keep = []
-        for it in items:
-            if it.duration is None:
-                errors.append((it.path, "no duration in the manifest (max_duration needs it)"))
-            elif it.duration > float(max_duration):
-                errors.append((it.path, f"{it.duration:g} s, longer than max_duration="
-                                        f"{float(max_duration):g} s: left out"))
-            else:
-                keep.append(it)
-        items = keep
+    items, left_out = within_max_duration(items, max_duration)
+    errors += left_out
     durations = [it.duration or 0.0 for it in items]
     dev = resolve_device(device)
     task = RnntTask(preset=preset, training=training, sample_rate=sample_rate, seed=seed,
@@ -250,12 +241,10 @@ class RnntTask(Task):
         data = item.locator.read()
         if self.timings is not None:
             self.timings("read", time.perf_counter() - t0)
-        try:
+        with naming(item.path, data):
             return load_audio(data, sample_rate=self.sample_rate, offset=item.offset,
                               duration=item.duration if item.duration else None,
                               on_damage=self.on_damage)
-        except DecodeError as e:  # name the item, not "<bytes>"
-            raise type(e)(item.path, e.cause) from None
 
     def _samples(self, item, a):
         """A decoded item's samples, after the damage and signal checks."""

@@ -55,7 +55,6 @@ either way.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import itertools
@@ -68,7 +67,7 @@ from .. import settings
 from .._validate import check_choice
 from ..decoding import load_index
 from ..device import array_module, keep_until_done, resolve_device, upload_many
-from ..errors import DecodeError
+from ..errors import naming
 from ..ops import image_augment as _aug
 from ..ops import random as _rnd
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
@@ -150,17 +149,6 @@ def clips_in_layout(clips, layout: str):
         return clips
     xp = array_module(clips)
     return xp.ascontiguousarray(clips.transpose(0, 2, 1, 3, 4))
-
-
-@contextlib.contextmanager
-def _naming(item, src):
-    """Errors about in-memory bytes (a shard's member) name the item, not ``<bytes>``."""
-    try:
-        yield
-    except DecodeError as e:
-        if isinstance(src, (bytes, bytearray)):
-            raise type(e)(item.path, e.cause) from None
-        raise
 
 
 def eval_views(videos, views):
@@ -459,7 +447,7 @@ class VideoTask(Task):
                 return self._train_transform(frames, i, epoch)
 
             src, index = self._source(item)
-            with _naming(item, src):
+            with naming(item.path, src):
                 out, _, _, _ = decode_clip(src, select, transform, device=self.device,
                                            stream=self._streams.get(),
                                            on_open=self._on_open(item.path), index=index)
@@ -493,7 +481,7 @@ class VideoTask(Task):
 
             item = pairs[0][1]
             src, index = self._source(item)
-            with _naming(item, src):
+            with naming(item.path, src):
                 out, _, _, _ = decode_clip(src, select, transform, device=self.device,
                                            stream=self._streams.get(),
                                            on_open=self._on_open(item.path), index=index)

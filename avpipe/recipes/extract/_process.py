@@ -10,7 +10,6 @@ engine ran it: the same shard gives the same bytes everywhere on one kind of dev
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -32,7 +31,7 @@ from ...decoding.audio._flac_scan import header_info as flac_header_info
 from ...decoding.image import decode_image_batch
 from ...decoding.video import VideoDecoder
 from ...device import download, to_numpy
-from ...errors import CorruptDataError, DecodeError
+from ...errors import CorruptDataError, DecodeError, naming, renamed
 from ...formats import is_flac
 from ...ops import audio as audio_ops
 from ...ops import image as image_ops
@@ -407,7 +406,7 @@ class _AudioStream:
             src = it.source_of()
             offset = float(f.get("offset", 0.0) or 0.0)
             duration = f.get("duration") if "offset" in f else None
-            with self.dev.activate(), _naming(it, src):
+            with self.dev.activate(), naming(it.path, src):
                 a = load_audio(src, sample_rate=self.sr, offset=offset,
                                      duration=None if duration is None else float(duration),
                                      device=str(self.dev), on_damage=self.on_damage)
@@ -451,21 +450,10 @@ class _AudioStream:
         return got
 
 
-@contextlib.contextmanager
-def _naming(item: Item, src):
-    """Errors about a shard member's bytes name the input (``URL#KEY``), not ``<bytes>``."""
-    try:
-        yield
-    except DecodeError as e:
-        if isinstance(src, (bytes, bytearray)):
-            raise type(e)(item.path, e.cause) from None
-        raise
-
-
 def _video_one(item: Item, vcfg: dict, dev):
     try:
         src = item.source_of()
-        with dev.activate(), _naming(item, src):
+        with dev.activate(), naming(item.path, src):
             with VideoDecoder(src, device=str(dev)) as dec:
                 m = dec.metadata
                 n = int(m.num_frames)
@@ -585,11 +573,8 @@ def _named_batch(items: list[Item], sources: list, dev):
     """``decode_image_batch`` of ``sources``, its errors about bytes naming their inputs."""
     with dev.activate():
         b = decode_image_batch(sources, device=str(dev))
-    errors = []
-    for j, e in b.errors:
-        if isinstance(e, DecodeError) and isinstance(sources[j], (bytes, bytearray)):
-            e = type(e)(items[j].path, e.cause)
-        errors.append((j, e))
+    errors = [(j, renamed(e, items[j].path) if isinstance(e, DecodeError) and isinstance(
+        sources[j], (bytes, bytearray)) else e) for j, e in b.errors]
     return SimpleNamespace(images=b.images, errors=errors)
 
 
