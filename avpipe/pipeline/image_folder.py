@@ -30,6 +30,7 @@ from .._validate import check_on_error, pos_int
 from ..decoding.image import decode_image_batch, resolve_max_pixels
 from ..device import resolve_device
 from ..formats import IMAGE_EXTENSIONS
+from .sources import read_folder
 
 __all__ = ["ImageFolder", "ImageFolderBatch", "IMAGE_EXTENSIONS"]
 
@@ -93,19 +94,13 @@ class ImageFolder:
         self.on_error = on_error
         self.drop_last = bool(drop_last)
         self.max_pixels = resolve_max_pixels(max_pixels) or 0
-        exts = tuple(e.lower() for e in extensions)
         self.classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
         if not self.classes:
             raise ValueError(f"root {root!r} holds no class folders")
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        samples = []
-        for c in self.classes:
-            for dirpath, dirnames, filenames in os.walk(os.path.join(root, c)):
-                dirnames.sort()
-                for fn in sorted(filenames):
-                    if fn.lower().endswith(exts):
-                        samples.append((os.path.join(dirpath, fn), self.class_to_idx[c]))
-        self.samples = samples
+        # the one class-folder walk (pipeline.sources), the feeds' too
+        self.samples = [(it.path, self.class_to_idx[it.label])
+                        for it in read_folder(root, extensions=extensions)]
         self.errors: list = []
         self.epoch = 0
 
