@@ -200,20 +200,23 @@ def _kill(p) -> bool:
 
 
 @pytest.mark.slow
-def test_killed_three_times_then_resumed(data, reference):
+def test_killed_three_times_then_resumed(data, reference, tmp_path):
     """``avpipe extract --out s3://`` (a subprocess, the S3 server in its own process) killed
     with SIGKILL three times: after the first part, at a random time, and after 4 of 7 parts;
     run again, it leaves the objects of an uninterrupted local run, byte for byte; then a run
     of the finished job writes nothing."""
     ref, span = reference
     rng = random.Random(7)
+    staging = tmp_path / "tmp"  # the runs' TMPDIR: where they stage their uploads
+    staging.mkdir()
     with s3_server(process=True):
+        env = {**_env(), "TMPDIR": str(staging)}  # with the server's AWS_* settings
         _bucket("kills", versioned=True)
         url = "s3://kills/job"
         cut, parts = [], []
         for target in (1, None, 4):
             p = subprocess.Popen(_cmd(data, url), stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, cwd=ROOT, env=_env())
+                                 stderr=subprocess.DEVNULL, cwd=ROOT, env=env)
             if target is None:
                 time.sleep(rng.uniform(0.2, 0.6) * max(1.0, span))
             else:
@@ -227,12 +230,13 @@ def test_killed_three_times_then_resumed(data, reference):
         assert all(cut), f"a kill came after its run had finished: {cut}"
         assert parts[0] < 7, parts  # the job was unfinished
         r = subprocess.run(_cmd(data, url), capture_output=True, text=True, cwd=ROOT,
-                           env=_env(), timeout=300)
+                           env=env, timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         assert objects("kills", "job") == ref
+        assert os.listdir(staging) == []  # what the killed runs staged is removed
         before = versions("kills")
         r = subprocess.run(_cmd(data, url), capture_output=True, text=True, cwd=ROOT,
-                           env=_env(), timeout=300)
+                           env=env, timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "nothing new written" in r.stdout + r.stderr
         assert versions("kills") == before

@@ -21,7 +21,8 @@ keys: a shard's bytes depend only on its inputs and the preset.
 
 DIR may be a URL (``s3://bucket/prefix``, ``gs://...``; :mod:`avpipe.storage`; ``file://`` is
 a local folder). Every output is then one whole object: written first to a local temporary
-file (``avpipe-extract-*.partial`` in the temporary folder, ``TMPDIR``; a tar shard streams
+file (``avpipe-extract-<pid>-*.partial`` in the temporary folder, ``TMPDIR``, removed once
+uploaded, and by a later run where a killed process left them; a tar shard streams
 there as it does to a local folder, never held whole in memory) and uploaded by one PUT, or a
 multipart upload for a large file (:func:`avpipe.storage.put_file`), which the store makes
 visible only once complete; the temporary file is removed after. A shard's part is uploaded
@@ -60,6 +61,7 @@ INDEX_NAME = "index.jsonl"
 ERRORS_NAME = "errors.jsonl"
 META_NAME = "extract.json"
 PARTIAL = ".partial"
+STAGING = "avpipe-extract-"  # a URL output's local temporary files: STAGING<pid>-*.partial
 
 
 def dumps(obj) -> str:
@@ -167,7 +169,7 @@ def put(out_dir: str, rel: str, write, *, stream: bool = False) -> None:
     if not is_remote(out_dir):
         atomic_write(os.path.join(out_dir, rel), write, stream=stream)
         return
-    fd, tmp = tempfile.mkstemp(prefix="avpipe-extract-", suffix=PARTIAL)
+    fd, tmp = tempfile.mkstemp(prefix=f"{STAGING}{os.getpid()}-", suffix=PARTIAL)
     try:
         with os.fdopen(fd, "wb", buffering=1 << 20) as f:
             write(f)
@@ -467,8 +469,10 @@ def read_part(out_dir: str, shard: Shard, total: int,
 
 def clean_partials(out_dir: str) -> None:
     """Remove what a killed run left half-written (``*.partial``; ``.lock`` keeps two runs
-    from doing this at once). A URL holds none (its outputs are staged locally)."""
+    from doing this at once). A URL holds none: its outputs are staged locally, and the
+    temporary files a killed process left there (its pid no longer running) are removed."""
     if is_remote(out_dir):
+        _clean_staging()
         return
     for sub in (SHARDS_DIR, PARTS_DIR, FEATURES_DIR, ""):
         top = os.path.join(out_dir, sub)
@@ -482,6 +486,31 @@ def clean_partials(out_dir: str) -> None:
                         os.remove(os.path.join(dirpath, f))
                     except OSError:
                         pass
+
+
+def _clean_staging() -> None:
+    top = tempfile.gettempdir()
+    try:
+        names = os.listdir(top)
+    except OSError:
+        return
+    for f in names:
+        if not (f.startswith(STAGING) and f.endswith(PARTIAL)):
+            continue
+        pid = f[len(STAGING):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # running (possibly another run's upload)
+        except ProcessLookupError:
+            pass
+        except OSError:  # another user's process
+            continue
+        try:
+            os.remove(os.path.join(top, f))
+        except OSError:
+            pass
 
 
 def write_index(out_dir: str, shards: list[Shard], total: int,
