@@ -455,11 +455,11 @@ def write_object(url, data: bytes, *, storage_options=None) -> None:
     _with_retries(url, "write", lambda: fs.pipe_file(path, bytes(data)))
 
 
-def put_file(local, url, *, storage_options=None) -> None:
-    """Upload the local file ``local`` as the whole object ``url`` (s3fs sends a large file as a
-    multipart upload, which the store makes visible only once complete), retried on transient
-    failures; a local ``url`` is copied beside its name, fsync'ed and renamed (as
-    :func:`write_object`)."""
+def put_file(local, url, *, storage_options=None, part_size: int | None = None) -> None:
+    """Upload the local file ``local`` as the whole object ``url`` (s3fs sends a file of two
+    parts or more, ``part_size`` bytes each, 50 MiB by default, as a multipart upload, which the
+    store makes visible only once complete), retried on transient failures; a local ``url`` is
+    copied beside its name, fsync'ed and renamed (as :func:`write_object`)."""
     url = os.fspath(url)
     local = os.fspath(local)
     if is_local(url):
@@ -485,7 +485,8 @@ def put_file(local, url, *, storage_options=None) -> None:
             os.close(fd)
         return
     fs, path = _filesystem(url, storage_options)
-    _with_retries(url, "upload", lambda: fs.put_file(local, path))
+    kw = {"chunksize": int(part_size)} if part_size else {}
+    _with_retries(url, "upload", lambda: fs.put_file(local, path, **kw))
 
 
 def remove(url, *, storage_options=None) -> None:

@@ -266,3 +266,21 @@ def test_ray_engine_writes_objects(data, tmp_path):
         assert s1.complete and s2.complete, s2.failures
         assert s2.total_written == s1.total_written
         assert objects("ray-out", "o") == tree(local)
+
+
+def test_put_file_large_is_multipart(tmp_path):
+    """A file of several parts goes up as a multipart upload, whole."""
+    from avpipe import storage
+
+    f = tmp_path / "big.bin"
+    data = bytes(range(256)) * (11 * 4096)  # 11 MiB: parts of 5 MiB
+    f.write_bytes(data)
+    with s3_server():
+        _bucket("big")
+        storage.put_file(f, "s3://big/x/big.bin", part_size=5 << 20)
+        head = _client().head_object(Bucket="big", Key="x/big.bin")
+        assert head["ContentLength"] == len(data)
+        assert head["ETag"].strip('"').endswith("-3")  # a multipart upload of 3 parts
+        assert storage.read_object("s3://big/x/big.bin") == data
+    storage.put_file(f, (tmp_path / "copy.bin").as_uri())
+    assert (tmp_path / "copy.bin").read_bytes() == data
