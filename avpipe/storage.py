@@ -12,9 +12,10 @@ Every reader of sharded data goes through this module, so that one set of rules 
 * **Transient failures are retried** with exponential backoff and jitter: HTTP 5xx, 408 and
   429, connection resets, timeouts, truncated bodies. Anything else (403, 404, a bad URL) fails at
   once. A read that still fails raises :class:`StorageError` (an ``OSError``) naming the URL.
-* **Writes are whole objects** (:func:`write_object`): a local file is written beside its final
-  name, fsync'ed and renamed; an object store's PUT is atomic by itself. A reader never sees half
-  an object.
+* **Writes are whole objects** (:func:`write_object` from bytes, :func:`put_file` from a local
+  file, which an object store receives in parts when it is large): a local file is written
+  beside its final name, fsync'ed and renamed; an object store's PUT (or multipart upload) is
+  atomic by itself. A reader never sees half an object. Writes are retried as reads are.
 
 Names: :func:`expand` turns a spec (bash-style braces ``{000000..000127}`` and ``{a,b}``, NeMo's
 ``_OP_`` / ``_CL_`` spelling of braces, or a list of them) into a list of URLs.
@@ -44,9 +45,11 @@ __all__ = [
     "read_range",
     "read_object",
     "write_object",
+    "put_file",
     "exists",
     "remove",
     "listdir",
+    "list_tree",
     "fingerprint",
 ]
 
@@ -353,7 +356,14 @@ def read_object(url, *, storage_options=None) -> bytes:
         with open(local_path(url), "rb") as f:
             return f.read()
     fs, path = _filesystem(url, storage_options)
-    return _with_retries(url, "read", lambda: fs.cat_file(path))
+
+    def cat():
+        # fsspec answers a missing name from a cached listing of its folder: an object another
+        # process wrote after that listing would read as missing
+        fs.invalidate_cache(path)
+        return fs.cat_file(path)
+
+    return _with_retries(url, "read", cat)
 
 
 def exists(url, *, storage_options=None) -> bool:
@@ -361,7 +371,12 @@ def exists(url, *, storage_options=None) -> bool:
     if is_local(url):
         return os.path.exists(local_path(url))
     fs, path = _filesystem(url, storage_options)
-    return bool(_with_retries(url, "exists", lambda: fs.exists(path)))
+
+    def check():
+        fs.invalidate_cache(path)  # as in read_object: not from a listing cached earlier
+        return fs.exists(path)
+
+    return bool(_with_retries(url, "exists", check))
 
 
 def listdir(url, *, storage_options=None) -> list:
@@ -373,12 +388,39 @@ def listdir(url, *, storage_options=None) -> list:
     fs, path = _filesystem(url, storage_options)
 
     def ls():
+        fs.invalidate_cache(path)  # another process may have written since (fsspec caches lists)
         try:
             return fs.ls(path, detail=False)
         except FileNotFoundError:
             return []
 
     return sorted(x.rstrip("/").rsplit("/", 1)[-1] for x in _with_retries(url, "list", ls))
+
+
+def list_tree(url, *, storage_options=None) -> list:
+    """Paths (relative to ``url``, ``/``-separated) of every file or object under a folder or
+    prefix, at any depth, sorted; [] where there is none."""
+    url = os.fspath(url)
+    if is_local(url):
+        top = local_path(url)
+        out = []
+        for dirpath, _, files in os.walk(top):
+            rel = os.path.relpath(dirpath, top)
+            for f in files:
+                out.append(f if rel == "." else f"{rel}/{f}".replace(os.sep, "/"))
+        return sorted(out)
+    fs, path = _filesystem(url, storage_options)
+    base = path.rstrip("/") + "/"
+
+    def find():
+        fs.invalidate_cache(path)
+        try:
+            return fs.find(base)
+        except FileNotFoundError:
+            return []
+
+    return sorted(x[len(base):] for x in _with_retries(url, "list", find)
+                  if x.startswith(base))
 
 
 # -- writes ---------------------------------------------------------------------------------------
@@ -411,6 +453,40 @@ def write_object(url, data: bytes, *, storage_options=None) -> None:
         return
     fs, path = _filesystem(url, storage_options)
     _with_retries(url, "write", lambda: fs.pipe_file(path, bytes(data)))
+
+
+def put_file(local, url, *, storage_options=None, part_size: int | None = None) -> None:
+    """Upload the local file ``local`` as the whole object ``url`` (s3fs sends a file of two
+    parts or more, ``part_size`` bytes each, 50 MiB by default, as a multipart upload, which the
+    store makes visible only once complete), retried on transient failures; a local ``url`` is
+    copied beside its name, fsync'ed and renamed (as :func:`write_object`)."""
+    url = os.fspath(url)
+    local = os.fspath(local)
+    if is_local(url):
+        import shutil
+
+        p = local_path(url)
+        d = os.path.dirname(os.path.abspath(p))
+        os.makedirs(d, exist_ok=True)
+        tmp = f"{p}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(local, "rb") as src, open(tmp, "wb") as f:
+                shutil.copyfileobj(src, f, 1 << 20)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return
+    fs, path = _filesystem(url, storage_options)
+    kw = {"chunksize": int(part_size)} if part_size else {}
+    _with_retries(url, "upload", lambda: fs.put_file(local, path, **kw))
 
 
 def remove(url, *, storage_options=None) -> None:

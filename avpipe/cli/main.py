@@ -51,7 +51,9 @@ class _ExtractCommand(click.Command):
               help="What to extract: a preset listed below, or a TOML file (decode settings "
                    "and a list of operators; see avpipe.recipes.extract._presets).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Output folder; running again on the same folder resumes.")
+              metavar="DIR|URL",
+              help="Output folder, or a URL (s3://bucket/prefix, gs://..., file://...); "
+                   "running again on the same folder resumes.")
 @click.option("--format", "fmt", type=click.Choice(["tar", "parquet", "npy"]), default="tar",
               show_default=True,
               help="tar: WebDataset shards (KEY.npy + KEY.json); parquet: one row per input; "

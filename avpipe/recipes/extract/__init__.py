@@ -18,10 +18,22 @@ preset, so a run killed at any point and resumed leaves the same files, bytes an
 uninterrupted run. Inputs that failed stay recorded as failed (``--retry-errors`` redoes the
 shards that hold them). Resuming with another preset, format, shard size or input list is
 refused.
+
+**Output to a URL**: ``out_dir`` (``--out``) may be ``s3://bucket/prefix``, ``gs://...`` or
+``file://...`` (:mod:`avpipe.storage`; S3 configured as boto3 is, ``AWS_ENDPOINT_URL`` included).
+The layout and bytes are those of a local folder; every output is staged in a local temporary
+file and uploaded as one whole object, a shard's part after its data (:mod:`._writers`), so
+the resume rule holds as it does locally: a run killed at any point and run again leaves the
+same objects, byte for byte, and a finished job run again uploads nothing. A local folder is
+locked (``DIR/.lock``) against a second run; a URL prefix is not: running one job at a time on
+a prefix is the user's part. Two runs of the same command on one prefix write the same bytes
+to the same names (each shard at most computed twice); runs that differ (preset, inputs) must
+not share a prefix.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -31,6 +43,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ... import storage
 from ..._validate import check_choice, pos_int
 from ..._version import __version__
 from ...device import _gpu_count as gpu_count
@@ -46,12 +59,15 @@ from ._writers import (
     META_NAME,
     PARTS_DIR,
     SHARDS_DIR,
-    atomic_write,
     clean_partials,
+    is_remote,
+    listing,
     make_shards,
     npy_name,
     printable,
+    put,
     read_part,
+    read_text,
     write_index,
 )
 
@@ -234,12 +250,11 @@ def _fingerprint(inp: Inputs) -> str:
 
 
 def _check_meta(out_dir: str, meta: dict) -> None:
-    path = os.path.join(out_dir, META_NAME)
-    if os.path.exists(path):
+    text = read_text(out_dir, META_NAME)
+    if text is not None:
         try:
-            with open(path, encoding="utf-8") as f:
-                old = json.load(f)
-        except (OSError, json.JSONDecodeError):
+            old = json.loads(text)
+        except json.JSONDecodeError:
             old = None
         if isinstance(old, dict):
             def same(key, a, b):
@@ -271,7 +286,7 @@ def _check_meta(out_dir: str, meta: dict) -> None:
                     )
             return
     text = json.dumps(meta, indent=1, sort_keys=True) + "\n"
-    atomic_write(path, lambda f: f.write(text.encode()))
+    put(out_dir, META_NAME, lambda f: f.write(text.encode()))
 
 
 class _Lock:
@@ -481,11 +496,15 @@ def _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size, 
     if workers is None:
         workers = max(1, (os.cpu_count() or 1) // len(devs))
     out_dir = os.fspath(out_dir)
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    if storage.is_url(out_dir) and storage.is_local(out_dir):  # file://: a local folder
+        out_dir = storage.local_path(out_dir)
+    remote = is_remote(out_dir)
+    if not remote and os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise NotADirectoryError(f"out_dir: not a folder: {out_dir!r}")
-    inp = resolve_inputs(input_path, extensions_of(cfg), exclude=out_dir, root=root,
-                         storage_options=storage_options)
-    os.makedirs(out_dir, exist_ok=True)
+    inp = resolve_inputs(input_path, extensions_of(cfg), exclude=None if remote else out_dir,
+                         root=root, storage_options=storage_options)
+    if not remote:
+        os.makedirs(out_dir, exist_ok=True)
     total = len(inp.items)
     run_cfg = {k: v for k, v in cfg.items() if k != "batch_size"}
     run_cfg["batch_size"] = cfg["batch_size"]  # batching changes float rounding: part of it
@@ -497,14 +516,16 @@ def _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size, 
                   "sha256": _fingerprint(inp)},
     }
     meta["avpipe"] = __version__  # recorded, not compared
-    with _Lock(out_dir):
+    # a URL prefix takes no lock (module docstring)
+    with contextlib.nullcontext() if remote else _Lock(out_dir):
         _check_meta(out_dir, meta)
         clean_partials(out_dir)
         shards = make_shards(total, shard_size)
         done_ok = done_err = 0
         todo = []
+        present = listing(out_dir)
         for s in shards:
-            rows = read_part(out_dir, s, total)
+            rows = read_part(out_dir, s, total, present)
             redo = rows is None or (retry_errors and any(r.get("status") != "ok" for r in rows))
             if redo:
                 todo.append(s)
@@ -538,7 +559,8 @@ def _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size, 
         # what this run wrote, from the parts (also right for the worker processes' shards)
         n_err = 0
         shards_done = 0
-        parts = [read_part(out_dir, s, total) for s in shards]
+        present = listing(out_dir)
+        parts = [read_part(out_dir, s, total, present) for s in shards]
         redone = set(todo)
         for s, rows in zip(shards, parts):
             if rows is None:

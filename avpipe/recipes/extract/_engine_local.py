@@ -32,7 +32,7 @@ from ._process import (
     profiling,
     timed,
 )
-from ._writers import read_part, write_shard
+from ._writers import listing, read_part, write_shard
 
 # shards are written by WRITERS threads (default 4; a shard's files are its own, so any order
 # is fine), with at most WRITE_QUEUE computed shards waiting for them
@@ -287,8 +287,9 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
                               report, blocked, standby)
         standby = None
         todo = []
+        present = listing(out_dir)  # a URL's objects, listed once
         for dev, group, why in ended:
-            left = [sh for sh in group if read_part(out_dir, sh, total) is None]
+            left = [sh for sh in group if read_part(out_dir, sh, total, present) is None]
             if why is None or not left:
                 continue
             if why.startswith("stuck "):  # one input's read never returned: it is skipped

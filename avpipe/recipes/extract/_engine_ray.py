@@ -5,7 +5,9 @@ actors (``num_gpus=1`` each on GPUs; one actor per ``--devices`` entry on CPUs),
 computing a shard with the local engine's code (:func:`~._process.iter_shards`) and writing it
 with the same writer (:func:`~._writers.write_shard`) -> the driver collects the shards' index
 rows as they finish (progress) and merges the parts. The output folder must be reachable from
-every node (a shared file system); the files are byte-identical to the local engine's.
+every node: a shared file system, or a URL (``s3://``, ``gs://``), which the actors write to
+as the local engine does (:mod:`._writers`; each node needs the store's credentials, e.g.
+``AWS_*`` in the environment); the files are byte-identical to the local engine's.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from ...device import resolve_device
 from ._engine_local import _progress_payload
 from ._inputs import Item
 from ._process import Shard, iter_shards
-from ._writers import write_shard
+from ._writers import is_remote, write_shard
 
 log = logging.getLogger("avpipe.extract")
 
@@ -96,7 +98,8 @@ def run_ray(devices, shards, items, cfg, out_dir, fmt, total, workers, duplicate
             rows.append({"start": s.start, "end": s.end, "tasks": json.dumps(tasks)})
         ds = ray.data.from_items(rows, override_num_blocks=len(rows))
         kwargs = dict(
-            fn_constructor_kwargs=dict(cfg=cfg, out_dir=os.path.abspath(out_dir), fmt=fmt,
+            fn_constructor_kwargs=dict(cfg=cfg, out_dir=out_dir if is_remote(out_dir) else
+                                       os.path.abspath(out_dir), fmt=fmt,
                                        total=total, workers=workers,
                                        duplicated=sorted(duplicated), gpu=gpu),
             batch_size=1, concurrency=min(n_actors, len(rows)), batch_format="numpy",

@@ -19,6 +19,19 @@ Every file is written to ``NAME.<pid>.partial``, flushed, fsync'ed and renamed i
 members have mtime 0, uid/gid 0, mode 0644 and empty owner names, JSON is written with sorted
 keys: a shard's bytes depend only on its inputs and the preset.
 
+DIR may be a URL (``s3://bucket/prefix``, ``gs://...``; :mod:`avpipe.storage`; ``file://`` is
+a local folder). Every output is then one whole object: written first to a local temporary
+file (``avpipe-extract-<pid>-*.partial`` in the temporary folder, ``TMPDIR``, removed once
+uploaded, and by a later run where a killed process left them; a tar shard streams
+there as it does to a local folder, never held whole in memory) and uploaded by one PUT, or a
+multipart upload for a large file (:func:`avpipe.storage.put_file`), which the store makes
+visible only once complete; the temporary file is removed after. A shard's part is uploaded
+only after its data objects, so a part names only objects that exist; resume lists the prefix
+once (:func:`listing`) and reads the parts it holds. Nothing half-written is ever visible
+remotely, so a killed run leaves no temporary objects to clean. ``index.jsonl`` and
+``errors.jsonl`` are uploaded only when their bytes differ from the objects there (a finished
+job run again writes nothing).
+
 JSON is strict: a non-finite number is written as ``null`` (``NaN`` is not JSON), and a name
 holding bytes that are not UTF-8 (a file name read with ``surrogateescape``) is written with
 each such byte as ``\\xNN`` (Python's ``backslashreplace``); the index row and ``KEY.json``
@@ -33,10 +46,11 @@ import json
 import math
 import os
 import tarfile
+import tempfile
 
 import numpy as np
 
-from ... import settings
+from ... import settings, storage
 from ._process import Result, Shard
 
 FORMATS = ("tar", "parquet", "npy")
@@ -47,6 +61,7 @@ INDEX_NAME = "index.jsonl"
 ERRORS_NAME = "errors.jsonl"
 META_NAME = "extract.json"
 PARTIAL = ".partial"
+STAGING = "avpipe-extract-"  # a URL output's local temporary files: STAGING<pid>-*.partial
 
 
 def dumps(obj) -> str:
@@ -135,6 +150,60 @@ def atomic_write(path: str, write, *, binary: bool = True, stream: bool = False)
         if every:
             _drop_cached(f.fileno())
     os.replace(tmp, path)
+
+
+def is_remote(out_dir) -> bool:
+    """Whether ``out_dir`` is an object store URL (not a local path or ``file://``)."""
+    return storage.is_url(out_dir) and not storage.is_local(out_dir)
+
+
+def out_path(out_dir: str, rel: str) -> str:
+    """The path or URL of ``rel`` (``/``-separated) in the output folder."""
+    return storage.join(out_dir, rel) if is_remote(out_dir) else os.path.join(out_dir, rel)
+
+
+def put(out_dir: str, rel: str, write, *, stream: bool = False) -> None:
+    """``write(f)`` (a binary file) as the whole file or object ``rel`` of ``out_dir``: locally
+    :func:`atomic_write`; for a URL into a local temporary file, uploaded once complete
+    (:func:`avpipe.storage.put_file`), then removed."""
+    if not is_remote(out_dir):
+        atomic_write(os.path.join(out_dir, rel), write, stream=stream)
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f"{STAGING}{os.getpid()}-", suffix=PARTIAL)
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+            write(f)
+        storage.put_file(tmp, storage.join(out_dir, rel))
+    finally:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+
+
+def read_text(out_dir: str, rel: str) -> str | None:
+    """The text of ``rel`` in the output folder, or None where it is missing or unreadable
+    (a transient failure of an object store that outlasts the retries raises)."""
+    if not is_remote(out_dir):
+        try:
+            with open(os.path.join(out_dir, rel), encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError):
+            return None
+    try:
+        return storage.read_object(storage.join(out_dir, rel)).decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        return None
+
+
+def listing(out_dir: str) -> frozenset | None:
+    """Every object under a URL ``out_dir`` (relative names), listed once, for :func:`read_part`;
+    None for a local folder (checked file by file)."""
+    if not is_remote(out_dir):
+        return None
+    return frozenset(storage.list_tree(out_dir))
 
 
 def _libc_sync_file_range():
@@ -331,10 +400,17 @@ def write_shard(out_dir: str, shard: Shard, results: list[Result], cfg: dict, fm
     between its new outputs and its new part, the run finds no part and does the shard again
     (the old part would have been taken as done, its rows naming outputs no longer there)."""
     name = shard_name(shard, total)
-    part = os.path.join(out_dir, PARTS_DIR, f"{name}.jsonl")
-    if os.path.lexists(part):
-        os.remove(part)
-        _fsync_dir(os.path.dirname(part))
+    part_rel = f"{PARTS_DIR}/{name}.jsonl"
+    remote = is_remote(out_dir)
+    if remote:
+        part = storage.join(out_dir, part_rel)
+        if storage.exists(part):  # a DELETE of nothing is still a write (a delete marker)
+            storage.remove(part)
+    else:
+        part = os.path.join(out_dir, PARTS_DIR, f"{name}.jsonl")
+        if os.path.lexists(part):
+            os.remove(part)
+            _fsync_dir(os.path.dirname(part))
     ok = [r for r in results if r.ok]
     rows = []
     if fmt == "npy":
@@ -343,26 +419,34 @@ def write_shard(out_dir: str, shard: Shard, results: list[Result], cfg: dict, fm
             if r.ok:
                 out_rel = npy_output(r, r.item.source in duplicated)
                 data = npy_bytes(r.array)
-                atomic_write(os.path.join(out_dir, out_rel), lambda f, d=data: f.write(d))
+                put(out_dir, out_rel, lambda f, d=data: f.write(d))
             rows.append(index_row(r, cfg, None, out_rel))
     else:
         shard_rel = f"{SHARDS_DIR}/{name}.{fmt}"
         writer = _write_tar if fmt == "tar" else _write_parquet
-        atomic_write(os.path.join(out_dir, shard_rel), lambda f: writer(f, ok, cfg),
-                     stream=fmt == "tar")
+        put(out_dir, shard_rel, lambda f: writer(f, ok, cfg), stream=fmt == "tar")
         rows = [index_row(r, cfg, shard_rel if r.ok else None, None) for r in results]
     text = "".join(dumps(row) + "\n" for row in rows)
-    atomic_write(part, lambda f: f.write(text.encode("utf-8")))
+    put(out_dir, part_rel, lambda f: f.write(text.encode("utf-8")))
     return rows
 
 
-def read_part(out_dir: str, shard: Shard, total: int) -> list[dict] | None:
-    """The shard's rows when it is complete (its part is whole and its outputs exist)."""
-    path = os.path.join(out_dir, PARTS_DIR, f"{shard_name(shard, total)}.jsonl")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
+def read_part(out_dir: str, shard: Shard, total: int,
+              present: frozenset | None = None) -> list[dict] | None:
+    """The shard's rows when it is complete (its part is whole and its outputs exist).
+    ``present``: for a URL ``out_dir``, its :func:`listing` (listed here when not given)."""
+    part_rel = f"{PARTS_DIR}/{shard_name(shard, total)}.jsonl"
+    if is_remote(out_dir):
+        if present is None:
+            present = listing(out_dir)
+        if part_rel not in present:
+            return None
+        exists = present.__contains__
+    else:
+        def exists(rel):
+            return os.path.isfile(os.path.join(out_dir, rel))
+    text = read_text(out_dir, part_rel)
+    if text is None:
         return None
     try:
         rows = [json.loads(x) for x in text.splitlines() if x.strip()]
@@ -377,7 +461,7 @@ def read_part(out_dir: str, shard: Shard, total: int) -> list[dict] | None:
         rel = r.get("shard") or r.get("output")
         if rel in seen:
             continue
-        if not rel or not os.path.isfile(os.path.join(out_dir, rel)):
+        if not rel or not exists(rel):
             return None
         seen.add(rel)
     return rows
@@ -385,7 +469,11 @@ def read_part(out_dir: str, shard: Shard, total: int) -> list[dict] | None:
 
 def clean_partials(out_dir: str) -> None:
     """Remove what a killed run left half-written (``*.partial``; ``.lock`` keeps two runs
-    from doing this at once)."""
+    from doing this at once). A URL holds none: its outputs are staged locally, and the
+    temporary files a killed process left there (its pid no longer running) are removed."""
+    if is_remote(out_dir):
+        _clean_staging()
+        return
     for sub in (SHARDS_DIR, PARTS_DIR, FEATURES_DIR, ""):
         top = os.path.join(out_dir, sub)
         if not os.path.isdir(top):
@@ -400,6 +488,31 @@ def clean_partials(out_dir: str) -> None:
                         pass
 
 
+def _clean_staging() -> None:
+    top = tempfile.gettempdir()
+    try:
+        names = os.listdir(top)
+    except OSError:
+        return
+    for f in names:
+        if not (f.startswith(STAGING) and f.endswith(PARTIAL)):
+            continue
+        pid = f[len(STAGING):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # running (possibly another run's upload)
+        except ProcessLookupError:
+            pass
+        except OSError:  # another user's process
+            continue
+        try:
+            os.remove(os.path.join(top, f))
+        except OSError:
+            pass
+
+
 def write_index(out_dir: str, shards: list[Shard], total: int,
                 parts: list | None = None) -> tuple[int, int, int]:
     """Merge the parts of complete shards into index.jsonl and errors.jsonl (input order).
@@ -408,7 +521,8 @@ def write_index(out_dir: str, shards: list[Shard], total: int,
     n = ok = bad = 0
     idx_lines, err_lines = [], []
     if parts is None:
-        parts = [read_part(out_dir, s, total) for s in shards]
+        present = listing(out_dir)
+        parts = [read_part(out_dir, s, total, present) for s in shards]
     for rows in parts:
         if rows is None:
             continue
@@ -424,6 +538,16 @@ def write_index(out_dir: str, shards: list[Shard], total: int,
                 if "source_bytes" in r:
                     e["source_bytes"] = r["source_bytes"]
                 err_lines.append(dumps(e) + "\n")
+    if is_remote(out_dir):  # uploaded where they differ: a finished job run again writes nothing
+        for rel, lines in ((INDEX_NAME, idx_lines), (ERRORS_NAME, err_lines)):
+            data = "".join(lines).encode()
+            try:
+                same = storage.read_object(storage.join(out_dir, rel)) == data
+            except FileNotFoundError:
+                same = False
+            if not same:
+                put(out_dir, rel, lambda f, d=data: f.write(d))
+        return n, ok, bad
     atomic_write(os.path.join(out_dir, INDEX_NAME), lambda f: f.write("".join(idx_lines).encode()))
     atomic_write(os.path.join(out_dir, ERRORS_NAME), lambda f: f.write("".join(err_lines).encode()))
     _fsync_dir(out_dir)
