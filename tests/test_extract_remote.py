@@ -284,3 +284,58 @@ def test_put_file_large_is_multipart(tmp_path):
         assert storage.read_object("s3://big/x/big.bin") == data
     storage.put_file(f, (tmp_path / "copy.bin").as_uri())
     assert (tmp_path / "copy.bin").read_bytes() == data
+
+
+@pytest.mark.slow
+def test_s3_shards_to_s3_killed_three_times(tmp_path):
+    """WebDataset shards in S3 extracted to S3, killed with SIGKILL three times at different
+    points and run again: the same objects, byte for byte, as an uninterrupted S3-to-S3 run."""
+    import json
+
+    from shard_media import write_tar
+
+    speech = ROOT / "samples" / "speech"
+    lines = [json.loads(x) for x in (speech / "manifest.jsonl").read_text().splitlines()]
+    members = [[], [], []]
+    for k, x in enumerate(lines * 2):  # 12 samples over 3 shards
+        key = f"u{k:02d}"
+        ext = x["audio_filepath"].rsplit(".", 1)[1]
+        members[k % 3] += [(f"{key}.{ext}", (speech / x["audio_filepath"]).read_bytes()),
+                           (f"{key}.json", json.dumps({"text": x["text"]}).encode())]
+    for s, m in enumerate(members):
+        write_tar(tmp_path / f"in-{s}.tar", m)
+    staging = tmp_path / "tmp"
+    staging.mkdir()
+    with s3_server(process=True):
+        env = {**_env(), "TMPDIR": str(staging), "AVPIPE_CACHE_DIR": str(tmp_path / "cache")}
+        _bucket("data")
+        _bucket("out")
+        for s in range(3):
+            _client().upload_file(str(tmp_path / f"in-{s}.tar"), "data", f"in-{s}.tar")
+        spec = "s3://data/in-{0..2}.tar"
+        t0 = time.monotonic()
+        r = subprocess.run(_cmd(spec, "s3://out/ref"), capture_output=True, text=True, cwd=ROOT,
+                           env=env, timeout=300)
+        span = time.monotonic() - t0
+        assert r.returncode == 0, r.stdout + r.stderr
+        ref = objects("out", "ref")
+        assert len([k for k in ref if k.startswith("shards/")]) == 6
+        rng = random.Random(11)
+        cut = []
+        for target in (1, None, 3):
+            p = subprocess.Popen(_cmd(spec, "s3://out/job"), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, cwd=ROOT, env=env)
+            if target is None:
+                time.sleep(rng.uniform(0.2, 0.6) * max(1.0, span))
+            else:
+                deadline = time.monotonic() + 120
+                while (_objects_now("out", "job") < target and p.poll() is None
+                       and time.monotonic() < deadline):
+                    time.sleep(0.02)
+            cut.append(_kill(p))
+            time.sleep(0.5)
+        assert all(cut), f"a kill came after its run had finished: {cut}"
+        r = subprocess.run(_cmd(spec, "s3://out/job"), capture_output=True, text=True,
+                           cwd=ROOT, env=env, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert objects("out", "job") == ref
