@@ -868,3 +868,56 @@ def test_extract_audio_probe_gives_up_a_read_that_never_returns(tmp_path, monkey
             if th.name.startswith("avpipe-extract-probe"):
                 th.join(timeout=10)
                 assert not th.is_alive()
+
+
+_STUCK_IMAGE_FEED = r"""
+import gc, json, os, shutil, sys, time
+import avpipe
+d, samples = sys.argv[1], sys.argv[2]
+os.mkfifo(os.path.join(d, "stuck.jpg"))  # a "regular" file here (pipes_read_as_files)
+with open(os.path.join(d, "list.csv"), "w") as f:
+    f.write("path,label\n")
+    for i in range(5):
+        shutil.copy(os.path.join(samples, "images", "scene.jpg"), os.path.join(d, f"i{i}.jpg"))
+        f.write(f"i{i}.jpg,{i % 2}\n")
+    f.write("stuck.jpg,1\n")
+feed = avpipe.recipes.image_classification(os.path.join(d, "list.csv"), batch_size=2,
+                                           crop_size=32, resize_size=40, device="cpu",
+                                           train=False, dtype="float32")
+out = {}
+for epoch in range(2):
+    t0 = time.monotonic()
+    n, errs = 0, []
+    for b in feed:  # each batch carries the errors of the items skipped while making it
+        n += len(b.paths)
+        errs += b.errors
+    out[f"epoch{epoch}"] = [n, time.monotonic() - t0,
+                            [(os.path.basename(p), e.split(":")[0]) for p, e in errs]]
+t0 = time.monotonic()
+del feed
+gc.collect()
+out["del"] = time.monotonic() - t0
+print(json.dumps(out), flush=True)
+print(time.time(), flush=True)
+"""
+
+
+def test_image_feed_item_whose_read_never_returns_costs_the_item_not_the_process(tmp_path):
+    """The image feed reads each batch's files on its decoding threads: a file whose read
+    never returns is a DecodeTimeoutError past the feed's deadline in each epoch (not a hung
+    epoch), the other images are decoded, and neither ``del feed`` nor the exit waits for the
+    thread stuck in the read."""
+    from stalls import pipes_read_as_files
+
+    d = tmp_path / "in"
+    d.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out, exit_s = _run_until_exit(_STUCK_IMAGE_FEED, [str(d), os.path.join(root, "samples")],
+                                  pipes_read_as_files(tmp_path),
+                                  env={"AVPIPE_FEED_DEADLINE": "2"})
+    for epoch in ("epoch0", "epoch1"):
+        n, seconds, errors = out[epoch]
+        assert n == 5 and errors == [["stuck.jpg", "DecodeTimeoutError"]], out
+        assert seconds < 2 + 5, out
+    assert out["del"] < 1, out
+    assert exit_s < 5, (exit_s, out)
