@@ -235,19 +235,24 @@ class ImageTask(Task):
         the stream, their rows in the group). A source the stream must not decode (over the
         pixel cap, a JPEG 2000 cut short, one for the helper process) is decoded here by
         :func:`decode_image_batch`, which reports (or isolates) it."""
-        values, srcs, rows = [None] * len(group), [], []
+        values, srcs, rows, aside = [None] * len(group), [], [], []
         for k, ((_, it), r) in enumerate(zip(group, got)):
             if isinstance(r, BaseException):
                 values[k] = r
-                continue
-            data, batch_path = r
-            if batch_path:
-                res = decode_image_batch([data], device=self.device, max_pixels=self.max_pixels)
-                values[k] = (_named(res.errors[0][1], it.path) if res.errors
-                             else res.images[0])
-                continue
-            srcs.append(Source(name=it.path, data=data))
-            rows.append(k)
+            elif r[1]:
+                aside.append(k)
+            else:
+                srcs.append(Source(name=it.path, data=r[0]))
+                rows.append(k)
+        if aside:
+            res = decode_image_batch([Source(name=group[k][1].path, data=got[k][0])
+                                      for k in aside], device=self.device,
+                                     max_pixels=self.max_pixels)
+            for j, e in res.errors:
+                values[aside[j]] = _named(e, group[aside[j]][1].path)
+            for j, im in enumerate(res.images):
+                if im is not None:
+                    values[aside[j]] = im
         return values, srcs, rows
 
     def _one(self, im, i, epoch):
