@@ -990,3 +990,33 @@ def test_gpu_flac_window_read_that_never_returns_does_not_hold_exit(tmp_path):
     out, exit_s = _run_until_exit(_STUCK_FLAC_WINDOW, [str(tmp_path)], "", timeout=30)
     assert out["running"] and "avpipe-flac-read" in out["readers"], out
     assert exit_s < 5, (exit_s, out)
+
+
+_STUCK_ORDERED_MAP = r"""
+import json, threading, time
+from avpipe.recipes.extract._process import _ordered_map
+
+never = threading.Event()
+
+
+def fn(x):
+    if x == 1:  # a read that never returns
+        never.wait()
+    return x
+
+
+results = _ordered_map(fn, [0, 1, 2, 3], 2)
+first = next(results)
+time.sleep(0.5)  # the consumer gives up on item 1 (the Ray engine's watch) and moves on
+print(json.dumps({"first": first}), flush=True)
+print(time.time(), flush=True)
+"""
+
+
+def test_extract_ordered_map_thread_stuck_in_a_read_does_not_hold_exit(tmp_path):
+    """Extraction's decode-ahead threads (videos, audio one by one) are daemon threads nothing
+    joins: one stuck in a read that never returns (given up by the Ray engine's watch) does
+    not hold the process's exit."""
+    out, exit_s = _run_until_exit(_STUCK_ORDERED_MAP, [], "", timeout=30)
+    assert out["first"] == 0
+    assert exit_s < 5, (exit_s, out)
