@@ -529,3 +529,57 @@ def test_batch_loader_int16_transport_scales_float_files(tmp_path, subtype):
         ((x, lengths, _, errors),) = list(loader.batches())
     assert not errors and lengths.tolist() == [4000]
     np.testing.assert_allclose(x[0], want, atol=1.0 / 32768 + 1e-7)
+
+
+@pytest.mark.parametrize("call", ["load_audio", "audio_info"])
+def test_a_stuck_read_blocks_only_its_own_thread(tmp_path, monkeypatch, call):
+    """``load_audio`` / ``audio_info`` of a path read its first byte in Python before
+    soundfile opens it: a read that never returns (a stalled mount; here a named pipe with
+    no writer, taken for a non-empty regular file) blocks its own thread there, not inside
+    soundfile's open, and ``load_audio`` of a good file in another thread goes on."""
+    import threading
+    import time
+
+    import avpipe._source as source_mod
+    import avpipe.decoding.audio as audio_mod
+
+    good = tmp_path / "good.wav"
+    sf.write(good, np.full(800, 0.25, np.float32), SR)
+    stuck = tmp_path / "stuck.wav"
+    os.mkfifo(stuck)
+    real_regular, real_size = source_mod.is_regular_file, os.path.getsize
+    monkeypatch.setattr(source_mod, "is_regular_file",
+                        lambda p: os.path.samefile(p, stuck) or real_regular(p))
+    monkeypatch.setattr(os.path, "getsize",
+                        lambda p: 1000 if os.path.samefile(p, stuck) else real_size(p))
+    started = threading.Event()
+    fn = getattr(audio_mod, call)
+
+    def run():
+        started.set()
+        try:
+            fn(str(stuck))
+        except Exception:  # noqa: BLE001 - the pipe's content, once released
+            pass
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    started.wait()
+    time.sleep(0.5)  # the stuck call is inside its read
+    try:
+        got = []
+        other = threading.Thread(target=lambda: got.append(load_audio(str(good))),
+                                 daemon=True)
+        other.start()
+        other.join(timeout=10)
+        assert got and got[0].samples.shape == (800,), "a good load waited for the stuck one"
+        assert t.is_alive()  # still stuck in its own read
+    finally:  # writers come and go until the stuck call has read the pipe's end and failed
+        end = time.monotonic() + 10
+        while t.is_alive() and time.monotonic() < end:
+            try:
+                os.close(os.open(stuck, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # no reader at this moment
+                pass
+            t.join(timeout=0.05)
+        assert not t.is_alive()

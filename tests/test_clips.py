@@ -153,3 +153,48 @@ def test_clip_feed_skips_a_missing_file_and_one_too_short(tmp_path):
     assert sorted(type(e).__name__ for e in errors) == ["FileNotFoundError", "ValueError"]
     with pytest.raises(FileNotFoundError):
         list(ClipFeed([str(tmp_path / "gone.mp4")], device="cpu", on_error="raise"))
+
+
+def test_clip_feed_deadline_gives_up_a_clip_that_never_returns(monkeypatch):
+    """A clip still decoding ``deadline`` seconds after its thread started it (a read that
+    never returns) is a DecodeTimeoutError naming its file in its batch's ``errors``; the
+    epoch, the next one and ``close()`` go on without waiting for its thread. ``deadline``
+    defaults to ``AVPIPE_FEED_DEADLINE``."""
+    import threading
+    import time
+
+    from avpipe.errors import DecodeTimeoutError
+    from avpipe.pipeline.clips import Clip
+
+    monkeypatch.setenv("AVPIPE_FEED_DEADLINE", "7")
+    assert ClipFeed(["a.mp4"], device="cpu").deadline == 7.0
+    assert ClipFeed(["a.mp4"], device="cpu", deadline=None).deadline is None
+    with pytest.raises(ValueError, match="deadline"):
+        ClipFeed(["a.mp4"], device="cpu", deadline=-1)
+    paths = [f"v{i}.mp4" for i in range(6)]
+    feed = ClipFeed(paths, batch_size=2, threads=2, device="cpu", shuffle=False, deadline=1)
+    monkeypatch.setattr(feed, "_scan_ahead", lambda: type("Off", (), {"active": False})())
+    release = threading.Event()
+
+    def clip(path, seed):
+        if path == "v1.mp4":
+            release.wait()
+        return Clip(data=np.zeros((1,), np.float16), indices=np.zeros(1, np.int64),
+                    pts_seconds=np.zeros(1), path=path, backend="pyav")
+
+    monkeypatch.setattr(feed, "clip", clip)
+    try:
+        for _ in range(2):
+            t0 = time.monotonic()
+            batches = list(feed)
+            assert time.monotonic() - t0 < 1 + 5
+            assert [p for b in batches for p in b.paths] == [p for p in paths if p != "v1.mp4"]
+            errors = [e for b in batches for e in b.errors]
+            assert len(errors) == 1 and errors[0][0] == 1, errors
+            assert isinstance(errors[0][1], DecodeTimeoutError)
+            assert "v1.mp4" in str(errors[0][1])
+        t0 = time.monotonic()
+        feed.close()
+        assert time.monotonic() - t0 < 1
+    finally:
+        release.set()

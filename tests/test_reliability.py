@@ -652,7 +652,7 @@ def test_feed_item_whose_read_never_returns_costs_the_item_not_the_process(tmp_p
 
 _STUCK_EXTRACT = r"""
 import hashlib, json, os, shutil, subprocess, sys, time
-d, samples, out = sys.argv[1], sys.argv[2], sys.argv[3]
+d, samples, out, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 # a "regular" file here (pipes_read_as_files); not the first video, whose wait has more time
 # (the decoders start then)
 os.mkfifo(os.path.join(d, "w_stuck.mp4"))
@@ -660,7 +660,7 @@ shutil.copy(os.path.join(samples, "speech", "utt01.wav"), os.path.join(d, "a.wav
 shutil.copy(os.path.join(samples, "video", "circles_h264.mp4"), os.path.join(d, "v.mp4"))
 shutil.copy(os.path.join(samples, "images", "scene.jpg"), os.path.join(d, "i.jpg"))
 cmd = [sys.executable, "-m", "avpipe", "extract", d, "--preset", "quickstart", "--out", out,
-       "--device", "cpu"]
+       "--device", "cpu", *extra]
 res = {}
 for run in ("first", "again"):
     t0 = time.monotonic()
@@ -705,6 +705,31 @@ def test_extract_input_whose_read_never_returns_is_a_timeout_error(tmp_path):
     code2, _, errors2, files2, stderr2, _ = out["again"]
     assert code2 == 0 and errors2 == errors and files2 == files, stderr2
     assert exit_s < 5
+
+
+@pytest.mark.slow
+def test_extract_ray_input_whose_read_never_returns_is_a_timeout_error(tmp_path):
+    """``avpipe extract --engine ray``, as the local engine above: the input whose read never
+    returns is a DecodeTimeoutError row in errors.jsonl past ``AVPIPE_EXTRACT_FILE_TIMEOUT``
+    (the actor gives up the thread stuck in it and computes the rest of the shard again), the
+    other inputs are written, and a rerun rewrites nothing."""
+    pytest.importorskip("ray.data")
+    from stalls import pipes_read_as_files
+
+    d = tmp_path / "in"
+    d.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out, _ = _run_until_exit(
+        _STUCK_EXTRACT, [str(d), os.path.join(root, "samples"), str(tmp_path / "out"),
+                         "--engine", "ray"],
+        pipes_read_as_files(tmp_path), env={"AVPIPE_EXTRACT_FILE_TIMEOUT": "1"}, timeout=400)
+    code, seconds, errors, files, stderr, status = out["first"]
+    assert code == 0, stderr
+    assert errors == [["w_stuck.mp4", "DecodeTimeoutError"]], stderr
+    assert status == [["a.wav", "ok"], ["i.jpg", "ok"], ["v.mp4", "ok"],
+                      ["w_stuck.mp4", "error"]], status
+    code2, _, errors2, files2, stderr2, _ = out["again"]
+    assert code2 == 0 and errors2 == errors and files2 == files, stderr2
 
 
 _STUCK_VIDEO_FEED = r"""
@@ -868,3 +893,130 @@ def test_extract_audio_probe_gives_up_a_read_that_never_returns(tmp_path, monkey
             if th.name.startswith("avpipe-extract-probe"):
                 th.join(timeout=10)
                 assert not th.is_alive()
+
+
+_STUCK_IMAGE_FEED = r"""
+import gc, json, os, shutil, sys, time
+import avpipe
+d, samples = sys.argv[1], sys.argv[2]
+os.mkfifo(os.path.join(d, "stuck.jpg"))  # a "regular" file here (pipes_read_as_files)
+with open(os.path.join(d, "list.csv"), "w") as f:
+    f.write("path,label\n")
+    for i in range(5):
+        shutil.copy(os.path.join(samples, "images", "scene.jpg"), os.path.join(d, f"i{i}.jpg"))
+        f.write(f"i{i}.jpg,{i % 2}\n")
+    f.write("stuck.jpg,1\n")
+feed = avpipe.recipes.image_classification(os.path.join(d, "list.csv"), batch_size=2,
+                                           crop_size=32, resize_size=40, device="cpu",
+                                           train=False, dtype="float32")
+out = {}
+for epoch in range(2):
+    t0 = time.monotonic()
+    n, errs = 0, []
+    for b in feed:  # each batch carries the errors of the items skipped while making it
+        n += len(b.paths)
+        errs += b.errors
+    out[f"epoch{epoch}"] = [n, time.monotonic() - t0,
+                            [(os.path.basename(p), e.split(":")[0]) for p, e in errs]]
+t0 = time.monotonic()
+del feed
+gc.collect()
+out["del"] = time.monotonic() - t0
+print(json.dumps(out), flush=True)
+print(time.time(), flush=True)
+"""
+
+
+def test_image_feed_item_whose_read_never_returns_costs_the_item_not_the_process(tmp_path):
+    """The image feed reads each batch's files on its decoding threads: a file whose read
+    never returns is a DecodeTimeoutError past the feed's deadline in each epoch (not a hung
+    epoch), the other images are decoded, and neither ``del feed`` nor the exit waits for the
+    thread stuck in the read."""
+    from stalls import pipes_read_as_files
+
+    d = tmp_path / "in"
+    d.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out, exit_s = _run_until_exit(_STUCK_IMAGE_FEED, [str(d), os.path.join(root, "samples")],
+                                  pipes_read_as_files(tmp_path),
+                                  env={"AVPIPE_FEED_DEADLINE": "2"})
+    for epoch in ("epoch0", "epoch1"):
+        n, seconds, errors = out[epoch]
+        assert n == 5 and errors == [["stuck.jpg", "DecodeTimeoutError"]], out
+        assert seconds < 2 + 5, out
+    assert out["del"] < 1, out
+    assert exit_s < 5, (exit_s, out)
+
+
+_STUCK_FLAC_WINDOW = r"""
+import json, os, sys, threading, time, types
+import numpy as np
+
+
+class _Stream:  # what GpuFlacBatches.run touches of CuPy before its first window is read
+    def __init__(self, *a, **k):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+sys.modules["cupy"] = types.SimpleNamespace(
+    cuda=types.SimpleNamespace(Stream=_Stream, get_current_stream=_Stream))
+from avpipe.pipeline._flac_windows import GpuFlacBatches
+
+stuck = os.path.join(sys.argv[1], "stuck.flac")
+os.mkfifo(stuck)  # opening it blocks: no writer comes
+b = GpuFlacBatches({stuck: 4096}, max_samples=1000, readers="threads", read_threads=2,
+                   prefetch=1)
+b._buffer = lambda k, n: np.zeros(n, np.uint8)  # no page-locked memory without a GPU
+t = threading.Thread(target=lambda: list(b.run([[stuck]])), daemon=True)
+t.start()
+time.sleep(1)
+print(json.dumps({"running": t.is_alive(), "readers": sorted(
+    th.name.rsplit("_", 1)[0] for th in threading.enumerate()
+    if th.name.startswith("avpipe-flac"))}), flush=True)
+print(time.time(), flush=True)
+"""
+
+
+def test_gpu_flac_window_read_that_never_returns_does_not_hold_exit(tmp_path):
+    """The GPU FLAC loader reads its windows' files on threads nothing joins: a read that
+    never returns holds its thread (and the run waiting on it), never the interpreter's exit.
+    On the CPU: the run's reading part, with CuPy's few calls before it stubbed."""
+    out, exit_s = _run_until_exit(_STUCK_FLAC_WINDOW, [str(tmp_path)], "", timeout=30)
+    assert out["running"] and "avpipe-flac-read" in out["readers"], out
+    assert exit_s < 5, (exit_s, out)
+
+
+_STUCK_ORDERED_MAP = r"""
+import json, threading, time
+from avpipe.recipes.extract._process import _ordered_map
+
+never = threading.Event()
+
+
+def fn(x):
+    if x == 1:  # a read that never returns
+        never.wait()
+    return x
+
+
+results = _ordered_map(fn, [0, 1, 2, 3], 2)
+first = next(results)
+time.sleep(0.5)  # the consumer gives up on item 1 (the Ray engine's watch) and moves on
+print(json.dumps({"first": first}), flush=True)
+print(time.time(), flush=True)
+"""
+
+
+def test_extract_ordered_map_thread_stuck_in_a_read_does_not_hold_exit(tmp_path):
+    """Extraction's decode-ahead threads (videos, audio one by one) are daemon threads nothing
+    joins: one stuck in a read that never returns (given up by the Ray engine's watch) does
+    not hold the process's exit."""
+    out, exit_s = _run_until_exit(_STUCK_ORDERED_MAP, [], "", timeout=30)
+    assert out["first"] == 0
+    assert exit_s < 5, (exit_s, out)

@@ -12,7 +12,6 @@ import threading
 import time
 import warnings
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -20,6 +19,7 @@ from ..decoding.audio import _flac_cuda as _flac
 from ..decoding.audio import load_audio
 from ..device import pinned_size
 from ._shared_memory import Ring, Worker, _ping, attach_ring, can_start_processes
+from ._threads import AbandonablePool
 
 __all__ = ["GpuFlacBatches"]
 
@@ -492,8 +492,12 @@ class GpuFlacBatches:
         groups = iter(groups)
         pending = []
         dstream = cupy.cuda.Stream(non_blocking=True)  # the decode kernels (class docstring)
-        with ThreadPoolExecutor(self.prefetch, thread_name_prefix="avpipe-flac-window") as ex, \
-                ThreadPoolExecutor(self.read_threads, thread_name_prefix="avpipe-flac-read") as io:
+        # daemon threads nothing joins (._threads.AbandonablePool): a read that never returns
+        # (a stalled mount) holds its thread, never the interpreter's exit; a run ended or
+        # dropped lets them go (queued reads cancelled)
+        ex = AbandonablePool(self.prefetch, "avpipe-flac-window")
+        io = AbandonablePool(self.read_threads, "avpipe-flac-read")
+        try:
 
             def submit():
                 win, n = [], 0
@@ -567,6 +571,13 @@ class GpuFlacBatches:
                     dstream.wait_event(cupy.cuda.get_current_stream().record())
                 del x
                 cur = nxt
+        finally:
+            if any(not f.cancel() and not f.done() for _, _, f in pending):
+                # a window still loading (the run was stopped early, or a read never
+                # returns) keeps its staging buffers: a later run gets buffers of its own
+                self._staging = [None] * len(self._staging)
+            ex.shutdown(cancel_futures=True)
+            io.shutdown(cancel_futures=True)
 
     def _warn(self, e):
         if not self._warned:

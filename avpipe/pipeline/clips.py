@@ -26,7 +26,6 @@ import concurrent.futures
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +42,7 @@ from ..ops import image as _image
 from . import samplers
 from ._scan_ahead import SCAN_DEPTH, ScanAhead
 from ._threads import ProcessThreads
+from .feed import _collect, _Work, resolve_deadline
 
 __all__ = ["ClipFeed", "Clip", "ClipBatch", "ThreadStreams", "decode_clip"]
 
@@ -136,6 +136,12 @@ class ClipFeed:
             start from ``(seed, e, index)``; the same arguments give the same clips.
         on_error: ``"skip"`` (default; a bad file, a missing one or one too short for a clip
             is reported in the batch's ``errors``) or ``"raise"``.
+        deadline: seconds one clip may take on a decoding thread; past it the clip is a
+            :class:`~avpipe.errors.DecodeTimeoutError` in the batch's ``errors`` (``on_error``
+            applies), its thread is left to finish in the background and the feed goes on
+            with fresh threads (nothing waits for the stuck one: not the next epoch,
+            :meth:`close` nor the interpreter's exit). ``"auto"`` (default): the
+            ``AVPIPE_FEED_DEADLINE`` setting (60 s); None or 0: no limit.
         index: a persisted video index (``avpipe index``'s file or a loaded one): files it
             holds, unchanged since, are opened without a scan.
 
@@ -163,6 +169,7 @@ class ClipFeed:
         shuffle: bool = True,
         on_error: str = "skip",
         index=None,
+        deadline="auto",
     ):
         self.paths = [str(p) for p in paths]
         self.clip_length = pos_int("clip_length", clip_length)
@@ -178,6 +185,7 @@ class ClipFeed:
         self.shuffle = bool(shuffle)
         self.on_error = check_on_error(on_error)
         self.index = None if index is None else load_index(index)
+        self.deadline = resolve_deadline(deadline)
         self._transform_args = dict(
             short_side=self.short_side, crop_size=self.crop_size, mean=mean, std=std,
             antialias=bool(antialias), dtype=dtype, layout=layout,
@@ -224,14 +232,19 @@ class ClipFeed:
             self._ahead_done = weakref.finalize(self, self._ahead.close)
         return self._ahead
 
-    def _threads(self) -> ThreadPoolExecutor:
+    def _threads_owner(self) -> ProcessThreads:
         """The decoding threads, started by the first epoch and kept for the next ones: each
         keeps its decoder session and CUDA stream (a new thread opens new ones); a forked
-        child starts its own (:class:`._threads.ProcessThreads`)."""
+        child starts its own (:class:`._threads.ProcessThreads`). A clip past the deadline
+        retires them (:func:`.feed._collect`): later clips go to fresh ones."""
         if self._pool is None:
             self._pool = ProcessThreads(self.threads, "avpipe-clips")
             self._pool_done = weakref.finalize(self, self._pool.shutdown)
-        return self._pool.get()
+        return self._pool
+
+    def _threads(self):
+        """The current pool of :meth:`_threads_owner`."""
+        return self._threads_owner().get()
 
     def close(self) -> None:
         """Stop the scan-ahead processes and the decoding threads (also done when the feed
@@ -274,9 +287,9 @@ class ClipFeed:
         bs = self.batch_size
         ahead = self._scan_ahead()  # the next batches' files (_scan_ahead), kept across epochs
         taker = ahead if ahead.active else None
-        pending: collections.deque = collections.deque()  # futures, in the epoch's order
+        pending: collections.deque = collections.deque()  # jobs (_Work), in the epoch's order
         nxt = scanned = 0  # work[:nxt] submitted to the threads, work[:scanned] to scan-ahead
-        pool = self._threads()
+        pool = self._threads_owner()
 
         def fill():
             # no barrier between batches: the threads go on with the next clips while a
@@ -289,7 +302,10 @@ class ClipFeed:
                         ahead.submit(p for _, p, _ in work[scanned:hi])
                         scanned = hi
                 try:
-                    pending.append(pool.submit(self._one, work[nxt], taker))
+                    if self._pool is not pool:  # close(): no new threads for this epoch
+                        raise RuntimeError
+                    pending.append(_Work(pool, self._one, (work[nxt], taker),
+                                         (work[nxt][0], work[nxt][1])))
                 except RuntimeError:  # the pool was shut down: close() during this epoch
                     raise RuntimeError("ClipFeed.close() was called during an epoch") from None
                 nxt += 1
@@ -297,10 +313,16 @@ class ClipFeed:
         try:
             fill()
             for b0 in range(0, len(work), bs):
-                try:
-                    done = [pending.popleft().result() for _ in range(min(bs, len(work) - b0))]
-                except concurrent.futures.CancelledError:  # close() cancelled queued clips
-                    raise RuntimeError("ClipFeed.close() was called during an epoch") from None
+                jobs = [pending.popleft() for _ in range(min(bs, len(work) - b0))]
+                done = []
+                for job, v in zip(jobs, _collect(jobs, self.deadline)[0]):
+                    if isinstance(v, concurrent.futures.CancelledError):  # close() cancelled it
+                        raise RuntimeError("ClipFeed.close() was called during an epoch")
+                    if isinstance(v, DecodeError):  # past the deadline
+                        v = (job.pair[0], None, v)
+                    elif isinstance(v, BaseException):
+                        raise v
+                    done.append(v)
                 fill()
                 good = [c for _, c, _ in done if c is not None]
                 errors = tuple((pos, e) for pos, _, e in done if e is not None)
@@ -315,5 +337,5 @@ class ClipFeed:
                     device=str(self.device),
                 )  # fmt: skip
         finally:  # an early stop (an error raised, the consumer's break): no new clips
-            for f in pending:
-                f.cancel()
+            for job in pending:
+                job.fut.cancel()

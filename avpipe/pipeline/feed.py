@@ -532,8 +532,12 @@ def _collect(works, deadline):
                     pending.discard(i)
                     if isinstance(w, _Work) and w.gen == w.threads.gen:
                         w.threads.retire()
-            elif isinstance(w, _Work):
-                w.requeue()
+            elif isinstance(w, _Work) and w.requeue():
+                pass
+            elif f.cancelled():  # cancelled by its pool's shutdown (the owner closed)
+                out[i] = cf.CancelledError(f"{_name(w.pair if isinstance(w, _Work) else w[1])}: "
+                                           "cancelled (its threads were shut down)")
+                pending.discard(i)
         if pending:
             cf.wait([fut(i) for i in pending],
                     timeout=0.05 if deadline or stop is not None else None,

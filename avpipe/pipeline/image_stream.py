@@ -32,7 +32,7 @@ from ..decoding.image._header import file_reader, j2k_check
 from ..device import Device, resolve_device
 from ._dali_stream import StreamDecoder
 
-__all__ = ["decode_image_stream"]
+__all__ = ["decode_image_stream", "LoadedChunks", "stream_loaded"]
 
 
 def decode_image_stream(
@@ -100,7 +100,66 @@ def decode_image_stream(
                    cap)
 
 
+class LoadedChunks:
+    """A stream's chunks asked for one at a time, in order, as DALI needs them: ``n`` chunks,
+    ``get(i)`` returns chunk ``i``'s sources (bytes sources, each already checked as
+    :func:`_needs_batch_path` does; a chunk may be empty). Taken by :func:`stream_loaded`: the
+    caller reads the files itself (where a read that never returns can be given up) and keeps
+    what is read ahead bounded."""
+
+    def __init__(self, n: int, get, start: int = 0):
+        self.n, self.get, self.start = int(n), get, int(start)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(self.n)
+            if step != 1:
+                raise ValueError("LoadedChunks slices take a step of 1")
+            return LoadedChunks(max(0, hi - lo), self.get, self.start + lo)
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.get(self.start + i)
+
+    def __iter__(self):
+        return (self[i] for i in range(self.n))
+
+
+def stream_loaded(chunks: LoadedChunks, *, batch_size: int, device=None, exact_jpeg: bool = True,
+                  prefetch: int = 2, max_pixels: int | None = None):
+    """:func:`decode_image_stream` over :class:`LoadedChunks`: one :class:`ImageBatch` per
+    chunk, in order. DALI asks for each chunk when it starts decoding it (``prefetch`` chunks
+    ahead of the one handed out, on the thread iterating the stream), never for the whole
+    stream at once; the sources' headers are not read again (the caller checked them).
+    ``batch_size``: the largest chunk."""
+    dev = resolve_device(device)
+    if dev.is_cuda:
+        _dali.hw_decoder_load()
+    return _stream(chunks, dev, pos_int("batch_size", batch_size), exact_jpeg, prefetch, cap=resolve_max_pixels(max_pixels))
+
+
+def _one_pixel_png() -> bytes:
+    """A valid 1x1 grey PNG: what an empty chunk hands DALI (which takes no empty batch); its
+    image is dropped with the reader's padding."""
+    import struct
+    import zlib
+
+    def part(kind, data):
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+    return (b"\x89PNG\r\n\x1a\n" + part(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+            + part(b"IDAT", zlib.compress(b"\x00\x80")) + part(b"IEND", b""))
+
+
+_EMPTY_CHUNK = np.frombuffer(_one_pixel_png(), np.uint8)
+
+
 def _load_chunk(chunk):
+    if not chunk:
+        return [_EMPTY_CHUNK]
     out = []
     for s in chunk:
         try:
@@ -165,7 +224,7 @@ def _stream(chunks, dev: Device, batch_size, exact_jpeg, prefetch, square=False,
         return
     # the fast path never takes a chunk holding a source it must not decode (the per-batch
     # path reports, or isolates, it); the headers are read ahead on a thread (_Headers)
-    heads = _Headers(chunks, cap)
+    heads = _Checked(len(chunks)) if isinstance(chunks, LoadedChunks) else _Headers(chunks, cap)
     k, failures = 0, 0
     try:
         while k < len(chunks):
@@ -252,12 +311,26 @@ class _Headers:
         self.stop = True
 
 
+class _Checked:
+    """:class:`_Headers` of :class:`LoadedChunks`, whose sources were checked by the caller."""
+
+    def __init__(self, n):
+        self.cut, self.known = [False] * n, n
+
+    def wait(self, upto: int) -> int:
+        return self.known
+
+    def close(self):
+        pass
+
+
 def _fast_run(chunks, dev, batch_size, exact_jpeg, prefetch, square, margin):
     """The chunks' batches from a DALI stream; yields None (and stops) where it fails."""
     idx = dev.index if dev.is_cuda else None
     done = 0
     with dev.activate():
-        paths = [s.path for c in chunks for s in c]
+        # (LoadedChunks: bytes, asked for chunk by chunk)
+        paths = [None] if isinstance(chunks, LoadedChunks) else [s.path for c in chunks for s in c]
         try:
             with native_stderr():
                 dec = StreamDecoder(

@@ -7,9 +7,12 @@
         batch.images  # [B, 3, 224, 224] float16, ImageNet-normalized
         batch.labels  # [B] int64, indices into feed.classes
 
-Decoding: :func:`avpipe.decoding.image.decode_image_stream` over the epoch's batches (DALI:
-nvJPEG / nvImageCodec on a GPU, the CPU decoders otherwise; it reads and decodes ahead while
-the producer collates), replacements with :func:`avpipe.decoding.image.decode_image_batch`. ``train=True``:
+Reading and decoding: each batch's files are read on the feed's decoding threads, a few batches
+ahead (a read that never returns costs its item, a :class:`~avpipe.errors.DecodeTimeoutError`
+past the feed's ``deadline``, and nothing waits for its thread); DALI decodes the bytes as one
+stream over the epoch's batches (:func:`avpipe.pipeline.image_stream.stream_loaded`: nvJPEG /
+nvImageCodec on a GPU, the CPU decoders otherwise; it decodes ahead while the producer
+collates), replacements with :func:`avpipe.decoding.image.decode_image_batch`. ``train=True``:
 per image one random resized crop (area ``scale``, aspect ``ratio``;
 :func:`avpipe.ops.image_augment.sample_resized_crop_params`, counter-based draws of ``(seed,
 epoch, id)``) resized to ``crop_size`` (the crop folded into the fused resize, as
@@ -25,14 +28,15 @@ import os
 
 import numpy as np
 
+from .._source import Source, open_source
 from ..decoding.image import decode_image_batch, resolve_max_pixels
 from ..device import array_module, resolve_device, upload_many
 from ..errors import DecodeError, renamed
 from ..formats import IMAGE_EXTENSIONS
 from ..ops import image_augment as _aug
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
-from ..pipeline.feed import Feed, Task
-from ..pipeline.image_stream import decode_image_stream
+from ..pipeline.feed import Feed, Task, _collect
+from ..pipeline.image_stream import LoadedChunks, _needs_batch_path, stream_loaded
 from ..pipeline.sharded import sharded_listing
 from ..pipeline.sources import class_index, read_csv, read_folder, read_list
 
@@ -83,6 +87,21 @@ def image_classification(source, *, crop_size=224, resize_size=256, batch_size=3
                 pad="repeat" if train else "empty")
 
 
+def _read_image(path, check, cap):
+    """An image file's bytes and whether the stream must leave it to the per-batch path
+    (:func:`avpipe.pipeline.image_stream._needs_batch_path`), read on a decoding thread."""
+    try:
+        data = open_source(path).read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such file: {path}") from None
+    return data, check and _needs_batch_path(Source(name=path, data=data), cap)
+
+
+def _named(e, path):
+    """A decode error of an image handed over as bytes, naming its file."""
+    return renamed(e, path) if isinstance(e, DecodeError) and e.source != path else e
+
+
 class ImageTask(Task):
     array_fields = ("images", "labels")
 
@@ -100,39 +119,46 @@ class ImageTask(Task):
 
     def decode_items(self, pairs):
         """One batch decode (DALI is driven from the producer thread only). A shard's member
-        is read here (one ranged read), and its errors name the item, not ``<bytes>``."""
+        is read here (one ranged read), and its errors name the item, not ``<bytes>``; a
+        file is read on the decoding threads (with the deadline, as in :meth:`decode_groups`)."""
         out = [None] * len(pairs)
         todo, srcs = [], []
+        files = [k for k, (_, it) in enumerate(pairs) if it.locator is None]
+        got = dict(zip(files, self._read_group([pairs[k] for k in files], None,
+                                                       check=False)())) if files else {}
         for k, (_, it) in enumerate(pairs):
-            if it.locator is not None:
+            if k in got:
+                if isinstance(got[k], BaseException):
+                    out[k] = got[k]
+                else:
+                    todo.append(k)
+                    srcs.append(Source(name=it.path, data=got[k][0]))
+            elif it.locator is not None:
                 try:
                     srcs.append(it.locator.read())
                 except OSError as e:
                     out[k] = e
                     continue
                 todo.append(k)
-            elif os.path.exists(it.path):
-                todo.append(k)
-                srcs.append(it.path)
-            else:
-                out[k] = FileNotFoundError(f"no such file: {it.path}")
         if todo:
             res = decode_image_batch(srcs, device=self.device, max_pixels=self.max_pixels)
             for j, e in res.errors:
                 it = pairs[todo[j]][1]
-                if it.locator is not None and isinstance(e, DecodeError):
-                    e = renamed(e, it.path)
-                out[todo[j]] = e
+                out[todo[j]] = _named(e, it.path)
             for j, im in enumerate(res.images):
                 if im is not None:
                     out[todo[j]] = im
         return out
 
     def decode_groups(self, groups):
-        """The epoch's groups through one :func:`decode_image_stream` (DALI reads and decodes
-        the next batches while the producer collates this one). The groups are taken all at
-        once: items later used as replacements are decoded here too and dropped by the feed
-        (a group's live items are always a prefix of it)."""
+        """The epoch's groups through one DALI stream of bytes (:func:`stream_loaded`: DALI
+        decodes the next batches while the producer collates this one). Each group's files
+        are read on the decoding threads :attr:`READ_AHEAD` groups ahead of the one DALI asks
+        for, and collected with the deadline (:func:`~avpipe.pipeline.feed._collect`): a read
+        that never returns is that item's :class:`~avpipe.errors.DecodeTimeoutError`. The
+        groups are taken all at once (the pairs only): items later used as replacements are
+        decoded here too and dropped by the feed (a group's live items are always a prefix of
+        it)."""
         import time
 
         if any(it.locator is not None for it in self._all_items):
@@ -148,45 +174,84 @@ class ImageTask(Task):
         groups = [list(g) for g in groups]
         if not groups:
             return
-        results = [[None] * len(g) for g in groups]
-        where = []  # (group, row) of each streamed source
-        for gi, g in enumerate(groups):
-            for k, (_, it) in enumerate(g):
-                if os.path.exists(it.path):
-                    where.append((gi, k))
-                else:
-                    results[gi][k] = FileNotFoundError(f"no such file: {it.path}")
-        chunk = max(1, max(len(g) for g in groups))
-        stream = decode_image_stream([groups[gi][k][1].path for gi, k in where],
-                                     batch_size=chunk, device=self.device,
-                                     max_pixels=self.max_pixels) if where else iter(())
+        cap = resolve_max_pixels(self.max_pixels)
+        reads = {}  # group -> its reads' result function, submitted READ_AHEAD groups ahead
+        ready = {}  # group -> (values so far, its chunk of bytes sources, their rows)
+
+        def read_upto(gi):
+            for g in range(len(reads), min(gi + 1, len(groups))):
+                reads[g] = self._read_group(groups[g], cap)
+
+        def chunk(gi):
+            if gi not in ready:
+                read_upto(gi + self.READ_AHEAD)
+                ready[gi] = self._admit(groups[gi], reads.pop(gi)())
+            return ready[gi][1]
+
+        read_upto(self.READ_AHEAD)
+        stream = stream_loaded(LoadedChunks(len(groups), chunk),
+                               batch_size=max(len(g) for g in groups), device=self.device,
+                               max_pixels=self.max_pixels)
         xp = self.device.xp
-        got = 0  # streamed sources received so far
         try:
             for gi in range(len(groups)):
                 t0 = time.perf_counter()
-                # this group's last streamed source
-                need = sum(1 for w in where if w[0] <= gi)
-                while got < need:
-                    b = next(stream)
-                    bad = dict(b.errors)
-                    for j in range(len(b.images)):
-                        wg, wk = where[got + j]
-                        if j in bad:
-                            results[wg][wk] = bad[j]
-                        elif b.images[j] is None:
-                            results[wg][wk] = RuntimeError("not decoded")
-                        else:  # copy: the stream's arrays are DALI's buffers
-                            results[wg][wk] = xp.array(b.images[j], copy=True)
-                    got += len(b.images)
+                b = next(stream)
+                values, srcs, rows = ready.pop(gi)
+                bad = dict(b.errors)
+                for j, k in enumerate(rows):
+                    path = groups[gi][k][1].path
+                    if j in bad:
+                        values[k] = _named(bad[j], path)
+                    elif b.images[j] is None:
+                        values[k] = DecodeError(path, "not decoded")
+                    else:  # copy: the stream's arrays are DALI's buffers
+                        values[k] = xp.array(b.images[j], copy=True)
+                del srcs, b
                 if self.timings is not None:
                     self.timings("decode", time.perf_counter() - t0)
-                yield results[gi]
-                results[gi] = None
+                yield values
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
                 close()
+
+    # groups whose files are read (on the decoding threads) ahead of the one DALI asks for:
+    # DALI decodes two ahead of the one handed out, so about five groups' bytes are held
+    READ_AHEAD = 3
+
+    def _read_group(self, group, cap, check=True):
+        """Start reading ``group``'s files on the decoding threads (a read that never returns
+        costs its item after the deadline, and nothing waits for its thread); returns a
+        function giving per item ``(bytes, whether the per-batch path must decode it)`` or an
+        exception."""
+        works = [self.start(_read_image, (it.path, check, cap), (i, it)) for i, it in group]
+        return lambda: _collect(works, self.deadline)[0]
+
+    def _admit(self, group, got):
+        """One group's read results -> (values: the exceptions so far, the bytes sources for
+        the stream, their rows in the group). A source the stream must not decode (over the
+        pixel cap, a JPEG 2000 cut short, one for the helper process) is decoded here by
+        :func:`decode_image_batch`, which reports (or isolates) it."""
+        values, srcs, rows, aside = [None] * len(group), [], [], []
+        for k, ((_, it), r) in enumerate(zip(group, got)):
+            if isinstance(r, BaseException):
+                values[k] = r
+            elif r[1]:
+                aside.append(k)
+            else:
+                srcs.append(Source(name=it.path, data=r[0]))
+                rows.append(k)
+        if aside:
+            res = decode_image_batch([Source(name=group[k][1].path, data=got[k][0])
+                                      for k in aside], device=self.device,
+                                     max_pixels=self.max_pixels)
+            for j, e in res.errors:
+                values[aside[j]] = _named(e, group[aside[j]][1].path)
+            for j, im in enumerate(res.images):
+                if im is not None:
+                    values[aside[j]] = im
+        return values, srcs, rows
 
     def _one(self, im, i, epoch):
         if self.train:

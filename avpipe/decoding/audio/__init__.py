@@ -222,6 +222,18 @@ class _NotSoundfile(Exception):
     pass
 
 
+def _first_byte(path) -> None:
+    """Read ``path``'s first byte in Python before any library opens it: a read that never
+    returns (a stalled network mount) then blocks here, in the calling thread alone, not inside
+    ``sf_open``, which soundfile calls under one process-wide lock (a stuck open there would
+    stop every soundfile open of the process). Errors are left to the decoders."""
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError:
+        pass
+
+
 def _flac_length(src):
     """:class:`~._flac_scan.FlacLength` of a FLAC source (its STREAMINFO and the count its
     frames hold), or None for anything else."""
@@ -353,6 +365,7 @@ def load_audio(
 
         if os.path.getsize(src.path) == 0:
             raise EmptyMediaError(src.name, "empty file (0 bytes)")
+        _first_byte(src.path)
     flac = _flac_length(src)
     if flac is not None and flac.problem and (strict or on_damage == "error"):
         raise CorruptDataError(src.name, flac.problem)
@@ -431,6 +444,8 @@ def audio_info(source) -> dict:
     import soundfile as sf
 
     src = open_source(source)
+    if src.path is not None:
+        _first_byte(src.path)
     stream = src.path_or_stream()
     try:
         i = sf.info(stream)

@@ -15,14 +15,87 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
+import threading
+import time
 
+from ... import settings
 from ...device import resolve_device
-from ._engine_local import _progress_payload
+from . import _process
+from ._engine_local import _FIRST_WAIT_EXTRA_S, _progress_payload
 from ._inputs import Item
 from ._process import Shard, iter_shards
 from ._writers import is_remote, write_shard
 
 log = logging.getLogger("avpipe.extract")
+
+
+def watched_shards(shards, items, cfg, dev, *, workers, on_result=None, limit="auto"):
+    """:func:`~._process.iter_shards` with the local engine's per-input rule, inside this
+    process (a Ray actor): the shards are computed on a daemon thread while this one watches
+    its wait on one input (``_process.WAITING``, as the local engine's watchdog does). Past
+    ``limit`` seconds (``"auto"``: ``AVPIPE_EXTRACT_FILE_TIMEOUT``; the first input of each
+    kind gets ``_FIRST_WAIT_EXTRA_S`` more) the input is a ``DecodeTimeoutError`` row, the
+    thread stuck in its read is given up (nothing joins it: it is a daemon; its decoders stay
+    with it) and the shards not yet finished are computed again without that input. Yields
+    ``(shard, results)`` in order; ``on_result`` sees each result of a shard once it is done
+    (never a given-up attempt's)."""
+    limit = settings.extract_file_timeout() if limit == "auto" else limit
+    blocked: dict = {}
+    left = list(shards)
+    while left:
+        gen = iter_shards(left, items, cfg, dev, workers=workers, blocked=blocked)
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=_drain, args=(gen, q), daemon=True,
+                         name="avpipe-extract-ray-shards").start()
+        stuck = None
+        while stuck is None:
+            try:
+                kind, v = q.get(timeout=0.25 if limit else None)
+            except queue.Empty:
+                stuck = _stuck_input(limit)
+                continue
+            if kind == "error":
+                raise v
+            if kind == "done":
+                return
+            s, results = v
+            left.pop(0)
+            if on_result is not None:
+                for r in results:
+                    on_result(r)
+            yield s, results
+        path = items[stuck].path
+        log.warning("no result for %s within %g s (a read that never returns?); it is "
+                    "skipped and the %d shard(s) left are computed again", path, limit,
+                    len(left))
+        blocked[stuck] = ("DecodeTimeoutError",
+                          f"{path}: no result within {limit:g} s "
+                          "(AVPIPE_EXTRACT_FILE_TIMEOUT): a read that never returned; "
+                          "the input was skipped")
+
+
+def _drain(gen, q) -> None:
+    try:
+        for v in gen:
+            q.put(("shard", v))
+    except BaseException as e:  # noqa: BLE001 - raised on the watching thread
+        q.put(("error", e))
+    else:
+        q.put(("done", None))
+
+
+def _stuck_input(limit):
+    """The input this process has waited on for longer than ``limit`` (``WAITING``), or None."""
+    w = _process.WAITING
+    i, since, first = w["index"], w["since"], w["first"]
+    if not limit or i is None:
+        return None
+    allowed = limit + (_FIRST_WAIT_EXTRA_S if first else 0.0)
+    if time.monotonic() - since <= allowed or w["index"] != i:
+        return None
+    w["index"] = None  # the given-up thread's wait is over for the watch
+    return i
 
 
 class _ShardActor:
@@ -45,8 +118,8 @@ class _ShardActor:
                 for i in range(4):
                     acc[i] += p[i]
 
-            for s, results in iter_shards([shard], items, self.cfg, dev, workers=self.workers,
-                                          on_result=add):
+            for s, results in watched_shards([shard], items, self.cfg, dev,
+                                             workers=self.workers, on_result=add):
                 write_shard(self.out_dir, s, results, self.cfg, self.fmt, self.total,
                             self.duplicated)
             out["start"].append(start)

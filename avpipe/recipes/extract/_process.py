@@ -15,7 +15,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -162,10 +161,14 @@ def apply_pixel_ops(x, ops: list[dict]):
 
 
 def _ordered_map(fn, items, threads: int) -> Iterator:
-    """``fn(item)`` for each item, in order, with at most ``2 * threads`` running ahead."""
+    """``fn(item)`` for each item, in order, with at most ``2 * threads`` running ahead, on
+    daemon threads nothing joins (:class:`~avpipe.pipeline._threads.AbandonablePool`): a read
+    that never returns, given up by the Ray engine's watch, holds its thread, never the
+    process's exit. Stopped early, it cancels what has not started."""
     if not items:
         return
-    with ThreadPoolExecutor(max(1, threads)) as ex:
+    ex = AbandonablePool(max(1, threads), "avpipe-extract-map")
+    try:
         pending: deque = deque()
         it = iter(items)
         for x in it:
@@ -177,6 +180,8 @@ def _ordered_map(fn, items, threads: int) -> Iterator:
             nxt = next(it, None)
             if nxt is not None:
                 pending.append(ex.submit(fn, nxt))
+    finally:
+        ex.shutdown(cancel_futures=True)
 
 
 def _first_byte(path) -> None:
