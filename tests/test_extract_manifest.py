@@ -481,3 +481,50 @@ def test_manifest_attacks_give_typed_errors_or_clean_results(tmp_path):
             if type(e).__name__ != "EmptyInputError":
                 pytest.fail(f"{name}: extraction: untyped {type(e).__name__}: {e}")
     assert outcomes["clean"] and outcomes["typed"]
+
+
+_FORK_CHECK = """
+import os, sys, threading
+from avpipe.recipes.extract._engine_local import Standby
+
+def cmdline(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+def ignored(pid):
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(int(x.split()[1], 16) for x in f if x.startswith("SigIgn:"))
+    return bool(mask & 2)
+
+sb = Standby(cpu=True)
+try:
+    print("forked", sb.forked, cmdline(sb.proc.pid) == cmdline(os.getpid()), ignored(sb.proc.pid))
+finally:
+    sb.stop()
+stop = threading.Event()
+t = threading.Thread(target=stop.wait)
+t.start()
+sb = Standby(cpu=True)
+try:
+    print("with a thread", sb.forked, cmdline(sb.proc.pid) == cmdline(os.getpid()))
+finally:
+    sb.stop()
+    stop.set()
+    t.join()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks on Linux only")
+def test_cpu_standby_worker_is_forked_unless_a_thread_runs():
+    """A CPU job's worker started ahead is a fork of the calling process (its modules
+    imported: no interpreter start nor imports before its first shard), Ctrl-C ignored as a
+    spawned one; while another thread runs in the caller (it could hold a lock the fork would
+    copy held) it is spawned. (In a fresh interpreter: other tests leave threads behind.)"""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", _FORK_CHECK], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["forked True True True", "with a thread False False"]

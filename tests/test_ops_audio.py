@@ -513,3 +513,26 @@ def test_sparse_rows_product_equals_the_dense_one():
     for w in (fb, dense, np.zeros((0, 257))):
         s = rng.standard_normal((2, 257, 33))
         np.testing.assert_allclose(SparseRows(w).apply(s), w @ s, rtol=1e-12, atol=1e-12)
+
+
+def test_cpu_dither_draws_each_items_samples_alone(monkeypatch):
+    """On the CPU the dither's noise of an item is its own stream's draws for its samples
+    only: the same values however far the batch is padded (no draws for the padding), in
+    log_mel (drawn on the items' threads) as in dither() (the reference); and log_mel with
+    training and a seed is the same bits on one thread or two."""
+    from avpipe.ops import _log_mel
+
+    sig = [speech_like(9000, 1), speech_like(5000, 2), speech_like(700, 3)]
+    x, lens = padded_batch(sig)
+    wide = np.zeros((x.shape[0], x.shape[1] + 4321), np.float32)
+    wide[:, : x.shape[1]] = x
+    a, _ = A.log_mel(x, lens, training=True, seed=11)
+    b, _ = A.log_mel(wide, lens, training=True, seed=11)
+    np.testing.assert_array_equal(a[:, :, : a.shape[2]], b[:, :, : a.shape[2]])
+    da = A.dither(x, lens, scale=1e-3, seed=5)
+    db = A.dither(wide, lens, scale=1e-3, seed=5)
+    np.testing.assert_array_equal(da, db[:, : x.shape[1]])
+    assert not db[:, x.shape[1]:].any()
+    monkeypatch.setattr(_log_mel, "cpu_threads", lambda: 1)
+    one, _ = A.log_mel(x, lens, training=True, seed=11)
+    np.testing.assert_array_equal(one, a)

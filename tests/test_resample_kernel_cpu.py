@@ -331,3 +331,43 @@ def test_cpu_resample_is_a_function_of_the_row(quality, monkeypatch):
             out, new = R.resample_rows(x, lens, np.full(len(lens), rate), 16000, quality=quality)
             for b in range(len(lens)):
                 assert np.array_equal(out[b, : new[b]], alone[b]), (route, rate, b)
+
+
+def test_cpu_resample_rows_reads_each_row_at_its_own_length(monkeypatch):
+    """On the CPU resample_rows resamples each row over its own samples only (a row sharing
+    its rate with a longer one is not padded to it: speed perturbation's work is the batch's
+    audio, not its padded size), on the cores' threads, with the same bits on one thread or
+    several and as each row alone; rows at the target rate are copied."""
+    rng = np.random.default_rng(4)
+    lens = np.array([30001, 5000, 17, 0, 12345, 30001, 999])
+    rates = np.array([13600, 13600, 13600, 13600, 18400, 16000, 18400])
+    x = np.zeros((len(lens), int(lens.max()) + 77), np.float32)
+    for b, m in enumerate(lens):
+        x[b, :m] = 0.1 * rng.standard_normal(m)
+    calls, names = [], set()
+    real = R._resample_row_cpu
+
+    def spy(row, up, down, quality, n_out):
+        import threading
+
+        calls.append((row.shape[0], up, down, n_out))
+        names.add(threading.current_thread().name)
+        return real(row, up, down, quality, n_out)
+
+    monkeypatch.setattr(R, "_resample_row_cpu", spy)
+    monkeypatch.setattr(R, "_cpu_threads", lambda: 2, raising=False)
+    out, new = R.resample_rows(x, lens, rates, 16000, quality="fast")
+    g = np.gcd(rates, 16000)
+    want = sorted((int(n), int(16000 // gg), int(r // gg), int(-(-n * 16000 // r)))
+                  for n, r, gg in zip(lens, rates, g) if n > 0 and r != 16000)
+    assert sorted(calls) == want
+    assert any(n.startswith("avpipe-resample") for n in names)
+    np.testing.assert_array_equal(out[5, : new[5]], x[5, : lens[5]])
+    monkeypatch.setattr(R, "_cpu_threads", lambda: 1)
+    one, new1 = R.resample_rows(x, lens, rates, 16000, quality="fast")
+    np.testing.assert_array_equal(one, out)
+    np.testing.assert_array_equal(new1, new)
+    for b in range(len(lens)):
+        alone = R.resample(x[b, : lens[b]], int(rates[b]), 16000, quality="fast")
+        np.testing.assert_array_equal(out[b, : new[b]], alone)
+        assert not out[b, new[b]:].any()

@@ -103,10 +103,19 @@ def _normal(xp, seed, shape, lengths=None):
     generator made per call waited for the whole device, which held a feed's producer to the
     GPU's pace every batch). The two devices draw different values from the same seed (the
     counter-based draws cost the CPU 15x PCG64's time). ``seed`` None: fresh noise.
-    ``lengths`` (host, one per row of a 2-D shape; a GPU only): the rows' elements past them
-    are 0, not drawn (they are masked anyway)."""
+    ``lengths`` (host, one per row of a 2-D shape): the rows' elements past them are 0, not
+    drawn (they are masked anyway). On the CPU each row of a 2-D shape is its own PCG64 stream
+    (:func:`_normal_row`), so a row's draws can be made alone, on any thread."""
     if xp is np:
-        return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+        if len(shape) != 2:
+            return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+        seed = _noise_seed(seed)
+        out = np.zeros(shape, np.float32)
+        lens = np.full(shape[0], shape[1]) if lengths is None else np.asarray(lengths)
+        for b in range(shape[0]):
+            m = min(int(lens[b]), shape[1])
+            out[b, :m] = _normal_row(seed, b, m)
+        return out
     import secrets
 
     from . import random as _random
@@ -114,6 +123,22 @@ def _normal(xp, seed, shape, lengths=None):
     if seed is None:
         seed = secrets.randbits(64)
     return _random.standard_normal(int(seed), "dither", shape, lengths=lengths, xp=xp)
+
+
+def _noise_seed(seed):
+    """``seed``, or fresh entropy for None (one value for every row of a batch)."""
+    if seed is None:
+        import secrets
+
+        return secrets.randbits(64)
+    return seed
+
+
+def _normal_row(seed, row, n):
+    """Row ``row`` of the CPU's noise of ``seed`` (see :func:`_normal`): ``n`` float32 standard
+    normal draws of the PCG64 stream seeded by ``(seed, row)``, the row's first ``n``
+    elements whatever its length."""
+    return np.random.default_rng([seed, row]).standard_normal(n, dtype=np.float32)
 
 
 def dither(signals, lengths=None, *, scale=1e-5, seed=None):
@@ -129,7 +154,8 @@ def dither(signals, lengths=None, *, scale=1e-5, seed=None):
     if scale == 0:
         out = _mask_time(x, lens)
     else:
-        noise = _normal(xp, seed, x.shape)
+        # the CPU draws each item's samples only (a GPU's noise past them is masked)
+        noise = _normal(xp, seed, x.shape, lengths=np.asarray(lens) if xp is np else None)
         out = _mask_time(x + x.dtype.type(scale) * noise.astype(x.dtype), lens)
     return out[0] if single else out
 

@@ -28,7 +28,7 @@ import os
 import numpy as np
 
 from ..device import round_up_eighth, upload_many
-from ._audio_core import _window_np, mel_filterbank, normalized
+from ._audio_core import _normal_row, _window_np, mel_filterbank, normalized
 from ._sparse_rows import SparseRows
 
 KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_log_mel.cu")
@@ -291,10 +291,12 @@ def _cpu_item(x, n, fl, cfg, tables, noise, out):
         out[:, :fl] = normalized(mel, mode=cfg.normalize, eps=cfg.norm_eps, ddof=cfg.norm_ddof)
 
 
-def log_mel_cpu(x, lens_host, fl_host, T, cfg, noise=None, threads=None):
+def log_mel_cpu(x, lens_host, fl_host, T, cfg, noise=None, threads=None, noise_seed=None):
     """Features ``[B, n_mels, T_out]`` float32 of the numpy batch ``x [B, n]`` (``lens_host``
-    samples, ``fl_host`` valid frames each, ``T`` frames in all; ``noise``: the dither's
-    standard normal draws ``[B, n]`` or None), each item computed alone over its valid frames
+    samples, ``fl_host`` valid frames each, ``T`` frames in all; the dither's standard normal
+    draws: ``noise [B, n]``, or ``noise_seed``: each item draws its own valid samples' on its
+    thread, row ``b`` of :func:`avpipe.ops._audio_core._normal`'s noise of that seed; neither:
+    no dither), each item computed alone over its valid frames
     (:func:`_cpu_item`), the items spread over ``threads`` threads (None:
     :func:`cpu_threads`), longest first. An item's features are the same bits in any batch,
     on any number of threads; frames past its valid ones are 0."""
@@ -313,8 +315,14 @@ def log_mel_cpu(x, lens_host, fl_host, T, cfg, noise=None, threads=None):
     fl = np.minimum(np.asarray(fl_host, np.int64), T)
 
     def one(b):
-        _cpu_item(x[b], int(lens[b]), int(fl[b]), cfg, tables,
-                  None if noise is None else noise[b], out[b])
+        n = int(lens[b])
+        if noise is not None:
+            nz = noise[b]
+        elif noise_seed is not None:  # this item's samples only, drawn on its thread
+            nz = _normal_row(noise_seed, b, n)
+        else:
+            nz = None
+        _cpu_item(x[b], n, int(fl[b]), cfg, tables, nz, out[b])
 
     order = [int(b) for b in np.argsort(-fl, kind="stable") if fl[b] > 0]  # longest first
     n_threads = min(cpu_threads() if threads is None else max(1, int(threads)), len(order))

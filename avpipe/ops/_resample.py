@@ -201,8 +201,9 @@ def resample_rows(x, lengths, orig_rates, target_sr, *, quality="high"):
     Returns ``(out [B, max new length], new_lengths [B])`` with ``new_lengths = ceil(lengths *
     target_sr / orig_rates)`` (host int64) and zeros past each new length. Row ``b`` equals
     :func:`resample` of ``x[b, :lengths[b]]``. float32 out (float64 in stays float64). On
-    cupy (float32) one kernel launch for the whole batch; on numpy one :func:`resample` per
-    distinct rate (rows sharing a rate together)."""
+    cupy (float32) one kernel launch for the whole batch; on numpy each row alone over its
+    own length, the rows spread over the cores' threads (a row's outputs are the same bits in
+    any batch)."""
     xp = array_module(x)
     x = xp.asarray(x)
     if x.ndim != 2:
@@ -226,8 +227,10 @@ def resample_rows(x, lengths, orig_rates, target_sr, *, quality="high"):
     width = int(new.max()) if B else 0
     if xp is not np and x.dtype == xp.float32 and B and width:
         return _rows_kernel(xp, x, lens, up, down, new, width, quality), new
+    if xp is np:
+        return _rows_cpu(x, lens, up, down, new, width, quality), new
     out = xp.zeros((B, width), dtype=x.dtype)
-    for rate in np.unique(rates):  # the reference: one batched resample per distinct rate
+    for rate in np.unique(rates):  # cupy float64: one batched resample per distinct rate
         idx = np.nonzero(rates == rate)[0]
         m = int(lens[idx].max())
         if m == 0:
@@ -240,6 +243,48 @@ def resample_rows(x, lengths, orig_rates, target_sr, *, quality="high"):
         out[xp.asarray(idx), :w] = xp.where(keep, y[:, :w], 0).astype(x.dtype)
     return out, new
 
+
+
+def _rows_cpu(x, lens, up, down, new, width, quality, threads=None):
+    """:func:`resample_rows` on numpy: each row alone over its own ``lens[b]`` samples
+    (:func:`_resample_row_cpu`, whose sums do not depend on the row's padding or neighbours:
+    a row's outputs are the same bits in any batch), its ``new[b]`` outputs only, the rows
+    spread over ``threads`` threads (None: the cores, at most 8), longest first (numpy's
+    products release the GIL)."""
+    B = x.shape[0]
+    out = np.zeros((B, width), dtype=x.dtype)
+
+    def one(b):
+        n, m = int(lens[b]), int(new[b])
+        if n == 0 or m == 0:
+            return
+        if up[b] == down[b]:  # the same rate: the samples themselves
+            out[b, :m] = x[b, :m]
+        else:
+            out[b, :m] = _resample_row_cpu(x[b, :n], int(up[b]), int(down[b]), quality, m)
+
+    order = [int(b) for b in np.argsort(-lens, kind="stable") if lens[b] > 0]
+    n_threads = min(_cpu_threads() if threads is None else max(1, int(threads)), len(order))
+    if n_threads <= 1:
+        for b in order:
+            one(b)
+        return out
+    from concurrent.futures import ThreadPoolExecutor
+
+    # a pool for this call (none survives it: a forked child would inherit a dead one)
+    with ThreadPoolExecutor(n_threads, thread_name_prefix="avpipe-resample") as ex:
+        for f in [ex.submit(one, b) for b in order]:
+            f.result()
+    return out
+
+
+def _cpu_threads() -> int:
+    """The cores this process may run on, at most 8."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
 
 # --- the CUDA kernel -------------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from ._audio_core import (
     _as_batch,
     _as_lengths,
     _mask_time,
+    _noise_seed,
     _normal,
     dct_matrix,
     dither,
@@ -176,10 +177,13 @@ def log_mel(signals, lengths=None, *, preset="nemo", training=False, sample_rate
         T = int(stft_frame_lengths([n], n_fft=cfg.n_fft, hop_length=hop, center=cfg.center)[0])
         T = max(T, int(stft_frame_lengths(lens_host, n_fft=cfg.n_fft, hop_length=hop,
                                           center=cfg.center).max()) if B else 0)  # fmt: skip
-        noise = (_normal(np, seed, x.shape) if training and cfg.dither > 0 and T > 0
-                 else None)  # fmt: skip
+        # the dither's noise: each item draws its own samples' on its thread (the same values
+        # as dither()'s rows of this seed)
+        noise_seed = (_noise_seed(seed) if training and cfg.dither > 0 and T > 0
+                      else None)  # fmt: skip
         fl_host = log_mel_frame_lengths(lens_host, preset=cfg, frames=T)
-        return _log_mel.log_mel_cpu(x, lens_host, fl_host, T, cfg, noise), fl_host
+        return _log_mel.log_mel_cpu(x, lens_host, fl_host, T, cfg,
+                                    noise_seed=noise_seed), fl_host
     return _log_mel_array_module(x, lens_host, cfg, training=training, seed=seed)
 
 

@@ -174,8 +174,8 @@ def apply_speed_perturb(signals, lengths, params, *, sample_rate, quality="high"
     src = np.maximum(src, 1)
     from ._resample import resample_rows
 
-    # one launch for the whole batch on cupy (each row at its own rate); on numpy one batched
-    # resample per distinct rate
+    # one launch for the whole batch on cupy (each row at its own rate); on numpy each row
+    # alone over its own length, the rows on the cores' threads
     out, new = resample_rows(x, lens, src, sr, quality=quality)  # x's float dtype
     new_lens = _like(lengths, new)
     if one:
@@ -191,8 +191,8 @@ def speed_perturb(signals, lengths=None, *, factor, sample_rate, quality="high",
     ``signals [B, n]`` (zero-padded) or ``[n]``; ``lengths [B]`` samples (None: all ``n``);
     ``factor``: a scalar or one per item ``[B]`` (draw them with :func:`sample_speed_params`).
     Each item is resampled from ``round(sample_rate * factor)`` Hz to ``sample_rate`` with
-    :func:`avpipe.ops.audio.resample` (windowed sinc, ``quality``); items sharing a factor are
-    resampled as one batch. Returns ``(signals [B, max new length], lengths [B])``, zeros past
+    :func:`avpipe.ops.audio.resample` (windowed sinc, ``quality``); on the CPU each item alone
+    over its own length (the same bits in any batch), the items on the cores' threads. Returns ``(signals [B, max new length], lengths [B])``, zeros past
     each new length (``[n']`` for a 1-D input)."""
     params = {"factor": factor}
     out = apply_speed_perturb(signals, lengths, params, sample_rate=sample_rate, quality=quality)

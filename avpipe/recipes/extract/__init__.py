@@ -477,7 +477,8 @@ def run_extract(
         from ._engine_local import Standby
 
         maybe_gpu = device != "cpu" and (devices is None or "cuda" in str(devices))
-        standby = Standby(audio=maybe_gpu and cfg.get("audio") is not None)
+        standby = Standby(audio=maybe_gpu and cfg.get("audio") is not None,
+                          cpu=not maybe_gpu)
     try:
         return _run_extract(input_path, cfg, out_dir, device, devices, format, shard_size,
                             workers, batch_size, engine, retry_errors, progress, ray_address, t0,

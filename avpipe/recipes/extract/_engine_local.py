@@ -3,7 +3,8 @@
 A worker computes shard after shard (:func:`~._process.iter_shards`) and hands each finished
 shard to a writer thread through a bounded queue, so decoding, features and writing overlap.
 Workers run as spawned processes (a GPU worker sees only its GPU, through
-``CUDA_VISIBLE_DEVICES``; the first is started ahead, see :class:`Standby`) and report progress
+``CUDA_VISIBLE_DEVICES``; the first is started ahead, see :class:`Standby`, forked instead for a
+CPU job on Linux when the caller runs no other thread) and report progress
 through a queue; a worker a native decoder crashes is replaced (see ``run_local``), so a crash
 costs the input that caused it, not the run.
 """
@@ -224,14 +225,24 @@ class Standby:
     GPUs, resolves the inputs and reads what an earlier run left; :func:`run_local` hands it the
     first group of shards. :meth:`stop` ends it when it was not used (nothing to do, an error).
     ``audio``: the job is audio, so the GPU FLAC loader's reader processes start meanwhile too
-    (``start_readers_ahead``; ended once the decoders are set up if no loader took them)."""
+    (``start_readers_ahead``; ended once the decoders are set up if no loader took them).
+    ``cpu``: the job runs on the CPU alone: on Linux, where this process runs no thread but its
+    main one (no lock another thread holds is copied into the child), the worker is forked, its
+    modules already imported (a spawned one spent most of a second starting and importing,
+    ahead of a CPU job's first shard); it imports the CPU log-mel's FFT before its work comes."""
 
-    def __init__(self, *, audio: bool = False):
-        ctx = mp.get_context("spawn")
-        self.pq = ctx.Queue()
-        recv, self._send = ctx.Pipe(duplex=False)
+    def __init__(self, *, audio: bool = False, cpu: bool = False):
+        self.forked = bool(cpu) and fork_is_safe()
+        ctx = mp.get_context("fork" if self.forked else "spawn")
+        # the queue always from spawn's context: a restarted or second worker is spawned and
+        # reports through it too (a fork context's queue cannot reach a spawned process)
+        self.pq = mp.get_context("spawn").Queue()
+        recv, self._send = mp.Pipe(duplex=False)
+        # a forked child holds a copy of the sending end too: it closes it, so that the
+        # parent's close() reaches it as the end of the pipe
         self.proc = ctx.Process(target=_child_standby,
-                                args=(os.getpid(), recv, self.pq, bool(audio)), daemon=False)
+                                args=(os.getpid(), recv, self.pq, bool(audio), bool(cpu),
+                                      self._send if self.forked else None), daemon=False)
         with _sigint_ignored():
             self.proc.start()
         recv.close()
@@ -257,13 +268,26 @@ class Standby:
             self.proc.join()
 
 
-def _child_standby(parent, recv, pq, audio=False):
+def fork_is_safe() -> bool:
+    """Whether a CPU worker may be forked from this process: Linux (fork is the platform's
+    own), and no Python thread but the calling main one (a thread holding a lock at the fork
+    would leave it held forever in the child)."""
+    return (sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods()
+            and threading.current_thread() is threading.main_thread()
+            and threading.active_count() == 1)
+
+
+def _child_standby(parent, recv, pq, audio=False, cpu=False, send=None):
     _die_with_parent(parent)
+    if send is not None:  # forked: the parent's sending end, copied
+        send.close()
     # what a worker needs came with this module's imports (the decoders and operators, through
     # _process), ahead of the work; not CuPy (CUDA_VISIBLE_DEVICES, set by _child_full for the
     # device it is given, must come first)
     if audio:
         start_readers_ahead()  # the GPU FLAC loader's readers (they need no device)
+    if cpu:
+        import scipy.fft  # noqa: F401 - the CPU log-mel's FFT, imported at its first item else
     try:
         args = recv.recv()
     except EOFError:  # not needed
