@@ -528,3 +528,36 @@ def test_cpu_standby_worker_is_forked_unless_a_thread_runs():
                        env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.splitlines() == ["forked True True True", "with a thread False False"]
+
+
+def test_duration_without_offset_is_the_span_the_feed_reads(tmp_path):
+    """A manifest line with a duration and no offset: extraction stores the features of
+    [0, duration), as rnnt_feed and load_audio(duration=) read it, not of the whole file."""
+    import io
+    import tarfile
+
+    import numpy as np
+
+    import avpipe
+
+    d = tmp_path / "d"
+    shutil.copytree(SAMPLES / "speech", d)
+    (d / "m.jsonl").write_text(
+        '{"audio_filepath": "utt01.wav", "duration": 1.5, "text": "a"}\n'
+        '{"audio_filepath": "utt03.flac", "duration": 2.0, "text": "b"}\n'
+        '{"audio_filepath": "utt02.wav", "text": "c"}\n')
+    out = tmp_path / "out"
+    run_extract(str(d / "m.jsonl"), preset="nemo", out_dir=str(out), devices="cpu")
+    rows = [json.loads(x) for x in (out / "index.jsonl").read_text().splitlines()]
+    with tarfile.open(out / rows[0]["shard"]) as tf:
+        stored = {r["source"]: np.load(io.BytesIO(tf.extractfile(f"{r['key']}.npy").read()))
+                  for r in rows}
+    feed = avpipe.recipes.rnnt_feed(str(d / "m.jsonl"), batch_size=1, training=False,
+                                    shuffle=False, device="cpu")
+    for b in feed:
+        src = os.path.basename(b.paths[0])
+        np.testing.assert_array_equal(
+            np.asarray(b.features[0, :, : int(b.feature_lengths[0])]), stored[src])
+    assert stored["utt01.wav"].shape[1] == 150 and stored["utt03.flac"].shape[1] == 200
+    a = avpipe.load_audio(str(d / "utt02.wav"))
+    assert stored["utt02.wav"].shape[1] == a.samples.shape[0] // 160  # no duration: whole file

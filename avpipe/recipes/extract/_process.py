@@ -10,6 +10,7 @@ engine ran it: the same shard gives the same bytes everywhere on one kind of dev
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -247,14 +248,16 @@ def _probe_all(items: list[Item], threads: int = 16) -> list:
 
 @dataclass(frozen=True)
 class Rows:
-    """A decoded signal: row ``row`` of a padded batch ``x`` (zero past ``n``), or the 1-D
-    array ``x`` itself (``row`` None); ``damaged``: why it is damaged though decoded (kept
-    with ``on_damage="warn"``, recorded in its index row's ``info``), or None."""
+    """A decoded signal: row ``row`` of a padded batch ``x`` (zero past ``n`` unless ``cut``:
+    the row holds more, decoded past the item's manifest duration), or the 1-D array ``x``
+    itself (``row`` None); ``damaged``: why it is damaged though decoded (kept with
+    ``on_damage="warn"``, recorded in its index row's ``info``), or None."""
 
     x: Any
     row: int | None
     n: int
     damaged: str | None = None
+    cut: bool = False
 
     def signal(self):
         return self.x if self.row is None else self.x[self.row, : self.n]
@@ -398,8 +401,10 @@ class _AudioStream:
                         why = loader.damaged.get(it.path) or self._short(it, n)
                         if why and self.on_damage == "error":
                             yield it, None, CorruptDataError(it.path, why)
-                        else:  # the row of the loader's batch (zero past the length)
-                            yield it, Rows(x, i, n, why), None
+                        else:  # the row of the loader's batch (zero past the length), cut
+                            # at the manifest's duration as load_audio (and the feeds) cut it
+                            m = self._span_of(it, n)
+                            yield it, Rows(x, i, m, why, cut=m < n), None
         finally:
             loader.close()
 
@@ -410,7 +415,7 @@ class _AudioStream:
                 _first_byte(it.path)  # a read that never returns stops here, not in soundfile
             src = it.source_of()
             offset = float(f.get("offset", 0.0) or 0.0)
-            duration = f.get("duration") if "offset" in f else None
+            duration = f.get("duration")  # a span [offset, offset + duration), as the feeds
             with self.dev.activate(), naming(it.path, src):
                 a = load_audio(src, sample_rate=self.sr, offset=offset,
                                      duration=None if duration is None else float(duration),
@@ -424,6 +429,14 @@ class _AudioStream:
             return it, Rows(a.samples, None, n, why), None
         except Exception as e:  # noqa: BLE001 - a bad input is recorded, never fatal
             return it, None, e
+
+    def _span_of(self, it: Item, n: int) -> int:
+        """``n`` decoded samples (at the preset's rate, the file's own in the loader) cut at the
+        item's manifest ``duration``, rounded to the nearest sample as ``load_audio`` rounds."""
+        d = it.fields.get("duration")
+        if d is None:
+            return n
+        return min(n, int(math.floor(float(d) * self.sr + 0.5)))
 
     def _short(self, it: Item, n: int) -> str | None:
         """Why ``n`` samples at the preset's rate fall short of the item's manifest
@@ -749,7 +762,7 @@ def _audio_batch(pending, dev):
     width = int(lens.max())
     first = pending[0][1]
     if (first.row is not None and first.x.shape[1] == width
-            and all(sig.x is first.x and sig.row == first.row + i
+            and all(sig.x is first.x and sig.row == first.row + i and not sig.cut
                     for i, (_, sig) in enumerate(pending))):
         # the batch is rows r..r+b of one loader batch of the same width: no copy (same
         # values as the copy below: the loader's batches are zero past each length)
