@@ -432,27 +432,32 @@ def write_object(url, data: bytes, *, storage_options=None) -> None:
     store by one PUT, which stores the whole object or nothing."""
     url = os.fspath(url)
     if is_local(url):
-        p = local_path(url)
-        d = os.path.dirname(os.path.abspath(p))
-        os.makedirs(d, exist_ok=True)
-        tmp = f"{p}.{os.getpid()}.{threading.get_ident()}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, p)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _replace_locally(local_path(url), lambda f: f.write(data))
         return
     fs, path = _filesystem(url, storage_options)
     _with_retries(url, "write", lambda: fs.pipe_file(path, bytes(data)))
+
+
+def _replace_locally(p: str, write) -> None:
+    """``write(f)`` into a temporary file beside ``p``, fsync'ed, renamed over ``p``, and the
+    folder fsync'ed: ``p`` is the old file or the whole new one, never a part."""
+    d = os.path.dirname(os.path.abspath(p))
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{p}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def put_file(local, url, *, storage_options=None, part_size: int | None = None) -> None:
@@ -465,24 +470,11 @@ def put_file(local, url, *, storage_options=None, part_size: int | None = None) 
     if is_local(url):
         import shutil
 
-        p = local_path(url)
-        d = os.path.dirname(os.path.abspath(p))
-        os.makedirs(d, exist_ok=True)
-        tmp = f"{p}.{os.getpid()}.{threading.get_ident()}.tmp"
-        try:
-            with open(local, "rb") as src, open(tmp, "wb") as f:
+        def copy(f):
+            with open(local, "rb") as src:
                 shutil.copyfileobj(src, f, 1 << 20)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, p)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+
+        _replace_locally(local_path(url), copy)
         return
     fs, path = _filesystem(url, storage_options)
     kw = {"chunksize": int(part_size)} if part_size else {}
