@@ -38,8 +38,11 @@ class DecodeError(Exception):
         return (type(self), (self.source, self.cause))
 
 
-def renamed(e: DecodeError, name: str) -> DecodeError:
-    """``e`` naming ``name`` instead of its source (the same class and cause)."""
+def renamed(e: BaseException, name: str) -> BaseException:
+    """``e`` naming ``name`` instead of its source (the same class and cause); ``e`` itself
+    where it is no :class:`DecodeError` or names ``name`` already."""
+    if not isinstance(e, DecodeError) or e.source == name:
+        return e
     return type(e)(name, e.cause)
 
 

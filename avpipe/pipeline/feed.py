@@ -1224,12 +1224,7 @@ def _batches(feed, pos, shared):
                 if not cand:
                     break
                 with _on(dev, stream), _stopping(shared.stop):
-                    vals = task.decode_items(cand)
-                for (i, _), v in zip(cand, vals):
-                    if isinstance(v, BaseException):
-                        known_bad.add(i)
-                        _fail(feed, i, v, failed)
-                    else:
+                    for i, v in _decode_good(feed, cand, known_bad, failed):
                         good_ids.append(i)
                         good_vals.append(v)
             full = int(starts[s + 1] - starts[s])  # the batch's size in the plan
@@ -1311,15 +1306,23 @@ def _repeat_fill(feed, plan, flat, start, borrowed, good_ids, want, failed, know
         if not take:
             break  # no good item of the epoch left to repeat (every one failed)
         with _on(dev, stream):
-            vals = feed.task.decode_items(take)
-        for (i, _), v in zip(take, vals):
-            if isinstance(v, BaseException):
-                known_bad.add(i)
-                _fail(feed, i, v, failed)
-            else:
+            for i, v in _decode_good(feed, take, known_bad, failed):
                 ids.append(i)
                 out.append((i, v))
     return out
+
+
+def _decode_good(feed, pairs, known_bad, failed) -> list:
+    """``(id, value)`` of the ``pairs`` that decode (``task.decode_items``); each one that
+    fails is noted in ``known_bad`` and reported through :func:`_fail`, in order."""
+    good = []
+    for (i, _), v in zip(pairs, feed.task.decode_items(pairs)):
+        if isinstance(v, BaseException):
+            known_bad.add(i)
+            _fail(feed, i, v, failed)
+        else:
+            good.append((i, v))
+    return good
 
 
 def _fail(feed, i, exc, failed):

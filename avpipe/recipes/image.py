@@ -97,10 +97,6 @@ def _read_image(path, check, cap):
     return data, check and _needs_batch_path(Source(name=path, data=data), cap)
 
 
-def _named(e, path):
-    """A decode error of an image handed over as bytes, naming its file."""
-    return renamed(e, path) if isinstance(e, DecodeError) and e.source != path else e
-
 
 class ImageTask(Task):
     array_fields = ("images", "labels")
@@ -144,7 +140,7 @@ class ImageTask(Task):
             res = decode_image_batch(srcs, device=self.device, max_pixels=self.max_pixels)
             for j, e in res.errors:
                 it = pairs[todo[j]][1]
-                out[todo[j]] = _named(e, it.path)
+                out[todo[j]] = renamed(e, it.path)
             for j, im in enumerate(res.images):
                 if im is not None:
                     out[todo[j]] = im
@@ -202,7 +198,7 @@ class ImageTask(Task):
                 for j, k in enumerate(rows):
                     path = groups[gi][k][1].path
                     if j in bad:
-                        values[k] = _named(bad[j], path)
+                        values[k] = renamed(bad[j], path)
                     elif b.images[j] is None:
                         values[k] = DecodeError(path, "not decoded")
                     else:  # copy: the stream's arrays are DALI's buffers
@@ -247,7 +243,7 @@ class ImageTask(Task):
                                       for k in aside], device=self.device,
                                      max_pixels=self.max_pixels)
             for j, e in res.errors:
-                values[aside[j]] = _named(e, group[aside[j]][1].path)
+                values[aside[j]] = renamed(e, group[aside[j]][1].path)
             for j, im in enumerate(res.images):
                 if im is not None:
                     values[aside[j]] = im

@@ -31,7 +31,7 @@ from ...decoding.audio._flac_scan import header_info as flac_header_info
 from ...decoding.image import decode_image_batch
 from ...decoding.video import VideoDecoder
 from ...device import download, to_numpy
-from ...errors import CorruptDataError, DecodeError, naming, renamed
+from ...errors import CorruptDataError, naming, renamed
 from ...formats import is_flac
 from ...ops import audio as audio_ops
 from ...ops import image as image_ops
@@ -591,8 +591,7 @@ def _named_batch(items: list[Item], sources: list, dev):
     """``decode_image_batch`` of ``sources``, its errors about bytes naming their inputs."""
     with dev.activate():
         b = decode_image_batch(sources, device=str(dev))
-    errors = [(j, renamed(e, items[j].path) if isinstance(e, DecodeError) and isinstance(
-        sources[j], (bytes, bytearray)) else e) for j, e in b.errors]
+    errors = [(j, renamed(e, items[j].path)) for j, e in b.errors]
     return SimpleNamespace(images=b.images, errors=errors)
 
 
