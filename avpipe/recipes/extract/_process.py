@@ -303,10 +303,11 @@ def warm_up_audio(acfg: dict, dev, *, flac: bool = False) -> list[threading.Thre
 class _AudioStream:
     """Decoded audio per item, in order: ``(item, Rows | None, error)``.
 
-    Files at the preset's rate, read whole, no longer than ``AVPIPE_EXTRACT_LOADER_MAX_SECONDS`` go through
-    AudioBatchLoader (GPU FLAC decode for .flac on a GPU, worker processes otherwise); the
-    rest (other rates: resampled; manifest offsets; long files; what libsndfile cannot
-    open) through ``load_audio`` in a thread pool."""
+    On a GPU, files at the preset's rate, read whole, no longer than
+    ``AVPIPE_EXTRACT_LOADER_MAX_SECONDS`` go through AudioBatchLoader (GPU FLAC decode for
+    .flac, worker processes otherwise); the rest (other rates: resampled; manifest offsets;
+    long files; what libsndfile cannot open), and every file on the CPU, through
+    ``load_audio`` in a thread pool."""
 
     def __init__(self, items: list[Item], cfg: dict, dev, workers: int, batch: int):
         self.items = items
@@ -337,6 +338,14 @@ class _AudioStream:
             self.route.update((it.index, "members") for it in members)
             self.streams["members"] = _ordered_map(self._load_one, members, max(2, workers))
         if not rest:
+            return
+        if not dev.is_cuda:
+            # on the CPU every file is decoded by load_audio in this process's threads
+            # (libsndfile releases the GIL): the features are computed on the same cores, so
+            # the batched loader's worker processes would only add their start, a probe of
+            # every file and a copy through shared memory
+            self.route.update((it.index, "slow") for it in rest)
+            self.streams["slow"] = _ordered_map(self._load_one, rest, max(2, workers))
             return
         with timed("audio probe"):
             probes = _probe_all(rest)
