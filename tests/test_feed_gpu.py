@@ -190,6 +190,8 @@ def test_video_gpu_eval_views():
 
 @pytest.mark.parametrize("train", [True, False])
 def test_image_gpu_equals_cpu(train):
+    pytest.importorskip("nvidia.dali")  # the image decoders (nvImageCodec comes with DALI)
+    pytest.importorskip("nvidia.nvimgcodec")
     files = sorted(os.path.join(ROOT, "images", f) for f in os.listdir(os.path.join(ROOT, "images")))
     pairs = [(p, p.rsplit(".", 1)[1]) for p in files]
     kw = dict(batch_size=3, crop_size=96, resize_size=110, seed=2, train=train)

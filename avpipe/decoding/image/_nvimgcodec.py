@@ -27,7 +27,13 @@ class Decoder:
     """One nvImageCodec decoder on one GPU; ``decode`` is serialised (one batch at a time)."""
 
     def __init__(self, device_index: int, fancy: bool, hw_load: float):
-        from nvidia import nvimgcodec as nv
+        try:
+            from nvidia import nvimgcodec as nv
+        except ImportError as e:
+            raise ImportError(
+                "decoding images on a GPU needs nvImageCodec (the package nvidia-nvimgcodec, "
+                f"installed with nvidia-dali-cuda120), which does not import here: {e}; "
+                "decode on the CPU with device='cpu'") from e
 
         self.nv = nv
         self.lock = threading.Lock()
