@@ -564,8 +564,8 @@ def test_extract_modules_import_at_module_level():
 
 
 def test_progress_is_sent_per_batch():
+    from avpipe.pipeline.sources import Item
     from avpipe.recipes.extract._engine_local import _Tally
-    from avpipe.recipes.extract._inputs import Item
     from avpipe.recipes.extract._process import Result
 
     sent = []
@@ -779,8 +779,8 @@ def test_a_batch_failing_when_collected_is_computed_item_by_item(speech, monkeyp
 def test_tar_shard_writeback_writes_the_same_bytes(tmp_path, monkeypatch, mb):
     """A tar shard's early writeback (AVPIPE_EXTRACT_WRITEBACK_MB) hands each MB written to the
     disk as it goes (in order, no gaps) and changes no byte of the shard."""
+    from avpipe.pipeline.sources import Item
     from avpipe.recipes.extract import _writers
-    from avpipe.recipes.extract._inputs import Item
     from avpipe.recipes.extract._process import Result, Shard
 
     calls = []
@@ -851,12 +851,13 @@ def test_a_shard_redone_loses_its_old_part_before_its_outputs_change(tmp_path, m
     """Redoing a shard (--retry-errors) removes its old part (its done mark) before writing the
     new outputs: killed between the new tar and the new part, the shard is not taken as done
     (its old part named the old tar's members: an "ok" row whose output was gone)."""
+    from avpipe.pipeline.sources import Item
     from avpipe.recipes.extract import _writers
-    from avpipe.recipes.extract._inputs import Item
     from avpipe.recipes.extract._process import Result, Shard
 
     cfg = resolve_preset("nemo")
-    items = [Item(i, f"x{i}.wav", str(tmp_path / f"x{i}.wav"), "audio") for i in range(2)]
+    items = [Item(index=i, source=f"x{i}.wav", path=str(tmp_path / f"x{i}.wav"), kind="audio")
+             for i in range(2)]
     first = [Result(items[0], np.zeros((80, 3), np.float32)),
              Result(items[1], error="CorruptDataError", message="bad")]
     _writers.write_shard(str(tmp_path), Shard(0, 2), first, cfg, "tar", total=2)

@@ -8,8 +8,9 @@ import json
 
 import pytest
 
+from avpipe.pipeline.sources import Item
 from avpipe.recipes.extract import _fingerprint
-from avpipe.recipes.extract._inputs import Inputs, Item, _rel, _rel_any
+from avpipe.recipes.extract._inputs import Inputs, _rel, _rel_any
 
 
 @pytest.mark.parametrize("path,root", [
@@ -24,10 +25,11 @@ def test_rel_equals_relpath(path, root):
 
 
 def test_fingerprint_equals_the_json_lines_digest():
-    items = [Item(0, "a.flac", "/r/a.flac", "audio"),
-             Item(1, 'é "q"\\\\x.flac', "/r/x.flac", "audio"),
-             Item(2, "v.mp4", "/r/v.mp4", "video", {"label": "cat", "b": [1, 2], "a": None}),
-             Item(3, "line\nbreak.wav", "/r/l.wav", "audio", {})]
+    items = [Item(index=0, source="a.flac", path="/r/a.flac", kind="audio"),
+             Item(index=1, source='é "q"\\\\x.flac', path="/r/x.flac", kind="audio"),
+             Item(index=2, source="v.mp4", path="/r/v.mp4", kind="video",
+                  fields={"label": "cat", "b": [1, 2], "a": None}),
+             Item(index=3, source="line\nbreak.wav", path="/r/l.wav", kind="audio", fields={})]
     h = hashlib.sha256()
     for it in items:
         h.update(json.dumps([it.source, it.kind, it.fields], sort_keys=True).encode())

@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from avpipe.errors import ManifestError, OutsideRootError
-from avpipe.pipeline.sources import read_csv, read_list, read_manifest
+from avpipe.pipeline.sources import Item, read_csv, read_list, read_manifest
 from avpipe.recipes.extract import ExtractSummary, resolve_inputs, run_extract
-from avpipe.recipes.extract._inputs import Item
 from avpipe.recipes.extract._presets import extensions_of, resolve_preset
 from avpipe.recipes.extract._writers import dumps
 
@@ -311,7 +310,8 @@ def test_nan_in_a_result_never_reaches_json_outputs(tmp_path):
     import avpipe.recipes.extract._writers as w
     from avpipe.recipes.extract._process import Result, Shard
 
-    it = Item(0, "a.wav", str(tmp_path / "a.wav"), "audio", {"text": "x"})
+    it = Item(index=0, source="a.wav", path=str(tmp_path / "a.wav"), kind="audio",
+              fields={"text": "x"})
     cfg = {"name": "nemo", "audio": {}}
     res = [Result(it, np.zeros((2, 3), np.float32), {"seconds": float("nan")})]
     w.write_shard(str(tmp_path), Shard(0, 1), res, cfg, "tar", 1)
@@ -323,9 +323,10 @@ def test_nan_in_a_result_never_reaches_json_outputs(tmp_path):
 
 
 def test_refused_items_travel_to_workers():
-    it = Item(3, "x", "/x", None, {}, ("ManifestError", "m:1: bad"))
+    it = Item(index=3, source="x", path="/x", kind=None, fields={},
+              error=("ManifestError", "m:1: bad"))
     assert Item.from_task(json.loads(json.dumps(it.to_task()))) == it
-    ok = Item(1, "a", "/a", "audio", {"t": 1})
+    ok = Item(index=1, source="a", path="/a", kind="audio", fields={"t": 1})
     assert Item.from_task(ok.to_task()) == ok and len(ok.to_task()) == 5
 
 
@@ -364,7 +365,7 @@ def test_progress_bar_rate_is_per_second(monkeypatch):
 
     from avpipe.recipes.extract import _Progress
 
-    its = [Item(0, "a.wav", "/a.wav", "audio", {"duration": 3600.0})]
+    its = [Item(index=0, source="a.wav", path="/a.wav", kind="audio", fields={"duration": 3600.0})]
     f = io.StringIO()
     monkeypatch.setattr(sys, "stderr", f)
     p = _Progress(its, {"video": {}}, True)
@@ -460,7 +461,7 @@ def test_manifest_attacks_give_typed_errors_or_clean_results(tmp_path):
                 read_csv(p, root=tmp_path)
             outcomes["clean"] += 1
             for it in items:
-                json.dumps([it.path, it.text, it.offset, it.duration, it.extra],
+                json.dumps([it.path, it.text, it.offset, it.duration, it.fields],
                            allow_nan=False)
                 assert isinstance(it.offset, float) and (it.duration is None or
                                                          isinstance(it.duration, float))

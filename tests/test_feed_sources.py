@@ -18,7 +18,10 @@ def test_manifest_relative_paths_offsets_and_fields(tmp_path):
         '{"audio_filepath": "/abs/y.flac", "duration": 3, "text": "yo"}\n')
     a, b = read_manifest(d / "m.jsonl")
     assert a.path == os.path.join(str(d), "a", "x.wav") and a.raw_path == "a/x.wav"
-    assert (a.offset, a.duration, a.text, a.extra) == (2.0, 1.5, "hi", {"lang": "en"})
+    assert (a.offset, a.duration, a.text) == (2.0, 1.5, "hi")
+    # the line's fields, in its order (the transcript and the span too)
+    assert list(a.fields.items()) == [("duration", 1.5), ("text", "hi"), ("offset", 2.0),
+                                      ("lang", "en")]
     assert b.path == "/abs/y.flac" and b.offset == 0.0 and b.duration == 3.0
     (d / "bad.jsonl").write_text('{"audio_filepath": "a.wav"}\n{"text": "no path"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2"):

@@ -866,7 +866,7 @@ def test_extract_audio_probe_gives_up_a_read_that_never_returns(tmp_path, monkey
     import threading
     import time
 
-    from avpipe.recipes.extract._inputs import Item
+    from avpipe.pipeline.sources import Item
     from avpipe.recipes.extract._process import _probe_all
 
     good = tmp_path / "a.wav"

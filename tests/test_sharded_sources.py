@@ -58,7 +58,7 @@ def test_webdataset_audio_items(tmp_path):
         assert it.path == shards.sample_name(str(tmp_path / f"train-{key[1]:0>6}.tar"), key)
         assert it.locator.read() == audio
         assert it.text == meta["text"] and it.duration == 0.5
-        assert it.extra == {"speaker": meta["speaker"]}
+        assert it.fields == {"speaker": meta["speaker"]}
         # the bytes decode as the file would
         a = avpipe.load_audio(it.locator.read())
         b = avpipe.load_audio(io.BytesIO(audio))
@@ -74,7 +74,7 @@ def test_webdataset_labels_and_damage(tmp_path):
     write_tar(tmp_path / "img.tar", members)
     got = sharded.read_webdataset(str(tmp_path / "img.tar"), kind="image")
     assert [(it.path.rsplit("#", 1)[1], it.label) for it in got.items] == [("a", 3), ("b", "cat")]
-    assert got.items[1].extra == {"w": 2}
+    assert got.items[1].fields == {"w": 2}
     errs = dict(got.errors)
     name = str(tmp_path / "img.tar") + "#"
     assert "no image member" in errs[name + "c"]
@@ -147,7 +147,7 @@ def test_nemo_tarred_audio(tmp_path):
         assert [it.text for it in got.items] == [x["text"] for x in lines[:6]]
         for it in got.items:
             assert it.locator.read() == ref[it.raw_path.rsplit("/", 1)[1]]
-            assert it.extra == {"lang": "en"} and it.duration == 0.5
+            assert it.fields == {"lang": "en"} and it.duration == 0.5
         errs = sorted(m for _, m in got.errors)
         assert len(errs) == 2 and "no member 'missing.flac'" in errs[0]
         assert "shard_id must be an integer in [0, 3), got 7" in errs[1]

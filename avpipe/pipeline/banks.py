@@ -11,12 +11,12 @@ file once at ``sample_rate``, mono.
 
 from __future__ import annotations
 
-import json
 import os
 
 from ..decoding.audio import load_audio
 from ..formats import AUDIO_EXTENSIONS
 from ..ops.audio_augment import NoiseBank, RirBank
+from .sources import read_manifest
 
 __all__ = ["noise_bank", "rir_bank", "audio_files"]
 
@@ -39,21 +39,8 @@ def audio_files(source) -> list[str]:
         if not out:
             raise ValueError(f"source={path!r}: the folder holds no audio files")
         return out
-    if path.lower().endswith((".json", ".jsonl")):
-        base = os.path.dirname(os.path.abspath(path))
-        out = []
-        with open(path, encoding="utf-8") as f:
-            for k, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    p = json.loads(line)["audio_filepath"]
-                except (ValueError, KeyError, TypeError):
-                    raise ValueError(
-                        f"{path}:{k}: not a JSON object with an audio_filepath"
-                    ) from None
-                out.append(p if os.path.isabs(p) else os.path.join(base, p))
-        return out
+    if path.lower().endswith((".json", ".jsonl")):  # the feeds' manifest reader and rule
+        return [it.path for it in read_manifest(path)]
     return [path]
 
 

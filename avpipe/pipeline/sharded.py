@@ -8,7 +8,7 @@ shard version) and returns a :class:`Listing`: the items, in shard order, each c
 
 * :func:`read_webdataset` — WebDataset shards: one sample = the members sharing a key. Audio
   ``KEY.flac|wav|ogg|...`` with ``KEY.json`` (``text``, ``duration``, ``offset``; every other
-  field travels in ``item.extra``); video ``KEY.mp4|mkv|webm|...`` and images
+  field travels in ``item.fields``); video ``KEY.mp4|mkv|webm|...`` and images
   ``KEY.jpg|png|tif|jp2|...`` with a label from ``KEY.cls`` (an integer as text) or
   ``KEY.json`` (``label``).
 * :func:`read_nemo_tarred` — NeMo tarred audio: a manifest whose lines name the member
@@ -206,7 +206,7 @@ def read_webdataset(spec, *, kind: str | None = None, extensions=None, storage_o
                 continue
             label = meta.pop("label", None)
             items.append(Item(path=name, raw_path=name, label=label, text=text, offset=offset,
-                              duration=duration, extra=meta,
+                              duration=duration, fields=meta,
                               locator=ShardMember(url, sample, ext, storage_options)))
     return Listing(items, errors)
 
@@ -280,7 +280,7 @@ def read_nemo_tarred(manifest, tarred_audio_filepaths, *, storage_options=None,
         duration = f.pop("duration", None)
         items.append(Item(path=shards.sample_name(url, sample.key), raw_path=rec.path,
                           text=text if text is not None else "", offset=offset,
-                          duration=duration, extra=f,
+                          duration=duration, fields=f,
                           locator=ShardMember(url, sample, ext, storage_options)))
     return Listing(items, errors)
 
@@ -301,7 +301,7 @@ def _shar_fields(spec, storage_options) -> dict:
 def read_shar(spec, *, storage_options=None, threads: int = 16) -> Listing:
     """lhotse Shar (see the module's doc): items with the cut's transcript (its supervisions'
     texts joined by spaces), its ``start`` / ``duration`` as offset and duration, and its id,
-    supervisions and recording fields in ``item.extra``."""
+    supervisions and recording fields in ``item.fields``."""
     fields = _shar_fields(spec, storage_options)
     cuts_files = fields.get("cuts") or []
     recs = fields.get("recording") or []
@@ -364,7 +364,7 @@ def read_shar(spec, *, storage_options=None, threads: int = 16) -> Listing:
                 continue
             extra = {k2: v for k2, v in c.items() if k2 not in ("start", "duration")}
             items.append(Item(path=name, raw_path=cid, text=text, offset=start,
-                              duration=duration, extra=extra,
+                              duration=duration, fields=extra,
                               locator=ShardMember(url, s, ext, storage_options)))
     return Listing(items, errors)
 

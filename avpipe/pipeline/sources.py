@@ -1,7 +1,11 @@
-"""Item lists for the training feeds: NeMo manifests, CSV files, folders of classes, plain lists.
+"""Item lists: NeMo manifests, CSV files, folders of classes, plain lists.
 
-Each reader returns a list of :class:`Item` (path made absolute: a relative path in a manifest
-or list is relative to that file's folder), in the file's own order; the feed shuffles.
+:class:`Item` is the one input model: the feeds, the sharded readers
+(:mod:`avpipe.pipeline.sharded`) and the extraction job (``avpipe extract``) all hold their
+inputs as Items and open an item's media by :meth:`Item.media`. Each reader returns a list of
+Items (path made absolute: a relative path in a manifest or list is relative to that file's
+folder), in the file's own order; the feed shuffles. A line of a list becomes its Item by
+:func:`record_item`, for the feeds and extraction alike.
 
 * :func:`read_manifest` — NeMo JSON lines: ``audio_filepath``, ``duration``, ``text`` and an
   optional ``offset`` (seconds); the item's span is ``[offset, offset + duration)``.
@@ -31,6 +35,7 @@ one outside raises :class:`~avpipe.errors.OutsideRootError` naming it.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -43,7 +48,8 @@ from ..errors import ManifestError, OutsideRootError
 __all__ = [
     "Item", "read_manifest", "read_csv", "read_folder", "read_list", "class_index",
     "ManifestRecord", "manifest_records", "csv_records", "check_manifest_record",
-    "decode_text", "check_root", "resolve_root", "check_path_text", "within_max_duration", "text_lines",
+    "record_item", "list_records", "listed_path", "decode_text", "check_root",
+    "resolve_root", "check_path_text", "within_max_duration", "text_lines",
 ]
 
 MANIFEST_PATH_FIELD = "audio_filepath"
@@ -51,21 +57,59 @@ MANIFEST_PATH_FIELD = "audio_filepath"
 
 @dataclass(frozen=True)
 class Item:
-    """One training item. ``path``: absolute; ``raw_path``: as the source wrote it; ``label``:
-    the label name (CSV / folders) or None; ``text``: the transcript (manifests); ``offset`` /
-    ``duration``: seconds (None: from the start / to the end); ``extra``: other fields;
-    ``locator``: where the bytes are when ``path`` names a shard's sample (``URL#KEY``): an
-    object whose ``read()`` returns them (:class:`avpipe.pipeline.sharded.ShardMember`)."""
+    """One input, for the feeds and for extraction (``avpipe extract``) alike.
+
+    * ``path``: absolute (a shard's sample: ``URL#KEY``); ``raw_path``: as the source wrote it.
+    * ``label``: the label (CSV / folders / ``KEY.cls``) or None; ``text``: the transcript
+      (manifests); ``offset`` / ``duration``: seconds (0 / None: from the start / to the end).
+    * ``fields``: the source's own fields for the item. A manifest line's or CSV row's: every
+      field but the path, as written (checked), in the line's order, ``text`` / ``offset`` /
+      ``duration`` / ``label`` included; a shard's sample: its metadata beside those four.
+    * ``locator``: where the bytes are when not at ``path`` (a shard's member: ``read() ->
+      bytes``, :class:`avpipe.pipeline.sharded.ShardMember`); None: a file. :meth:`media` is
+      what a decoder opens.
+    * ``kind``: "audio", "video" or "image" where the reader knows it (extraction, by
+      extension), else None.
+    * ``error``: ``(error type, message)`` for an input refused before decoding (a bad
+      manifest line, a file not of the wanted kinds, a path outside ``root``): recorded,
+      never decoded.
+    * ``index`` / ``source``: extraction's place of the input in its list and its name as
+      shown in outputs (relative to the input's root, posix); None in the feeds.
+    """
 
     path: str
-    raw_path: str
+    raw_path: str | None = None
     label: Any = None
     text: str | None = None
     offset: float = 0.0
     duration: float | None = None
-    extra: dict = field(default_factory=dict, repr=False, compare=False)
-    # where the bytes are when not at ``path`` (a shard's member: .read() -> bytes; None: a file)
+    fields: dict = field(default_factory=dict, repr=False, compare=False)
     locator: Any = field(default=None, repr=False, compare=False)
+    kind: str | None = None
+    error: tuple[str, str] | None = None
+    index: int | None = None
+    source: str | None = None
+
+    def media(self):
+        """What a decoder opens: a shard member's bytes (one ranged read), else the path."""
+        return self.locator.read() if self.locator is not None else self.path
+
+    def to_task(self) -> tuple:
+        """What a worker process needs of an extraction input, as JSON-able values
+        (``(index, source, path, kind, fields[, error[, locator]])``; :meth:`from_task`)."""
+        t = (self.index, self.source, self.path, self.kind, self.fields)
+        if self.locator is not None:
+            return (*t, None if self.error is None else list(self.error), self.locator)
+        return t if self.error is None else (*t, list(self.error))
+
+    @classmethod
+    def from_task(cls, t) -> Item:
+        """The input a worker received (:meth:`to_task`): extraction reads an input's
+        ``fields`` (they hold its span and transcript), so ``label`` / ``text`` / ``offset`` /
+        ``duration`` stay at their defaults."""
+        err = tuple(t[5]) if len(t) > 5 and t[5] is not None else None
+        return cls(path=t[2], fields=dict(t[4]), locator=t[6] if len(t) > 6 else None,
+                   kind=t[3], error=err, index=int(t[0]), source=t[1])
 
 
 @dataclass(frozen=True)
@@ -82,6 +126,12 @@ class ManifestRecord:
 def _resolve(p: str, base: str) -> str:
     p = os.path.expanduser(p)
     return os.path.normpath(p if os.path.isabs(p) else os.path.join(base, p))
+
+
+def listed_path(raw: str, list_path) -> str:
+    """A path as a list wrote it, made absolute: relative to the list's folder, ``~``
+    expanded, normalised (links and ``..`` left to :func:`check_root`)."""
+    return _resolve(raw, os.path.dirname(os.path.abspath(os.fspath(list_path))))
 
 
 def resolve_root(root) -> str | None:
@@ -288,27 +338,33 @@ def csv_records(path, path_columns, *, label_column=None, keep_errors: bool = Fa
     return key, out
 
 
+def record_item(rec: ManifestRecord, list_path: str, *, root=None, nemo: bool = True,
+                label_column: str = "label") -> Item:
+    """The item of one valid line of a list: its path resolved against the list's folder (a
+    relative path is relative to ``list_path``'s folder; ``~`` expanded) and checked against
+    ``root`` (from :func:`resolve_root`: :class:`~avpipe.errors.OutsideRootError` naming the
+    file and the line); ``fields``: the line's. A NeMo line (``nemo``) gives ``text`` (``""``
+    when absent), ``offset``, ``duration`` and ``label``; a CSV row (its values are text) or a
+    list's line gives ``label`` from ``label_column`` alone."""
+    list_path = os.fspath(list_path)
+    full = listed_path(rec.path, list_path)
+    check_root(full, root, raw=rec.path, manifest=list_path, line=rec.line or None)
+    f = dict(rec.fields)
+    if not nemo:
+        return Item(path=full, raw_path=rec.path, label=f.get(label_column), fields=f)
+    text = f.get("text")
+    return Item(path=full, raw_path=rec.path, label=f.get("label"),
+                text="" if text is None else text, offset=f.get("offset") or 0.0,
+                duration=f.get("duration"), fields=f)
+
+
 def read_manifest(path, *, root=None) -> list:
     """A NeMo JSON-lines manifest -> items (blank lines ignored). A line that breaks the rule of
     the module docstring raises :class:`~avpipe.errors.ManifestError` naming the file, the line,
     the field and the value; with ``root``, a path outside it raises
     :class:`~avpipe.errors.OutsideRootError`."""
-    path = os.fspath(path)
-    base = os.path.dirname(os.path.abspath(path))
     top = resolve_root(root)
-    items = []
-    for rec in manifest_records(path):
-        full = _resolve(rec.path, base)
-        check_root(full, top, raw=rec.path, manifest=path, line=rec.line or None)
-        f = dict(rec.fields)
-        text = f.pop("text", None)
-        offset = f.pop("offset", None)
-        duration = f.pop("duration", None)
-        items.append(Item(
-            path=full, raw_path=rec.path, text="" if text is None else text,
-            offset=offset or 0.0, duration=duration, extra=f,
-        ))  # fmt: skip
-    return items
+    return [record_item(rec, path, root=top) for rec in manifest_records(path)]
 
 
 def read_csv(path, *, path_column: str = "path", label_column: str = "label",
@@ -317,18 +373,33 @@ def read_csv(path, *, path_column: str = "path", label_column: str = "label",
     without a path or a label raises :class:`~avpipe.errors.ManifestError` naming the file
     and the line; with ``root``, a path outside it raises
     :class:`~avpipe.errors.OutsideRootError`."""
-    path = os.fspath(path)
-    base = os.path.dirname(os.path.abspath(path))
     top = resolve_root(root)
     _, records = csv_records(path, (path_column,), label_column=label_column)
-    items = []
-    for rec in records:
-        full = _resolve(rec.path, base)
-        check_root(full, top, raw=rec.path, manifest=path, line=rec.line)
-        extra = {k: v for k, v in rec.fields.items() if k != label_column}
-        items.append(Item(path=full, raw_path=rec.path, label=rec.fields[label_column],
-                          extra=extra))
-    return items
+    return [record_item(rec, path, root=top, nemo=False, label_column=label_column)
+            for rec in records]
+
+
+def list_records(path, *, keep_errors: bool = False) -> list:
+    """The paths of a text list (one a line; blank lines and ``#`` comments skipped) as
+    :class:`ManifestRecord` (no fields), in order. A path holding a NUL raises
+    :class:`ManifestError` (``keep_errors``: takes its place); bytes that are not UTF-8 are an
+    error of the whole file, raised either way."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        text = decode_text(f.read(), path)
+    out: list = []
+    for n, ln in enumerate(text_lines(text), 1):
+        raw = ln.strip()
+        if not raw or raw.startswith("#"):
+            continue
+        try:
+            check_path_text(raw, path, n)
+            out.append(ManifestRecord(n, raw, {}))
+        except ManifestError as e:
+            if not keep_errors:
+                raise
+            out.append(e)
+    return out
 
 
 def read_folder(root, *, extensions=None, check=None) -> list:
@@ -358,31 +429,21 @@ def read_list(source, *, labels=None, root=None) -> list:
     ``(path, label)`` pairs (relative to the working directory). With ``root``, a path outside
     it raises :class:`~avpipe.errors.OutsideRootError`."""
     top = resolve_root(root)
-    where = None
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        base = os.path.dirname(os.path.abspath(path))
-        with open(path, "rb") as f:
-            text = decode_text(f.read(), path)
-        entries, lines = [], []
-        for n, ln in enumerate(text_lines(text), 1):
-            if ln.strip() and not ln.strip().startswith("#"):
-                entries.append(ln.strip())
-                lines.append(n)
-        where = path
-    else:
-        base = os.getcwd()
-        entries = list(source)
-        lines = [None] * len(entries)
+        items = [record_item(rec, source, root=top, nemo=False) for rec in list_records(source)]
+        if labels is not None:
+            items = [dataclasses.replace(it, label=labels[i]) for i, it in enumerate(items)]
+        return items
+    base = os.getcwd()
     items = []
-    for i, e in enumerate(entries):
+    for i, e in enumerate(source):
         lab = None if labels is None else labels[i]
         if isinstance(e, (tuple, list)):
             e, lab = e[0], e[1]
         raw = os.fspath(e)
-        check_path_text(raw, where, lines[i])
+        check_path_text(raw, None, None)
         full = _resolve(raw, base)
-        check_root(full, top, raw=raw, manifest=where, line=lines[i])
+        check_root(full, top, raw=raw)
         items.append(Item(path=full, raw_path=raw, label=lab))
     return items
 

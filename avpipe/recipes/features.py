@@ -108,7 +108,7 @@ def read_feature_index(source, *, storage_options=None):
         items.append(Item(
             path=str(r.get("source")), raw_path=key, label=fields.get("label"),
             text=fields.get("text"), duration=None if dur is None else float(dur),
-            extra={"key": key, "shape": r.get("shape"), "dtype": r.get("dtype")},
+            fields={"key": key, "shape": r.get("shape"), "dtype": r.get("dtype")},
             locator=loc))
     return items, errors
 
@@ -125,12 +125,12 @@ class FeatureTask(Task):
         self.deadline = deadline
 
     def decode_one(self, i, item):
-        data = item.locator.read()
+        data = item.media()
         try:
             a = np.load(io.BytesIO(data), allow_pickle=False)
         except (ValueError, OSError, EOFError) as e:
             raise CorruptDataError(item.path, f"stored array {item.raw_path}.npy: {e}") from None
-        want = item.extra.get("shape")
+        want = item.fields.get("shape")
         if want is not None and list(a.shape) != list(want):
             raise CorruptDataError(item.path, f"stored array {item.raw_path}.npy has shape "
                                               f"{list(a.shape)}, the index says {want}")

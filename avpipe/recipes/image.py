@@ -131,7 +131,7 @@ class ImageTask(Task):
                     srcs.append(Source(name=it.path, data=got[k][0]))
             elif it.locator is not None:
                 try:
-                    srcs.append(it.locator.read())
+                    srcs.append(it.media())
                 except OSError as e:
                     out[k] = e
                     continue

@@ -238,7 +238,7 @@ class RnntTask(Task):
         import time
 
         t0 = time.perf_counter()
-        data = item.locator.read()
+        data = item.media()
         if self.timings is not None:
             self.timings("read", time.perf_counter() - t0)
         with naming(item.path, data):

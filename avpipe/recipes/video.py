@@ -153,8 +153,8 @@ def clips_in_layout(clips, layout: str):
 
 def eval_views(videos, views):
     """The eval items: each video's ``views`` views in order, video-major; item ``k`` is
-    video ``k // views``, view ``k % views`` (``item.extra["video"]``, ``["view"]``)."""
-    return [dataclasses.replace(it, extra={**it.extra, "video": v, "view": k})
+    video ``k // views``, view ``k % views`` (``item.fields["video"]``, ``["view"]``)."""
+    return [dataclasses.replace(it, fields={**it.fields, "video": v, "view": k})
             for v, it in enumerate(videos) for k in range(int(views))]
 
 
@@ -456,14 +456,12 @@ class VideoTask(Task):
     def _source(self, item):
         """``(source, index)`` to open: a shard member's bytes (no persisted index applies to
         them), else the path and the feed's index."""
-        if item.locator is not None:
-            return item.locator.read(), None
-        return item.path, self.index
+        return item.media(), (None if item.locator is not None else self.index)
 
     def decode_views(self, pairs):
         """Eval: views of one video (``pairs`` of ``(id, item)``, all the same video), its file
         opened once and each clip decoded and resized once; one ``[T, 3, S, S]`` per pair."""
-        views = [int(it.extra["view"]) for _, it in pairs]
+        views = [int(it.fields["view"]) for _, it in pairs]
         clips = sorted({v // self.num_crops for v in views})
         with self.device.activate():
             def select(dec):
@@ -493,7 +491,7 @@ class VideoTask(Task):
             return super()._submit(pairs)
         rows = {}
         for k, (_, it) in enumerate(pairs):
-            rows.setdefault(it.extra["video"], []).append(k)
+            rows.setdefault(it.fields["video"], []).append(k)
         jobs = list(rows.values())
         futs = [self.start(self.decode_views, ([pairs[k] for k in ks],), pairs[ks[0]])
                 for ks in jobs]
@@ -513,7 +511,7 @@ class VideoTask(Task):
     def collate(self, values, pairs, epoch, step):
         xp = self.device.xp
         items = [it for _, it in pairs]
-        vids = [i if self.train else it.extra["video"] for i, it in pairs]
+        vids = [i if self.train else it.fields["video"] for i, it in pairs]
         if values:
             made = [v.frames if isinstance(v, _Deferred) else v for v in values]
             values = self._resize_deferred(values, [i for i, _ in pairs], epoch)
@@ -533,7 +531,7 @@ class VideoTask(Task):
         host = [np.array([self.labels[v] for v in vids], np.int64)]
         if not self.train:
             host += [np.array(vids, np.int64),
-                     np.array([it.extra["view"] for it in items], np.int64)]
+                     np.array([it.fields["view"] for it in items], np.int64)]
         small = upload_many(xp, host)
         out = {"clips": clips, "labels": small[0], "paths": [it.path for it in items]}
         if not self.train:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from ... import settings
 from ...device import resolve_device
 from ...pipeline._flac_windows import drop_readers_ahead, start_readers_ahead
-from ._inputs import Item
+from ...pipeline.sources import Item
 from ._process import (
     WAITING,
     Result,

@@ -21,9 +21,9 @@ import time
 
 from ... import settings
 from ...device import resolve_device
+from ...pipeline.sources import Item
 from . import _process
 from ._engine_local import _FIRST_WAIT_EXTRA_S, _progress_payload
-from ._inputs import Item
 from ._process import Shard, iter_shards
 from ._writers import is_remote, write_shard
 

@@ -1,6 +1,7 @@
 """What to extract from: a folder, a glob, a file list, a manifest, or one media file.
 
-Every form resolves to a list of :class:`Item` in a fixed order (the order that names the
+Every form resolves to a list of :class:`~avpipe.pipeline.sources.Item` (the feeds' items, with
+extraction's ``index``, ``source`` and ``kind``) in a fixed order (the order that names the
 shards): a folder or a glob is sorted by relative path; a file list and a manifest keep their
 own order (a manifest may list one file several times, at different offsets).
 
@@ -20,35 +21,38 @@ own order (a manifest may list one file several times, at different offsets).
   ``file``, ``audio_filepath``, ``video_path``, ``image_path``), the other columns are carried
   (``label``, ...; a ``label`` column may not be empty).
 
-Manifest and CSV lines are read by the feeds' reader (:mod:`avpipe.pipeline.sources`: one rule
-for a valid line). **Every row of a list or a manifest is an input**: a row that cannot be
-extracted — a line breaking the manifest rule, a file that is not of the preset's kinds, a
-path outside ``root`` — keeps its place in the list with the reason (:attr:`Item.error`) and
-ends in ``errors.jsonl`` and ``index.jsonl`` like an input that failed to decode. Under a
-preset that takes audio, a listed video file (``.mp4``, ``.mkv``, ...) is an audio input: its
-audio track is decoded. ``root`` (folder, glob, list or manifest): inputs whose path, ``..``
-and links resolved, lies outside it are refused the same way.
+Manifest, CSV and list lines are read by the feeds' readers and made Items by their
+:func:`~avpipe.pipeline.sources.record_item` (:mod:`avpipe.pipeline.sources`: one rule for a
+valid line, for paths relative to the list's folder and for ``root``). **Every row of a list
+or a manifest is an input**: a row that cannot be extracted — a line breaking the manifest
+rule, a file that is not of the preset's kinds, a path outside ``root`` — keeps its place in
+the list with the reason (``Item.error``) and ends in ``errors.jsonl`` and ``index.jsonl``
+like an input that failed to decode. Under a preset that takes audio, a listed video file
+(``.mp4``, ``.mkv``, ...) is an audio input: its audio track is decoded. ``root`` (folder,
+glob, list or manifest): inputs whose path, ``..`` and links resolved, lies outside it are
+refused the same way.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import glob as _glob
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 from ...errors import ManifestError, OutsideRootError
 from ...formats import VIDEO_EXTENSIONS, kind_of
 from ...pipeline.sharded import is_shard_spec, read_webdataset
 from ...pipeline.sources import (
-    check_path_text,
+    Item,
     check_root,
     csv_records,
-    decode_text,
+    list_records,
+    listed_path,
     manifest_records,
+    record_item,
     resolve_root,
-    text_lines,
 )
 
 LIST_EXTENSIONS = (".txt", ".lst", ".list")
@@ -66,43 +70,21 @@ class EmptyInputError(ValueError):
     """No input matched; the message says what was looked for, and where."""
 
 
-@dataclass(frozen=True)
-class Item:
-    """One input: ``index`` in the input list, ``source`` (as shown in outputs: relative to the
-    input's root, posix), ``path`` (absolute), ``kind``, and the manifest's ``fields``.
-    ``error``: ``(error type, message)`` for a row refused before decoding (a bad manifest
-    line, a file not of the preset's kinds, a path outside ``root``): recorded, never decoded;
-    its ``kind`` is None."""
-
-    index: int
-    source: str
-    path: str
-    kind: str | None
-    fields: dict[str, Any] = field(default_factory=dict)
-    error: tuple[str, str] | None = None
-    # a shard's member (``read() -> bytes``) when ``path`` names a sample (``URL#KEY``)
-    locator: Any = field(default=None, compare=False, repr=False)
-
-    def to_task(self) -> tuple:
-        t = (self.index, self.source, self.path, self.kind, self.fields)
-        if self.locator is not None:
-            return (*t, None if self.error is None else list(self.error), self.locator)
-        return t if self.error is None else (*t, list(self.error))
-
-    @classmethod
-    def from_task(cls, t) -> Item:
-        err = tuple(t[5]) if len(t) > 5 and t[5] is not None else None
-        return cls(int(t[0]), t[1], t[2], t[3], dict(t[4]), err, t[6] if len(t) > 6 else None)
-
-    def source_of(self):
-        """What a decoder opens: the shard member's bytes (one ranged read), else the path."""
-        return self.locator.read() if self.locator is not None else self.path
-
-
 def refused(index: int, source: str, path: str, e: BaseException | tuple) -> Item:
     """A row kept in the input list as an error (see :attr:`Item.error`)."""
     why = e if isinstance(e, tuple) else (type(e).__name__, str(e))
-    return Item(index, source, path, None, {}, why)
+    return Item(path=path, error=why, index=index, source=source)
+
+
+def _input(index: int, source: str, item: Item, kind: str | None) -> Item:
+    """``item`` (a reader's) as extraction's input ``index``, shown as ``source``."""
+    return dataclasses.replace(item, kind=kind, index=index, source=source)
+
+
+def _file(index: int, source: str, path: str, kind: str | None, fields=None) -> Item:
+    """A file found by a walk or a glob (``fields``: lent by a manifest beside it)."""
+    return Item(path=path, raw_path=source, fields={} if fields is None else fields, kind=kind,
+                index=index, source=source)
 
 
 @dataclass
@@ -160,9 +142,9 @@ def _describe(extensions) -> str:
 
 
 def _manifest_rows(path: str) -> list:
-    """The rows of a NeMo or CSV manifest: ``(line, media path as written, fields)`` for a
-    valid one, the :class:`ManifestError` for one that breaks the rule (its place kept). Raises
-    ManifestError for the whole file (bytes not UTF-8, no path column)."""
+    """The rows of a NeMo or CSV manifest: the :class:`ManifestRecord` of a valid one, the
+    :class:`ManifestError` of one that breaks the rule (its place kept). Raises ManifestError
+    for the whole file (bytes not UTF-8, no path column)."""
     ext = os.path.splitext(path)[1].lower()
     if ext in CSV_EXTENSIONS:
         _, records = csv_records(path, CSV_PATH_COLUMNS, keep_errors=True)
@@ -172,10 +154,9 @@ def _manifest_rows(path: str) -> list:
             if not isinstance(r, ManifestError) and label in r.fields and \
                     not (r.fields[label] or "").strip():
                 r = ManifestError(path, r.line, "no label", label, r.fields[label])
-            out.append(r if isinstance(r, ManifestError) else (r.line, r.path, dict(r.fields)))
+            out.append(r)
         return out
-    return [r if isinstance(r, ManifestError) else (r.line, r.path, dict(r.fields))
-            for r in manifest_records(path, keep_errors=True)]
+    return manifest_records(path, keep_errors=True)
 
 
 def _folder_fields(folder_files: list[str], found: dict[str, int], items_fields: list[dict]):
@@ -189,11 +170,10 @@ def _folder_fields(folder_files: list[str], found: dict[str, int], items_fields:
         for row in rows:
             if isinstance(row, ManifestError):
                 continue  # a line of a lending manifest that breaks the rule lends nothing
-            _, media, fields = row
-            full = os.path.normpath(os.path.join(base, media))
+            full = os.path.normpath(os.path.join(base, row.path))
             i = found.get(full)
-            if i is not None and "offset" not in fields:
-                for k, v in fields.items():
+            if i is not None and "offset" not in row.fields:
+                for k, v in row.fields.items():
                     items_fields[i].setdefault(k, v)
 
 
@@ -230,7 +210,7 @@ def _walk(path: str, extensions, exclude, top=None) -> Inputs:
     fields: list[dict] = [{} for _ in rels]
     _folder_fields(manifests, {os.path.normpath(m): i for i, (_, m) in enumerate(rels)}, fields)
     items = [
-        _outside(top, i, rel, full) or Item(i, rel, full, _kind(full, extensions), fields[i])
+        _outside(top, i, rel, full) or _file(i, rel, full, _kind(full, extensions), fields[i])
         for i, (rel, full) in enumerate(rels)
     ]
     return Inputs(path, "folder", items, ignored, ignored_names=ignored_names)
@@ -254,15 +234,15 @@ def _shard_inputs(spec, extensions, looked_for, storage_options) -> Inputs:
     got = read_webdataset(spec, extensions=extensions, storage_options=storage_options)
     items = []
     for it in got.items:
-        fields = dict(it.extra)
+        # the sample's metadata, then the values the reader took out of it (the outputs' order)
+        fields = dict(it.fields)
         for k, v in (("text", it.text), ("label", it.label), ("duration", it.duration)):
             if v is not None:
                 fields[k] = v
         if it.offset:
             fields["offset"] = it.offset
         kind = kind_of("x." + it.locator.ext.rsplit(".", 1)[-1])
-        items.append(Item(len(items), it.path, it.path, kind, fields,
-                          locator=it.locator))
+        items.append(_input(len(items), it.path, dataclasses.replace(it, fields=fields), kind))
     for name, why in got.errors:
         items.append(refused(len(items), name, name, ("CorruptDataError", f"{name}: {why}")))
     if not items:
@@ -301,7 +281,7 @@ def resolve_inputs(input_path, extensions, *, exclude=None, root=None,
         inp = Inputs(
             root_dir, "glob",
             [_outside(top, i, _rel(p, root_dir), p)
-             or Item(i, _rel(p, root_dir), p, _kind(p, extensions))
+             or _file(i, _rel(p, root_dir), p, _kind(p, extensions))
              for i, p in enumerate(media)],
             len(hits) - len(media), spec,
             [_rel(p, root_dir) for p in hits if not _kind(p, extensions)][:IGNORED_NAMED],
@@ -326,21 +306,9 @@ def resolve_inputs(input_path, extensions, *, exclude=None, root=None,
     ext = os.path.splitext(path)[1].lower()
     base = os.path.dirname(path)
     if ext in LIST_EXTENSIONS or ext in JSON_MANIFEST_EXTENSIONS or ext in CSV_EXTENSIONS:
-        if ext in LIST_EXTENSIONS:
-            form = "list"
-            with open(path, "rb") as f:
-                text = decode_text(f.read(), path)
-            rows = []
-            for n, ln in enumerate(text_lines(text), 1):
-                if ln.strip() and not ln.lstrip().startswith("#"):
-                    try:
-                        check_path_text(ln.strip(), path, n)
-                        rows.append((n, ln.strip(), {}))
-                    except ManifestError as e:
-                        rows.append(e)
-        else:
-            form = "manifest"
-            rows = _manifest_rows(path)
+        form = "list" if ext in LIST_EXTENSIONS else "manifest"
+        rows = list_records(path, keep_errors=True) if form == "list" else _manifest_rows(path)
+        nemo = ext in JSON_MANIFEST_EXTENSIONS
         items = []
         for row in rows:
             i = len(items)
@@ -348,22 +316,21 @@ def resolve_inputs(input_path, extensions, *, exclude=None, root=None,
                 # named by its file and line (its path, if any, may be what is wrong)
                 items.append(refused(i, f"{os.path.basename(path)}:{row.line or '?'}", "", row))
                 continue
-            line, media, fields = row
-            full = os.path.normpath(os.path.join(base, os.path.expanduser(media)))
+            full = listed_path(row.path, path)
             rel = _rel(full, base)
             try:  # named with its file and line
-                check_root(full, top, raw=media, manifest=path, line=line)
+                it = record_item(row, path, root=top, nemo=nemo)
             except OutsideRootError as e:
                 items.append(refused(i, rel, full, e))
                 continue
             kind = _row_kind(full, extensions)
             if kind is None:
-                where = f"{path}:{line}" if line else path
+                where = f"{path}:{row.line}" if row.line else path
                 items.append(refused(i, rel, full, (
                     "UnsupportedFormatError",
-                    f"{where}: {media!r} is not one of the preset's {looked_for}")))
+                    f"{where}: {row.path!r} is not one of the preset's {looked_for}")))
                 continue
-            items.append(Item(i, rel, full, kind, dict(fields)))
+            items.append(_input(i, rel, it, kind))
         if not items:
             raise EmptyInputError(f"no input: the {form} {path!r} lists no path")
         return Inputs(base, form, items, 0, spec)
@@ -374,4 +341,4 @@ def resolve_inputs(input_path, extensions, *, exclude=None, root=None,
             f"({' '.join(LIST_EXTENSIONS)}) or a manifest (.json .jsonl .csv)"
         )
     bad = _outside(top, 0, os.path.basename(path), path)
-    return Inputs(base, "file", [bad or Item(0, os.path.basename(path), path, kind)], 0, spec)
+    return Inputs(base, "file", [bad or _file(0, os.path.basename(path), path, kind)], 0, spec)

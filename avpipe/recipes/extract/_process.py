@@ -39,7 +39,7 @@ from ...pipeline._threads import AbandonablePool
 from ...pipeline.audio_loader import AudioBatchLoader
 from ...pipeline.image_stream import decode_image_stream
 from ...pipeline.samplers import clip_indices_regular, uniform_indices
-from ._inputs import Item
+from ...pipeline.sources import Item
 
 
 def profiling() -> bool:
@@ -422,7 +422,7 @@ class _AudioStream:
         try:
             if it.locator is None:
                 _first_byte(it.path)  # a read that never returns stops here, not in soundfile
-            src = it.source_of()
+            src = it.media()
             offset = float(f.get("offset", 0.0) or 0.0)
             duration = f.get("duration")  # a span [offset, offset + duration), as the feeds
             with self.dev.activate(), naming(it.path, src):
@@ -479,7 +479,7 @@ class _AudioStream:
 
 def _video_one(item: Item, vcfg: dict, dev):
     try:
-        src = item.source_of()
+        src = item.media()
         with dev.activate(), naming(item.path, src):
             with VideoDecoder(src, device=str(dev)) as dec:
                 m = dec.metadata
@@ -541,7 +541,7 @@ def _image_stream(items: list[Item], icfg: dict, dev, batch: int) -> Iterator[Re
             return iter(())
         if members:  # a shard's members: each batch's bytes read when it is decoded
             return (_named_batch(present[start + i: start + i + batch],
-                                 [it.source_of() for it in present[start + i: start + i + batch]],
+                                 [it.media() for it in present[start + i: start + i + batch]],
                                  dev)
                     for i in range(0, len(paths), batch))
         if dev.is_cuda:
@@ -558,7 +558,7 @@ def _image_stream(items: list[Item], icfg: dict, dev, batch: int) -> Iterator[Re
         imgs, errs = [], {}
         for j, it in enumerate(present[start : start + batch]):
             try:
-                b = _named_batch([it], [it.source_of()], dev)
+                b = _named_batch([it], [it.media()], dev)
                 imgs.append(b.images[0] if not b.errors else None)
                 if b.errors:
                     errs[j] = b.errors[0][1]
