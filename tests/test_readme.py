@@ -51,3 +51,18 @@ def test_readme_links_resolve():
         if target == "benchmarks/RESULTS.md":
             continue  # written by `python -m benchmarks run` from benchmarks/results/
         assert (ROOT / target).exists(), target
+
+
+def test_extract_help_points_at_the_presets_page():
+    """``avpipe extract --help`` sends users to the TOML schema's page, not to a private module,
+    and the built-in presets the page lists are the ones the code has."""
+    from click.testing import CliRunner
+
+    from avpipe.cli.main import cli
+    from avpipe.recipes.extract._presets import BUILTIN
+
+    out = CliRunner().invoke(cli, ["extract", "--help"], terminal_width=200).output
+    assert "docs/presets.md" in " ".join(out.split()) and "_presets" not in out
+    page = (ROOT / "docs" / "presets.md").read_text()
+    builtin = page[page.index("## Built-in presets"): page.index("## The schema")]
+    assert set(re.findall(r"^\| `(\w+)` \|", builtin, re.M)) == set(BUILTIN)
