@@ -34,6 +34,7 @@ def test_site_builds_strict(tmp_path):
     for name in ("avpipe.recipes.rnnt_feed", "avpipe.recipes.extract.run_extract",
                  "avpipe.pipeline.feed.Feed.state_dict"):
         assert f'id="{name}"' in recipes, name
+    assert ":class:<code>" not in recipes + ops  # mkdocs_hooks.py renders the Sphinx roles
     pages = {p.relative_to(ROOT / "docs").with_suffix("") for p in (ROOT / "docs").rglob("*.md")}
     for page in pages:  # every page is built (a page missing from the nav fails --strict)
         built = site / page / "index.html" if page.name != "index" else site / "index.html"
