@@ -95,6 +95,8 @@ def test_every_code_block_is_runnable_or_named():
     run; text, toml and the like do not (a ```text block right after a runnable one is its
     printed output)."""
     for p in PAGES:
+        fences = [line for line in p.read_text().split("\n") if line.startswith("```")]
+        assert len(fences) % 2 == 0, f"{p.name}: a fence without its pair"
         for b in blocks_of(p):
             assert b.lang, f"{b.page}:{b.line}: a code block needs a language"
 
