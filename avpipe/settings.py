@@ -298,7 +298,7 @@ def extract_file_timeout() -> float | None:
     return x or None
 
 
-# name -> the function that reads it (the README's table lists the same)
+# name -> the function that reads it (docs/settings.md lists the same in its table)
 VARIABLES = {
     "AVPIPE_DISABLE_GPU": disable_gpu,
     "AVPIPE_IMAGE_KERNELS": image_kernels,

@@ -5,7 +5,7 @@ epoch's DALI stream pipeline (joining DALI's C++ threads with the GIL released) 
 into the next epoch. When the script ended meanwhile, the interpreter began finalizing while
 ``PyPipeline::~PyPipeline`` ran in that thread; re-taking the GIL then ended the thread with
 ``pthread_exit`` inside a ``noexcept`` C++ destructor: "terminate called without an active
-exception", exit code -6, about one run in four to ten (the README's image block). Now every DALI
+exception", exit code -6, about one run in four to ten (the README's image example). Now every DALI
 call goes through ``_dali.native_call``, pipelines are shut down explicitly (``_dali.release``),
 and an atexit hook waits for the calls under way and shuts the rest down before finalization.
 """
@@ -31,7 +31,7 @@ pairs = [("samples/images/scene.jpg", "photo"), ("samples/images/scene.png", "ph
          ("samples/images/scene.tif", "scan"), ("samples/images/scene.jp2", "scan")]
 """
 
-# the README's image block (tests/test_readme.py, block 2), as written
+# the image feed's example (README.md, docs/guide/image.md), with the batches' labels printed
 FULL_EPOCH = _PAIRS + """
 import avpipe
 feed = avpipe.recipes.image_classification(pairs, crop_size=128, batch_size=2, seed=0)

@@ -93,7 +93,7 @@ def test_every_variable_in_the_code_is_a_setting():
     assert not readers
 
 
-def test_readme_table_lists_every_variable():
-    readme = (pathlib.Path(settings.__file__).parents[1] / "README.md").read_text()
-    rows = set(re.findall(r"^\| `(AVPIPE_[A-Z_]+)`", readme, re.M))
+def test_docs_settings_table_lists_every_variable():
+    page = (pathlib.Path(settings.__file__).parents[1] / "docs" / "settings.md").read_text()
+    rows = set(re.findall(r"^\| `(AVPIPE_[A-Z_]+)`", page, re.M))
     assert rows == set(settings.VARIABLES)

@@ -49,7 +49,7 @@ class _ExtractCommand(click.Command):
 @click.argument("input_path", metavar="INPUT")
 @click.option("--preset", required=True, metavar="NAME|FILE.toml",
               help="What to extract: a preset listed below, or a TOML file (decode settings "
-                   "and a list of operators; see avpipe.recipes.extract._presets).")
+                   "and a list of operators; the schema: docs/presets.md).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               metavar="DIR|URL",
               help="Output folder, or a URL (s3://bucket/prefix, gs://..., file://...); "

@@ -103,7 +103,7 @@ def fft_rows(n: int) -> int:
 FRAMES_THREADS = 256
 # about how many blocks the frames kernel is launched with: fewer, longer-lived blocks (each
 # looping over several frames) ran faster on the H200 than one block row a frame, and both
-# faster than the old flat one-thread-an-element launch (README, "Measured speed")
+# faster than a flat one-thread-an-element launch (docs/how-it-works.md, "Audio")
 FRAMES_BLOCKS = 16384
 # the finish kernel's threads per block (one block per output row (b, m), its threads over
 # the frames; at most 1,024, the size of the kernel's reduction buffer). 128 and 256 were the

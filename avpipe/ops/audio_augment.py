@@ -859,6 +859,9 @@ class SpeedPerturb(Augment):
 
 @register
 class Gain(Augment):
+    """A random gain per item, uniform in ``gain_db`` decibels (:func:`sample_gain_params`,
+    :func:`apply_gain`)."""
+
     name = "gain"
 
     def __init__(self, gain_db=(-6.0, 6.0), *, p=1.0, stream=None):
@@ -922,6 +925,9 @@ class Reverb(Augment):
 
 @register
 class TimeShift(Augment):
+    """A random shift of each item's content inside its length (:func:`sample_time_shift_params`,
+    :func:`apply_time_shift`)."""
+
     name = "time_shift"
 
     def __init__(self, max_shift=0.1, *, mode="zero", p=1.0, stream=None):
@@ -941,6 +947,9 @@ class TimeShift(Augment):
 
 @register
 class RandomCropPad(Augment):
+    """Every item to ``length`` samples: a random window of a longer one, zeros after a shorter one
+    (:func:`sample_crop_pad_params`, :func:`apply_crop_pad`)."""
+
     name = "crop_pad"
 
     def __init__(self, length, *, stream=None):

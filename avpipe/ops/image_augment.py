@@ -1131,6 +1131,9 @@ _clip_ops.sample = _sample_run
 
 @register
 class RandomResizedCrop(Augment):
+    """A random resized crop to ``size`` per image or clip, torchvision's ``RandomResizedCrop``
+    (``scale``, ``ratio``)."""
+
     name = "random_resized_crop"
     fuse = staticmethod(_clip_ops)
     fuse_leads = True  # its sampler reads the frame size of the data it gets
@@ -1151,6 +1154,8 @@ class RandomResizedCrop(Augment):
 
 @register
 class CenterCrop(Augment):
+    """The central ``size`` window of every frame (:func:`center_crop_clips`)."""
+
     name = "center_crop"
 
     def __init__(self, size=224, *, layout=None, stream=None):
@@ -1163,6 +1168,8 @@ class CenterCrop(Augment):
 
 @register
 class RandomFlip(Augment):
+    """A horizontal flip with probability ``p`` per image or clip (:func:`sample_flip_params`)."""
+
     name = "flip"
     fuse = staticmethod(_clip_ops)
 
@@ -1179,6 +1186,8 @@ class RandomFlip(Augment):
 
 @register
 class RandomGrayscale(Augment):
+    """Grayscale with probability ``p`` per image or clip (:func:`sample_grayscale_params`)."""
+
     name = "grayscale"
 
     def __init__(self, p=0.1, *, layout=None, stream=None):
@@ -1196,6 +1205,9 @@ class RandomGrayscale(Augment):
 
 @register
 class ColorJitter(Augment):
+    """torchvision's ``ColorJitter`` per image or clip: brightness, contrast, saturation and hue
+    (:func:`sample_color_jitter_params`)."""
+
     name = "color_jitter"
     fuse = staticmethod(_clip_ops)
 

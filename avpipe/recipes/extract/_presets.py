@@ -30,6 +30,8 @@ Only the kinds present are extracted (their files are picked by extension). Oper
 * video frames and images (uint8 RGB ``[N, H, W, 3]``): ``resize`` (short_side, or size
   [h, w]; interpolation, antialias), ``center_crop`` (size).
 
+The schema, with examples, is documented for users in docs/presets.md.
+
 Values are checked when the preset is read (the audio operators run once on a short signal),
 so a bad one stops the command before anything is written. The full, normalized preset is
 stored in the output's ``extract.json`` and each kind's part in every index line (``params``).
