@@ -186,6 +186,9 @@ def _plan_one_by_one(buf, offsets):
             cpu[i] = "STREAMINFO does not give the sample count"
         elif si.bits_per_sample > fc.MAX_BPS or si.bits_per_sample < 4:
             cpu[i] = f"{si.bits_per_sample}-bit samples"
+        elif si.total_samples > fc.most_samples(max(hi - lo - si.audio_offset, 0)):
+            cpu[i] = (f"STREAMINFO declares {si.total_samples} samples, more than its "
+                      f"{max(hi - lo - si.audio_offset, 0)} bytes of frames can hold")
         else:
             iend[i], itotal[i], ipcm[i] = hi, si.total_samples, pcm
             pcm += si.channels * si.total_samples
@@ -198,7 +201,7 @@ def _plan_one_by_one(buf, offsets):
     cap += int(offsets[-1]) // 4096
     return dict(istart=istart, iend=iend, itotal=itotal, ipcm=ipcm, imeta=imeta, iclaim=iclaim,
                 infos=infos, cpu=cpu, pcm_size=max(pcm, 1), claims_size=max(claims, 1),
-                cap=cap, max_len=max([s.total_samples if s else 0 for s in infos], default=0))
+                cap=cap, max_len=int(itotal.max(initial=0)))
 
 
 def test_batch_plan_equals_the_plan_of_each_file_parsed_alone(cases, tmp_path):
@@ -269,3 +272,24 @@ def test_plan_leaves_files_whose_streaminfo_count_is_not_the_frames_to_the_cpu(t
     assert list(plan.cpu) == [1] and "declares 100" in plan.cpu[1]
     assert plan.itotal.tolist() == [9000, 0] and plan.iend[1] == plan.istart[1]
     assert fc.plan_batch(buf, offsets).cpu == {}  # by its STREAMINFO alone it looks fine
+
+
+def test_plan_leaves_a_count_its_bytes_cannot_hold_to_the_cpu(tmp_path):
+    """A STREAMINFO count past what the file's frames could hold (a fuzzed header declared
+    2^36 - 1 samples: the GPU output was sized at 55 TB, and the whole window fell back to the
+    CPU) goes to the CPU, named, and does not size the batch's output."""
+    import soundfile as sf
+
+    x = (np.sin(np.arange(9000) / 5) * 0.3).astype(np.float32)
+    p = tmp_path / "a.flac"
+    sf.write(p, x, 16000, subtype="PCM_16")
+    data = bytearray(p.read_bytes())
+    v = int.from_bytes(data[18:26], "big")
+    data[18:26] = (v | ((1 << 36) - 1)).to_bytes(8, "big")
+    q = tmp_path / "huge.flac"
+    q.write_bytes(bytes(data))
+    buf, offsets = pack([str(p), str(q)])
+    plan = fc.plan_batch(buf, offsets)
+    assert list(plan.cpu) == [1] and "declares 68719476735 samples" in plan.cpu[1]
+    assert plan.max_len == 9000 and plan.itotal.tolist() == [9000, 0]
+    assert plan.pcm_size == 9000

@@ -28,6 +28,17 @@ KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_flac_ke
 PAD = 64  # bytes after a batch's data: the bit reader may look this far ahead
 
 MAX_BPS = 24  # 32-bit streams go to the CPU (their side channels need 33 bits)
+# the most samples a byte of frames can hold: a frame is at least 8 bytes (header, one
+# constant subframe, CRC-16) and holds at most 65,535 samples; a STREAMINFO count past
+# (bytes // 8 + 1) * 65,536 is a lie that would size the GPU's output (a fuzzed header asked
+# for 55 TB), so such a file goes to the CPU, whose decode finds what its frames hold
+MIN_FRAME_BYTES = 8
+MAX_BLOCK = 65536
+
+
+def most_samples(audio_bytes):
+    """The most samples ``audio_bytes`` bytes of FLAC frames can hold (numpy or int)."""
+    return (audio_bytes // MIN_FRAME_BYTES + 1) * MAX_BLOCK
 
 
 @dataclass
@@ -146,7 +157,12 @@ def plan_batch(buf: np.ndarray, offsets: np.ndarray, leave: dict | None = None) 
         cpu[i] = "STREAMINFO does not give the sample count"
     for i in np.flatnonzero(odd_bps).tolist():
         cpu[i] = f"{int(bps[i])}-bit samples"
-    gpu = parsed & ~no_count & ~odd_bps
+    audio_bytes = np.maximum(hi - (lo + f["audio_offset"]), 0)
+    lies = parsed & ~no_count & ~odd_bps & (total > most_samples(audio_bytes))
+    for i in np.flatnonzero(lies).tolist():
+        cpu[i] = (f"STREAMINFO declares {int(total[i])} samples, more than its "
+                  f"{int(audio_bytes[i])} bytes of frames can hold")
+    gpu = parsed & ~no_count & ~odd_bps & ~lies
     for i, why in (leave or {}).items():
         if 0 <= i < b:
             cpu[i] = why
@@ -166,7 +182,7 @@ def plan_batch(buf: np.ndarray, offsets: np.ndarray, leave: dict | None = None) 
     iclaim = np.where(fixed, np.cumsum(frames) - frames, -1)
     block = np.maximum(16, np.minimum(np.where(mnb > 0, mnb, 16), np.where(mxb > 0, mxb, 16)))
     cap = 64 + int(np.where(gpu, total // block + 2, 0).sum()) + int(offsets[-1]) // 4096
-    lengths = np.where(parsed, total, 0)
+    lengths = np.where(gpu, total, 0)  # the CPU's rows widen the output when they need to
     return Plan(
         nbytes=int(offsets[-1]) + PAD,
         istart=istart.astype(np.int64),
