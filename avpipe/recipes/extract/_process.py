@@ -312,6 +312,7 @@ class _AudioStream:
     def __init__(self, items: list[Item], cfg: dict, dev, workers: int, batch: int):
         self.items = items
         self.sr = int(cfg["sample_rate"])
+        self.cfg = cfg
         # a file holding fewer samples than its header, or its manifest's duration, declares:
         # an error (errors.jsonl; counted by --strict), or kept and noted (--allow-damaged)
         self.on_damage = cfg.get("on_damage", "error")
@@ -435,7 +436,15 @@ class _AudioStream:
             why = a.damaged or self._short(it, n)
             if why and self.on_damage == "error":
                 return it, None, CorruptDataError(it.path, why)
-            return it, Rows(a.samples, None, n, why), None
+            rows = Rows(a.samples, None, n, why)
+            if not self.dev.is_cuda:
+                # on the CPU the features are computed here, in the decoding thread (NumPy's
+                # FFT and matrix products release the GIL): the cores compute items side by
+                # side instead of the main thread computing each batch alone; an item's
+                # features are the same alone as in a batch (test_extract_purity)
+                (r,) = _launch_audio_features([(it, rows)], self.cfg, self.dev)()
+                return it, r, None
+            return it, rows, None
         except Exception as e:  # noqa: BLE001 - a bad input is recorded, never fatal
             return it, None, e
 
@@ -733,6 +742,8 @@ def _shard_results_of(shards, items, cfg, dev, batch, audio, video, image, emit,
                         _, sig, err = audio.next_for(it)
                 if err is not None:
                     results[it.index] = emit(_fail(it, err))
+                elif isinstance(sig, Result):  # its features were computed with its decode
+                    results[it.index] = emit(sig)
                 else:
                     pending.append((it, sig))
                     if len(pending) >= batch:
