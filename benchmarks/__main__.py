@@ -3,6 +3,7 @@
     python -m benchmarks run --suite cpu|gpu|all [--only NAME,..] [--rounds N] [--quick]
         [--out DIR] [--data DIR] [--contenders NAME,..] [--tests]
     python -m benchmarks report [--results DIR] [--out FILE]
+    python -m benchmarks tests [--out DIR]     # pytest -m gpu and the GPU fuzz corpus
     python -m benchmarks list
     python -m benchmarks data [--data DIR] [--quick]
 """
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="regenerate RESULTS.md from the results JSON")
     p.add_argument("--results", default=harness.RESULTS)
     p.add_argument("--out", default=os.path.join(harness.HERE, "RESULTS.md"))
+    t = sub.add_parser("tests", help="pytest -m gpu and the GPU fuzz corpus, logs in --out")
+    t.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     sub.add_parser("list", help="the workloads and their contenders")
     d = sub.add_parser("data", help="make the shared data (video, FLAC, images)")
     d.add_argument("--data", default=harness.DEFAULT_DATA)
@@ -136,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "run":
         return cmd_run(args, argv)
+    if args.cmd == "tests":
+        return 1 if run_gpu_tests(args.out) else 0
     return {"report": cmd_report, "list": cmd_list, "data": cmd_data}[args.cmd](args)
 
 

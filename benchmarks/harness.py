@@ -320,7 +320,8 @@ def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: s
             sess.close()
     if hasattr(mod, "finish"):
         checks = {**checks, **(mod.finish(ctx) or {})}
-    doc = result_doc(mod, ctx, runs, command=command, checks=checks)
+    variant = None if set(contenders) == set(mod.CONTENDERS) - optional else ",".join(contenders)
+    doc = result_doc(mod, ctx, runs, command=command, checks=checks, variant=variant)
     for rt in doc["ratios"]:
         if rt["ratio"] is not None:
             log(f"{name}: {rt['subject']} / {rt['anchor']} = {rt['ratio']:.3f} (ratio of medians)")
@@ -337,7 +338,7 @@ def _round(v, nd=4):
 
 
 def result_doc(mod, ctx: Context, runs: dict, *, command: str, checks: dict | None = None,
-               skipped: str | None = None) -> dict:
+               skipped: str | None = None, variant: str | None = None) -> dict:
     """The results JSON of one workload run (see benchmarks/README.md for the fields)."""
     commit, dirty = git_state()
     contenders = {}
@@ -371,6 +372,7 @@ def result_doc(mod, ctx: Context, runs: dict, *, command: str, checks: dict | No
     return {
         "schema": SCHEMA,
         "workload": mod.NAME,
+        "variant": variant,
         "suite": mod.SUITE,
         "title": mod.TITLE,
         "unit": mod.UNIT,
@@ -378,7 +380,7 @@ def result_doc(mod, ctx: Context, runs: dict, *, command: str, checks: dict | No
         "dirty": dirty,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
-        "reproduce": reproduce_command(mod),
+        "reproduce": reproduce_command(mod, variant),
         "host": host(),
         "gpu": gpu(),
         "versions": versions(),
@@ -393,8 +395,10 @@ def result_doc(mod, ctx: Context, runs: dict, *, command: str, checks: dict | No
     }
 
 
-def reproduce_command(mod) -> str:
-    return f"python -m benchmarks run --suite {mod.SUITE} --only {mod.NAME}"
+def reproduce_command(mod, variant: str | None = None) -> str:
+    """The command that measures this workload (``variant``: only those contenders)."""
+    cmd = f"python -m benchmarks run --suite {mod.SUITE} --only {mod.NAME}"
+    return cmd + (f" --contenders {variant}" if variant else "")
 
 
 def validate(doc: dict) -> list[str]:
@@ -427,9 +431,14 @@ def validate(doc: dict) -> list[str]:
     return problems
 
 
+def result_key(doc: dict) -> str:
+    """``workload`` or ``workload--contenders`` (a run of chosen contenders only)."""
+    return doc["workload"] + (f"--{doc['variant']}" if doc.get("variant") else "")
+
+
 def write_result(doc: dict, out_dir: str) -> str:
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"{doc['workload']}.json")
+    path = os.path.join(out_dir, f"{result_key(doc).replace(',', '+')}.json")
     with open(path + ".tmp", "w") as f:
         json.dump(doc, f, indent=1, default=str)
         f.write("\n")

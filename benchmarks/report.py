@@ -8,7 +8,7 @@ import glob
 import json
 import os
 
-from benchmarks.harness import HERE, RESULTS
+from benchmarks.harness import HERE, RESULTS, result_key
 
 HEADER = """# Benchmark results
 
@@ -27,11 +27,11 @@ def load(results_dir: str = RESULTS) -> list[dict]:
         if doc.get("schema") != 2 or doc.get("skipped"):
             continue
         doc["_file"] = os.path.basename(path)
-        key = doc["workload"]
+        key = result_key(doc)
         if key not in best or doc.get("date", "") > best[key].get("date", ""):
             best[key] = doc
     order = {"cpu": 0, "gpu": 1}
-    return sorted(best.values(), key=lambda d: (order.get(d.get("suite"), 2), d["workload"]))
+    return sorted(best.values(), key=lambda d: (order.get(d.get("suite"), 2), result_key(d)))
 
 
 def _num(v) -> str:
@@ -55,6 +55,11 @@ def _commit(doc) -> str:
     return f"`{c[:7]}`" + (" (dirty)" if doc.get("dirty") else "")
 
 
+def _anchor(title: str) -> str:
+    """GitHub's anchor of a heading."""
+    return "".join(c for c in title.lower() if c.isalnum() or c in "-_ ").replace(" ", "-")
+
+
 def headline(doc) -> dict | None:
     for r in doc.get("ratios", []):
         if r.get("headline"):
@@ -75,11 +80,12 @@ def render(docs: list[dict]) -> str:
         else:
             subj, anchor, ratio = "–", "(no anchor)", "–"
         quick = " (quick)" if d.get("quick") else ""
-        out.append(f"| [{d['workload']}](#{d['workload'].replace('_', '-')}) | {d['suite']} | "
+        key = result_key(d)
+        out.append(f"| [{key}](#{_anchor(key)}) | {d['suite']} | "
                    f"{_cell(subj)} | {_cell(anchor)} | {ratio}{quick} | {d.get('rounds')} | "
                    f"{_commit(d)} | `{d.get('reproduce') or d.get('command')}` |")
     for d in docs:
-        out += ["", f"## {d['workload']}", "", _cell(d.get("title")), ""]
+        out += ["", f"## {result_key(d)}", "", _cell(d.get("title")), ""]
         g = d.get("gpu") or {}
         h = d.get("host") or {}
         out.append(f"Commit {_commit(d)}, {d.get('date', '–')}; {d.get('rounds')} rounds"

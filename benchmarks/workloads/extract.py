@@ -54,14 +54,14 @@ def audio_data(args):
     """The shared data's FLAC files: ``(files, durations, origin)``."""
     from benchmarks.workloads.audio import durations, ensure_data
 
-    files, origin = ensure_data(args.data, args.files, args.quick)
+    files, origin = ensure_data(args.data, args.files, getattr(args, "quick", False))
     return files, durations(files), origin
 
 
 def video_data(args):
     from benchmarks import data
 
-    files = data.anchor_data(args.data, args.quick)["h264"]
+    files = data.anchor_data(args.data, getattr(args, "quick", False))["h264"]
     return files[: args.videos] if args.videos else files
 
 

@@ -64,8 +64,9 @@ STEP_S = 0.005
 def audio_data(args):
     from benchmarks.workloads import audio
 
-    count = 24 if args.cpu else 512
-    files, how = audio.ensure_data(args.data, count=count, quick=args.quick)
+    cpu, quick = getattr(args, "cpu", False), getattr(args, "quick", False)
+    count = 24 if cpu else 512
+    files, how = audio.ensure_data(args.data, count=count, quick=quick)
     files = files[:count]
     durs = audio.durations(files)
     man = os.path.join(args.out, "bench_manifest.jsonl")
@@ -79,8 +80,8 @@ def audio_data(args):
 def video_data(args):
     from benchmarks import data
 
-    files = data.anchor_data(args.data, args.quick)["h264"]
-    if args.cpu:
+    files = data.anchor_data(args.data, getattr(args, "quick", False))["h264"]
+    if getattr(args, "cpu", False):
         files = files[:2]
     return _write_csv(os.path.join(args.out, "bench_videos.csv"), files), files
 
