@@ -23,6 +23,22 @@ def _names(text: str) -> list[str]:
     return [n.strip() for n in (text or "").split(",") if n.strip()]
 
 
+def _params(items: list[str]) -> dict:
+    """``KEY=VALUE`` pairs, each value read as JSON where it parses (numbers, true, null)."""
+    import json
+
+    out = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        if not sep:
+            raise SystemExit(f"--param {it!r}: not KEY=VALUE")
+        try:
+            out[k] = json.loads(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
 def cmd_run(args, argv) -> int:
     if args.rounds < 3:
         raise SystemExit("--rounds must be at least 3 (interleaved rounds, ratio of medians)")
@@ -41,7 +57,8 @@ def cmd_run(args, argv) -> int:
             doc = harness.run_workload(name, rounds=args.rounds, quick=args.quick,
                                        data_dir=args.data,
                                        only_contenders=_names(args.contenders) or None,
-                                       timeout=args.timeout, command=command)
+                                       timeout=args.timeout, command=command,
+                                       overrides=_params(args.param))
         except Exception as e:  # noqa: BLE001 - one workload's failure must not stop the rest
             import traceback
 
@@ -49,7 +66,7 @@ def cmd_run(args, argv) -> int:
             log(f"{name}: failed: {type(e).__name__}: {e}")
             failed += 1
             continue
-        if doc.get("skipped"):
+        if doc is None or doc.get("skipped"):
             continue
         written.append(harness.write_result(doc, args.out))
         log(f"{name}: {written[-1]}")
@@ -125,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                         "is regenerated)")
     r.add_argument("--data", default=harness.DEFAULT_DATA, help="folder of the generated data")
     r.add_argument("--timeout", type=float, default=900.0, help="seconds per child measurement")
+    r.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a workload parameter (e.g. files=64, budget=5), over --quick's")
     r.add_argument("--tests", action="store_true",
                    help="then `pytest -m gpu` and the GPU fuzz corpus, logs in --out")
     p = sub.add_parser("report", help="regenerate RESULTS.md from the results JSON")

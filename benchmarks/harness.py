@@ -64,6 +64,7 @@ class Context:
     params: dict = field(default_factory=dict)
     data: dict = field(default_factory=dict)
     round: int = 0
+    contenders: list = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, default=str)
@@ -276,16 +277,23 @@ def measure_in_child(workload_name: str, contender: str, ctx: Context,
 
 def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: str = DEFAULT_DATA,
                  only_contenders: list[str] | None = None, timeout: float = 900.0,
-                 command: str = "") -> dict:
+                 command: str = "", overrides: dict | None = None) -> dict | None:
     """Every contender of workload ``name`` in ``rounds`` interleaved rounds: the result dict
-    (:func:`result_doc`), or a skipped one where the machine lacks what it needs."""
+    (:func:`result_doc`), a skipped one where the machine lacks what it needs, or None where
+    ``only_contenders`` names none of its contenders. ``overrides``: parameters set over the
+    workload's own (those it does not have are ignored)."""
     mod = workload(name)
     rounds = getattr(mod, "ROUNDS", rounds)  # a soak is one long round
     lacking = missing(getattr(mod, "REQUIRES", ()))
     optional = set(getattr(mod, "OPTIONAL", ()))
     contenders = [c for c in mod.CONTENDERS
                   if (c in only_contenders if only_contenders else c not in optional)]
-    ctx = Context(data_dir=data_dir, quick=quick, rounds=rounds, params=params_of(mod, quick))
+    if not contenders:
+        return None
+    params = params_of(mod, quick, {k: v for k, v in (overrides or {}).items()
+                                    if k in getattr(mod, "PARAMS", {})})
+    ctx = Context(data_dir=data_dir, quick=quick, rounds=rounds, params=params,
+                  contenders=contenders)
     if lacking:
         log(f"{name}: skipped (needs {', '.join(lacking)})")
         return result_doc(mod, ctx, {}, command=command, skipped=f"needs {', '.join(lacking)}")

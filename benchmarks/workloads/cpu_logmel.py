@@ -235,7 +235,7 @@ class Session:
     every path up) before the rounds."""
 
     def __init__(self, ctx):
-        self.names = list(CONTENDERS)
+        self.names = list(ctx.contenders or CONTENDERS)
         files, threads = ctx.data["files"], ctx.params["threads"]
         self.objs = {}
         try:
@@ -253,7 +253,7 @@ class Session:
         secs, _ = self.objs[name].epoch()
         dt = time.perf_counter() - t0
         return secs / dt, {"seconds": round(dt, 3), "audio_seconds": round(secs, 1),
-                           "max_abs_difference_from_avpipe_batched":
+                           "max_abs_difference_from_first":
                                self.agreement.get(name)}
 
     def close(self):
@@ -284,5 +284,16 @@ def agreement(objs, names, tolerance):
     return out
 
 
+_LAST = {}
+
+
 def session(ctx):
-    return Session(ctx)
+    _LAST["session"] = Session(ctx)
+    return _LAST["session"]
+
+
+def finish(ctx):
+    sess = _LAST.pop("session", None)
+    return {} if sess is None else {
+        f"max_abs_difference_from_{sess.names[0]}": sess.agreement,
+        "tolerance": ctx.params["tolerance"]}
