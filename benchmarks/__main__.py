@@ -58,7 +58,7 @@ def cmd_run(args, argv) -> int:
                                        data_dir=args.data,
                                        only_contenders=_names(args.contenders) or None,
                                        timeout=args.timeout, command=command,
-                                       overrides=_params(args.param))
+                                       overrides=_params(args.param), out_dir=args.out)
         except Exception as e:  # noqa: BLE001 - one workload's failure must not stop the rest
             import traceback
 

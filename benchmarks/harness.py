@@ -246,7 +246,7 @@ CHILD_MARK = "AVPIPE_BENCH_RESULT "
 def child_main(workload_name: str, contender: str, ctx_json: str) -> int:
     """Entry point of a child process: one measurement, printed as one marked JSON line."""
     mod = workload(workload_name)
-    ctx = Context.from_json(ctx_json)
+    ctx = Context.from_json(sys.stdin.read() if ctx_json == "-" else ctx_json)
     try:
         value, extra = mod.measure(ctx, contender)
         out = {"value": value, "extra": extra}
@@ -259,13 +259,14 @@ def child_main(workload_name: str, contender: str, ctx_json: str) -> int:
 
 def measure_in_child(workload_name: str, contender: str, ctx: Context,
                      timeout: float) -> dict:
-    """One measurement in a fresh ``python -m benchmarks _child`` process."""
-    cmd = [sys.executable, "-m", "benchmarks", "_child", workload_name, contender, ctx.to_json()]
+    """One measurement in a fresh ``python -m benchmarks _child`` process (the context on its
+    stdin: a data list can outgrow a command-line argument)."""
+    cmd = [sys.executable, "-m", "benchmarks", "_child", workload_name, contender, "-"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
-                           cwd=ROOT)
+                           cwd=ROOT, input=ctx.to_json())
     except subprocess.TimeoutExpired:
         return {"value": None, "error": f"timed out after {timeout:.0f} s"}
     for line in reversed(p.stdout.splitlines()):
@@ -277,17 +278,21 @@ def measure_in_child(workload_name: str, contender: str, ctx: Context,
 
 def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: str = DEFAULT_DATA,
                  only_contenders: list[str] | None = None, timeout: float = 900.0,
-                 command: str = "", overrides: dict | None = None) -> dict | None:
+                 command: str = "", overrides: dict | None = None,
+                 out_dir: str | None = None) -> dict | None:
     """Every contender of workload ``name`` in ``rounds`` interleaved rounds: the result dict
     (:func:`result_doc`), a skipped one where the machine lacks what it needs, or None where
     ``only_contenders`` names none of its contenders. ``overrides``: parameters set over the
-    workload's own (those it does not have are ignored)."""
+    workload's own (those it does not have are ignored). With ``out_dir`` the results so far are
+    written after every round (``"complete": false`` until the last), so that a run cut short
+    keeps its finished rounds."""
     mod = workload(name)
     rounds = getattr(mod, "ROUNDS", rounds)  # a soak is one long round
     lacking = missing(getattr(mod, "REQUIRES", ()))
     optional = set(getattr(mod, "OPTIONAL", ()))
     contenders = [c for c in mod.CONTENDERS
                   if (c in only_contenders if only_contenders else c not in optional)]
+    variant = None if set(contenders) == set(mod.CONTENDERS) - optional else ",".join(contenders)
     if not contenders:
         return None
     params = params_of(mod, quick, {k: v for k, v in (overrides or {}).items()
@@ -323,12 +328,15 @@ def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: s
                 v = m.get("value")
                 log(f"{name} round {r} {c:28s} "
                     + (f"{v:10.2f} {mod.UNIT}" if v is not None else f"error: {m.get('error')}"))
+            if out_dir and r < rounds - 1:
+                part = result_doc(mod, ctx, runs, command=command, checks=checks, variant=variant)
+                part["complete"] = False
+                write_result(part, out_dir)
     finally:
         if sess is not None:
             sess.close()
     if hasattr(mod, "finish"):
         checks = {**checks, **(mod.finish(ctx) or {})}
-    variant = None if set(contenders) == set(mod.CONTENDERS) - optional else ",".join(contenders)
     doc = result_doc(mod, ctx, runs, command=command, checks=checks, variant=variant)
     for rt in doc["ratios"]:
         if rt["ratio"] is not None:
@@ -399,6 +407,7 @@ def result_doc(mod, ctx: Context, runs: dict, *, command: str, checks: dict | No
         "ratios": ratios,
         "checks": checks or {},
         "skipped": skipped,
+        "complete": True,
         "notes": list(getattr(mod, "NOTES", [])),
     }
 

@@ -79,7 +79,8 @@ def render(docs: list[dict]) -> str:
             ratio = f"**{ratio}x**" if h.get("ratio") is not None else ratio
         else:
             subj, anchor, ratio = "–", "(no anchor)", "–"
-        quick = " (quick)" if d.get("quick") else ""
+        quick = (" (quick)" if d.get("quick") else "") + \
+            ("" if d.get("complete", True) else " (incomplete)")
         key = result_key(d)
         out.append(f"| [{key}](#{_anchor(key)}) | {d['suite']} | "
                    f"{_cell(subj)} | {_cell(anchor)} | {ratio}{quick} | {d.get('rounds')} | "

@@ -269,3 +269,30 @@ def test_cold_copies_are_copies_not_links(tmp_path):
     for q in out:
         assert os.stat(q).st_ino != os.stat(src).st_ino
         assert open(q, "rb").read() == src.read_bytes()
+
+
+def test_a_run_cut_short_keeps_its_finished_rounds(tmp_path, monkeypatch):
+    calls = []
+
+    class Session:
+        def measure(self, name):
+            calls.append(name)
+            if len(calls) > 4:  # the third round dies
+                raise KeyboardInterrupt
+            return float(len(calls)), {}
+
+        def close(self):
+            pass
+
+    mod = _fake_workload(RATIOS=[("ours", "theirs")], BEST_OF={},
+                         CONTENDERS={"ours": "avpipe", "theirs": "the anchor"},
+                         prepare=lambda ctx: {}, session=lambda ctx: Session())
+    monkeypatch.setattr(harness, "workload", lambda name: mod)
+    with pytest.raises(KeyboardInterrupt):
+        harness.run_workload("fake", rounds=3, out_dir=str(tmp_path), command="x")
+    with open(tmp_path / "fake.json") as f:
+        doc = json.load(f)
+    assert doc["complete"] is False and harness.validate(doc) == []
+    assert doc["contenders"]["ours"]["values"] == [1.0, 4.0]  # rounds 0 and 1, order rotated
+    assert doc["contenders"]["theirs"]["values"] == [2.0, 3.0]
+    assert "(incomplete)" in report.render(report.load(str(tmp_path)))

@@ -451,7 +451,7 @@ NOTES = ["Extraction is bound by the disk: the checks give the disk's own fsync'
 PARAMS = {"files": 512, "repeat": 32, "videos": 0, "repeat_video": 4, "threads": 16,
           "batch_size": None, "workers": None, "devices": None, "keep": False,
           "dtype": "float32", "shard_size": SHARD, "video_shard_size": VIDEO_SHARD,
-          "ceiling_mb": 2048}
+          "ceiling_mb": 2048, "profile": False}
 QUICK = {"files": 32, "repeat": 2, "videos": 2, "repeat_video": 1, "shard_size": 16,
          "video_shard_size": 2, "ceiling_mb": 128}
 REQUIRES = ("gpu", "cupy")
@@ -474,6 +474,8 @@ def prepare(ctx):
 
 
 def measure(ctx, name):
+    if ctx.params.get("profile"):  # avpipe's per-stage times, printed by its workers
+        os.environ["AVPIPE_EXTRACT_PROFILE"] = "1"
     value, unit, extra = globals()[f"bench_{name}"](_args(ctx))
     if extra.get("bytes") and extra.get("seconds"):
         extra["MB_per_s_written"] = round(extra["bytes"] / 1e6 / extra["seconds"], 1)

@@ -139,6 +139,50 @@ def w_images(media, device):
     return step
 
 
+def w_image_stream(media, device):
+    """decode_image_stream over the images, stream after stream (its pipeline rebuilt each)."""
+    from avpipe.pipeline.image_stream import decode_image_stream
+
+    files = media["image"][:128]
+    return _feed_step(_Restart(lambda: decode_image_stream(files, batch_size=32, device=device,
+                                                           exact_jpeg=False)))
+
+
+def w_extract(media, device):
+    """run_extract (the nemo preset) over 32 of the FLAC files into a fresh folder each step."""
+    import shutil
+    import tempfile
+
+    from avpipe.recipes.extract import run_extract
+
+    work = tempfile.mkdtemp(prefix="soak_extract_")
+    lst = os.path.join(work, "files.txt")
+    with open(lst, "w") as f:
+        f.write("\n".join(media["flac"][:32]) + "\n")
+    k = [0]
+
+    def step():
+        out = os.path.join(work, f"out{k[0] % 2}")
+        shutil.rmtree(out, ignore_errors=True)
+        k[0] += 1
+        s = run_extract(lst, preset="nemo", out_dir=out, shard_size=16, progress=False,
+                        devices=None if device.startswith("cuda") else "cpu")
+        assert s.complete and s.errors == 0, s.format()
+
+    step.close = lambda: shutil.rmtree(work, ignore_errors=True)
+    return step
+
+
+class _Restart:
+    """An iterable calling ``make()`` for each pass (a stream that ends after one pass)."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __iter__(self):
+        return iter(self.make())
+
+
 def _audio_loader_cls():
     try:
         from avpipe.pipeline.audio_loader import AudioBatchLoader
@@ -195,6 +239,8 @@ WORKLOADS = {
     "video": w_video,
     "audio": w_audio,
     "images": w_images,
+    "image_stream": w_image_stream,
+    "extract": w_extract,
     "audio_loader": w_audio_loader,
     "rnnt_feed": w_rnnt_feed,
     "video_feed": w_video_feed,
@@ -266,8 +312,9 @@ def soak(name, make, media, device, minutes, interval, warmup):
 NAME = "soak"
 SUITE = "gpu"
 UNIT = "largest memory growth %"
-TITLE = ("Every soak workload (decoders, audio, images, audio loader, RNN-T feed, video feed) "
-         "side by side, each in its own process, RSS and per-process GPU memory every 10 s")
+TITLE = ("Every soak workload (decoders, audio, images, image stream, audio loader, RNN-T feed, "
+         "video feed, extraction) side by side, each in its own process, RSS and per-process GPU "
+         "memory every 10 s")
 CONTENDERS = {"all": "every workload at once, each in its own process"}
 RATIOS = []
 ROUNDS = 1

@@ -525,7 +525,7 @@ RATIOS = [("avpipe_clip_cps", "dali_video_tuned"), ("avpipe_clip_cps", "pynvc_cl
           ("avpipe_clip_cps", "dali_video_reader_cps"),
           ("avpipe_pagecold_clip_cps", "pynvc_pagecold_clip_cps"),
           ("avpipe_pagecold_clip_cps", "avpipe_clip_cps")]
-PARAMS = {"budget": 15.0, "max_files": 0}
+PARAMS = {"budget": 8.0, "max_files": 0}
 QUICK = {"budget": 3.0}
 REQUIRES = ("gpu", "cupy", "PyNvVideoCodec")
 
