@@ -308,7 +308,8 @@ def anchor_data(data_dir: str, quick: bool = False) -> dict:
     os.makedirs(data_dir, exist_ok=True)
     t0 = time.time()
     data = gen_data(data_dir, SPEC_QUICK if quick else SPEC_FULL)
-    log(f"data: {json.dumps(describe_data(data))} ({time.time() - t0:.0f} s)")
+    if time.time() - t0 > 1:  # made now, not found
+        log(f"data: {json.dumps(describe_data(data))} ({time.time() - t0:.0f} s)")
     return data
 
 
@@ -372,7 +373,7 @@ CLIP_VIDEO_FILES, CLIP_VIDEO_FRAMES = 16, 240
 CLIP_X264 = "bframes=3:keyint=60:min-keyint=30:threads=1"  # fixed threads: the same bytes anywhere
 
 
-def _frame(rng_seed: int, t: int):
+def _clip_frame(rng_seed: int, t: int):
     """Frame ``t`` of file ``rng_seed``: drifting gradients, moving boxes and a little noise."""
     import numpy as np
 
@@ -407,7 +408,7 @@ def cpu_clip_videos(data_dir: str) -> list[str]:
             st.width, st.height, st.pix_fmt = VID_W, VID_H, "yuv420p"
             st.options = {"preset": "veryfast", "crf": "23", "x264-params": CLIP_X264}
             for t in range(CLIP_VIDEO_FRAMES):
-                fr = av.VideoFrame.from_ndarray(_frame(i, t), format="rgb24")
+                fr = av.VideoFrame.from_ndarray(_clip_frame(i, t), format="rgb24")
                 for pkt in st.encode(fr):
                     out.mux(pkt)
             for pkt in st.encode(None):
