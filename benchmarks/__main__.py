@@ -80,17 +80,21 @@ def cmd_run(args, argv) -> int:
     return 1 if failed else 0
 
 
-def run_gpu_tests(out: str) -> int:
-    """``pytest -m gpu`` and the GPU fuzz corpus, their logs in ``out``; the count failing."""
+def run_gpu_tests(out: str, what: str = "pytest,fuzz", fuzz_args: str = "") -> int:
+    """``pytest -m gpu`` and the GPU fuzz corpus (``what``), their logs in ``out``; the count
+    failing. ``fuzz_args``: more options of ``tests.fuzz.run`` (e.g. ``--budget 480``)."""
+    import shlex
+
     os.makedirs(out, exist_ok=True)
     failed = 0
-    steps = [
-        ("gpu_tests.log", [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfE",
-                           "-p", "no:cacheprovider", "tests"]),
-        ("fuzz_gpu.log", [sys.executable, "-m", "tests.fuzz.run", "--gpu",
-                          "--out", os.path.join(out, "fuzz_gpu")]),
-    ]
-    for fname, cmd in steps:
+    steps = {
+        "pytest": ("gpu_tests.log", [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfE",
+                                     "-p", "no:cacheprovider", "tests"]),
+        "fuzz": ("fuzz_gpu.log", [sys.executable, "-m", "tests.fuzz.run", "--gpu",
+                                  "--out", os.path.join(out, "fuzz_gpu"),
+                                  *shlex.split(fuzz_args)]),
+    }
+    for fname, cmd in (steps[w] for w in _names(what)):
         log("$ " + " ".join(cmd))
         with open(os.path.join(out, fname), "w") as f:
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=harness.ROOT).returncode
@@ -151,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.path.join(harness.HERE, "RESULTS.md"))
     t = sub.add_parser("tests", help="pytest -m gpu and the GPU fuzz corpus, logs in --out")
     t.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    t.add_argument("--what", default="pytest,fuzz", help="pytest, fuzz or both")
+    t.add_argument("--fuzz-args", default="", help="more options of tests.fuzz.run")
     sub.add_parser("list", help="the workloads and their contenders")
     d = sub.add_parser("data", help="make the shared data (video, FLAC, images)")
     d.add_argument("--data", default=harness.DEFAULT_DATA)
@@ -159,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         return cmd_run(args, argv)
     if args.cmd == "tests":
-        return 1 if run_gpu_tests(args.out) else 0
+        return 1 if run_gpu_tests(args.out, args.what, args.fuzz_args) else 0
     return {"report": cmd_report, "list": cmd_list, "data": cmd_data}[args.cmd](args)
 
 
