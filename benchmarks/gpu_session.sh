@@ -16,8 +16,9 @@ mkdir -p "$OUT"
 rc=0
 for step in "${@:-suite}"; do
   case $step in
-    suite) python3 -m benchmarks run --suite gpu --out "$OUT/results" ${ARGS:-} \
-             2>&1 | tee "$OUT/suite.log" | grep -E "ratio of medians|skipped|failed|written" ;;
+    suite) python3 -m benchmarks run --suite gpu --out "$OUT/results" ${ARGS:-} 2>&1 \
+             | tee "$OUT/suite.log" | grep -E "ratio of medians|skipped|failed|written"
+           [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
     tests) python3 -m avpipe info >"$OUT/info.txt" 2>&1
            python3 -m benchmarks tests --out "$OUT" --what "${TESTS:-pytest,fuzz}" \
              --fuzz-args "${FUZZ_ARGS:-}" || rc=1 ;;

@@ -202,8 +202,13 @@ def missing(requires) -> list[str]:
         if r == "gpu":
             if not has_gpu():
                 out.append("a CUDA GPU")
-        elif importlib.util.find_spec(r) is None:
-            out.append(r)
+        else:
+            try:
+                found = importlib.util.find_spec(r) is not None
+            except (ImportError, ValueError):  # a dotted name whose parent is absent
+                found = False
+            if not found:
+                out.append(r)
     return out
 
 

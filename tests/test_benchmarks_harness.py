@@ -296,3 +296,8 @@ def test_a_run_cut_short_keeps_its_finished_rounds(tmp_path, monkeypatch):
     assert doc["contenders"]["ours"]["values"] == [1.0, 4.0]  # rounds 0 and 1, order rotated
     assert doc["contenders"]["theirs"]["values"] == [2.0, 3.0]
     assert "(incomplete)" in report.render(report.load(str(tmp_path)))
+
+
+def test_missing_names_absent_modules_even_dotted_ones():
+    assert harness.missing(["json", "no_such_package_x.sub", "no_such_module_y"]) == [
+        "no_such_package_x.sub", "no_such_module_y"]
