@@ -170,7 +170,7 @@ def child(name, args):
     acc = {}
     if args.timed and name == "full":
         acc = _timing.time_calls(TIMED, _timing.on_thread("avpipe-feed-producer"))
-    if name == "win2":  # the loader's windows read ahead: 2 (before 2026-12-02) instead of 4
+    if name == "win2":  # the loader's windows read ahead: 2 instead of 4
         from avpipe.pipeline import _flac_windows
 
         init = _flac_windows.GpuFlacBatches.__init__

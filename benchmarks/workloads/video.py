@@ -117,7 +117,7 @@ def run_passes(clip_fn, files, budget, max_passes=40):
     * ``"stream"`` (default): each worker takes the next ``(file, seed)`` of one sequence of
       passes over ``files`` (each pass in a new seeded order) as soon as its last clip is done;
       the clips finished by the end count. What a feed that keeps its threads busy sees.
-    * ``"passes"``: ``pool.map`` over one pass at a time, as ``anchors.py`` times its
+    * ``"passes"``: ``pool.map`` over one pass at a time, as a plain loader times its
       PyNvVideoCodec clips. Over 32 files a pass is two clips a thread, and every thread waits
       for the pass's slowest clip before the next pass starts (the barrier costs the rate
       more the fewer files a pass has)."""
@@ -185,7 +185,7 @@ HARNESS = {"mode": "stream", "evict": False}
 
 
 def _passes(bench):
-    """``bench`` timed pass by pass (:func:`run_passes`' ``"passes"``, anchors.py's way)."""
+    """``bench`` timed pass by pass (:func:`run_passes`' ``"passes"``)."""
 
     def run(files, budget):
         old = HARNESS["mode"]
