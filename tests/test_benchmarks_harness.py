@@ -301,3 +301,11 @@ def test_a_run_cut_short_keeps_its_finished_rounds(tmp_path, monkeypatch):
 def test_missing_names_absent_modules_even_dotted_ones():
     assert harness.missing(["json", "no_such_package_x.sub", "no_such_module_y"]) == [
         "no_such_package_x.sub", "no_such_module_y"]
+
+
+@pytest.mark.parametrize("probe", ["probe_extract", "probe_rnnt_feed", "probe_video_clips",
+                                   "profile_stages"])
+def test_probes_import_from_the_package(probe):
+    p = subprocess.run([sys.executable, "-m", f"benchmarks.probes.{probe}", "--help"], cwd=ROOT,
+                       env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
