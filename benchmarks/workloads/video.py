@@ -349,10 +349,12 @@ def _page_cold(bench, copies=512):
 
 def bench_dali_pipes(files, budget, pipes):
     """``pipes`` DALI video pipelines side by side (each over its shard of ``files``, its own
-    NVDEC session, run from its own thread), clips summed."""
+    NVDEC session, run from its own thread), clips summed. No more pipelines than files (a
+    shard must hold one)."""
     from nvidia.dali import fn, pipeline_def, types
 
     batch = 8
+    pipes = max(1, min(pipes, len(files)))
 
     def build(i):
         @pipeline_def(batch_size=batch, num_threads=max(2, 8 // pipes), device_id=0,
