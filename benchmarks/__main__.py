@@ -116,6 +116,7 @@ def cmd_list(args) -> int:
     for n in harness.all_workloads():
         mod = harness.workload(n)
         print(f"{n:16s} {mod.SUITE:4s} {mod.TITLE}")
+        print(f"    params: {getattr(mod, 'PARAMS', {})}  (--quick: {getattr(mod, 'QUICK', {})})")
         for c, d in mod.CONTENDERS.items():
             print(f"    {c:26s} {d}")
     return 0

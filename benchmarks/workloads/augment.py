@@ -387,7 +387,7 @@ RATIOS = [("avpipe_video_recipe", "dali_video_recipe"), ("avpipe_audio", "dali_a
           ("avpipe_video", "dali_video"),
           ("avpipe_video_recipe_jitter", "dali_video_recipe_jitter"),
           ("avpipe_video_recipe_cold", "dali_video_recipe")]
-PARAMS = {"budget": 10.0, "cpu": False, "audio_batch": 64, "video_batch": 8, "frames": 16,
+PARAMS = {"budget": 6.0, "cpu": False, "audio_batch": 64, "video_batch": 8, "frames": 16,
           "threads": 8, "quality": "high", "profile": 0}
 QUICK = {"budget": 2.0}
 REQUIRES = ("gpu", "cupy", "nvidia.dali")

@@ -425,7 +425,7 @@ RATIOS = [("avpipe_rnnt", "dali_rnnt"), ("avpipe_video", "dali_video"),
           ("avpipe_video", "avpipe_video_noaug")]
 NOTES = ["dali_rnnt does less work than avpipe_rnnt: no dither and no SpecAugment.",
          "A ratio avpipe_x / avpipe_x_noaug is 1 - the augmentation's share of the feed's time."]
-PARAMS = {"budget": 15.0, "threads": 16, "cpu": False}
+PARAMS = {"budget": 10.0, "threads": 16, "cpu": False}
 QUICK = {"budget": 4.0}
 REQUIRES = ("gpu", "cupy")
 

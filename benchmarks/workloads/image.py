@@ -297,7 +297,7 @@ OPTIONAL = ("avpipe_sync@jpeg",)
 RATIOS = [("avpipe_hw1@jpeg", "dali_hw1@jpeg"), ("avpipe_hw065@jpeg", "dali@jpeg"),
           ("avpipe_hw1@jpeg", "dali@jpeg"), ("avpipe_roi@jpeg", "dali_hw1@jpeg"),
           ("avpipe@png", "dali@png"), ("avpipe@tiff", "dali@tiff"), ("avpipe@jp2", "dali@jp2")]
-PARAMS = {"budget": 15.0}
+PARAMS = {"budget": 5.0}
 QUICK = {"budget": 2.0}
 REQUIRES = ("gpu", "cupy", "nvidia.dali")
 
