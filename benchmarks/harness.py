@@ -263,22 +263,32 @@ def child_main(workload_name: str, contender: str, ctx_json: str) -> int:
 
 
 def measure_in_child(workload_name: str, contender: str, ctx: Context,
-                     timeout: float) -> dict:
+                     timeout: float, log_path: str | None = None) -> dict:
     """One measurement in a fresh ``python -m benchmarks _child`` process (the context on its
-    stdin: a data list can outgrow a command-line argument)."""
+    stdin: a data list can outgrow a command-line argument); its output kept in ``log_path``."""
     cmd = [sys.executable, "-m", "benchmarks", "_child", workload_name, contender, "-"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
                            cwd=ROOT, input=ctx.to_json())
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as e:
+        p = subprocess.CompletedProcess(cmd, None, _text(e.stdout), _text(e.stderr))
+    if log_path:
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        with open(log_path, "w") as f:
+            f.write((p.stdout or "") + "\n--- stderr\n" + (p.stderr or ""))
+    if p.returncode is None:
         return {"value": None, "error": f"timed out after {timeout:.0f} s"}
     for line in reversed(p.stdout.splitlines()):
         if line.startswith(CHILD_MARK):
             return json.loads(line[len(CHILD_MARK):])
     tail = (p.stderr or p.stdout)[-800:]
     return {"value": None, "error": f"child exited {p.returncode} without a result: {tail}"}
+
+
+def _text(b) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
 def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: str = DEFAULT_DATA,
@@ -290,7 +300,8 @@ def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: s
     ``only_contenders`` names none of its contenders. ``overrides``: parameters set over the
     workload's own (those it does not have are ignored). With ``out_dir`` the results so far are
     written after every round (``"complete": false`` until the last), so that a run cut short
-    keeps its finished rounds."""
+    keeps its finished rounds. Each child process's output is kept in ``out_dir/logs`` (in
+    ``data_dir/logs`` when ``out_dir`` is the repository's results folder)."""
     mod = workload(name)
     rounds = getattr(mod, "ROUNDS", rounds)  # a soak is one long round
     lacking = missing(getattr(mod, "REQUIRES", ()))
@@ -313,6 +324,8 @@ def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: s
     log(f"{name}: data ready in {time.time() - t0:.0f} s")
     checks = mod.check(ctx) if hasattr(mod, "check") else {}
     runs: dict[str, list[dict]] = {c: [] for c in contenders}
+    in_repo = not out_dir or os.path.abspath(out_dir) == os.path.abspath(RESULTS)
+    logs = os.path.join(data_dir if in_repo else out_dir, "logs")
     sess = mod.session(ctx) if hasattr(mod, "session") else None
     try:
         for r in range(rounds):
@@ -327,7 +340,8 @@ def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: s
                         traceback.print_exc()
                         m = {"value": None, "error": f"{type(e).__name__}: {e}"[:500]}
                 else:
-                    m = measure_in_child(name, c, ctx, timeout)
+                    m = measure_in_child(name, c, ctx, timeout,
+                                         os.path.join(logs, f"{name}-{c}-r{r}.log"))
                 m["wall_s"] = round(time.perf_counter() - t1, 2)
                 runs[c].append(m)
                 v = m.get("value")

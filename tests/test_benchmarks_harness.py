@@ -309,3 +309,12 @@ def test_probes_import_from_the_package(probe):
     p = subprocess.run([sys.executable, "-m", f"benchmarks.probes.{probe}", "--help"], cwd=ROOT,
                        env=_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_a_child_that_runs_past_its_timeout_is_an_error_with_its_log_kept(tmp_path):
+    ctx = harness.Context(data_dir=str(tmp_path), params={"files": 1},
+                          data={"folder": str(tmp_path), "files": 1})
+    m = harness.measure_in_child("cpu_index", "workers_1", ctx, timeout=0.05,
+                                 log_path=str(tmp_path / "logs" / "x.log"))
+    assert m["value"] is None and "timed out" in m["error"]
+    assert (tmp_path / "logs" / "x.log").exists()
