@@ -1,7 +1,7 @@
-"""Wall time of named calls while a benchmark runs: for the probes (``probe_*.py``), which
-wrap a module's functions or a class's methods by name and add up the seconds and calls of each
-(the calls a filter accepts, e.g. those on one thread). A call inside another counts in both.
-And the benchmarks' interleaved rounds: :func:`median_run` of a contender's rounds."""
+"""Wall time of named calls while a workload runs: for the probes (``benchmarks/probes``) and
+the profiled contenders, which wrap a module's functions or a class's methods by name and add up
+the seconds and calls of each (the calls a filter accepts, e.g. those on one thread). A call
+inside another counts in both. :func:`median_run`: the round of median value."""
 
 from __future__ import annotations
 

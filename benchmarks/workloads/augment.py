@@ -1,8 +1,5 @@
 """Train-time augmentation stacks on the GPU: avpipe vs DALI, per item, data already in memory.
 
-    python3 benchmarks/bench_augment.py [--out DIR] [--only a,b] [--budget 10]
-    python3 benchmarks/bench_augment.py --cpu      # avpipe on numpy (and DALI's CPU ops)
-
 Workloads (the same data for both; generated, no files):
 
 * audio: 64 utterances of 2-16 s at 16 kHz (white noise with a tone), padded; speed perturbation
@@ -48,40 +45,23 @@ Workloads (the same data for both; generated, no files):
     0.08-1) -> ``fn.crop_mirror_normalize`` (coin-flip mirror, ``FCHW``, float16); no colour
     twist (the recipe's default has none). ``avpipe_video_recipe`` is compared with it.
 
-Throughput: items (utterances, clips) per second over ``--budget`` seconds after a warm-up
-(``--repeat N``: N rounds of every contender, interleaved, and the median of each; the ratios
-are ratios of medians); the
+Throughput: items (utterances, clips) per second over ``budget`` seconds after a warm-up; the
 input is on the device before timing for both (DALI's external source is fed device arrays).
-``--cpu`` runs avpipe's stacks on numpy and DALI's with its CPU operators, to check the script
-here (no GPU numbers). Prints a table and writes DIR/bench_augment.json. ``--profile N``
-first prints the N functions with the most host time (cProfile) over 50 steps of each.
+The parameter ``cpu`` runs avpipe's stacks on numpy and DALI's with its CPU operators (a check
+that the code runs, no GPU numbers); ``profile`` N first prints the N functions with the most
+host time (cProfile) over 50 steps of each.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import sys
 import time
-import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-import _timing  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
 SR = 16000
-CONTENDERS = ["avpipe_audio", "dali_audio", "avpipe_video", "avpipe_video_recipe",
-              "avpipe_video_recipe_per_clip", "avpipe_video_recipe_cold", "dali_video",
-              "dali_video_recipe", "avpipe_video_recipe_jitter", "dali_video_recipe_jitter"]
 
 
-def log(*a):
-    print(*a, flush=True)
 
 
 def audio_batch(n=64, seed=0):
@@ -379,64 +359,48 @@ def _run_dali(pipe_fn, B, args):
 # --- driver ------------------------------------------------------------------------------------
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--only", default="")
-    ap.add_argument("--budget", type=float, default=10.0, help="seconds per contender (after warm-up)")
-    ap.add_argument("--repeat", type=lambda v: max(1, int(v)), default=1,
-                    help="rounds of every contender, interleaved; each figure is the median")
-    ap.add_argument("--cpu", action="store_true", help="avpipe on numpy, DALI's CPU operators")
-    ap.add_argument("--audio-batch", type=int, default=64)
-    ap.add_argument("--video-batch", type=int, default=8)
-    ap.add_argument("--frames", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=8)
-    ap.add_argument("--quality", default="high", choices=["high", "fast"], help="avpipe resampling")
-    ap.add_argument("--profile", type=int, default=0, metavar="N",
-                    help="also print the N functions with the most host time in 50 steps")
-    args = ap.parse_args()
+
+
+
+
+# --- harness ----------------------------------------------------------------------------------
+
+NAME = "augment"
+SUITE = "gpu"
+UNIT = "items/s"
+TITLE = ("Train-time augmentation stacks per item, data already on the device: audio (64 "
+         "utterances: speed, log-mel, SpecAugment), video (8 clips of 16x360x640)")
+CONTENDERS = {
+    "avpipe_audio": "Chain([SpeedPerturb, LogMel(nemo), SpecAugment]) on cupy",
+    "dali_audio": "DALI audio_resample -> log-mel chain -> erase (time, frequency masks)",
+    "avpipe_video": "video_train_chain(224): resized crop, flip, colour jitter, normalize",
+    "dali_video": "DALI random_resized_crop -> flip -> color_twist -> crop_mirror_normalize",
+    "avpipe_video_recipe": "the video recipe's train stack (crop + flip, fp16), batched",
+    "dali_video_recipe": "DALI random_resized_crop -> crop_mirror_normalize (mirror, fp16)",
+    "avpipe_video_recipe_jitter": "the recipe's stack with color_jitter on",
+    "dali_video_recipe_jitter": "dali_video_recipe with color_twist",
+    "avpipe_video_recipe_cold": "the recipe's stack, resize tables' caches emptied every batch",
+    "avpipe_video_recipe_per_clip": "the recipe's stack, each clip transformed alone",
+}
+OPTIONAL = ("avpipe_video_recipe_per_clip",)
+RATIOS = [("avpipe_video_recipe", "dali_video_recipe"), ("avpipe_audio", "dali_audio"),
+          ("avpipe_video", "dali_video"),
+          ("avpipe_video_recipe_jitter", "dali_video_recipe_jitter"),
+          ("avpipe_video_recipe_cold", "dali_video_recipe")]
+PARAMS = {"budget": 6.0, "cpu": False, "audio_batch": 64, "video_batch": 8, "frames": 16,
+          "threads": 8, "quality": "high", "profile": 0}
+QUICK = {"budget": 2.0}
+REQUIRES = ("gpu", "cupy", "nvidia.dali")
+
+
+def prepare(ctx):
+    return {}  # the data is generated in memory by each measurement
+
+
+def measure(ctx, name):
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(**ctx.params)
     if args.profile:
-        PROFILE.append(args.profile)
-    names = [n for n in CONTENDERS if not args.only or n in args.only.split(",")]
-    results, rounds = {}, {n: [] for n in names}
-    for rnd in range(args.repeat):  # the contenders' rounds interleaved: a slow spell of the
-        for name in names:  # host hits every contender alike, not one of them
-            if results.get(name, {}).get("error"):
-                continue
-            log(f"--- {name}{' (cpu)' if args.cpu else ''} (round {rnd + 1}/{args.repeat})")
-            try:
-                v, info = globals()[f"bench_{name}"](args)
-                rounds[name].append({"items_per_s": round(v, 2), **info})
-                results[name] = _timing.median_run(rounds[name], "items_per_s")
-            except Exception as e:  # a missing library or an unsupported op: report, go on
-                traceback.print_exc()
-                err = f"{type(e).__name__}: {e}"[:300]
-                results[name] = ({**results[name], "error": err} if rounds[name] else
-                                 {"items_per_s": None, "error": err})  # (earlier rounds kept)
-            log(f"{name}: {results[name]}")
-    for kind in ("audio", "video"):
-        a = results.get(f"avpipe_{kind}", {}).get("items_per_s")
-        d = results.get(f"dali_{kind}", {}).get("items_per_s")
-        if a and d:
-            results[f"ratio_avpipe_over_dali_{kind}"] = round(a / d, 3)
-    for tail in ("", "_jitter"):
-        r = results.get(f"avpipe_video_recipe{tail}", {}).get("items_per_s")
-        d = results.get(f"dali_video_recipe{tail}", {}).get("items_per_s")
-        if r and d:
-            results[f"ratio_avpipe_recipe{tail}_over_dali_recipe{tail}"] = round(r / d, 3)
-    out = {"device": "cpu" if args.cpu else "gpu", "results": results, "args": vars(args)}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_augment.json"), "w") as f:
-        json.dump(out, f, indent=1)
-    log("\ncontender            items/s")
-    for name, r in results.items():
-        if isinstance(r, dict):
-            log(f"{name:20s} {r['items_per_s']}  rounds {r.get('runs')}")
-    for k, v in results.items():
-        if k.startswith("ratio"):
-            log(f"{k}: {v:.2f}x" + (" (--cpu: a check that the script runs, not the GPU figure)"
-                                    if args.cpu else ""))  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()
+        PROFILE[:] = [args.profile]
+    return globals()[f"bench_{name}"](args)

@@ -2,10 +2,8 @@
 """Feature extraction to tar shards on the CPU: ``avpipe extract --preset nemo --devices cpu``
 against the same job written with soundfile + torch, in interleaved rounds.
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_cpu_extract.py [--rounds 3] [--shard-size 64]
-
-Workload: bench_cpu_rnnt_feed.py's data (``--files`` 256 speech-like FLAC files of 2-16 s at
-16 kHz, generated once into ``--data``) and its NeMo manifest, the input of every contender.
+Workload: the RNN-T feed workload's data (``files``: 256 speech-like FLAC files of 2-16 s at
+16 kHz, generated once into the data folder) and its NeMo manifest, the input of every contender.
 The rate is audio-seconds per second from the call to the last shard (and index) written;
 each contender runs in a fresh child process, its imports not timed (``process_wall_s``: the
 whole child, imports and interpreter start included).
@@ -35,12 +33,12 @@ script uses ``tarfile`` and ``np.save`` into a buffer. Features: the same preset
 after the rounds (max |avpipe - torch| over every stored value of the last round, shapes and
 keys equal).
 
-Writes ``benchmarks/results/cpu_extract.json`` (``--out``).
+``avpipe_profiled`` (only when named) is avpipe's run with its stage timer on, beside the
+script's stages on one thread.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -51,33 +49,18 @@ import sys
 import tarfile
 import threading
 import time
+from types import SimpleNamespace
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+import numpy as np
 
-import numpy as np  # noqa: E402
+from benchmarks import data as bdata
+from benchmarks.data import read_manifest
+from benchmarks.harness import ROOT, cpu_seconds
 
 SR = 16000
 WRITERS = 4
 WRITE_QUEUE = 2
 
-
-def log(*a):
-    print(*a, flush=True)
-
-
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process (every thread) and of its waited-for
-    children (worker processes, once joined)."""
-    import resource
-
-    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
-
-
-# --- the soundfile + torch script -------------------------------------------------------------
 
 _FB = _WIN = None
 
@@ -171,7 +154,6 @@ def _npy(arr):
 
 
 def run_torch(manifest, out, shard_size, mode):
-    from bench_cpu_rnnt_feed import read_manifest
 
     rows = read_manifest(manifest)
     jobs = list(enumerate(r["audio_filepath"] for r in rows))
@@ -250,31 +232,74 @@ def compare(a_dir, b_dir):
             "within_1e-3": bool(diffs) and max(diffs) <= 1e-3 and same_keys and shapes}
 
 
-# --- driver -----------------------------------------------------------------------------------
+
+# --- harness ----------------------------------------------------------------------------------
+
+NAME = "cpu_extract"
+SUITE = "cpu"
+UNIT = "audio-s/s"
+TITLE = ("avpipe extract --preset nemo --devices cpu over 256 FLAC of 2-16 s into tar shards of "
+         "64, each run a fresh process, from the call to the last shard written")
+CONTENDERS = {
+    "avpipe": "run_extract(preset=nemo, devices=cpu, shard_size=64): default workers, 4 writer "
+              "threads",
+    "torch_p2": "soundfile + torch NeMo log-mel per file in 2 processes, 4 writer threads "
+                "(fsync + rename per shard)",
+    "torch_t2": "the same script in 2 threads, 4 writer threads",
+    "avpipe_profiled": "avpipe's run with AVPIPE_EXTRACT_PROFILE=1 (a profile, not a contender)",
+}
+OPTIONAL = ("avpipe_profiled",)
+BEST_OF = {"torch_best": ["torch_p2", "torch_t2"]}
+RATIOS = [("avpipe", "torch_best"), ("avpipe", "torch_p2"), ("avpipe", "torch_t2")]
+PARAMS = {"files": 256, "shard_size": 64}
+QUICK = {"files": 16, "shard_size": 8}
+REQUIRES = ("torch", "librosa")
 
 
-def child(args):
+def prepare(ctx):
+    d = bdata.cpu_flac(ctx.data_dir, ctx.params["files"])
+    return {"manifest": d["manifest"], "work": os.path.join(ctx.data_dir, "extract_out")}
+
+
+def one_run(name, manifest, out, shard_size):
+    """One contender's job into ``out`` (emptied first), timed: the measurement's fields."""
     import torch  # noqa: F401 - imported before the clock, as avpipe's own imports
-    from bench_cpu_rnnt_feed import read_manifest
 
     import avpipe.recipes.extract  # noqa: F401
 
-    out = args.work_dir
     shutil.rmtree(out, ignore_errors=True)
     cpu0 = cpu_seconds()
     t0 = time.perf_counter()
-    if args.child == "avpipe":
-        extra = run_avpipe(args.manifest, out, args.shard_size)
+    if name == "avpipe":
+        extra = run_avpipe(manifest, out, shard_size)
     else:
-        extra = run_torch(args.manifest, out, args.shard_size, args.child.split("_")[1])
+        extra = run_torch(manifest, out, shard_size, name.split("_")[1])
     secs = time.perf_counter() - t0
     cpu = cpu_seconds() - cpu0
-    audio_s = sum(float(m["duration"]) for m in read_manifest(args.manifest))
-    print("RESULT " + json.dumps({"name": args.child, "value": audio_s / secs,
-                                  "unit": "audio_s/s", "seconds": round(secs, 3),
-                                  "cpu_s": round(cpu, 3),
-                                  "audio_s_per_cpu_s": round(audio_s / cpu, 2),
-                                  "audio_seconds": round(audio_s, 1), **extra}), flush=True)
+    audio_s = sum(float(m["duration"]) for m in read_manifest(manifest))
+    return {"value": audio_s / secs, "seconds": round(secs, 3), "cpu_s": round(cpu, 3),
+            "audio_s_per_cpu_s": round(audio_s / cpu, 2), "audio_seconds": round(audio_s, 1),
+            **extra}
+
+
+def measure(ctx, name):
+    manifest, shard = ctx.data["manifest"], ctx.params["shard_size"]
+    if name == "avpipe_profiled":
+        args = SimpleNamespace(manifest=manifest, shard_size=shard, work=ctx.data["work"])
+        out = profile(args, dict(os.environ))
+        return (out.get("avpipe_run") or {}).get("value"), out
+    r = one_run(name, manifest, os.path.join(ctx.data["work"], name), shard)
+    return r.pop("value"), r
+
+
+def finish(ctx):
+    """The last round's shards of each script contender against avpipe's."""
+    work = ctx.data["work"]
+    a = os.path.join(work, "avpipe")
+    if not os.path.isdir(a):
+        return {}
+    return {"outputs": {n: compare(a, os.path.join(work, n)) for n in ("torch_p2", "torch_t2")
+                        if os.path.isdir(os.path.join(work, n))}}
 
 
 def profile(args, env):
@@ -283,10 +308,12 @@ def profile(args, env):
     (read, log-mel, npy + tar bytes) over the same files."""
     e = dict(env, AVPIPE_EXTRACT_PROFILE="1")
     work = os.path.join(args.work, "avpipe_profile")
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "avpipe", "--manifest",
-           args.manifest, "--work-dir", work, "--shard-size", str(args.shard_size)]
+    code = ("import json,sys; from benchmarks.workloads import cpu_extract as w; "
+            "print('RESULT ' + json.dumps(w.one_run(sys.argv[1], sys.argv[2], sys.argv[3], "
+            "int(sys.argv[4]))))")
+    cmd = [sys.executable, "-c", code, "avpipe", args.manifest, work, str(args.shard_size)]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=args.timeout)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=900, cwd=ROOT)
     wall = time.perf_counter() - t0
     res = next((json.loads(x[len("RESULT "):]) for x in p.stdout.splitlines()
                 if x.startswith("RESULT ")), None)
@@ -298,7 +325,6 @@ def profile(args, env):
                 stages[name] = round(float(val), 3)
     shutil.rmtree(work, ignore_errors=True)
     import soundfile as sf
-    from bench_cpu_rnnt_feed import read_manifest
 
     _setup()
     t = {"read (soundfile.read)": 0.0, "log-mel (torch float32, per item)": 0.0,
@@ -324,105 +350,3 @@ def profile(args, env):
             "script_serial_stages_s": {k: round(v, 3) for k, v in t.items()}}
 
 
-def run_child(args, name, env):
-    work = os.path.join(args.work, name)
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--manifest",
-           args.manifest, "--work-dir", work, "--shard-size", str(args.shard_size)]
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-    wall = time.perf_counter() - t0
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            r = json.loads(line[len("RESULT "):])
-            r["process_wall_s"] = round(wall, 3)
-            return r
-    return {"name": name, "value": None, "error": (p.stderr or p.stdout)[-3000:]}
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="/tmp/avpipe_cpu_anchors")
-    ap.add_argument("--work", default="/tmp/avpipe_cpu_anchors/extract_out")
-    ap.add_argument("--files", type=int, default=256)
-    ap.add_argument("--shard-size", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", default="avpipe,torch_p2,torch_t2")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu_extract.json"))
-    ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--child", default="")
-    ap.add_argument("--manifest", default="")
-    ap.add_argument("--work-dir", default="")
-    ap.add_argument("--profile", action="store_true",
-                    help="only profile (DIR of --out: cpu_extract_profile.json)")
-    args = ap.parse_args()
-    if args.child:
-        child(args)
-        return
-    from _timing import median_run
-    from bench_cpu_rnnt_feed import ensure_data, environment
-
-    args.manifest, files, durs = ensure_data(args.data, args.files)
-    env = dict(os.environ)
-    if args.profile:
-        out = profile(args, env)
-        log(json.dumps(out, indent=1))
-        path = os.path.join(os.path.dirname(args.out), "cpu_extract_profile.json")
-        with open(path, "w") as f:
-            json.dump({"benchmark": "cpu_extract_profile", **environment(), **out}, f,
-                      indent=1)
-        log("wrote", path)
-        return
-    names = [n for n in args.only.split(",") if n]
-    log(f"{len(files)} files, {sum(durs):.1f} s of audio, shards of {args.shard_size}, "
-        f"{args.rounds} rounds of {names}")
-    runs = {n: [] for n in names}
-    for r in range(args.rounds):
-        order = names if r % 2 == 0 else names[::-1]
-        for n in order:
-            res = run_child(args, n, env)
-            res["round"] = r
-            runs[n].append(res)
-            v = res.get("value")
-            log(f"round {r} {n:10s} " + (f"{v:8.1f} audio-s/s  ({res['seconds']} s, process "
-                                          f"{res['process_wall_s']} s)" if v
-                                          else "FAILED " + res.get("error", "")[-800:]))
-    checks = {n: compare(os.path.join(args.work, "avpipe"), os.path.join(args.work, n))
-              for n in names if n != "avpipe" and "avpipe" in names}
-    log("check:", json.dumps(checks))
-    med = {n: median_run(rs) for n, rs in runs.items()}
-    an = {n: m for n, m in med.items() if n != "avpipe" and m.get("value")}
-    best = max(an, key=lambda n: an[n]["value"]) if an else None
-    ratio = (med["avpipe"]["value"] / an[best]["value"]
-             if best and med.get("avpipe", {}).get("value") else None)
-    wall = {n: median_run(rs, key="process_wall_s")["process_wall_s"] for n, rs in runs.items()}
-    cpu_med = {n: median_run(rs, key="audio_s_per_cpu_s").get("audio_s_per_cpu_s")
-               for n, rs in runs.items()}
-    out = {"benchmark": "cpu_extract", **environment(),
-           "workload": {"files": len(files), "audio_seconds": round(sum(durs), 1),
-                        "shard_size": args.shard_size, "writers": WRITERS,
-                        "rounds": args.rounds, "data": args.data},
-           "medians": {n: (round(m["value"], 2) if m.get("value") else None)
-                       for n, m in med.items()},
-           "median_process_wall_s": wall,
-           "medians_audio_s_per_cpu_s": cpu_med,
-           "ratio_cpu_efficiency_avpipe_over_anchor_best": (
-               round(cpu_med["avpipe"] / cpu_med[best], 3)
-               if best and cpu_med.get("avpipe") and cpu_med.get(best) else None),
-           "anchor_best": best,
-           "ratio_avpipe_over_anchor_best": round(ratio, 3) if ratio else None,
-           "ratio_process_wall_anchor_over_avpipe": (round(wall[best] / wall["avpipe"], 3)
-                                                     if best and wall.get("avpipe") else None),
-           "check": checks, "runs": runs,
-           "command": "PYTHONPATH=$PWD python benchmarks/bench_cpu_extract.py "
-                      + " ".join(sys.argv[1:])}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    log(json.dumps({k: out[k] for k in ("medians", "anchor_best", "medians_audio_s_per_cpu_s",
-                                         "ratio_avpipe_over_anchor_best",
-                                         "median_process_wall_s")}))
-    log("wrote", args.out)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,9 +1,9 @@
 """Where an extraction worker's time goes: one worker run in this process, several ways.
 
-    python3 benchmarks/probe_extract.py --data /tmp/bench --out DIR [--repeat 64]
+    python -m benchmarks.probes.probe_extract --out DIR [--repeat 64]
         [--variants full,nofsync,nowrite,cprofile] [--dtype float16]
 
-The same job as ``bench_extract.py``'s ``avpipe_nemo`` (the 512 FLAC files ``--repeat`` times,
+The same job as ``benchmarks/workloads/extract.py``'s ``avpipe_nemo`` (the 512 FLAC files ``--repeat`` times,
 preset ``nemo``, tar shards of 512), but the worker (``_engine_local.run_worker``) runs in this
 process, so that parts of it can be replaced:
 
@@ -18,7 +18,7 @@ A variant may add settings after ``+``: ``w8`` (``AVPIPE_EXTRACT_WRITERS=8``), `
 
 Each prints audio-s/s over the whole worker run (no process spawn: the start-up is lower than a
 real run's) and the worker's stage profile (``AVPIPE_EXTRACT_PROFILE``). A diagnosis tool, not a
-contender: ``bench_extract.py`` is the measurement.
+contender: ``benchmarks/workloads/extract.py`` is the measurement.
 """
 
 from __future__ import annotations
@@ -30,17 +30,14 @@ import json
 import os
 import pstats
 import shutil
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+from benchmarks.harness import DEFAULT_DATA
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="/tmp/bench")
+    ap.add_argument("--data", default=DEFAULT_DATA)
     ap.add_argument("--out", default=".")
     ap.add_argument("--files", type=int, default=512)
     ap.add_argument("--repeat", type=int, default=64)
@@ -50,11 +47,10 @@ def main():
     args = ap.parse_args()
     os.environ["AVPIPE_EXTRACT_PROFILE"] = "1"
 
-    import bench_extract
-
     from avpipe.recipes.extract import _engine_local, _process, _writers
     from avpipe.recipes.extract._inputs import resolve_inputs
     from avpipe.recipes.extract._presets import extensions_of, resolve_preset
+    from benchmarks.workloads import extract as bench_extract
 
     args.cpu = args.device == "cpu"
     files, durs, _ = bench_extract.audio_data(args)

@@ -1,46 +1,31 @@
-#!/usr/bin/env python3
 """Soak: run each workload for a while and watch memory. It must stay flat.
 
 Every workload (the decoders in a loop, the audio batch loader, the training feeds) runs alone
-for ``--minutes``; every ``--interval`` seconds the process's RSS (``/proc/self/status`` VmRSS)
+for ``minutes``; every ``interval`` seconds the process's RSS (``/proc/self/status`` VmRSS)
 and, on a GPU, this process's device memory (``nvidia-smi``'s per-process figure, which also
 counts PyNvVideoCodec's and DALI's own allocations; where it is not available, the whole
 device's use by ``cudaMemGetInfo``, which counts every other process too: only meaningful for a
-workload alone on the GPU) are sampled. The first ``--warmup`` share of the
+workload alone on the GPU) are sampled. The first ``warmup`` share of the
 samples is warm-up (pools fill, caches fill); growth is the median of the last fifth of the
 samples over the median of the fifth right after warm-up, minus 1. The verdict: growth under 5 % on every
 series.
 
-    python3 benchmarks/soak.py --out DIR [--minutes 30] [--interval 10] [--device cpu|cuda]
-                               [--only video,audio,...] [--data DIR]
-
-Media: ``--data`` (the anchor benchmark's folders, see ../shared/benchmarks/README.md) when it
-holds them, else small files made here (PyAV, soundfile, PIL). Writes DIR/soak.json and prints a
-table last.
+Media: :func:`benchmarks.data.anchor_data`. In the harness every workload runs at once, each in
+its own process (its own RSS), for one round (a soak repeats itself over time); the value is
+the largest growth in percent, every workload's series in the extra.
 """
 
 from __future__ import annotations
 
-import argparse
-import glob
 import json
 import os
 import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import avpipe  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-
-
-def log(*a):
-    print(*a, flush=True)
+import avpipe
 
 
 def rss_bytes() -> int:
@@ -78,46 +63,13 @@ def gpu_used_bytes(device) -> int | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def make_media(work: str, data: str | None) -> dict:
-    """{kind: [paths]}: the anchor data where present, else small files made here."""
-    media = {}
-    if data:
-        media["video"] = sorted(glob.glob(os.path.join(data, "videos_640x360_*f", "h264_*.mp4")))
-        media["flac"] = sorted(glob.glob(os.path.join(data, "**", "*.flac"), recursive=True))
-        media["image"] = sorted(glob.glob(os.path.join(data, "**", "*.jpg"), recursive=True))[:512]
+def make_media(work: str, data: str, quick: bool = False) -> dict:
+    """{kind: [paths]} of the shared data, a manifest and a class list over them."""
+    from benchmarks import data as bdata
+
+    d = bdata.anchor_data(data, quick)
+    media = {"video": d["h264"], "flac": d["audio"], "image": d["jpeg"][:512]}
     os.makedirs(work, exist_ok=True)
-    if not media.get("video"):
-        sys.path.insert(0, os.path.join(ROOT, "tests"))
-        from video_media import make_video
-
-        media["video"] = [
-            make_video(os.path.join(work, f"v{i}.mp4"), codec="h264", num_frames=90,
-                       width=320, height=240)
-            for i in range(4)
-        ]
-    if not media.get("flac"):
-        import soundfile as sf
-
-        rng = np.random.default_rng(0)
-        paths = []
-        for i in range(64):
-            p = os.path.join(work, f"a{i:03d}.flac")
-            n = int(16000 * (2 + 6 * rng.random()))
-            t = np.arange(n) / 16000
-            x = 0.3 * np.sin(2 * np.pi * (200 + 10 * i) * t) + 0.01 * rng.standard_normal(n)
-            sf.write(p, x.astype(np.float32), 16000, subtype="PCM_16")
-            paths.append(p)
-        media["flac"] = paths
-    if not media.get("image"):
-        from PIL import Image
-
-        rng = np.random.default_rng(1)
-        paths = []
-        for i in range(32):
-            p = os.path.join(work, f"i{i:03d}.jpg")
-            Image.fromarray(rng.integers(0, 255, (375, 500, 3), dtype=np.uint8)).save(p)
-            paths.append(p)
-        media["image"] = paths
     # a manifest and a class list for the feeds
     man = os.path.join(work, "manifest.jsonl")
     with open(man, "w") as f:
@@ -187,6 +139,50 @@ def w_images(media, device):
     return step
 
 
+def w_image_stream(media, device):
+    """decode_image_stream over the images, stream after stream (its pipeline rebuilt each)."""
+    from avpipe.pipeline.image_stream import decode_image_stream
+
+    files = media["image"][:128]
+    return _feed_step(_Restart(lambda: decode_image_stream(files, batch_size=32, device=device,
+                                                           exact_jpeg=False)))
+
+
+def w_extract(media, device):
+    """run_extract (the nemo preset) over 32 of the FLAC files into a fresh folder each step."""
+    import shutil
+    import tempfile
+
+    from avpipe.recipes.extract import run_extract
+
+    work = tempfile.mkdtemp(prefix="soak_extract_")
+    lst = os.path.join(work, "files.txt")
+    with open(lst, "w") as f:
+        f.write("\n".join(media["flac"][:32]) + "\n")
+    k = [0]
+
+    def step():
+        out = os.path.join(work, f"out{k[0] % 2}")
+        shutil.rmtree(out, ignore_errors=True)
+        k[0] += 1
+        s = run_extract(lst, preset="nemo", out_dir=out, shard_size=16, progress=False,
+                        devices=None if device.startswith("cuda") else "cpu")
+        assert s.complete and s.errors == 0, s.format()
+
+    step.close = lambda: shutil.rmtree(work, ignore_errors=True)
+    return step
+
+
+class _Restart:
+    """An iterable calling ``make()`` for each pass (a stream that ends after one pass)."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __iter__(self):
+        return iter(self.make())
+
+
 def _audio_loader_cls():
     try:
         from avpipe.pipeline.audio_loader import AudioBatchLoader
@@ -243,6 +239,8 @@ WORKLOADS = {
     "video": w_video,
     "audio": w_audio,
     "images": w_images,
+    "image_stream": w_image_stream,
+    "extract": w_extract,
     "audio_loader": w_audio_loader,
     "rnnt_feed": w_rnnt_feed,
     "video_feed": w_video_feed,
@@ -305,64 +303,60 @@ def soak(name, make, media, device, minutes, interval, warmup):
     }
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--minutes", type=float, default=30.0)
-    ap.add_argument("--interval", type=float, default=10.0)
-    ap.add_argument("--warmup", type=float, default=0.2)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--only", default="")
-    ap.add_argument("--data", default=None)
-    ap.add_argument("--parallel", action="store_true",
-                    help="run every workload at once, each in its own process (its own RSS)")
-    a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
-    media = make_media(os.path.join(a.out, "media"), a.data)
-    names = [n for n in a.only.split(",") if n] or list(WORKLOADS)
+
+
+
+
+# --- harness ----------------------------------------------------------------------------------
+
+NAME = "soak"
+SUITE = "gpu"
+UNIT = "largest memory growth %"
+TITLE = ("Every soak workload (decoders, audio, images, image stream, audio loader, RNN-T feed, "
+         "video feed, extraction) side by side, each in its own process, RSS and per-process GPU "
+         "memory every 10 s")
+CONTENDERS = {"all": "every workload at once, each in its own process"}
+RATIOS = []
+ROUNDS = 1
+PARAMS = {"minutes": 8.0, "interval": 10.0, "warmup": 0.2, "device": "cuda"}
+QUICK = {"minutes": 0.5, "interval": 2.0}
+REQUIRES = ("gpu",)
+
+
+def prepare(ctx):
+    return make_media(os.path.join(ctx.data_dir, "soak"), ctx.data_dir, ctx.quick)
+
+
+def _one(name, ctx_json):
+    """One workload's soak (run in its own process)."""
+    from benchmarks.harness import Context
+
+    ctx = Context.from_json(ctx_json)
+    p = ctx.params
+    print("SOAK " + json.dumps(soak(name, WORKLOADS[name], ctx.data, p["device"], p["minutes"],
+                                    p["interval"], p["warmup"]), default=str), flush=True)
+
+
+def measure(ctx, name):
+    import subprocess
+
+    from benchmarks.harness import ROOT
+
+    code = "import sys; from benchmarks.workloads import soak; soak._one(sys.argv[1], sys.argv[2])"
+    procs = [(n, subprocess.Popen([sys.executable, "-c", code, n, ctx.to_json()], cwd=ROOT,
+                                  stdout=subprocess.PIPE, text=True))
+             for n in WORKLOADS]
     results = []
-    if a.parallel:
-        import subprocess
-
-        procs = []
-        for n in names:
-            sub = os.path.join(a.out, n)
-            cmd = [sys.executable, os.path.abspath(__file__), "--out", sub, "--only", n,
-                   "--minutes", str(a.minutes), "--interval", str(a.interval),
-                   "--warmup", str(a.warmup), "--device", a.device]
-            if a.data:
-                cmd += ["--data", a.data]
-            procs.append((n, sub, subprocess.Popen(cmd, stdout=subprocess.DEVNULL)))
-        for n, sub, p in procs:
-            p.wait()
-            try:
-                with open(os.path.join(sub, "soak.json")) as f:
-                    results += json.load(f)
-            except OSError:
-                results.append({"name": n, "error": f"exit {p.returncode}, no result"})
-    else:
-        for n in names:
-            log(f"soak {n} on {a.device} for {a.minutes} min ...")
-            results.append(soak(n, WORKLOADS[n], media, a.device, a.minutes, a.interval,
-                                a.warmup))
-            with open(os.path.join(a.out, "soak.json"), "w") as f:
-                json.dump(results, f, indent=1)
-    with open(os.path.join(a.out, "soak.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    log(f"{'workload':14} {'device':7} {'steps':>7} {'RSS MB':>14} {'RSS growth':>11} "
-        f"{'GPU growth':>11}  verdict")
-    for r in results:
-        if "error" in r:
-            log(f"{r['name']:14} {a.device:7} error: {r['error']}")
-            continue
-
-        def pct(g):
-            return "n/a" if g is None else f"{100 * g:+.2f}%"
-
-        mb = f"{r['rss_mb_after_warmup']:.0f}->{r['rss_mb_end']:.0f}"
-        log(f"{r['name']:14} {r['device']:7} {r['steps']:7d} {mb:>14} {pct(r['rss_growth']):>11} "
-            f"{pct(r['gpu_growth']):>11}  {'flat' if r['flat'] else 'GROWS'}")
-
-
-if __name__ == "__main__":
-    main()
+    for n, proc in procs:
+        out, _ = proc.communicate()
+        got = [ln[5:] for ln in out.splitlines() if ln.startswith("SOAK ")]
+        results.append(json.loads(got[-1]) if got else
+                       {"name": n, "error": f"exit {proc.returncode}, no result"})
+    growths = [100 * g for r in results for g in (r.get("rss_growth"), r.get("gpu_growth"))
+               if g is not None]
+    summary = {r["name"]: {k: r.get(k) for k in ("rss_growth", "gpu_growth", "flat", "steps",
+                                                  "rss_mb_after_warmup", "rss_mb_end", "error")}
+               for r in results}
+    return (max(growths) if growths else None), {"workloads": summary,
+                                                 "all_flat": all(r.get("flat") for r in results),
+                                                 "series": results}

@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Clip workload of ../shared/benchmarks/README.md: per file a random clip of 16 frames, stride 4,
+"""The clip workload: per file a random clip of 16 frames, stride 4,
 RGB -> short side 224 (bilinear) -> center crop 224 -> ImageNet-normalized fp16 [16, 3, 224, 224],
 16 threads over the H.264 640x360 files of --data. Measured, in one run:
 
@@ -8,91 +7,49 @@ RGB -> short side 224 (bilinear) -> center crop 224 -> ImageNet-normalized fp16 
   thread) + samplers.sample_random_clips + ops.image.resize_crop_normalize. avpipe_simple_clip_cps: the same through PyNvVideoCodec's
   SimpleDecoder (AVPIPE_NVDEC_PACKETS=0); avpipe_packets_chunk1_clip_cps / _chunk16_: one / 16
   packets per Decode (the default here is 64).
-  Cold contenders: avpipe_cold_clip_cps runs on 512+ distinct paths (hard links to the files), so
-  every open in a pass misses the 256-entry scan cache (what a dataset of more than a few hundred
-  videos sees); avpipe_nocache_clip_cps switches the scan cache off. avpipe_clip_cps and
+  Cold contenders: avpipe_pagecold_clip_cps runs on 512+ distinct copies of the files, each
+  pass starting with every copy dropped from the page cache (fsync + posix_fadvise DONTNEED,
+  :mod:`benchmarks.cache`): every open misses the 256-entry scan cache and every read goes to
+  the disk; avpipe_nocache_clip_cps switches the scan cache off. avpipe_clip_cps and
   pynvc_clip_cps also report NVDEC's utilisation (nvidia-smi, median over the run);
   avpipe_clip_nosmi_cps is avpipe_clip_cps without that sampling.
   Timing: 16 workers take clips from one sequence of shuffled passes over the files, each as
   soon as its last clip is done (run_passes' "stream"). avpipe_clip_passes_cps and
-  pynvc_clip_passes_cps time pass by pass instead, as anchors.py does: with 32 files every
-  thread waits for each pass's slowest clip every two clips.
+  pynvc_clip_passes_cps time pass by pass instead: with 32 files every thread waits for each
+  pass's slowest clip every two clips.
   avpipe_feed_iter_cps iterates ClipFeed itself (batches of 8) over the files listed 16 times.
 * pynvc_clip_cps  — plain PyNvVideoCodec SimpleDecoder (RGB output, get_batch_frames_by_index)
   + the same transform.
-* dali_video_reader_cps — DALI fn.readers.video (GPU) + resize + crop_mirror_normalize.
+* dali_video_reader_cps — DALI fn.readers.video (GPU) + resize + crop_mirror_normalize, one
+  pipeline (one NVDEC session). dali_video_pN_cps: N such pipelines (each over its shard of the
+  files, its own NVDEC session) run side by side from N threads; "dali_video_tuned" is the best
+  of 1, 2, 4 and 8 (as many as saturate the GPU).
 
-    python3 benchmarks/bench_video.py --data /tmp/bench --out DIR [--budget 15] [--only a,b]
-        [--repeat N]
-
-Each measurement is isolated by try/except; results go to DIR/bench_video.json, a table last.
-``--repeat N`` runs the contenders in N interleaved rounds (a b a b ...): each value is the
-median of its rounds (every round's value in ``runs``), so ratios are ratios of medians.
+Each measurement runs in a fresh process (:mod:`benchmarks.harness`).
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import glob
-import json
 import os
 import random
-import sys
 import threading
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import _timing  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
 CLIP_LEN, STRIDE, CROP, THREADS = 16, 4, 224, 16
 SPAN = (CLIP_LEN - 1) * STRIDE + 1
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
-REF_PYNVC, REF_DALI, DECODE_BOUND = 87.5, 19.8, 144.0
 
 
-def log(*a):
-    print(*a, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
 # data
 # ---------------------------------------------------------------------------------------------
 
-def find_files(data_dir, n_min=4):
-    files = sorted(glob.glob(os.path.join(data_dir, "videos_640x360_*f", "h264_*.mp4")))
-    if len(files) >= n_min:
-        return files
-    # no anchor data: make a small set of our own (libx264, 640x360, 300 frames)
-    import av
-
-    out_dir = os.path.join(data_dir, "bench_video_h264")
-    os.makedirs(out_dir, exist_ok=True)
-    files = []
-    for i in range(16):
-        p = os.path.join(out_dir, f"h264_{i:03d}.mp4")
-        if not os.path.exists(p):
-            rng = np.random.default_rng(i)
-            base = rng.integers(0, 255, (360 + 64, 640 + 64, 3), dtype=np.uint8)
-            with av.open(p + ".tmp", "w", format="mp4") as out:
-                st = out.add_stream("libx264", rate=30)
-                st.width, st.height, st.pix_fmt = 640, 360, "yuv420p"
-                st.options = {"preset": "veryfast", "crf": "23"}
-                for t in range(300):
-                    img = base[t % 64:t % 64 + 360, (2 * t) % 64:(2 * t) % 64 + 640]
-                    for pkt in st.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")):
-                        out.mux(pkt)
-                for pkt in st.encode(None):
-                    out.mux(pkt)
-            os.replace(p + ".tmp", p)
-        files.append(p)
-    return files
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,7 +117,7 @@ def run_passes(clip_fn, files, budget, max_passes=40):
     * ``"stream"`` (default): each worker takes the next ``(file, seed)`` of one sequence of
       passes over ``files`` (each pass in a new seeded order) as soon as its last clip is done;
       the clips finished by the end count. What a feed that keeps its threads busy sees.
-    * ``"passes"``: ``pool.map`` over one pass at a time, as ``anchors.py`` times its
+    * ``"passes"``: ``pool.map`` over one pass at a time, as a plain loader times its
       PyNvVideoCodec clips. Over 32 files a pass is two clips a thread, and every thread waits
       for the pass's slowest clip before the next pass starts (the barrier costs the rate
       more the fewer files a pass has)."""
@@ -198,6 +155,10 @@ def run_passes(clip_fn, files, budget, max_passes=40):
                 with lock:
                     item = next(state["items"], None)
                     if item is None:
+                        if HARNESS.get("evict"):  # each pass starts with the files cold
+                            from benchmarks.cache import evict
+
+                            evict(files)
                         state["items"] = iter(pass_items(state["pass"]))
                         state["pass"] += 1
                         item = next(state["items"])
@@ -220,11 +181,11 @@ def run_passes(clip_fn, files, budget, max_passes=40):
                           "harness": HARNESS["mode"], "errors": errors}
 
 
-HARNESS = {"mode": "stream"}
+HARNESS = {"mode": "stream", "evict": False}
 
 
 def _passes(bench):
-    """``bench`` timed pass by pass (:func:`run_passes`' ``"passes"``, anchors.py's way)."""
+    """``bench`` timed pass by pass (:func:`run_passes`' ``"passes"``)."""
 
     def run(files, budget):
         old = HARNESS["mode"]
@@ -355,42 +316,87 @@ def bench_dali(files, budget):
     return clips / secs, {"clips": clips, "seconds": round(secs, 3), "iters": iters, "batch": batch}
 
 
-@contextlib.contextmanager
-def distinct_paths(files, copies=512):
-    """At least ``copies`` distinct paths to ``files`` (hard links, or copies where links cannot
-    be made) in a temporary folder beside them, removed afterwards: opening them all misses
-    every per-path cache, as an epoch over a real dataset does."""
-    import shutil
-    import tempfile
-
-    d = tempfile.mkdtemp(prefix="cold_", dir=os.path.dirname(os.path.abspath(files[0])))
-    try:
-        many = []
-        for k in range(max(1, -(-copies // len(files)))):
-            for f in files:
-                p = os.path.join(d, f"{k:03d}_{os.path.basename(f)}")
-                try:
-                    os.link(f, p)
-                except OSError:
-                    shutil.copyfile(f, p)
-                many.append(p)
-        yield many
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def _cold(bench, copies=512):
-    """``bench`` on at least ``copies`` distinct paths (:func:`distinct_paths`), so that every
-    open in a pass misses the 256-entry scan cache: what a dataset of more than a few hundred
-    videos sees."""
+def _page_cold(bench, copies=512):
+    """``bench`` on at least ``copies`` distinct copies of the files (not links: a link shares
+    its inode's cached pages), every copy dropped from the page cache before the measurement
+    and again at the start of each pass: every open misses the scan cache, every read goes to
+    the disk."""
 
     def run(files, budget):
-        with distinct_paths(files, copies) as many:
-            cps, extra = bench(many, budget)
-        extra["distinct_paths"] = len(many)
+        import shutil
+        import tempfile
+
+        from benchmarks import cache
+
+        d = tempfile.mkdtemp(prefix="cold_", dir=os.path.dirname(os.path.abspath(files[0])))
+        try:
+            many = cache.cold_copies(files, d, copies)
+            dropped = cache.drop_all()
+            resident = max(cache.resident_fraction(p) or 0.0 for p in many[:64])
+            HARNESS["evict"] = True
+            try:
+                cps, extra = bench(many, budget)
+            finally:
+                HARNESS["evict"] = False
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        extra.update(distinct_paths=len(many), resident_fraction_before=resident,
+                     drop_caches=dropped, evicted_each_pass=True)
         return cps, extra
 
     return run
+
+
+def bench_dali_pipes(files, budget, pipes):
+    """``pipes`` DALI video pipelines side by side (each over its shard of ``files``, its own
+    NVDEC session, run from its own thread), clips summed. No more pipelines than files (a
+    shard must hold one)."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    batch = 8
+    pipes = max(1, min(pipes, len(files)))
+
+    def build(i):
+        @pipeline_def(batch_size=batch, num_threads=max(2, 8 // pipes), device_id=0,
+                      seed=1234 + i, prefetch_queue_depth=2)
+        def pipe_fn():
+            video = fn.readers.video(device="gpu", filenames=files, sequence_length=CLIP_LEN,
+                                     stride=STRIDE, step=64, random_shuffle=True,
+                                     initial_fill=32, shard_id=i, num_shards=pipes,
+                                     name="Reader")
+            if isinstance(video, (list, tuple)):
+                video = video[0]
+            video = fn.resize(video, resize_shorter=CROP)
+            return fn.crop_mirror_normalize(video, crop=(CROP, CROP), dtype=types.FLOAT16,
+                                            mean=[m * 255 for m in MEAN],
+                                            std=[s * 255 for s in STD], output_layout="FCHW")
+
+        p = pipe_fn()
+        p.build()
+        return p
+
+    ps = [build(i) for i in range(pipes)]
+    for p in ps:
+        for _ in range(4):
+            out = p.run()[0]
+        out.as_cpu()
+    counts = [0] * pipes
+
+    def loop(i, deadline):
+        out = None
+        while time.perf_counter() < deadline:
+            out = ps[i].run()[0]
+            counts[i] += batch
+        if out is not None:
+            out.as_cpu()
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(pipes) as pool:
+        list(pool.map(loop, range(pipes), [t0 + budget] * pipes))
+    secs = time.perf_counter() - t0
+    return sum(counts) / secs, {"clips": sum(counts), "seconds": round(secs, 3),
+                                "pipelines": pipes, "batch": batch,
+                                "per_pipeline": counts}
 
 
 def _no_scan_cache(bench):
@@ -459,17 +465,17 @@ BENCHES = {
     # the default: the NVDEC packet path (MP4 packets read by position, a native-latency session
     # fed 16-64 packets per Decode by frame size: 64 here)
     "avpipe_clip_cps": _nvdec_utilisation(bench_avpipe),
-    # cold: 512+ distinct paths (every open misses the scan cache), and the cache switched off
-    "avpipe_cold_clip_cps": _cold(bench_avpipe),
+    # cold: 512+ distinct copies dropped from the page cache, and the scan cache switched off
+    "avpipe_pagecold_clip_cps": _page_cold(bench_avpipe),
     "avpipe_nocache_clip_cps": _no_scan_cache(bench_avpipe),
     # the SimpleDecoder path (every picture from the keyframe on), as before the packet path
     "avpipe_simple_clip_cps": _with_env(bench_avpipe, AVPIPE_NVDEC_PACKETS="0"),
     # the packet path with one packet per Decode call (each picture comes out at the next call)
     "avpipe_packets_chunk1_clip_cps": _with_env(bench_avpipe, AVPIPE_NVDEC_CHUNK="1"),
-    # ... and with 16 packets per call (the default before 2026-12-03's sixteenth session)
+    # ... and with 16 packets per call
     "avpipe_packets_chunk16_clip_cps": _with_env(bench_avpipe, AVPIPE_NVDEC_CHUNK="16"),
     "pynvc_clip_cps": _nvdec_utilisation(bench_pynvc),
-    # both timed pass by pass, with a barrier every 32 clips (as anchors.py times its clips)
+    # both timed pass by pass, with a barrier every 32 clips
     "avpipe_clip_passes_cps": _passes(bench_avpipe),
     "avpipe_clip_nosmi_cps": bench_avpipe,
     "pynvc_clip_passes_cps": _passes(bench_pynvc),
@@ -477,71 +483,68 @@ BENCHES = {
     # files listed 16 times (warm: 32 distinct paths)
     "avpipe_feed_iter_cps": bench_avpipe_feed,
     "dali_video_reader_cps": bench_dali,
+    "dali_video_p2_cps": lambda files, budget: bench_dali_pipes(files, budget, 2),
+    "dali_video_p4_cps": lambda files, budget: bench_dali_pipes(files, budget, 4),
+    "dali_video_p8_cps": lambda files, budget: bench_dali_pipes(files, budget, 8),
+    # the plain PyNvVideoCodec contender on page-cold copies too
+    "pynvc_pagecold_clip_cps": _page_cold(bench_pynvc),
 }
 
+# --- harness ----------------------------------------------------------------------------------
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default="/tmp/bench")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--budget", type=float, default=15.0)
-    ap.add_argument("--only", default="")
-    ap.add_argument("--max-files", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="rounds over the contenders, interleaved (a b a b ...): each value is "
-                         "the median of its rounds")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    files = find_files(args.data)
-    if args.max_files:
-        files = files[: args.max_files]
-    log(f"bench_video: {len(files)} files, e.g. {files[:1]}")
-    names = [n for n in args.only.split(",") if n] or list(BENCHES)
-    results = {"meta": {"files": len(files), "threads": THREADS, "clip_len": CLIP_LEN, "stride": STRIDE,
-                        "budget_s": args.budget, "repeat": args.repeat,
-                        "time": time.strftime("%Y-%m-%dT%H:%M:%S")}, "results": {}}
-    path = os.path.join(args.out, "bench_video.json")
-    runs = {}
-    for rnd, name in ((k, n) for k in range(max(1, args.repeat)) for n in names):
-        log(f"--- {name}" + (f" (round {rnd + 1})" if args.repeat > 1 else ""))
-        t0 = time.time()
-        try:
-            value, extra = BENCHES[name](files, args.budget)
-            entry = {"value": round(value, 2), "unit": "clips/s", "extra": extra}
-        except Exception as e:  # noqa: BLE001
-            traceback.print_exc()
-            entry = {"error": f"{type(e).__name__}: {e}"[:500]}
-        entry["wall_s"] = round(time.time() - t0, 1)
-        runs.setdefault(name, []).append(entry)
-        if args.repeat > 1:  # the round of median value; every round's value beside it
-            entry = _timing.median_run(runs[name])
-        results["results"][name] = entry
-        log(f"RESULT {name} {json.dumps(entry, default=str)}")
-        with open(path, "w") as f:
-            json.dump(results, f, indent=1, default=str)
-        import gc
-
-        gc.collect()
-    r = results["results"]
-    ours = r.get("avpipe_clip_cps", {}).get("value")
-    plain = r.get("pynvc_clip_cps", {}).get("value")
-    log("\nname                      clips/s   vs plain pynvc   vs decode bound (144)")
-    for name, e in r.items():
-        v = e.get("value")
-        if v is None:
-            log(f"{name:25s} error: {e.get('error')}")
-            continue
-        vs = f"{v / plain:6.2f}x" if plain else "   n/a"
-        log(f"{name:25s} {v:8.1f}   {vs}          {v / DECODE_BOUND:6.2f}")
-    # the anchors' file timed PyNvVideoCodec pass by pass: compare it with avpipe timed so
-    passes = r.get("avpipe_clip_passes_cps", {}).get("value")
-    log(f"anchors (README, H200, timed pass by pass): pynvc {REF_PYNVC}, DALI {REF_DALI}; target "
-        "avpipe >= 130 clips/s"
-        + (f"; avpipe pass by pass / anchor-pynvc = {passes / REF_PYNVC:.2f}" if passes else "")
-        + (f"; avpipe as a stream: {ours:.1f}" if ours else ""))
-    log(f"results: {path}")
-    return 0
+NAME = "video"
+SUITE = "gpu"
+UNIT = "clips/s"
+TITLE = ("16-frame clips, stride 4, random start, short side 224 + centre crop 224, "
+         "ImageNet-normalized fp16, 16 threads, 32 H.264 640x360 files")
+CONTENDERS = {
+    "avpipe_clip_cps": "ClipFeed.clip from 16 threads (NVDEC packet path); NVDEC utilisation "
+                       "sampled",
+    "pynvc_clip_cps": "plain PyNvVideoCodec SimpleDecoder (RGB), same transform, 16 threads",
+    "dali_video_reader_cps": "DALI fn.readers.video, 1 pipeline (1 NVDEC session), batch 8, "
+                             "8 threads",
+    "dali_video_p2_cps": "DALI fn.readers.video, 2 pipelines side by side",
+    "dali_video_p4_cps": "DALI fn.readers.video, 4 pipelines side by side",
+    "dali_video_p8_cps": "DALI fn.readers.video, 8 pipelines side by side",
+    "avpipe_pagecold_clip_cps": "avpipe on 512+ copies dropped from the page cache before each "
+                                "pass (every read from the disk, every open a scan-cache miss)",
+    "pynvc_pagecold_clip_cps": "plain PyNvVideoCodec on the same page-cold copies",
+    "avpipe_nocache_clip_cps": "avpipe with the scan cache off",
+    "avpipe_simple_clip_cps": "avpipe through the SimpleDecoder (AVPIPE_NVDEC_PACKETS=0)",
+    "avpipe_packets_chunk1_clip_cps": "avpipe, one packet per Decode call",
+    "avpipe_packets_chunk16_clip_cps": "avpipe, 16 packets per Decode call",
+    "avpipe_clip_passes_cps": "avpipe timed pass by pass (a barrier every pass)",
+    "pynvc_clip_passes_cps": "plain PyNvVideoCodec timed pass by pass",
+    "avpipe_clip_nosmi_cps": "avpipe_clip_cps without the nvidia-smi sampling",
+    "avpipe_feed_iter_cps": "ClipFeed iterated, batches of 8, files listed 16 times",
+}
+OPTIONAL = ("avpipe_nocache_clip_cps", "avpipe_simple_clip_cps", "avpipe_packets_chunk1_clip_cps",
+            "avpipe_packets_chunk16_clip_cps", "avpipe_clip_passes_cps", "pynvc_clip_passes_cps",
+            "avpipe_clip_nosmi_cps")
+BEST_OF = {"dali_video_tuned": ["dali_video_reader_cps", "dali_video_p2_cps",
+                                "dali_video_p4_cps", "dali_video_p8_cps"]}
+RATIOS = [("avpipe_clip_cps", "dali_video_tuned"), ("avpipe_clip_cps", "pynvc_clip_cps"),
+          ("avpipe_clip_cps", "dali_video_reader_cps"),
+          ("avpipe_pagecold_clip_cps", "pynvc_pagecold_clip_cps"),
+          ("avpipe_pagecold_clip_cps", "avpipe_clip_cps")]
+PARAMS = {"budget": 8.0, "max_files": 0}
+QUICK = {"budget": 3.0}
+REQUIRES = ("gpu", "cupy", "PyNvVideoCodec")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def prepare(ctx):
+    from benchmarks import data
+
+    return {"h264": data.anchor_data(ctx.data_dir, ctx.quick)["h264"]}
+
+
+def measure(ctx, name):
+    files = ctx.data["h264"]
+    if ctx.params.get("max_files"):
+        files = files[: ctx.params["max_files"]]
+    value, extra = BENCHES[name](files, ctx.params["budget"])
+    return value, extra
+
+
+
+

@@ -1,84 +1,61 @@
 """CPU log-mel with FLAC decode: 256 utterances (16 kHz mono FLAC, 2-16 s), batch 64, NeMo
 features (80 mel), on the CPU only.
 
-    python3 benchmarks/bench_cpu_logmel.py [--data DIR] [--rounds 5] [--threads 2]
-        [--out benchmarks/results/cpu_logmel.json]
-
 Contenders (each one pass over the 256 files per round; the rounds interleave the
 contenders, in an order rotated every round, so that load from elsewhere on the machine falls
 on all of them alike):
 
-* ``avpipe_batched``: ``AudioBatchLoader(device="cpu", decoder="cpu")`` (``--threads`` worker
+* ``avpipe_batched``: ``AudioBatchLoader(device="cpu", decoder="cpu")`` (``threads`` worker
   processes) + ``avpipe.ops.log_mel(preset="nemo")`` on each padded batch of 64.
 * ``nemo_torch``: NeMo's ``FilterbankFeatures`` as written in NeMo (features.py,
   ``FilterbankFeatures.forward`` and ``normalize_batch``, NVIDIA-NeMo/NeMo 009d1c15; the
-  settings of avpipe's "nemo" preset): soundfile reads in ``--threads`` threads, a padded
+  settings of avpipe's "nemo" preset): soundfile reads in ``threads`` threads, a padded
   batch of 64, preemphasis 0.97 masked to the length, ``torch.stft`` (n_fft 512, win 400, hop
   160, symmetric Hann, centred, zero padding), ``|X|`` then ``** 2``, librosa's 80 Slaney mel
   filters (0-8 kHz), ``ln(x + 2^-24)``, per-feature normalization over ``n // 160`` frames
   (n-1 std, + 1e-5), masked to 0 past them; ``torch.set_num_threads(--threads)``.
 * ``librosa_per_file``: soundfile + ``librosa.feature.melspectrogram`` per file (the same
-  window, padding and filters), ln, the same normalization, in ``--threads`` threads.
-* ``avpipe_per_file``: ``avpipe.load_audio`` + ``ops.log_mel`` per file, ``--threads``
+  window, padding and filters), ln, the same normalization, in ``threads`` threads.
+* ``avpipe_per_file``: ``avpipe.load_audio`` + ``ops.log_mel`` per file, ``threads``
   threads.
 
 Before timing, every contender's features of all files are compared with avpipe's
-(``--tolerance``, absolute, over each file's valid frames). The result: each contender's
-audio-seconds per second in every round and their median; ``ratio_*``: avpipe_batched's
-median over the other's median (a ratio of medians, not a median of ratios). Written as JSON
-with the commit, date, library versions and CPU model.
+(``tolerance``, absolute, over each file's valid frames). The contenders live in this process across the rounds.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import os
-import platform
-import subprocess
-import sys
-import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+import numpy as np
 
-import numpy as np  # noqa: E402
-from _timing import median_run  # noqa: E402
+from benchmarks import data as bdata
+from benchmarks.harness import log
 
+NAME = "cpu_logmel"
+SUITE = "cpu"
+UNIT = "audio-s/s"
+TITLE = ("NeMo log-mel (80 mel) with FLAC decode, batch 64, 256 utterances of 2-16 s, on the "
+         "CPU")
 SR = 16000
 BATCH = 64
-COUNT = 256
-CONTENDERS = ["avpipe_batched", "nemo_torch", "librosa_per_file", "avpipe_per_file"]
+CONTENDERS = {
+    "avpipe_batched": "AudioBatchLoader(device=cpu, decoder=cpu, threads worker processes) + "
+                      "ops.log_mel(preset=nemo) per padded batch of 64",
+    "nemo_torch": "NeMo FilterbankFeatures written out in torch; soundfile in 2 threads, "
+                  "torch.set_num_threads(2)",
+    "librosa_per_file": "soundfile + librosa.feature.melspectrogram per file, 2 threads",
+    "avpipe_per_file": "avpipe.load_audio + ops.log_mel per file, 2 threads",
+}
+RATIOS = [("avpipe_batched", "nemo_torch"), ("avpipe_batched", "librosa_per_file"),
+          ("avpipe_batched", "avpipe_per_file")]
+PARAMS = {"files": 256, "threads": 2, "tolerance": 1e-3}
+QUICK = {"files": 32}
+REQUIRES = ("torch", "librosa", "scipy")
 
 
-def log(*a):
-    print(*a, flush=True)
-
-
-def ensure_data(data_dir):
-    """COUNT speech-like FLAC files, 2-16 s (bench_audio's generator: deterministic, made
-    once and kept in ``data_dir``)."""
-    from bench_audio import _gen_one
-
-    d = os.path.join(data_dir, "audio_flac_16k")
-    os.makedirs(d, exist_ok=True)
-    paths = [os.path.join(d, f"utt_{i:04d}.flac") for i in range(COUNT)]
-    todo = [(p, i) for i, p in enumerate(paths) if not os.path.exists(p)]
-    if todo:
-        log(f"generating {len(todo)} FLAC files in {d}")
-        with ThreadPoolExecutor(os.cpu_count() or 1) as ex:
-            list(ex.map(_gen_one, todo))
-    return paths
-
-
-# ---------------------------------------------------------------------------------------------
-# contenders: each a function of the files -> (audio seconds, {path: features [80, frames]})
-# ---------------------------------------------------------------------------------------------
+def prepare(ctx):
+    return {"files": bdata.cpu_flac(ctx.data_dir, ctx.params["files"])["files"]}
 
 
 class AvpipeBatched:
@@ -251,110 +228,72 @@ MAKERS = {"avpipe_batched": AvpipeBatched, "nemo_torch": NemoTorch,
           "librosa_per_file": LibrosaPerFile, "avpipe_per_file": AvpipePerFile}
 
 
-# ---------------------------------------------------------------------------------------------
 
 
-def environment():
-    def version(mod):
+class Session:
+    """Every contender built once; one pass each, kept, checks the features agree (and warms
+    every path up) before the rounds."""
+
+    def __init__(self, ctx):
+        self.names = list(ctx.contenders or CONTENDERS)
+        files, threads = ctx.data["files"], ctx.params["threads"]
+        self.objs = {}
         try:
-            return __import__(mod).__version__
-        except Exception:  # noqa: BLE001 - missing: reported as such
-            return None
+            for c in self.names:
+                self.objs[c] = MAKERS[c](files, threads)
+            self.agreement = agreement(self.objs, self.names, ctx.params["tolerance"])
+        except BaseException:
+            self.close()
+            raise
 
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                    cwd=ROOT, capture_output=True, text=True).stdout.strip())
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty = None, None
-    return {"commit": commit, "dirty": dirty,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "cpu": cpu, "cpu_count": os.cpu_count(),
-            "python": platform.python_version(),
-            **{m: version(m) for m in ("numpy", "scipy", "torch", "librosa", "soundfile")}}
+    def measure(self, name):
+        import time
 
+        t0 = time.perf_counter()
+        secs, _ = self.objs[name].epoch()
+        dt = time.perf_counter() - t0
+        return secs / dt, {"seconds": round(dt, 3), "audio_seconds": round(secs, 1),
+                           "max_abs_difference_from_first":
+                               self.agreement.get(name)}
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "avpipe_bench_cpu_logmel"))
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tolerance", type=float, default=1e-3)
-    ap.add_argument("--only", default=",".join(CONTENDERS))
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu_logmel.json"))
-    args = ap.parse_args()
-    if args.rounds < 3:
-        ap.error("--rounds must be at least 3")
-    names = [c for c in args.only.split(",") if c]
-    for c in names:
-        if c not in MAKERS:
-            ap.error(f"--only: unknown contender {c!r} (one of {', '.join(CONTENDERS)})")
-    files = ensure_data(args.data)
-    env = environment()
-    log(json.dumps(env))
-    contenders, agreement = {}, {}
-    try:
-        for c in names:
-            contenders[c] = MAKERS[c](files, args.threads)
-        # one pass each, kept: the features agree (and the first pass warms every path up)
-        ref = None
-        for c in names:
-            _, feats = contenders[c].epoch(keep=True)
-            if ref is None:
-                ref = feats
-                continue
-            worst = 0.0
-            for p, f in ref.items():
-                g = feats[p]
-                if g.shape != f.shape:
-                    raise SystemExit(f"{c}: {p} has shape {g.shape}, {names[0]} {f.shape}")
-                worst = max(worst, float(np.abs(g.astype(np.float64) - f).max()))
-            agreement[c] = worst
-            log(f"{c}: max |difference| from {names[0]} {worst:.2e}")
-            if worst > args.tolerance:
-                raise SystemExit(f"{c} disagrees with {names[0]} by {worst:.2e} > {args.tolerance}")
-        runs = {c: [] for c in names}
-        for r in range(args.rounds):
-            order = names[r % len(names):] + names[: r % len(names)]
-            for c in order:
-                t0 = time.perf_counter()
-                secs, _ = contenders[c].epoch()
-                dt = time.perf_counter() - t0
-                runs[c].append({"value": secs / dt, "seconds": dt, "audio_seconds": secs})
-                log(f"round {r} {c:18s} {secs / dt:8.1f} audio-s/s ({dt:.2f} s)")
-    finally:
-        for obj in contenders.values():
+    def close(self):
+        for obj in self.objs.values():
             obj.close()
-    medians = {c: median_run(runs[c])["value"] for c in names}
-    result = {
-        "workload": {"files": COUNT, "batch": BATCH, "seconds_2_to": 16, "format": "FLAC 16 kHz "
-                     "mono PCM_16", "preset": "nemo", "threads": args.threads,
-                     "audio_seconds": round(runs[names[0]][0]["audio_seconds"], 1)},
-        "environment": env,
-        "rounds": args.rounds,
-        "audio_seconds_per_second": {c: [round(x["value"], 1) for x in runs[c]] for c in names},
-        "median": {c: round(v, 1) for c, v in medians.items()},
-        "max_abs_difference_from_" + names[0]: agreement,
-        "tolerance": args.tolerance,
-    }
-    if "avpipe_batched" in medians:
-        for c in names:
-            if c != "avpipe_batched":
-                result[f"ratio_avpipe_batched_over_{c}"] = round(medians["avpipe_batched"]
-                                                                 / medians[c], 3)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
-    log(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=1))
+        self.objs = {}
 
 
-if __name__ == "__main__":
-    main()
+def agreement(objs, names, tolerance):
+    """The largest difference of each contender's features from the first's, over each file's
+    valid frames; a contender beyond ``tolerance`` stops the run."""
+    ref, out = None, {}
+    for c in names:
+        _, feats = objs[c].epoch(keep=True)
+        if ref is None:
+            ref = feats
+            continue
+        worst = 0.0
+        for p, f in ref.items():
+            g = feats[p]
+            if g.shape != f.shape:
+                raise RuntimeError(f"{c}: {p} has shape {g.shape}, {names[0]} {f.shape}")
+            worst = max(worst, float(np.abs(g.astype(np.float64) - f).max()))
+        out[c] = worst
+        log(f"{c}: max |difference| from {names[0]} {worst:.2e}")
+        if worst > tolerance:
+            raise RuntimeError(f"{c} disagrees with {names[0]} by {worst:.2e} > {tolerance}")
+    return out
+
+
+_LAST = {}
+
+
+def session(ctx):
+    _LAST["session"] = Session(ctx)
+    return _LAST["session"]
+
+
+def finish(ctx):
+    sess = _LAST.pop("session", None)
+    return {} if sess is None else {
+        f"max_abs_difference_from_{sess.names[0]}": sess.agreement,
+        "tolerance": ctx.params["tolerance"]}

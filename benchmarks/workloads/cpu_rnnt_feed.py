@@ -2,14 +2,13 @@
 """The RNN-T training feed on the CPU: avpipe's ``rnnt_feed`` against a lhotse pipeline doing
 the same work, in interleaved rounds.
 
-    PYTHONPATH=$PWD:SITE python3 benchmarks/bench_cpu_rnnt_feed.py [--rounds 3] [--batch 32]
+lhotse comes with the dev extras (or ``pip install --no-deps --target SITE lhotse`` plus its
+pure-Python dependencies cytoolz, toolz, intervaltree, sortedcontainers, tabulate, then
+``PYTHONPATH=$PWD:SITE``).
 
-SITE: a folder with lhotse (``pip install --no-deps --target SITE lhotse`` plus its missing
-pure-Python dependencies: cytoolz, toolz, intervaltree, sortedcontainers, tabulate).
-
-Workload: ``--files`` (256) speech-like FLAC files of 2-16 s at 16 kHz (bench_audio.py's
-generator, deterministic, cached in ``--data``) and a NeMo manifest of them (JSON lines:
-audio_filepath, duration, text). One epoch per run, batch ``--batch``; the rate is manifest
+Workload: ``files`` (256) speech-like FLAC files of 2-16 s at 16 kHz (:func:`benchmarks.data.cpu_flac`,
+deterministic, cached in the data folder) and a NeMo manifest of them (JSON lines:
+audio_filepath, duration, text). One epoch per run, batch ``batch``; the rate is manifest
 audio-seconds per second of the epoch's wall time, from building the feed (manifest read
 included) to the last batch.
 
@@ -41,116 +40,99 @@ masks filled with the features' mean (avpipe: 0, NeMo's value) and time masks si
 ``check`` compares un-augmented features of a few files (Pearson correlation, each avpipe
 band against the lhotse band of the nearest centre frequency).
 
-Rounds are interleaved (each round runs every contender once, in an order that alternates
-between rounds); the result is each contender's median round, and the ratio avpipe / lhotse's
-best median. Writes ``benchmarks/results/cpu_rnnt_feed.json`` (``--out``).
+The headline ratio is avpipe's median over the median of lhotse's best worker count
+(``lhotse_best``). ``check`` runs once before the rounds; ``avpipe_profiled`` (only when named:
+``--contenders avpipe_profiled``) is avpipe's epoch with its stages timed, and one batch's
+stages run serially.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
-import subprocess
-import sys
 import time
+from types import SimpleNamespace
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+import numpy as np
 
-import numpy as np  # noqa: E402
+from benchmarks import data as bdata
+from benchmarks.data import read_manifest
+from benchmarks.harness import cpu_seconds
 
+NAME = "cpu_rnnt_feed"
+SUITE = "cpu"
+UNIT = "audio-s/s"
+TITLE = ("The RNN-T training feed on the CPU (256 FLAC of 2-16 s, batch 32: speed perturbation, "
+         "dither, log-mel, SpecAugment), one epoch per fresh process, from building the feed to "
+         "the last batch")
 SR = 16000
 FACTORS = [round(0.85 + 0.01 * k, 2) for k in range(31)]
+CONTENDERS = {
+    "avpipe": "rnnt_feed(device=cpu, training=True): speed U(0.85, 1.15), dither 1e-5, NeMo "
+              "log-mel, SpecAugment; default threads",
+    "lhotse_w0": "lhotse K2SpeechRecognitionDataset: PerturbSpeed, OnTheFlyFeatures(Fbank, "
+                 "dither 1e-5), per-feature norm, SpecAugment; DataLoader 0 workers",
+    "lhotse_w1": "the same lhotse pipeline, DataLoader 1 worker",
+    "lhotse_w2": "the same lhotse pipeline, DataLoader 2 workers",
+    "avpipe_profiled": "avpipe's epoch with its stages timed (a profile, not a contender)",
+}
+OPTIONAL = ("avpipe_profiled",)
+BEST_OF = {"lhotse_best": ["lhotse_w0", "lhotse_w1", "lhotse_w2"]}
+RATIOS = [("avpipe", "lhotse_best"), ("avpipe", "lhotse_w0"), ("avpipe", "lhotse_w1"),
+          ("avpipe", "lhotse_w2")]
+PARAMS = {"files": 256, "batch": 32}
+QUICK = {"files": 32, "batch": 8}
+REQUIRES = ("torch", "lhotse")
+NOTES = ["lhotse's features differ by design (Kaldi mel filters, framing, mask fill); the "
+         "steps are the same: check's Pearson correlations say how close they are."]
 
 
-def log(*a):
-    print(*a, flush=True)
+def prepare(ctx):
+    d = bdata.cpu_flac(ctx.data_dir, ctx.params["files"])
+    return {"manifest": d["manifest"], "audio_seconds": sum(d["durations"])}
 
 
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process (every thread) and of its waited-for
-    children (worker processes, once joined)."""
-    import resource
-
-    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+def _args(ctx):
+    return SimpleNamespace(manifest=ctx.data["manifest"], batch=ctx.params["batch"])
 
 
-# --- data -------------------------------------------------------------------------------------
+def measure(ctx, name):
+    args, seed = _args(ctx), ctx.round
+    cpu0 = cpu_seconds()
+    if name == "avpipe":
+        secs, first, feats, extra = run_avpipe(args, seed)
+    elif name.startswith("lhotse_w"):
+        secs, first, feats, extra = run_lhotse(args, seed, int(name[len("lhotse_w"):]))
+    elif name == "avpipe_profiled":
+        out, _ = profile(args)
+        return out["audio_s_per_s"], out
+    else:
+        raise ValueError(f"unknown contender {name!r}")
+    cpu = cpu_seconds() - cpu0
+    audio_s = sum(float(m["duration"]) for m in read_manifest(args.manifest))
+    return audio_s / secs, {"seconds": round(secs, 3), "cpu_s": round(cpu, 3),
+                            "audio_s_per_cpu_s": round(audio_s / cpu, 2),
+                            "first_batch_s": round(first, 3), "audio_seconds": round(audio_s, 1),
+                            **summarize(feats), **extra}
 
 
-def ensure_data(data_dir: str, count: int) -> tuple[str, list[str], list[float]]:
-    """``count`` FLAC files (bench_audio.py's speech-like generator, seeded by index) in
-    ``data_dir/flac`` and their NeMo manifest ``data_dir/manifest_<count>.jsonl``."""
-    import soundfile as sf
-    from bench_audio import _gen_one
+def check(ctx):
+    """Un-augmented features of a few files against lhotse's (:func:`compare`), in a child
+    process (lhotse and torch stay out of the parent)."""
+    import subprocess
+    import sys
 
-    d = os.path.join(data_dir, "flac")
-    os.makedirs(d, exist_ok=True)
-    files = [os.path.join(d, f"utt_{i:04d}.flac") for i in range(count)]
-    todo = [(p, i) for i, p in enumerate(files) if not os.path.exists(p)]
-    if todo:
-        log(f"generating {len(todo)} FLAC files in {d}")
-        from concurrent.futures import ProcessPoolExecutor
+    from benchmarks.harness import ROOT
 
-        with ProcessPoolExecutor(2) as ex:
-            list(ex.map(_gen_one, todo, chunksize=4))
-    manifest = os.path.join(data_dir, f"manifest_{count}.jsonl")
-    durs = [sf.info(p).frames / SR for p in files]
-    if not os.path.exists(manifest):
-        with open(manifest + ".tmp", "w") as f:
-            for i, (p, dur) in enumerate(zip(files, durs)):
-                f.write(json.dumps({"audio_filepath": p, "duration": dur,
-                                    "text": f"utterance number {i}"}) + "\n")
-        os.replace(manifest + ".tmp", manifest)
-    return manifest, files, durs
-
-
-def read_manifest(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def environment() -> dict:
-    """Commit, date, CPU model and the versions a result depends on."""
-    import numpy
-    import soundfile
-    import torch
-
-    def git(*a):
-        try:
-            return subprocess.check_output(["git", *a], cwd=ROOT, text=True).strip()
-        except Exception:  # noqa: BLE001
-            return None
-
-    cpu = platform.processor()
+    code = ("import json,sys; from benchmarks.harness import Context; "
+            "from benchmarks.workloads import cpu_rnnt_feed as w; "
+            "print(json.dumps(w.compare(w._args(Context.from_json(sys.argv[1])))))")
+    p = subprocess.run([sys.executable, "-c", code, ctx.to_json()], capture_output=True,
+                       text=True, cwd=ROOT, timeout=600)
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        import lhotse
-
-        lv = lhotse.__version__
-    except ImportError:
-        lv = None
-    import avpipe
-
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain")),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpu": cpu,
-            "cpus": os.cpu_count(), "python": platform.python_version(),
-            "versions": {"numpy": numpy.__version__, "torch": torch.__version__,
-                         "lhotse": lv, "soundfile": soundfile.__version__,
-                         "avpipe": getattr(avpipe, "__version__", None)},
-            "torch_threads": torch.get_num_threads()}
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"error": (p.stderr or p.stdout)[-800:]}
 
 
 # --- contenders -------------------------------------------------------------------------------
@@ -267,32 +249,6 @@ def run_lhotse(args, seed, workers):
     return secs, first, feats, {"workers": workers}
 
 
-def child(args):
-    name, seed = args.child, args.seed
-    cpu0 = cpu_seconds()
-    if name == "avpipe":
-        secs, first, feats, extra = run_avpipe(args, seed)
-    elif name.startswith("lhotse_w"):
-        secs, first, feats, extra = run_lhotse(args, seed, int(name[len("lhotse_w"):]))
-    elif name == "profile":
-        out, text = profile(args)
-        print(text, flush=True)
-        print("RESULT " + json.dumps({"name": "profile", **out}), flush=True)
-        return
-    elif name == "check":
-        print("RESULT " + json.dumps(check(args)), flush=True)
-        return
-    else:
-        raise SystemExit(f"unknown contender {name!r}")
-    cpu = cpu_seconds() - cpu0
-    audio_s = sum(float(m["duration"]) for m in read_manifest(args.manifest))
-    out = {"name": name, "value": audio_s / secs, "unit": "audio_s/s", "seconds": round(secs, 3),
-           "cpu_s": round(cpu, 3), "audio_s_per_cpu_s": round(audio_s / cpu, 2),
-           "first_batch_s": round(first, 3), "audio_seconds": round(audio_s, 1),
-           **summarize(feats), **extra}
-    print("RESULT " + json.dumps(out), flush=True)
-
-
 def _band_match(n_mels=80, fmax=8000.0):
     """For each of avpipe's Slaney mel bands, the Kaldi (HTK mel) band whose centre frequency
     is nearest: the two filterbanks put band k at different frequencies."""
@@ -308,7 +264,7 @@ def _band_match(n_mels=80, fmax=8000.0):
     return np.abs(ch[None, :] - cs[:, None]).argmin(1)
 
 
-def check(args):
+def compare(args):
     """Un-augmented features of a few files, avpipe's nemo preset against the lhotse Fbank
     configuration above (+ the same normalization): frames, and the Pearson correlation over
     every cell and per band (median), each avpipe band paired with the lhotse band of the
@@ -336,7 +292,7 @@ def check(args):
                      "pearson": round(float(np.corrcoef(a[:, :t].ravel(),
                                                         b[:, :t].ravel())[0, 1]), 4),
                      "pearson_band_median": round(float(np.median(per_band)), 4)})
-    return {"name": "check", "files": rows,
+    return {"files": rows,
             "min_pearson": min(r["pearson"] for r in rows),
             "min_pearson_band_median": min(r["pearson_band_median"] for r in rows)}
 
@@ -364,7 +320,7 @@ def profile(args):
     """avpipe's epoch with its stages timed (pipelined, as run), then one batch's stages one
     after the other on one thread, next to the same batch's log-mel computed per item in
     float32 torch (valid samples only: what a float32, valid-frames log-mel can approach)."""
-    from _timing import report, time_calls
+    from benchmarks._timing import report, time_calls
 
     acc = time_calls(PROFILED)
     secs, first, feats, extra = run_avpipe(args, 0)
@@ -466,94 +422,3 @@ def _serial_batch(args):
     return t
 
 
-def run_child(args, name, seed, env):
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--seed", str(seed),
-           "--manifest", args.manifest, "--batch", str(args.batch)]
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-    wall = time.perf_counter() - t0
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            r = json.loads(line[len("RESULT "):])
-            r["process_wall_s"] = round(wall, 3)
-            return r
-    return {"name": name, "value": None, "error": (p.stderr or p.stdout)[-3000:]}
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="/tmp/avpipe_cpu_anchors")
-    ap.add_argument("--files", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", default="avpipe,lhotse_w0,lhotse_w1,lhotse_w2")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu_rnnt_feed.json"))
-    ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--child", default="")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--manifest", default="")
-    ap.add_argument("--profile", action="store_true",
-                    help="only profile avpipe's side (DIR of --out: cpu_rnnt_feed_profile.json)")
-    args = ap.parse_args()
-    if args.child:
-        child(args)
-        return
-    from _timing import median_run
-
-    args.manifest, files, durs = ensure_data(args.data, args.files)
-    if args.profile:
-        args.child = "profile"
-        out, text = profile(args)
-        log(text)
-        path = os.path.join(os.path.dirname(args.out), "cpu_rnnt_feed_profile.json")
-        with open(path, "w") as f:
-            json.dump({"benchmark": "cpu_rnnt_feed_profile", **environment(), **out}, f,
-                      indent=1)
-        log("wrote", path)
-        return
-    env = dict(os.environ)
-    names = [n for n in args.only.split(",") if n]
-    log(f"{len(files)} files, {sum(durs):.1f} s of audio, batch {args.batch}, "
-        f"{args.rounds} rounds of {names}")
-    chk = run_child(args, "check", 0, env)
-    log("check:", json.dumps(chk))
-    runs = {n: [] for n in names}
-    for r in range(args.rounds):
-        order = names if r % 2 == 0 else names[::-1]
-        for n in order:
-            res = run_child(args, n, r, env)
-            res["round"] = r
-            runs[n].append(res)
-            v = res.get("value")
-            log(f"round {r} {n:10s} " + (f"{v:8.1f} audio-s/s  ({res['seconds']} s)" if v
-                                          else "FAILED " + res.get("error", "")[-800:]))
-    med = {n: median_run(rs) for n, rs in runs.items()}
-    lh = {n: m for n, m in med.items() if n.startswith("lhotse") and m.get("value")}
-    best = max(lh, key=lambda n: lh[n]["value"]) if lh else None
-    cpu_med = {n: median_run(rs, key="audio_s_per_cpu_s").get("audio_s_per_cpu_s")
-               for n, rs in runs.items()}
-    ratio = (med["avpipe"]["value"] / lh[best]["value"]
-             if best and med.get("avpipe", {}).get("value") else None)
-    out = {"benchmark": "cpu_rnnt_feed", **environment(),
-           "workload": {"files": len(files), "audio_seconds": round(sum(durs), 1),
-                        "batch": args.batch, "rounds": args.rounds, "data": args.data},
-           "medians": {n: (round(m["value"], 2) if m.get("value") else None)
-                       for n, m in med.items()},
-           "medians_audio_s_per_cpu_s": cpu_med,
-           "ratio_cpu_efficiency_avpipe_over_lhotse_best": (
-               round(cpu_med["avpipe"] / cpu_med[best], 3)
-               if best and cpu_med.get("avpipe") and cpu_med.get(best) else None),
-           "lhotse_best": best, "ratio_avpipe_over_lhotse_best": round(ratio, 3) if ratio else None,
-           "check": chk, "runs": runs,
-           "command": "PYTHONPATH=$PWD:/work/wt/anchors-site python benchmarks/"
-                      "bench_cpu_rnnt_feed.py " + " ".join(sys.argv[1:])}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    log(json.dumps({k: out[k] for k in ("medians", "lhotse_best", "medians_audio_s_per_cpu_s",
-                                         "ratio_avpipe_over_lhotse_best")}))
-    log("wrote", args.out)
-
-
-if __name__ == "__main__":
-    main()

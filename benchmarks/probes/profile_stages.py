@@ -3,10 +3,10 @@
 feed's per-clip train transform, timed alone (a device synchronize around each step, after a
 warm-up), on data already in memory.
 
-    python3 benchmarks/profile_stages.py --data /tmp/bench --out DIR [--iters 20] [--cpu]
-    python3 benchmarks/profile_stages.py --feeds --data /tmp/bench --out DIR [--batches 30]
+    python -m benchmarks.probes.profile_stages --out DIR [--iters 20] [--cpu]
+    python -m benchmarks.probes.profile_stages --feeds --out DIR [--batches 30]
 
-``--feeds``: the RNN-T and video feeds of ``bench_feeds.py`` run synchronously (``prefetch=0``,
+``--feeds``: the RNN-T and video feeds of ``benchmarks/workloads/feeds.py`` run synchronously (``prefetch=0``,
 so collating runs on this thread) under cProfile, with a device synchronize after each batch:
 the serial milliseconds per batch, and the 25 functions with the most own time and the most
 cumulative time, in DIR/profile_feeds_{rnnt,video}.txt.
@@ -35,11 +35,9 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
 import numpy as np  # noqa: E402
+
+from benchmarks.harness import DEFAULT_DATA, ROOT
 
 SR = 16000
 
@@ -114,12 +112,11 @@ def gpu_alone(xp, name, fn, iters, table, rounds=3):
 
 
 def rnnt(args, xp, run):
-    import bench_audio
-
     from avpipe import load_audio
     from avpipe.ops import audio_augment as aug
     from avpipe.ops.audio import log_mel
     from avpipe.recipes.rnnt import SPEC_AUGMENT, _dither_seed
+    from benchmarks.workloads import audio as bench_audio
 
     files, _ = bench_audio.ensure_data(args.data, count=64)
     rows = [xp.asarray(load_audio(f, sample_rate=SR).samples) for f in files[:64]]
@@ -225,12 +222,11 @@ def video(args, xp, run, device):
 
 
 def chain(args, xp, run):
-    """``bench_augment.py``'s clip chain (8 clips of 16 x 360 x 640): its draws (and the crop
+    """``benchmarks/workloads/augment.py``'s clip chain (8 clips of 16 x 360 x 640): its draws (and the crop
     tables' copy), the application, and each kernel stage alone."""
-    import bench_augment
-
     from avpipe.ops import _augment_kernels as ak
     from avpipe.ops import image_augment as aug
+    from benchmarks.workloads import augment as bench_augment
 
     x = xp.asarray(bench_augment.video_batch(8, 16))
     ch = aug.video_train_chain(224, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)
@@ -263,7 +259,7 @@ def image_rebuild(args, run):
 
     from avpipe.decoding.image import _dali, _nvimgcodec, decode_image_batch
 
-    root = os.path.join(os.path.dirname(HERE), "samples", "images")
+    root = os.path.join(ROOT, "samples", "images")
     good = sorted(glob.glob(os.path.join(root, "**", "*.jp*g"), recursive=True))[0]
     data = open(good, "rb").read()
     bad = data[:200] + bytes(b ^ 0x5A for b in data[200:600]) + data[600:]
@@ -283,9 +279,8 @@ def feeds(args):
     import pstats
     from types import SimpleNamespace
 
-    import bench_feeds
-
     import avpipe
+    from benchmarks.workloads import feeds as bench_feeds
 
     dev = "cpu" if args.cpu else "cuda"
     ns = SimpleNamespace(data=args.data, out=args.out, cpu=args.cpu, threads=16)
@@ -339,7 +334,7 @@ def feeds(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default="/tmp/bench")
+    ap.add_argument("--data", default=DEFAULT_DATA)
     ap.add_argument("--out", default=".")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--cpu", action="store_true")

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Where a clip's time goes in the clip benchmark (``bench_video.py``'s ``avpipe_clip_cps``:
+"""Where a clip's time goes in the clip benchmark (``benchmarks/workloads/video.py``'s ``avpipe_clip_cps``:
 ``ClipFeed.clip`` from a thread pool over the H.264 640x360 files, warm), per step.
 
-    python3 benchmarks/probe_video_clips.py --data /tmp/bench --out DIR [--budget 4]
+    python -m benchmarks.probes.probe_video_clips --out DIR [--budget 4]
 
 Runs the benchmark's avpipe contender with 16 threads, then with 1, each for ``--budget``
 seconds, with the steps of a clip timed by name (``_timing``): the open, the frame selection,
@@ -18,9 +18,7 @@ import argparse
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+from benchmarks.harness import DEFAULT_DATA
 
 TIMED = [
     ("avpipe.pipeline.clips", "decode_clip", "decode_clip (the whole clip)"),
@@ -45,16 +43,16 @@ class _TimedDecoder:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="/tmp/bench")
+    ap.add_argument("--data", default=DEFAULT_DATA)
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=4.0)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    import _timing
-    import bench_video
     import cupy
 
     from avpipe.decoding.video import _nvdec_packets
+    from benchmarks import _timing
+    from benchmarks.workloads import video as bench_video
 
     acc = _timing.time_calls(TIMED)
     make = _nvdec_packets.PacketDecoder._decoder
@@ -69,7 +67,9 @@ def main():
                                                      "Stream.synchronize", acc)
     except (TypeError, AttributeError):
         pass
-    files = bench_video.find_files(args.data)
+    from benchmarks import data
+
+    files = data.anchor_data(args.data)["h264"]
     lines = []
     for threads in (16, 1):
         bench_video.THREADS = threads

@@ -1,21 +1,19 @@
 """Feature extraction to disk: ``avpipe extract`` against a straightforward DALI script.
 
-    python3 benchmarks/bench_extract.py --data /tmp/bench --out DIR [--repeat 32] [--only a,b]
-    python3 benchmarks/bench_extract.py --cpu --out DIR      # small, avpipe only, on the CPU
-
-Workloads (the data of bench_audio.py / bench_video.py: /tmp/bench/audio_flac_16k/utt_*.flac,
-512 files of 2-16 s, and /tmp/bench/videos_640x360_*f/h264_*.mp4; generated when missing):
+Workloads (:func:`benchmarks.data.anchor_data`: 512 FLAC files of 2-16 s and the H.264
+640x360 files):
 
 * ``avpipe_nemo``: ``run_extract(list, preset="nemo", format="tar")`` over a file list that
-  names the 512 FLAC files ``--repeat`` times (a job long enough that start-up does not
-  dominate), on every GPU (``--cpu``: the CPU; ``--devices cuda:0,cuda:0``: two workers on
-  one GPU) -> audio-seconds per second, *written*: the clock runs from the call to the last
+  names the 512 FLAC files ``repeat`` times (a job long enough that start-up does not
+  dominate), on every GPU (``devices``: e.g. ``cuda:0,cuda:0``, two workers on one GPU) -> audio-seconds per second, *written*: the clock runs from the call to the last
   shard renamed into place and the index written.
 * ``dali_nemo``: the same job as one would write it with DALI: fn.readers.file ->
   fn.decoders.audio -> preemphasis_filter -> spectrogram(512/400/160) -> mel_filter_bank(80)
   -> to_decibels (ln) -> normalize (per feature) on the GPU, each batch copied to the host and
-  every utterance's valid frames saved as ``KEY.npy`` into tar shards of 512 (a writer thread).
-  ``--dtype float16``: both store float16 (avpipe's ``dtype``, DALI's fn.cast).
+  every utterance's valid frames saved as ``KEY.npy`` into tar shards of 512, written by as
+  many writer threads as avpipe's (``AVPIPE_EXTRACT_WRITERS``, 4) with the same early
+  writeback (``sync_file_range`` every ``AVPIPE_EXTRACT_WRITEBACK_MB``), fsync'd and renamed.
+  ``dtype`` float16: both store float16 (avpipe's ``dtype``, DALI's fn.cast).
 * ``avpipe_frames``: ``run_extract(videos, preset="frames", fps=1)`` -> files/s (and frames/s).
 * ``dali_frames``: fn.readers.file (each file's bytes, the last batch padded) ->
   fn.experimental.decoders.video (mixed) -> every ``round(fps_file)``-th frame -> resize shorter
@@ -24,58 +22,46 @@ Workloads (the data of bench_audio.py / bench_video.py: /tmp/bench/audio_flac_16
 Besides the total rate, each contender reports ``startup_s``: the time from the start to its
 first shard written (process start, imports, CUDA, kernel compilation, the first shard's work),
 and ``steady``: the rate over the rest (the work after the first shard over the time after it),
-what a long job approaches. Outputs are deleted after they are measured (``--keep`` keeps them).
+what a long job approaches. Outputs are deleted after they are measured (``keep`` keeps them).
 
-Each contender runs in its own child process (a crash or a hang cannot take the others down)
-and prints ``RESULT {json}``; the parent writes DIR/bench_extract.json and a table.
+The job is disk-bound: the disk's own ceiling (:func:`disk_ceiling`: fsync'd tar-sized files
+written by the same number of writer threads, MB/s) is measured before and after the rounds
+and kept beside the results, with each contender's MB/s written.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import math
 import os
 import queue
 import shutil
-import subprocess
-import sys
 import tarfile
 import threading
 import time
-import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 SR = 16000
 BATCH = 64
 SHARD = 512
 VIDEO_SHARD = 64
-CONTENDERS = ["avpipe_nemo", "dali_nemo", "avpipe_frames", "dali_frames"]
 
 
-def log(*a):
-    print(*a, flush=True)
 
 
 def audio_data(args):
-    """The anchor data's FLAC files when present, else bench_audio.py's fallback files (the
-    same layout, made once): ``(files, durations, origin)``."""
-    from bench_audio import durations, ensure_data
+    """The shared data's FLAC files: ``(files, durations, origin)``."""
+    from benchmarks.workloads.audio import durations, ensure_data
 
-    files, origin = ensure_data(args.data, args.files)
+    files, origin = ensure_data(args.data, args.files, getattr(args, "quick", False))
     return files, durations(files), origin
 
 
 def video_data(args):
-    from bench_video import find_files
+    from benchmarks import data
 
-    files = find_files(args.data)
+    files = data.anchor_data(args.data, getattr(args, "quick", False))["h264"]
     return files[: args.videos] if args.videos else files
 
 
@@ -201,18 +187,29 @@ def _done(out, args):
 
 
 class TarShards:
-    """A writer thread: (key, array) -> tar shards of ``size`` members, npy each, fsync +
-    rename. ``first_at``: when the first shard was renamed into place (perf_counter)."""
+    """(key, array) -> tar shards of ``size`` members, npy each, written as avpipe writes its
+    shards: ``writers`` threads (avpipe's ``AVPIPE_EXTRACT_WRITERS``), each file's writeback
+    started every ``AVPIPE_EXTRACT_WRITEBACK_MB`` (avpipe's ``_Writeback``), fsync + rename.
+    ``first_at``: when the first shard was renamed into place (perf_counter)."""
 
-    def __init__(self, out, size=SHARD):
+    def __init__(self, out, size=SHARD, writers=None):
+        from avpipe import settings
+
         os.makedirs(out, exist_ok=True)
         self.out = out
         self.size = size
+        self.writers = writers or settings.extract_writers()
+        self.every = settings.extract_writeback_mb() << 20
         self.first_at = None
         self.first_n = 0
+        self.lock = threading.Lock()
         self.q = queue.Queue(maxsize=8)
+        self.wq = queue.Queue(maxsize=2)  # whole shards, as avpipe's write queue
         self.t = threading.Thread(target=self._run, daemon=True)
-        self.t.start()
+        self.ws = [threading.Thread(target=self._writer, daemon=True)
+                   for _ in range(self.writers)]
+        for t in [self.t, *self.ws]:
+            t.start()
 
     def put(self, items):
         self.q.put(items)
@@ -225,15 +222,25 @@ class TarShards:
                 buf.extend(items)
             while len(buf) >= self.size or (items is None and buf):
                 chunk, buf = buf[: self.size], buf[self.size :]
-                self._write(n, chunk)
+                self.wq.put((n, chunk))
                 n += len(chunk)
             if items is None:
+                for _ in self.ws:
+                    self.wq.put(None)
                 return
+
+    def _writer(self):
+        while True:
+            job = self.wq.get()
+            if job is None:
+                return
+            self._write(*job)
 
     def _write(self, start, chunk):
         path = os.path.join(self.out, f"shard-{start:06d}-{start + len(chunk) - 1:06d}.tar")
         with open(path + ".partial", "wb") as f:
-            with tarfile.open(fileobj=f, mode="w") as tf:
+            out = _EarlyWriteback(f, self.every) if self.every else f
+            with tarfile.open(fileobj=out, mode="w") as tf:
                 for key, arr in chunk:
                     b = io.BytesIO()
                     np.save(b, arr)
@@ -244,12 +251,73 @@ class TarShards:
             f.flush()
             os.fsync(f.fileno())
         os.replace(path + ".partial", path)
-        if self.first_at is None:
-            self.first_at, self.first_n = time.perf_counter(), len(chunk)
+        with self.lock:
+            if self.first_at is None:
+                self.first_at, self.first_n = time.perf_counter(), len(chunk)
 
     def close(self):
         self.q.put(None)
         self.t.join()
+        for t in self.ws:
+            t.join()
+
+
+class _EarlyWriteback:
+    """``f`` whose bytes are handed to the disk every ``every`` bytes written
+    (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, the call avpipe's shard writer makes), for
+    ``tarfile``: ``write`` and ``tell``."""
+
+    def __init__(self, f, every):
+        from avpipe.recipes.extract import _writers
+
+        self.f, self.every, self.pos, self.done = f, int(every), f.tell(), f.tell()
+        self.sync = _writers._SYNC_FILE_RANGE
+        self.flag = _writers._SYNC_FILE_RANGE_WRITE
+
+    def write(self, b):
+        n = self.f.write(b)
+        self.pos += n
+        if self.sync is not None and self.pos - self.done >= self.every:
+            self.f.flush()
+            self.sync(self.f.fileno(), self.done, self.pos - self.done, self.flag)
+            self.done = self.pos
+        return n
+
+    def tell(self):
+        return self.pos
+
+
+def disk_ceiling(folder, total_mb=1024, file_mb=32, writers=None):
+    """The disk's fsync'd write rate in MB/s: ``total_mb`` of incompressible bytes in files of
+    ``file_mb`` (about a shard) written by ``writers`` threads (avpipe's writer count), each file
+    fsync'd and renamed, as the shards are."""
+    from avpipe import settings
+
+    writers = writers or settings.extract_writers()
+    d = os.path.join(folder, "disk_ceiling")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    block = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+    n = max(1, total_mb // file_mb)
+
+    def one(i):
+        p = os.path.join(d, f"f{i:05d}")
+        with open(p + ".partial", "wb") as f:
+            for _ in range(file_mb):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(p + ".partial", p)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(writers) as pool:
+        list(pool.map(one, range(n)))
+    secs = time.perf_counter() - t0
+    shutil.rmtree(d, ignore_errors=True)
+    return {"MB_per_s": round(n * file_mb / secs, 1), "MB": n * file_mb, "file_MB": file_mb,
+            "writers": writers, "seconds": round(secs, 3)}
 
 
 def bench_dali_nemo(args):
@@ -355,107 +423,70 @@ def bench_dali_frames(args):
 # --- driver ---------------------------------------------------------------------------------
 
 
-def child(name, args):
-    try:
-        value, unit, extra = globals()[f"bench_{name}"](args)
-        res = {"name": name, "value": round(value, 1), "unit": unit, "extra": extra}
-    except (ImportError, ModuleNotFoundError) as e:
-        res = {"name": name, "value": None, "error": f"n/a ({type(e).__name__}: {e})"}
-    except Exception as e:  # noqa: BLE001
-        res = {"name": name, "value": None, "error": f"{type(e).__name__}: {e}",
-               "trace": traceback.format_exc()[-2000:]}
-    print("RESULT " + json.dumps(res), flush=True)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="/tmp/bench")
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--work", default=None, help="where outputs are written (default OUT/work)")
-    ap.add_argument("--only", default="")
-    ap.add_argument("--cpu", action="store_true", help="small, avpipe only, on the CPU")
-    ap.add_argument("--files", type=int, default=None, help="FLAC files (default 512; --cpu 24)")
-    ap.add_argument("--repeat", type=int, default=None,
-                    help="passes over them (default 32: about 150,000 audio-s, 4.8 GB of "
-                         "float32 log-mel; --cpu 4)")
-    ap.add_argument("--videos", type=int, default=None, help="video files (default all; --cpu 2)")
-    ap.add_argument("--repeat-video", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=16)
-    ap.add_argument("--batch-size", type=int, default=None, help="avpipe's feature batch")
-    ap.add_argument("--workers", type=int, default=None)
-    ap.add_argument("--devices", default=None,
-                    help="avpipe's devices (default every GPU; --cpu: cpu); e.g. cuda:0,cuda:0")
-    ap.add_argument("--keep", action="store_true", help="keep the outputs")
-    ap.add_argument("--profile", action="store_true",
-                    help="avpipe's per-stage times (AVPIPE_EXTRACT_PROFILE) into the results")
-    ap.add_argument("--dtype", choices=["float32", "float16"], default="float32",
-                    help="the log-mel features' type, avpipe and DALI alike")
-    ap.add_argument("--shard-size", type=int, default=None,
-                    help=f"inputs per audio shard (default {SHARD}; --cpu 24)")
-    ap.add_argument("--video-shard-size", type=int, default=None,
-                    help=f"inputs per video shard (default {VIDEO_SHARD}; --cpu 1)")
-    ap.add_argument("--timeout", type=float, default=540.0)
-    ap.add_argument("--child", default="")
-    args = ap.parse_args()
-    if args.files is None:
-        args.files = 24 if args.cpu else 512
-    if args.repeat is None:
-        args.repeat = 4 if args.cpu else 32
-    if args.shard_size is None:
-        args.shard_size = 24 if args.cpu else SHARD
-    if args.video_shard_size is None:
-        args.video_shard_size = 1 if args.cpu else VIDEO_SHARD
-    if args.videos is None:
-        args.videos = 2 if args.cpu else 0
-    if args.repeat_video is None:
-        args.repeat_video = 1 if args.cpu else 4
-    args.work = args.work or os.path.join(args.out, "work")
-    if args.child:
-        os.makedirs(args.work, exist_ok=True)
-        return child(args.child, args)
-    os.makedirs(args.out, exist_ok=True)
-    default = ["avpipe_nemo", "avpipe_frames"] if args.cpu else CONTENDERS
-    names = [n for n in (args.only.split(",") if args.only else default) if n]
-    results = {"workload": {"cpu": args.cpu, "files": args.files, "repeat": args.repeat,
-                            "shard_size": args.shard_size, "devices": args.devices,
-                            "dtype": args.dtype,
-                            "videos": args.videos, "repeat_video": args.repeat_video,
-                            "cpus": os.cpu_count()}, "results": {}}
-    out_path = os.path.join(args.out, "bench_extract.json")
-    for name in names:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", name,
-               *[a for a in sys.argv[1:] if not a.startswith("--only")]]
-        if "--only" in sys.argv:  # drop the value that followed --only
-            i = sys.argv.index("--only")
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", name,
-                   *sys.argv[1:i], *sys.argv[i + 2 :]]
-        log(f"--- {name}")
-        try:
-            env = {**os.environ, **({"AVPIPE_EXTRACT_PROFILE": "1"} if args.profile else {})}
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                               env=env)
-            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-            res = json.loads(lines[-1][7:]) if lines else {
-                "name": name, "value": None, "error": f"exit {p.returncode}: {p.stderr[-1500:]}"}
-            prof = [ln for ln in p.stderr.splitlines() if ln.startswith("avpipe extract profile")]
-            if prof:
-                res["profile"] = prof
-        except subprocess.TimeoutExpired:
-            res = {"name": name, "value": None, "error": f"timeout after {args.timeout} s"}
-        log(json.dumps(res)[:800])
-        results["results"][name] = res
-        with open(out_path, "w") as f:
-            json.dump(results, f, indent=1)
-    log(f"\n{'contender':<16} {'total':>12} {'startup s':>10} {'steady':>12}  unit")
-    for name, r in results["results"].items():
-        v = r.get("value")
-        ex = r.get("extra", {})
-        shown = "-" if v is None else f"{v:,.1f}"
-        st = "-" if ex.get("startup_s") is None else f"{ex['startup_s']:.2f}"
-        sd = "-" if ex.get("steady") is None else f"{ex['steady']:,.1f}"
-        log(f"{name:<16} {shown:>12} {st:>10} {sd:>12}  {r.get('unit', r.get('error', ''))[:60]}")
-    log(f"wrote {out_path}")
 
 
-if __name__ == "__main__":
-    main()
+
+
+# --- harness ----------------------------------------------------------------------------------
+
+NAME = "extract"
+SUITE = "gpu"
+UNIT = "audio-s/s (nemo) or files/s (frames)"
+TITLE = ("avpipe extract --preset nemo over the 512 FLAC files listed 32 times to tar shards "
+         "(audio-s/s written); the frames preset at 1 fps over the H.264 files (files/s)")
+CONTENDERS = {
+    "avpipe_nemo": "run_extract(preset=nemo, format=tar), every GPU, 4 writer threads, early "
+                   "writeback",
+    "dali_nemo": "DALI decode + log-mel chain, npy into tar shards by the same 4 writer threads "
+                 "with the same early writeback",
+    "avpipe_frames": "run_extract(preset=frames, fps=1) (files/s)",
+    "dali_frames": "DALI experimental.decoders.video, every fps-th frame, resize + crop, tar "
+                   "shards by 4 writer threads (files/s)",
+}
+RATIOS = [("avpipe_nemo", "dali_nemo"), ("avpipe_frames", "dali_frames")]
+NOTES = ["Extraction is bound by the disk: the checks give the disk's own fsync'd write "
+         "ceiling (MB/s, the same writer threads) and each contender's extra its MB/s written."]
+PARAMS = {"files": 512, "repeat": 32, "videos": 0, "repeat_video": 4, "threads": 16,
+          "batch_size": None, "workers": None, "devices": None, "keep": False,
+          "dtype": "float32", "shard_size": SHARD, "video_shard_size": VIDEO_SHARD,
+          "ceiling_mb": 2048, "profile": False}
+QUICK = {"files": 32, "repeat": 2, "videos": 2, "repeat_video": 1, "shard_size": 16,
+         "video_shard_size": 2, "ceiling_mb": 128}
+REQUIRES = ("gpu", "cupy")
+
+
+def _args(ctx):
+    from types import SimpleNamespace
+
+    work = os.path.join(ctx.data_dir, "extract_work")
+    os.makedirs(work, exist_ok=True)
+    return SimpleNamespace(data=ctx.data_dir, work=work, quick=ctx.quick, cpu=False,
+                           **ctx.params)
+
+
+def prepare(ctx):
+    from benchmarks import data
+
+    data.anchor_data(ctx.data_dir, ctx.quick)
+    return {}
+
+
+def measure(ctx, name):
+    if ctx.params.get("profile"):  # avpipe's per-stage times, printed by its workers
+        os.environ["AVPIPE_EXTRACT_PROFILE"] = "1"
+    value, unit, extra = globals()[f"bench_{name}"](_args(ctx))
+    if extra.get("bytes") and extra.get("seconds"):
+        extra["MB_per_s_written"] = round(extra["bytes"] / 1e6 / extra["seconds"], 1)
+    return value, dict(extra, unit=unit)
+
+
+def check(ctx):
+    a = _args(ctx)
+    return {"disk_ceiling_before": disk_ceiling(a.work, a.ceiling_mb)}
+
+
+def finish(ctx):
+    a = _args(ctx)
+    return {"disk_ceiling_after": disk_ceiling(a.work, a.ceiling_mb)}

@@ -1,13 +1,9 @@
 """Training feeds vs DALI: RNN-T audio, video clips, and how idle a 5 ms model step leaves the GPU.
 
-    python3 benchmarks/bench_feeds.py --data /tmp/bench --out DIR [--budget 15] [--only a,b]
-    python3 benchmarks/bench_feeds.py --cpu --data /tmp/bench-cpu --out DIR   # small, no GPU
+Data: :func:`benchmarks.data.anchor_data`'s FLAC (16 kHz, 2-16 s) and H.264 640x360 files; a
+NeMo manifest and a ``path,label`` CSV over them are written to the data folder.
 
-Data: the anchor layout of ``bench_audio.py`` (``DATA/audio_flac_16k/utt_*.flac``, 16 kHz,
-2-16 s; generated when missing) and ``bench_video.py`` (``DATA/videos_640x360_*f/h264_*.mp4``;
-generated when missing). A NeMo manifest and a ``path,label`` CSV over them are written to OUT.
-
-Contenders (each in its own child process; a missing library reports "n/a"):
+Contenders (each in its own child process):
 
 * ``avpipe_rnnt`` — ``avpipe.recipes.rnnt_feed`` (batch 64, training: dither + speed
   perturbation by resampling, factor from U(0.85, 1.15) per utterance, + log-mel "nemo"
@@ -22,57 +18,42 @@ Contenders (each in its own child process; a missing library reports "n/a"):
   where the two separate processes also differ by the host's speed between processes.
 * ``dali_rnnt`` — DALI: readers.file -> decoders.audio -> ``fn.audio_resample`` (in_rate =
   16000 * U(0.85, 1.15)) -> preemphasis -> spectrogram(512/400/160) -> mel 80 -> log ->
-  normalize -> pad, batch 64, audio s/s.
+  normalize -> pad, batch 64, audio s/s. It does less than avpipe_rnnt: no dither and no
+  SpecAugment (said beside its ratio).
 * ``avpipe_video`` — ``avpipe.recipes.video_classification`` (16 frames, stride 4, random
   resized crop 224 + flip, fp16, batch 8), clips/s.
 * ``avpipe_video_noaug`` — the same feed (the same clips decoded) with its per-clip transform
   replaced by the resize of the short side and the centre crop, without the random resized
   crop and flip and their draws (``augmentation_share`` = 1 - avpipe_video /
   avpipe_video_noaug).
-* ``avpipe_video_cold`` — the same feed over 512+ distinct paths (hard links to the files), so
-  every open in an epoch is the first for that path (the per-file scan cache holds 256): what
-  an epoch over a real dataset sees.
+* ``avpipe_video_cold`` — the same feed over 512+ distinct copies of the files, dropped from the
+  page cache before the feed starts (:func:`benchmarks.cache.cold_copies`), so every open in
+  an epoch is the first for that path (the per-file scan cache holds 256) and the first
+  epoch reads from the disk: what an epoch over a real dataset sees.
 * ``dali_video`` — DALI ``fn.readers.video`` (16 frames, stride 4) -> resize shorter 224 ->
   ``crop_mirror_normalize`` (random crop position, coin-flip mirror, fp16), batch 8, clips/s.
 * ``*_idle`` — the same feeds with a stand-in model that takes 5 ms per batch (a GPU spin
   kernel on a GPU, ``time.sleep`` with ``--cpu``): ``gpu_idle_fraction`` = 1 - model time /
   wall time (0: the input keeps up), and the feed's own ``stats()`` verdict.
 
-Each child prints ``RESULT {json}``; the parent writes OUT/bench_feeds.json and a table.
-``--repeat N`` runs the contenders in N interleaved rounds (a b a b ...): each value is the
-median of its rounds (every round's value in ``runs``), each share the ratio of medians (every
-round's own share beside it).
+The augmentation shares (1 - with / without, a ratio of medians) are in the results' checks.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import subprocess
-import sys
 import time
-import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-import _timing  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
 SR = 16000
 BATCH = 64
 VBATCH, CLIP, STRIDE, CROP = 8, 16, 4, 224
 STEP_S = 0.005
-CONTENDERS = ["avpipe_rnnt", "avpipe_rnnt_noaug", "avpipe_rnnt_paired", "dali_rnnt",
-              "avpipe_video", "avpipe_video_noaug", "avpipe_video_cold", "dali_video",
-              "avpipe_rnnt_idle", "dali_rnnt_idle", "avpipe_video_idle", "dali_video_idle"]
 
 
-def log(*a):
-    print(*a, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,12 +62,13 @@ def log(*a):
 
 
 def audio_data(args):
-    import bench_audio
+    from benchmarks.workloads import audio
 
-    count = 24 if args.cpu else 512
-    files, how = bench_audio.ensure_data(args.data, count=count)
+    cpu, quick = getattr(args, "cpu", False), getattr(args, "quick", False)
+    count = 24 if cpu else 512
+    files, how = audio.ensure_data(args.data, count=count, quick=quick)
     files = files[:count]
-    durs = bench_audio.durations(files)
+    durs = audio.durations(files)
     man = os.path.join(args.out, "bench_manifest.jsonl")
     with open(man, "w") as f:
         for p, d in zip(files, durs):
@@ -96,10 +78,10 @@ def audio_data(args):
 
 
 def video_data(args):
-    import bench_video
+    from benchmarks import data
 
-    files = bench_video.find_files(args.data)
-    if args.cpu:
+    files = data.anchor_data(args.data, getattr(args, "quick", False))["h264"]
+    if getattr(args, "cpu", False):
         files = files[:2]
     return _write_csv(os.path.join(args.out, "bench_videos.csv"), files), files
 
@@ -293,13 +275,22 @@ def run_dali_rnnt(args, idle=False):
 
 
 def run_avpipe_video_cold(args, idle=False, copies=512):
-    """The video feed over ``copies``+ distinct paths (``bench_video.distinct_paths``)."""
-    import bench_video
+    """The video feed over ``copies``+ distinct copies of the files, dropped from the page
+    cache before the feed starts (:func:`benchmarks.cache.cold_copies`)."""
+    import shutil
+    import tempfile
+
+    from benchmarks import cache
 
     _, files = video_data(args)
-    with bench_video.distinct_paths(files, copies) as many:
+    d = tempfile.mkdtemp(prefix="cold_", dir=os.path.dirname(os.path.abspath(files[0])))
+    try:
+        many = cache.cold_copies(files, d, copies)
+        cache.drop_all()
         csv = _write_csv(os.path.join(args.out, "bench_videos_cold.csv"), many)
         out = run_avpipe_video(args, idle=idle, csv=csv, files=many)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
     out["distinct_paths"] = len(many)
     return out
 
@@ -397,116 +388,69 @@ RUNNERS = {
 AUG_SHARE = {"avpipe_rnnt": "avpipe_rnnt_noaug", "avpipe_video": "avpipe_video_noaug"}
 
 
-def child(name, args):
-    base, idle = (name[:-5], True) if name.endswith("_idle") else (name, False)
-    try:
-        res = RUNNERS[base](args, idle=idle)
-    except ImportError as e:
-        res = {"value": None, "note": f"n/a: {e}"}
-    except Exception as e:  # noqa: BLE001
-        traceback.print_exc()
-        res = {"value": None, "error": f"{type(e).__name__}: {e}"[:500]}
-    print("RESULT " + json.dumps(res, default=str), flush=True)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default="/tmp/bench")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--budget", type=float, default=15.0)
-    ap.add_argument("--only", default="")
-    ap.add_argument("--threads", type=int, default=min(16, os.cpu_count() or 4))
-    ap.add_argument("--cpu", action="store_true", help="small run on the CPU (no GPU)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="rounds over the contenders, interleaved (a b a b ...): each value is "
-                         "the median of its rounds, each share the ratio of medians")
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    if args.cpu:  # small: fewer files, smaller batches, short budget
-        global BATCH, VBATCH
-        os.environ["AVPIPE_DISABLE_GPU"] = "1"
-        args.budget = min(args.budget, 5.0)
-        BATCH, VBATCH = 8, 2
-    if args.child:
-        child(args.child, args)
-        return 0
-    # make the data once, before the children race for it
+
+
+
+
+# --- harness ----------------------------------------------------------------------------------
+
+NAME = "feeds"
+SUITE = "gpu"
+UNIT = "audio-s/s or clips/s"
+TITLE = ("The training feeds: RNN-T (batch 64: speed perturbation, dither, log-mel, SpecAugment) "
+         "in audio-s/s; video classification (16 frames, stride 4, random resized crop 224 + "
+         "flip, fp16, batch 8) in clips/s")
+CONTENDERS = {
+    "avpipe_rnnt": "recipes.rnnt_feed, training (audio-s/s)",
+    "dali_rnnt": "DALI audio_resample speed perturbation + log-mel chain; no dither, no "
+                 "SpecAugment (audio-s/s)",
+    "avpipe_rnnt_noaug": "rnnt_feed without speed perturbation and SpecAugment (audio-s/s)",
+    "avpipe_video": "recipes.video_classification, training (clips/s)",
+    "dali_video": "DALI readers.video + random crop + mirror + normalize, 1 pipeline (clips/s)",
+    "avpipe_video_noaug": "the video feed with a centre-crop transform (clips/s)",
+    "avpipe_video_cold": "the video feed over 512+ copies dropped from the page cache first "
+                         "(clips/s)",
+    "avpipe_rnnt_paired": "avpipe_rnnt and its noaug twin in alternating slices, one process",
+    "avpipe_rnnt_idle": "avpipe_rnnt beside a 5 ms stand-in model step",
+    "avpipe_video_idle": "avpipe_video beside a 5 ms stand-in model step",
+    "dali_rnnt_idle": "dali_rnnt beside a 5 ms stand-in model step",
+    "dali_video_idle": "dali_video beside a 5 ms stand-in model step",
+}
+OPTIONAL = ("avpipe_rnnt_paired", "avpipe_rnnt_idle", "avpipe_video_idle", "dali_rnnt_idle",
+            "dali_video_idle")
+RATIOS = [("avpipe_rnnt", "dali_rnnt"), ("avpipe_video", "dali_video"),
+          ("avpipe_video_cold", "dali_video"), ("avpipe_rnnt", "avpipe_rnnt_noaug"),
+          ("avpipe_video", "avpipe_video_noaug")]
+NOTES = ["dali_rnnt does less work than avpipe_rnnt: no dither and no SpecAugment.",
+         "A ratio avpipe_x / avpipe_x_noaug is 1 - the augmentation's share of the feed's time."]
+PARAMS = {"budget": 10.0, "threads": 16, "cpu": False}
+QUICK = {"budget": 4.0}
+REQUIRES = ("gpu", "cupy")
+
+
+def _args(ctx):
+    from types import SimpleNamespace
+
+    out = os.path.join(ctx.data_dir, "feeds")
+    os.makedirs(out, exist_ok=True)
+    return SimpleNamespace(data=ctx.data_dir, out=out, quick=ctx.quick, **ctx.params)
+
+
+def prepare(ctx):
+    args = _args(ctx)
     audio_data(args)
     video_data(args)
-    names = [n for n in args.only.split(",") if n] or CONTENDERS
-    results = {"meta": {"cpu": args.cpu, "budget_s": args.budget, "batch": BATCH,
-                        "video_batch": VBATCH, "model_step_s": STEP_S,
-                        "time": time.strftime("%Y-%m-%dT%H:%M:%S")}, "results": {}}
-    results["meta"]["repeat"] = args.repeat
-    path = os.path.join(args.out, "bench_feeds.json")
-    runs = {}
-    for rnd, name in ((k, n) for k in range(max(1, args.repeat)) for n in names):
-        log(f"--- {name}" + (f" (round {rnd + 1})" if args.repeat > 1 else ""))
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--data", args.data,
-               "--out", args.out, "--budget", str(args.budget), "--threads", str(args.threads)]
-        if args.cpu:
-            cmd.append("--cpu")
-        t0 = time.time()
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True,
-                               timeout=args.budget * 4 + 240)
-            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-            entry = json.loads(lines[-1][7:]) if lines else {
-                "value": None, "error": f"no result (rc {p.returncode}): {p.stderr[-400:]}"}
-        except subprocess.TimeoutExpired:
-            entry = {"value": None, "error": "timed out"}
-        entry["wall_s"] = round(time.time() - t0, 1)
-        runs.setdefault(name, []).append(entry)
-        if args.repeat > 1:  # the run of median value; every round's value beside it
-            entry = _timing.median_run(runs[name])
-        results["results"][name] = entry
-        log(f"RESULT {name} {json.dumps(entry, default=str)}")
-        with open(path, "w") as f:
-            json.dump(results, f, indent=1, default=str)
-    r = results["results"]
-    log("\nname                    value        unit             gpu idle   vs DALI")
-    for name, e in r.items():
-        v = e.get("value")
-        # DALI keeps no per-file cache: its figure is also the cold one
-        other = (name.replace("avpipe_", "dali_").replace("_cold", "")
-                 if name.startswith("avpipe_") else None)
-        ov = r.get(other, {}).get("value") if other else None
-        vs = f"{v / ov:5.2f}x" if v and ov else "  -"
-        idle = e.get("gpu_idle_fraction")
-        idle = f"{idle:6.3f}" if idle is not None else "     -"
-        if v is None:
-            log(f"{name:22s} {e.get('error') or e.get('note')}")
-        else:
-            log(f"{name:22s} {v:10.1f}   {e.get('unit', '')[:15]:15s}  {idle}   {vs}")
-    shares = {}
-    for with_aug, without in AUG_SHARE.items():
-        a, b = r.get(with_aug, {}).get("value"), r.get(without, {}).get("value")
-        if a and b:
-            shares[with_aug] = round(1 - a / b, 4)
-            log(f"augmentation share of {with_aug}: {shares[with_aug]:+.3f} "
-                f"(1 - {a:.1f} / {without} {b:.1f})")
-            ra, rb = r[with_aug].get("runs"), r[without].get("runs")
-            if ra and rb:  # each round's own share, for the spread
-                per = [round(1 - x / y, 4) for x, y in zip(ra, rb) if x and y]
-                shares[with_aug + "_rounds"] = per
-                log(f"  per round: {' '.join(f'{v:+.3f}' for v in per)}")
-    pr = r.get("avpipe_rnnt_paired", {})
-    if pr.get("share") is not None:  # (a round's share: its own slices' medians)
-        per = [round(e["share"], 4) for e in runs.get("avpipe_rnnt_paired", [])
-               if e.get("share") is not None]  # fmt: skip
-        shares["avpipe_rnnt_paired"] = float(np.median(per))
-        shares["avpipe_rnnt_paired_rounds"] = per
-        log(f"augmentation share of avpipe_rnnt, paired slices in one process: "
-            f"{shares['avpipe_rnnt_paired']:+.3f} (rounds {' '.join(f'{v:+.3f}' for v in per)})")
-    if shares:
-        results["augmentation_share"] = shares
-        with open(path, "w") as f:
-            json.dump(results, f, indent=1, default=str)
-    log(f"results: {path}")
-    return 0
+    return {}
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def measure(ctx, name):
+    args = _args(ctx)
+    if args.cpu:  # small: fewer files, smaller batches
+        global BATCH, VBATCH
+        os.environ["AVPIPE_DISABLE_GPU"] = "1"
+        BATCH, VBATCH = 8, 2
+    base, idle = (name[:-5], True) if name.endswith("_idle") else (name, False)
+    res = RUNNERS[base](args, idle=idle)
+    return res.pop("value", None), res

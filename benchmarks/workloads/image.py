@@ -1,10 +1,7 @@
-#!/usr/bin/env python3
 """Image decode + resize + crop + normalize throughput: avpipe vs a plain DALI pipeline vs PIL.
 
-    python3 benchmarks/bench_image.py --data /tmp/bench --out DIR [--budget 15] [--formats jpeg,png]
-
-Workload (per format: JPEG, PNG, TIFF, JPEG 2000; 500x375 pictures from the anchor benchmark's
-layout /tmp/bench/images/<kind>/img_NNNN.<ext>, generated here when missing): decode -> resize
+Workload (per format: JPEG, PNG, TIFF, JPEG 2000; the 500x375 pictures of
+:func:`benchmarks.data.anchor_data`): decode -> resize
 the short side to 224 (bilinear, antialias) -> center crop 224 -> ImageNet normalize -> fp16 CHW.
 
 * ``avpipe``       decode_image_stream (DALI "mixed" decode, prefetching) + the fused
@@ -21,30 +18,24 @@ the short side to 224 (bilinear, antialias) -> center crop 224 -> ImageNet norma
                    JPEG decoder (JPEG only): what a DALI user who tunes that setting gets.
 * ``pil16``        PIL decode + resize (bilinear) + crop + numpy normalize, 16 threads.
 
-Batch 128 for JPEG, 32 for the others (as the anchor). ``avpipe``, ``avpipe_roi``, ``dali`` and
-``dali_hw1`` run ``--rounds`` times, interleaved; the table gives each one's median and the median
-of the per-round avpipe/dali ratios. Writes DIR/bench_image.json and prints a table last. Without a GPU everything runs on the CPU (a smoke test, not a measurement).
+JPEG runs both tools at both hardware-decoder shares: ``avpipe_hw1`` / ``dali_hw1`` at 1.0
+(avpipe's default; the headline) and ``avpipe_hw065`` / ``dali`` at DALI's default 0.65
+(``AVPIPE_JPEG_HW_LOAD=0.65`` for avpipe), so every headline ratio compares one setting.
+A contender is named ``<contender>@<format>``. Batch 128 for JPEG, 32 for the others.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
-import sys
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import avpipe  # noqa: E402
-from avpipe.decoding.image import decode_image_batch  # noqa: E402
-from avpipe.ops import image as ops  # noqa: E402
-from avpipe.pipeline.image_stream import decode_image_stream  # noqa: E402
+import avpipe
+from avpipe.decoding.image import decode_image_batch
+from avpipe.ops import image as ops
+from avpipe.pipeline.image_stream import decode_image_stream
 
 SEED = 20240601
 IMG_W, IMG_H = 500, 375
@@ -64,63 +55,10 @@ KINDS = {  # kind -> (extension, PIL format, PIL options, files, batch)
 # --- data ---------------------------------------------------------------------------------------
 
 
-def _smooth_noise(rng, h, w, cutoff=0.08):
-    z = rng.standard_normal((h, w))
-    fy = np.fft.fftfreq(h)[:, None]
-    fx = np.fft.rfftfreq(w)[None, :]
-    t = np.fft.irfft2(np.fft.rfft2(z) * np.exp(-(fx**2 + fy**2) / (2 * cutoff**2)), s=(h, w))
-    return t / (t.std() + 1e-6)
 
 
-def _picture(rng, w=IMG_W, h=IMG_H):
-    """Gradients + smooth texture + soft blobs + noise: photo-like entropy for the codecs."""
-    y = np.linspace(0, 1, h)[:, None]
-    x = np.linspace(0, 1, w)[None, :]
-    img = np.empty((h, w, 3))
-    tex = _smooth_noise(rng, h, w) * 30
-    for c in range(3):
-        fx, fy = rng.uniform(0.5, 2.0, 2)
-        img[..., c] = (
-            128
-            + 70 * np.cos(2 * np.pi * fy * y) * np.sin(2 * np.pi * fx * x + rng.uniform(0, 6))
-            + tex
-        )
-    yy, xx = np.mgrid[0:h, 0:w]
-    for _ in range(6):
-        cx, cy = rng.uniform(0, w), rng.uniform(0, h)
-        r = rng.uniform(0.05, 0.18) * min(w, h)
-        a = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * (0.6 * r) ** 2))[..., None]
-        img = img * (1 - a) + rng.uniform(0, 255, 3) * a
-    img += rng.standard_normal((h, w, 3)) * 7
-    return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def data_files(data_dir, kind, quick):
-    ext, fmt, kw, count, _ = KINDS[kind]
-    count = min(count, 32 if kind == "jpeg" else 8) if quick else count
-    paths = [os.path.join(data_dir, "images", kind, f"img_{i:04d}.{ext}") for i in range(count)]
-    missing = [i for i, p in enumerate(paths) if not os.path.exists(p)]
-    if missing:
-        from PIL import Image, features
-
-        print(f"generating {len(missing)} {kind} files in {os.path.dirname(paths[0])}", flush=True)
-        os.makedirs(os.path.dirname(paths[0]), exist_ok=True)
-        for i in missing:
-            rng = np.random.default_rng([SEED, 4 if kind == "jpeg" else 5, i])
-            img = _picture(rng)
-            tmp = paths[i] + ".tmp"
-            if kind == "jp2" and not features.check("jpg_2000"):
-                import av
-
-                cc = av.CodecContext.create("jpeg2000", "w")
-                cc.width, cc.height, cc.pix_fmt = IMG_W, IMG_H, "rgb24"
-                frame = av.VideoFrame.from_ndarray(img, format="rgb24")
-                with open(tmp, "wb") as f:
-                    f.write(b"".join(bytes(p) for p in cc.encode(frame) + cc.encode(None)))
-            else:
-                Image.fromarray(img).save(tmp, format=fmt, **kw)
-            os.replace(tmp, paths[i])
-    return paths
 
 
 # --- timing -------------------------------------------------------------------------------------
@@ -326,114 +264,86 @@ def check_agreement(files, device, gpu):
 # --- main ---------------------------------------------------------------------------------------
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--data", default="/tmp/bench")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--budget", type=float, default=15.0, help="seconds per measurement")
-    ap.add_argument("--formats", default="jpeg,png,tiff,jp2")
-    ap.add_argument("--only", default="avpipe,avpipe_roi,avpipe_sync,dali,dali_hw1,pil16")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (see above)")
-    ap.add_argument("--quick", action="store_true", help="few files, short budget (smoke test)")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
+
+
+
+
+# --- harness ----------------------------------------------------------------------------------
+
+NAME = "image"
+SUITE = "gpu"
+UNIT = "images/s"
+TITLE = ("500x375 JPEG / PNG / TIFF / JPEG 2000 -> short side 224, centre crop 224, fp16 CHW, "
+         "ImageNet-normalized")
+_BASE = {
+    "avpipe": "decode_image_stream (DALI mixed decode) + ops.image.resize_crop_normalize",
+    "avpipe_roi": "the same, decoding only the centred square (center_square), same output",
+    "avpipe_sync": "decode_image_batch + the same op (the simple API)",
+    "dali": "DALI readers.file -> decoders.image(mixed) -> resize -> crop_mirror_normalize, 16 "
+            "threads, DALI's defaults",
+    "pil16": "PIL decode + resize + crop + numpy normalize, 16 threads",
+}
+CONTENDERS = {
+    "avpipe_hw1@jpeg": "avpipe, hw_decoder_load 1.0 (its default)",
+    "dali_hw1@jpeg": "DALI, hw_decoder_load 1.0",
+    "avpipe_hw065@jpeg": "avpipe, hw_decoder_load 0.65 (AVPIPE_JPEG_HW_LOAD=0.65)",
+    "dali@jpeg": "DALI, hw_decoder_load 0.65 (its default)",
+    "avpipe_roi@jpeg": _BASE["avpipe_roi"] + ", hw_decoder_load 1.0",
+    "avpipe_sync@jpeg": _BASE["avpipe_sync"] + ", hw_decoder_load 1.0",
+    "pil16@jpeg": _BASE["pil16"],
+    **{f"{c}@{k}": _BASE[c] for k in ("png", "tiff", "jp2") for c in ("avpipe", "dali")},
+}
+OPTIONAL = ("avpipe_sync@jpeg",)
+RATIOS = [("avpipe_hw1@jpeg", "dali_hw1@jpeg"), ("avpipe_hw065@jpeg", "dali@jpeg"),
+          ("avpipe_hw1@jpeg", "dali@jpeg"), ("avpipe_roi@jpeg", "dali_hw1@jpeg"),
+          ("avpipe@png", "dali@png"), ("avpipe@tiff", "dali@tiff"), ("avpipe@jp2", "dali@jp2")]
+PARAMS = {"budget": 5.0}
+QUICK = {"budget": 2.0}
+REQUIRES = ("gpu", "cupy", "nvidia.dali")
+
+
+def prepare(ctx):
+    from benchmarks import data
+
+    d = data.anchor_data(ctx.data_dir, ctx.quick)
+    return {k: d[k] for k in KINDS}
+
+
+def measure(ctx, name):
+    if name == "_check":
+        gpu = avpipe.device.gpu_available()
+        return None, {k: check_agreement(ctx.data[k], "cuda" if gpu else "cpu", gpu)
+                      for k in KINDS if ctx.data.get(k)}
+    contender, kind = name.split("@")
+    files, budget = ctx.data[kind], ctx.params["budget"]
+    batch = 8 if ctx.quick else KINDS[kind][4]
     gpu = avpipe.device.gpu_available()
     device = "cuda" if gpu else "cpu"
-    budget = 2.0 if args.quick else args.budget
-    only = set(args.only.split(","))
-    results = {
-        "meta": {
-            "device": device,
-            "python": platform.python_version(),
-            "budget_s": budget,
-            "avpipe": avpipe.__version__,
-            "host": platform.node(),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        },  # fmt: skip
-        "images_per_s": {},
-        "extra": {},
-    }
-    try:
-        import nvidia.dali
+    reps = max(1, int(budget * 40000) // len(files))
+    if contender == "avpipe_hw065":
+        os.environ["AVPIPE_JPEG_HW_LOAD"] = "0.65"
+    if contender in ("avpipe", "avpipe_hw1", "avpipe_hw065"):
+        ips, ex = bench_avpipe(files, batch, budget, device, gpu, reps)
+    elif contender == "avpipe_roi":
+        ips, ex = bench_avpipe(files, batch, budget, device, gpu, reps, True)
+    elif contender == "avpipe_sync":
+        ips, ex = bench_avpipe_sync(files, batch, budget, device, gpu)
+    elif contender == "dali":
+        ips, ex = bench_dali(files, batch, budget, gpu)
+    elif contender == "dali_hw1":
+        ips, ex = bench_dali(files, batch, budget, gpu, 1.0)
+    elif contender == "pil16":
+        ips, ex = bench_pil(files, budget)
+    else:
+        raise ValueError(f"unknown contender {name!r}")
+    from avpipe.decoding.image import _dali
 
-        results["meta"]["dali"] = nvidia.dali.__version__
-    except Exception:  # noqa: BLE001
-        pass
-    for kind in args.formats.split(","):
-        files = data_files(args.data, kind, args.quick)
-        batch = KINDS[kind][4] if not args.quick else 8
-        # one stream long enough for the whole measurement (a new stream builds a new pipeline)
-        reps = max(1, int(budget * 40000) // len(files))
-        row, extra, samples = {}, {}, {}
-        runs = [
-            ("avpipe", bench_avpipe, (files, batch, budget, device, gpu, reps)),
-            # decode-time crop of the centred square + the filter's reach (center_square):
-            # the same output as "avpipe" (the op takes the crop's window), less decoded
-            ("avpipe_roi", bench_avpipe, (files, batch, budget, device, gpu, reps, True)),
-            ("avpipe_sync", bench_avpipe_sync, (files, batch, budget, device, gpu)),
-            ("dali", bench_dali, (files, batch, budget, gpu)),
-            ("dali_hw1", bench_dali, (files, batch, budget, gpu, 1.0)),
-            ("pil16", bench_pil, (files, budget)),
-        ]
-        repeated = {"avpipe", "avpipe_roi", "dali", "dali_hw1"}
-        for rnd in range(max(1, args.rounds)):
-            for name, fn_, fargs in runs:
-                if name not in only or (rnd and name not in repeated):
-                    continue
-                if name == "dali_hw1" and (kind != "jpeg" or not gpu):
-                    continue
-                samples.setdefault(name, []).append(None)  # None: this round failed
-                try:
-                    ips, ex = fn_(*fargs)
-                    samples[name][-1] = round(ips, 1)
-                    extra.setdefault(name, []).append(ex)
-                    print(f"{kind:5s} {name:12s} {ips:10.1f} images/s  round {rnd}  {ex}",
-                          flush=True)  # fmt: skip
-                except Exception as e:  # noqa: BLE001 - one failure must not stop the rest
-                    extra.setdefault(name, []).append({"error": f"{type(e).__name__}: {e}"[:500]})
-                    print(f"{kind:5s} {name:12s} FAILED {type(e).__name__}: {e}", flush=True)
-                    traceback.print_exc()
-                if gpu:
-                    import cupy
-
-                    cupy.get_default_memory_pool().free_all_blocks()
-        for name, vals in samples.items():
-            ok = [v for v in vals if v is not None]
-            if ok:
-                row[name] = float(np.median(ok))
-        extra["rounds"] = samples
-        for name, ref in (("avpipe", "dali"), ("avpipe_roi", "dali"), ("avpipe", "dali_hw1")):
-            # rounds where both ran (a failed round of either is skipped, never re-paired)
-            pairs = [(a, d) for a, d in zip(samples.get(name, []), samples.get(ref, []))
-                     if a is not None and d is not None]  # fmt: skip
-            if pairs:  # the ratio within each round (side by side), then the median over rounds
-                extra[f"{name}_over_{ref}_per_round"] = [round(a / d, 3) for a, d in pairs]
-                row[f"{name}_over_{ref}"] = round(float(np.median([a / d for a, d in pairs])), 3)
-        try:
-            extra["agreement_vs_dali"] = check_agreement(files, device, gpu)
-        except Exception as e:  # noqa: BLE001
-            extra["agreement_vs_dali"] = {"error": f"{type(e).__name__}: {e}"[:300]}
-        extra["files"], extra["batch"] = len(files), batch
-        results["images_per_s"][kind], results["extra"][kind] = row, extra
-        with open(os.path.join(args.out, "bench_image.json"), "w") as f:
-            json.dump(results, f, indent=1)
-
-    names = ("avpipe", "avpipe_roi", "avpipe_sync", "dali", "dali_hw1", "pil16")
-    print(f"\nimages/s on {device} (decode + resize 224 + crop 224 + normalize fp16 CHW; "
-          f"medians of {max(1, args.rounds)} interleaved rounds)")  # fmt: skip
-    print(f"{'format':7s} " + " ".join(f"{n:>11s}" for n in names) + f" {'avp/dali':>9s}"
-          f" {'roi/dali':>9s}")  # fmt: skip
-    for kind, row in results["images_per_s"].items():
-        cells = [f"{row[k]:11.1f}" if k in row else f"{'-':>11s}" for k in names]
-        ratios = [f"{row[k]:9.3f}" if row.get(k) else f"{'-':>9s}"
-                  for k in ("avpipe_over_dali", "avpipe_roi_over_dali")]  # fmt: skip
-        print(f"{kind:7s} " + " ".join(cells) + " " + " ".join(ratios))
-        if row.get("avpipe_over_dali_hw1"):
-            print(f"{'':7s} avpipe / dali_hw1 (DALI with avpipe's hardware-decoder share): "
-                  f"{row['avpipe_over_dali_hw1']:.3f}")  # fmt: skip
-    with open(os.path.join(args.out, "bench_image.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    return ips, dict(ex, files=len(files), batch=batch,
+                     avpipe_hw_decoder_load=_dali.hw_decoder_load())
 
 
-if __name__ == "__main__":
-    main()
+def check(ctx):
+    """avpipe's output against DALI's on the first images of each format (a child process)."""
+    from benchmarks.harness import measure_in_child
+
+    return measure_in_child(NAME, "_check", ctx, 600).get("extra") or {}

@@ -2,9 +2,9 @@
 """Where the RNN-T training feed's time goes while it runs pipelined (prefetch on, as a user runs
 it), not stepped one batch at a time as ``profile_stages.py --feeds`` does.
 
-    python3 benchmarks/probe_rnnt_feed.py --data /tmp/bench --out DIR [--budget 4]
+    python -m benchmarks.probes.probe_rnnt_feed --out DIR [--budget 4]
 
-Each variant of ``rnnt_feed`` (bench_feeds.py's RNN-T settings: batch 64, speed perturbation
+Each variant of ``rnnt_feed`` (benchmarks/workloads/feeds.py's RNN-T settings: batch 64, speed perturbation
 U(0.85, 1.15), dither, SpecAugment, GPU FLAC) runs in its own child process for ``--budget``
 seconds after a warm-up, and reports audio-s/s: ``full`` (the benchmark's feed), ``eval``
 (``training=False``: no speed perturbation, dither or SpecAugment), ``no_speed``, ``no_spec``,
@@ -31,9 +31,7 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+from benchmarks.harness import DEFAULT_DATA
 
 VARIANTS = {
     "full": {},
@@ -138,11 +136,11 @@ class Sampler:
 
 
 def child(name, args):
-    import _timing
-    import bench_feeds
     import cupy
 
     import avpipe
+    from benchmarks import _timing
+    from benchmarks.workloads import feeds as bench_feeds
 
     man, files, durs, _ = bench_feeds.audio_data(args)
     dmap = dict(zip([os.path.abspath(f) for f in files], durs))
@@ -172,7 +170,7 @@ def child(name, args):
     acc = {}
     if args.timed and name == "full":
         acc = _timing.time_calls(TIMED, _timing.on_thread("avpipe-feed-producer"))
-    if name == "win2":  # the loader's windows read ahead: 2 (before 2026-12-02) instead of 4
+    if name == "win2":  # the loader's windows read ahead: 2 instead of 4
         from avpipe.pipeline import _flac_windows
 
         init = _flac_windows.GpuFlacBatches.__init__
@@ -303,7 +301,7 @@ def upload(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default="/tmp/bench")
+    ap.add_argument("--data", default=DEFAULT_DATA)
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=4.0)
     ap.add_argument("--only", default=None)

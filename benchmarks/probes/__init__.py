@@ -1,0 +1,1 @@
+"""Diagnostics: where a workload's time goes (no anchor, no results JSON)."""
