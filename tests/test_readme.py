@@ -48,8 +48,6 @@ def test_readme_extract_example_and_demo_write_apart():
 def test_readme_links_resolve():
     text = README.read_text()
     for target in re.findall(r"\]\(((?!https?:)[^)#]+)", text):
-        if target == "benchmarks/RESULTS.md":
-            continue  # written by `python -m benchmarks run` from benchmarks/results/
         assert (ROOT / target).exists(), target
 
 

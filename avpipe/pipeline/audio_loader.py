@@ -11,7 +11,7 @@ shared, already-touched buffer (no allocation, no page faults, no GIL shared wit
 used ``[B, max_len]`` block to the GPU (``cudaMemcpy2DAsync`` from page-locked memory when the
 buffer can be registered) and converts to float32 there (``x / 32768``, soundfile's scaling).
 
-Public as :class:`AudioBatchLoader`; ``benchmarks/bench_audio.py`` measures it.
+Public as :class:`AudioBatchLoader`; the ``audio`` benchmark (``benchmarks/workloads/audio.py``) measures it.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ then resized (short side), centre-cropped and normalized in one fused pass
         batch.clips                    # [B, 16, 3, 224, 224] float16 on the device
         batch.errors                   # ((index in the epoch, DecodeError), ...): skipped files
 
-This is the workload ``benchmarks/bench_video.py`` measures (its ``avpipe`` contender calls
+This is the workload the ``video`` benchmark (``benchmarks/workloads/video.py``) measures (its ``avpipe`` contender calls
 :meth:`ClipFeed.clip` from its own threads). Threads overlap well here: decoding waits on NVDEC
 and the transform is one kernel, so a thread per decoder session keeps NVDEC's engines busy.
 Iterating keeps them busy across batches too: up to ``2 * threads + batch_size`` clips are
