@@ -229,7 +229,7 @@ def chain(args, xp, run):
     tables' copy), the application, and each kernel stage alone."""
     import bench_augment
 
-    from avpipe.ops import _augment_kernels as ak
+    from avpipe.ops import _image_augment_kernels as ak
     from avpipe.ops import image_augment as aug
 
     x = xp.asarray(bench_augment.video_batch(8, 16))
