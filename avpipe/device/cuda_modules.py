@@ -131,6 +131,11 @@ class CudaModule:
         self._mine = (-1, {})  # (generation, {device id: the cache's entry}): a launch's lookup
 
     @property
+    def paths(self) -> tuple:
+        """The module's ``.cu`` files (full paths), in order."""
+        return tuple(os.path.join(self.folder, f) for f in self.files)
+
+    @property
     def source(self) -> str:
         """The text compiled (read on first use, then the same string)."""
         return read_source(self.folder, self.files, self.prelude, self.table)

@@ -178,7 +178,7 @@ __device__ __forceinline__ float avp_frame_mean(const double* __restrict__ part,
 
 // The launches' per-item parameters (order, the four factors, flip) are on the device, or
 // (inl set) in the launch's own table `tab`, each pointer then a byte offset into it
-// (device.py's TABLE_CUDA); the gray sums (part) and the affine (a, bb) are on the device.
+// (device/launch_table.cuh); the gray sums (part) and the affine (a, bb) are on the device.
 #define AVP_GRAY_MEAN(NAME, T)                                                                  \
 extern "C" __global__ void __launch_bounds__(AVP_MEAN_THREADS) NAME(                            \
     const T* src, long long sb, long long st, long long sh, long long sw,                       \

@@ -23,11 +23,12 @@ same float32 arithmetic per element, in a handful of launches per batch:
   rule): each frame's float64 sum in parts (``mean_parts``: a block per 8,192 pixels, so that
   a batch's frames keep every SM busy), which the pixel kernel adds in order.
 
-The source is plain C++ with CUDA qualifiers (no CUDA headers): the CPU tests compile it with
-g++ behind a small prelude and run it against the numpy reference. Tolerances (GPU vs numpy):
-resize within 1e-3 of the value range on float output, colour jitter within 1e-3 of the range
-(float) / 1 level (uint8, a value on a rounding boundary); flip and normalize exact (normalize
-rounds ``v * a`` and ``+ b`` separately as numpy does).
+The source, ``_image_augment_kernels.cu``, is plain C++ with CUDA qualifiers (no CUDA
+headers): the CPU tests compile it with g++ behind a small prelude and run it against the numpy
+reference. Tolerances (GPU vs numpy): resize within 1e-3 of the value range on float output,
+colour jitter within 1e-3 of the range (float) / 1 level (uint8, a value on a rounding
+boundary); flip and normalize exact (normalize rounds ``v * a`` and ``+ b`` separately as numpy
+does).
 
 If the kernels do not compile (NVRTC missing or failing) a warning is logged once and callers
 take the array-module path; ``AVPIPE_IMAGE_KERNELS=0`` selects that path too.

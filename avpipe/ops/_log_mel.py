@@ -32,8 +32,6 @@ from ..device.cuda_modules import CudaModule, elementwise, read_fragments
 from ._audio_core import _normal_row, _window_np, mel_filterbank, normalized
 from ._sparse_rows import SparseRows
 
-KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_log_mel.cu")
-
 log = logging.getLogger("avpipe")
 
 
@@ -54,6 +52,7 @@ def supported(cfg, x) -> bool:
 
 _KERNELS = CudaModule(__file__, "_log_mel.cu", fallback="log-mel",
                       names=("avpipe_log_mel_frames", "avpipe_log_mel_finish"))
+KERNEL_FILE = _KERNELS.paths[0]  # the source (the CPU tests build it as C++)
 _POWER = ("complex64 X, int32 p", "float32 P")  # the power kernel's parameters
 
 

@@ -35,7 +35,6 @@ from ..device import NO_TABLE, array_module, table_args, upload_many
 from ..device.cuda_modules import CudaModule
 
 QUALITIES = {"high": (32, 0.945, 9.0), "fast": (12, 0.90, 7.0)}
-KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_resample.cu")
 
 
 @functools.lru_cache(maxsize=256)  # speed perturbation: a few dozen rate pairs, used every batch
@@ -292,6 +291,7 @@ def _cpu_threads() -> int:
 
 _KERNELS = CudaModule(__file__, "_resample.cu", table=True,
                       names=("avpipe_resample_rows", "avpipe_resample_rows32"))
+KERNEL_FILE = _KERNELS.paths[0]  # the source (the CPU tests build it as C++)
 
 
 def _kernel(device_id: int, small: bool = False):

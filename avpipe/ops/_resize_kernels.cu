@@ -405,7 +405,7 @@ extern "C" __global__ void avp_direct_f32(const float* __restrict__ src, AVP_DIR
 // AVP_ITEM int64 values are: its first element's address, its strides (image, row, column,
 // channel; elements), its images, y_in, y_off, y_size, x_in, x_off, x_size, flip, and its
 // output's byte offset from out. The items' table is on the device, or (inl set) in the
-// launch's own table `tab` (items then a byte offset into it; device.py's TABLE_CUDA).
+// launch's own table `tab` (items then a byte offset into it; device/launch_table.cuh).
 #define AVP_ITEM 14
 #define AVP_ITEMS_ARGS \
     const long long* __restrict__ items, int c, int y_out, int oh, int x_out, int ow, int cubic, \

@@ -1,4 +1,5 @@
-"""Fused CUDA kernels for the separable resize (+ crop + normalize) on cupy input (private).
+"""Fused CUDA kernels for the separable resize (+ crop + normalize) on cupy input (private;
+their source is ``_resize_kernels.cu``).
 
 The numpy path of :mod:`avpipe.ops.image` is the reference; these kernels compute the same
 linear map (the per-axis taps of :func:`avpipe.ops._image_resize.axis_weights`, with the crop

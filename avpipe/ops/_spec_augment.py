@@ -11,7 +11,6 @@ their reference; they equal it exactly. Settings arrive checked (``audio_augment
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 
@@ -20,7 +19,6 @@ from ..device.cuda_modules import CudaModule
 from . import random as R
 from ._augment_base import as_ids, host
 
-KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_spec_augment.cu")
 _SPEC_PARAMS = ("freq_start", "freq_width", "time_start", "time_width")
 
 
@@ -58,6 +56,7 @@ def _table_of(cupy, parts, B, kf, kt):
 _KERNELS = CudaModule(__file__, "_spec_augment.cu", table=True, prelude=R.PHILOX_FUNCTION,
                       names=("avpipe_spec_augment_draw", "avpipe_spec_augment",
                              "avpipe_spec_augment_fused"))  # fmt: skip
+KERNEL_FILE = _KERNELS.paths[0]  # the source (the CPU tests build it as C++)
 
 
 def _spec_kernels(device_id: int):

@@ -15,7 +15,6 @@ CPU test of the kernels (which compiles the same ``.cu`` source as C++).
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 
@@ -25,7 +24,6 @@ from ...device import pinned_size, upload_many
 from ...device.cuda_modules import CudaModule
 from ._flac_meta import CRC8, CRC16, StreamInfo, parse_streaminfo
 
-KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_flac_kernels.cu")
 PAD = 64  # bytes after a batch's data: the bit reader may look this far ahead
 
 MAX_BPS = 24  # 32-bit streams go to the CPU (their side channels need 33 bits)
@@ -229,6 +227,7 @@ def finish_batch(plan: Plan, cover: np.ndarray) -> dict:
 
 _KERNELS = CudaModule(__file__, "_flac_kernels.cu", options=("-std=c++14",),
                       names=("flac_scan", "flac_frames", "flac_to_float"))
+KERNEL_FILE = _KERNELS.paths[0]  # the source (the CPU tests build it as C++)
 _CRC: dict = {}  # device id -> (CRC8, CRC16) tables on it
 _LOCK = threading.Lock()
 
