@@ -180,13 +180,11 @@ class CudaModule:
 
 
 @functools.cache
-def elementwise(in_params: str, out_params: str, body: str, name: str, preamble: str = ""):
+def elementwise(in_params: str, out_params: str, body: str, name: str):
     """``cupy.ElementwiseKernel(in_params, out_params, body, name)``, made once (CuPy compiles
     it per device at its first launch there, and caches that)."""
     import cupy
 
-    if preamble:
-        return cupy.ElementwiseKernel(in_params, out_params, body, name, preamble=preamble)
     return cupy.ElementwiseKernel(in_params, out_params, body, name)
 
 
