@@ -14,6 +14,7 @@ import pytest
 import scipy.signal
 
 import avpipe.ops as O
+from avpipe.ops import _spec_augment as S
 from avpipe.ops import audio_augment as A
 from avpipe.ops import random as R
 
@@ -277,17 +278,17 @@ def test_spec_augment_settings_and_params_are_checked():
             A.sample_spec_augment_params(0, 0, np.arange(2), lens, 80, **kw)
     p = A.sample_spec_augment_params(0, 0, np.arange(2), lens, 80, freq_masks=2, time_masks=3)
     # the GPU path's check of given params: [B, k] or [1, k], widths as many as starts
-    parts, kf, kt = A._spec_parts(p, 2, np)
+    parts, kf, kt = S.spec_parts(p, 2, np)
     assert (kf, kt) == (2, 3) and all(a.shape[0] == 2 for a in parts)
     one = {k: v[:1] for k, v in p.items()}
-    parts, _, _ = A._spec_parts(one, 2, np)
+    parts, _, _ = S.spec_parts(one, 2, np)
     np.testing.assert_array_equal(parts[2], np.repeat(p["time_start"][:1], 2, axis=0))
     with pytest.raises(ValueError, match="time_start"):
-        A._spec_parts({**p, "time_start": p["time_start"][:, :, None]}, 2, np)
+        S.spec_parts({**p, "time_start": p["time_start"][:, :, None]}, 2, np)
     with pytest.raises(ValueError, match="freq_start"):
-        A._spec_parts({**p, "freq_start": np.zeros((3, 2), np.int64)}, 2, np)
+        S.spec_parts({**p, "freq_start": np.zeros((3, 2), np.int64)}, 2, np)
     with pytest.raises(ValueError, match="as many"):
-        A._spec_parts({**p, "time_width": p["time_width"][:, :2]}, 2, np)
+        S.spec_parts({**p, "time_width": p["time_width"][:, :2]}, 2, np)
 
 
 def test_spec_augment_adaptive_counts():
@@ -490,7 +491,7 @@ def test_gpu_ops_equal_cpu():
     assert A.spec_augment(view, fl, inplace=True, **kw) is view
     np.testing.assert_array_equal(cp.asnumpy(wide[:, :, ::2]), out)
     assert not wide[:, :, 1::2].any()  # the cells between untouched
-    many = dict(seed=4, time_masks=A.SPEC_FUSED_MAX_MASKS, time_width=2)
+    many = dict(seed=4, time_masks=S.SPEC_FUSED_MAX_MASKS, time_width=2)
     want = A.spec_augment(feats, fl, **many)
     fg = cp.asarray(feats)
     assert A.spec_augment(fg, fl, inplace=True, **many) is fg

@@ -544,7 +544,7 @@ def test_gpu_ops_equal_cpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernels", ["1", "0"])
 def test_gpu_kernels_equal_cpu(monkeypatch, kernels):
-    """The fused kernels (avpipe.ops._augment_kernels; ``AVPIPE_IMAGE_KERNELS=0``: the
+    """The fused kernels (avpipe.ops._image_augment_kernels; ``AVPIPE_IMAGE_KERNELS=0``: the
     array-module path) against numpy: resized crop within 1e-3 of the range on float output
     and 1 level on uint8; flip and normalize exact; colour jitter within 1e-3 of the range
     (float) and 1 level (uint8); a chain (flip + jitter + normalize in one pass) as
@@ -596,7 +596,7 @@ def test_gpu_resized_crop_paths_agree(monkeypatch):
     one-pass kernel's limits take): the folded flip is exactly the flip applied after the
     crop, and the two paths agree within a level (uint8) / float rounding (float32); the
     chain gives the same draws on both and agrees with numpy on both."""
-    from avpipe.ops import _image_kernels as IK
+    from avpipe.ops import _resize_kernels as IK
 
     cp = _cp()
     x = _clips(shape=(6, 3, 90, 160, 3))

@@ -1,4 +1,4 @@
-"""The clip augmentation kernels (avpipe.ops._augment_kernels), compiled as plain C++ and run
+"""The clip augmentation kernels (avpipe.ops._image_augment_kernels), compiled as plain C++ and run
 here on the CPU, against the numpy reference of avpipe.ops.image_augment; and the CUDA source
 compile-checked with nvcc (the GPU tests in test_augment_image.py run it through NVRTC).
 
@@ -23,8 +23,9 @@ import pytest
 from cpp_kernels import TablesOn, build, ptx
 
 from avpipe import device as D
-from avpipe.ops import _augment_kernels as K
-from avpipe.ops import _image_kernels as IK
+from avpipe.device import cuda_modules as CM
+from avpipe.ops import _image_augment_kernels as K
+from avpipe.ops import _resize_kernels as IK
 from avpipe.ops import image as IM
 from avpipe.ops import image_augment as I
 
@@ -76,7 +77,7 @@ NBLOCKS = 5
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    return build(PRELUDE + K.SOURCE, tmp_path_factory.mktemp("augment_kernels"),
+    return build(PRELUDE + K.KERNELS.source, tmp_path_factory.mktemp("augment_kernels"),
                  flags=("-std=c++14", "-Wno-unused-function", "-Wno-unknown-pragmas"))
 
 
@@ -101,7 +102,7 @@ def _src(x5):
 
 def pixels_cpu(lib, x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, affine=None,
                nchw=False, mode=K.MODE_F32, parts=3, inl=False):  # fmt: skip
-    """:func:`avpipe.ops._augment_kernels.pixels`, its launches run here (``parts``: each
+    """:func:`avpipe.ops._image_augment_kernels.pixels`, its launches run here (``parts``: each
     frame's gray sum in that many parts, the gray-mean launch's ``gridDim.y``; ``inl``: the
     flips and the jitter's parameters in the launches' own table, as a GPU takes host ones)."""
     B, T, H, W, _ = x5.shape
@@ -143,9 +144,9 @@ def pixels_cpu(lib, x5, *, flip=None, jitter=None, bound=255.0, round_u8=False, 
 
 
 def plan_tables(top, left, height, width, oh, ow, interpolation="bilinear", antialias=True):
-    """The batch's crop tables built from whole 2-D :func:`avpipe.ops._image_kernels.plan`s
+    """The batch's crop tables built from whole 2-D :func:`avpipe.ops._resize_kernels.plan`s
     (what ``crop_tables`` did per item before its per-axis cache): the reference layout."""
-    from avpipe.ops import _image_kernels as IK
+    from avpipe.ops import _resize_kernels as IK
 
     plans = [IK.plan(int(h), int(w), oh, ow, (0, oh), (0, ow), interpolation, bool(antialias))
              for h, w in zip(height, width)]  # fmt: skip
@@ -166,7 +167,7 @@ def plan_tables(top, left, height, width, oh, ow, interpolation="bilinear", anti
 
 def resized_crop_cpu(lib, x5, p, oh, ow, interpolation="bilinear", antialias=True,
                      mode=K.MODE_F32):  # fmt: skip
-    """:func:`avpipe.ops._augment_kernels.resized_crop` (tables from whole plans) run here."""
+    """:func:`avpipe.ops._image_augment_kernels.resized_crop` (tables from whole plans) run here."""
     B, T, H, W, C = x5.shape
     tables, (maxrows, xt, yt) = plan_tables(p["top"], p["left"], p["height"], p["width"], oh,
                                             ow, interpolation, antialias)  # fmt: skip
@@ -190,12 +191,12 @@ def _clips(shape=(5, 3, 23, 31, 3), dtype=np.uint8, seed=0):
 
 
 def test_cuda_source_compiles(tmp_path):
-    text = ptx(K.SOURCE, tmp_path)
-    assert all(name in text for name in K.KERNEL_NAMES)
+    text = ptx(K.KERNELS.source, tmp_path)
+    assert all(name in text for name in K.KERNELS.names)
     # the launch's table is read where the parameters are, never copied to each thread's
     # memory: on sm_90 and on sm_75, the oldest GPU a CUDA 13 nvcc builds for
     assert ".local" not in text
-    assert ".local" not in ptx(K.SOURCE, tmp_path, arch="sm_75")
+    assert ".local" not in ptx(K.KERNELS.source, tmp_path, arch="sm_75")
 
 
 def test_flip(lib):
@@ -554,8 +555,8 @@ class FakeCupy:
 
     class RawModule:
         def __init__(self, code, options=()):
-            assert code is K.SOURCE or code is IK._SOURCE
-            self.image = code is IK._SOURCE
+            assert code is K.KERNELS.source or code is IK._KERNELS.source
+            self.image = code is IK._KERNELS.source
 
         def get_function(self, name):
             if self.image:  # the image kernels' launches: their numpy emulation, where the
@@ -564,7 +565,7 @@ class FakeCupy:
 
 
 def _image_launch(name):
-    """The one-pass items kernel of ``_image_kernels`` as ``test_ops_image_kernels`` emulates
+    """The one-pass items kernel of ``_resize_kernels`` as ``test_ops_image_kernels`` emulates
     it (its arguments checked there), on the fake device's arrays; logged as a launch."""
     from test_ops_image_kernels import _fake_direct_items
 
@@ -589,7 +590,7 @@ def _fake_launch(name, grid, block, args):
     inl = "tab" in sig and int(args[-1]) == 1
     for a, t in zip(args, sig):
         if t == "tab":
-            assert isinstance(a, np.void) and a.dtype == D._TABLE, (name, type(a))
+            assert isinstance(a, np.void) and a.dtype == CM._TABLE, (name, type(a))
             conv.append(Tab.from_buffer_copy(a.tobytes()))
             arrays.append(None)
             continue
@@ -682,12 +683,10 @@ def dev(lib, monkeypatch):
     monkeypatch.setattr(FakeCupy, "lib", lib)
     monkeypatch.setattr(K, "_VECS", {})
     monkeypatch.delenv("AVPIPE_IMAGE_KERNELS", raising=False)
-    K._kernels.cache_clear()
-    IK._kernels.cache_clear()
+    CM.clear_cache()
     LOG.clear()
     yield FakeCupy
-    K._kernels.cache_clear()
-    IK._kernels.cache_clear()
+    CM.clear_cache()
 
 
 def _up(x):
@@ -703,7 +702,7 @@ def _norm_consts():
 @pytest.fixture(params=["direct", "two_pass"])
 def crop_path(request, monkeypatch):
     """The resized crop's launches on each path: the one-pass items kernel of
-    ``_image_kernels`` (emulated in numpy), or the two passes with host tables that it leaves
+    ``_resize_kernels`` (emulated in numpy), or the two passes with host tables that it leaves
     large downscales to (forced by allowing the one-pass kernel no taps)."""
     if request.param == "two_pass":
         monkeypatch.setattr(IK, "_DIRECT_WORK", 0)
@@ -874,7 +873,7 @@ def test_recipe_batch_sends_its_tables_in_the_launches(dev, monkeypatch, jitter)
     copies = len(LOG.copies)
     assert copies == (2 if jitter else 1)  # the items' table (and the jitter's parameters)
     monkeypatch.setattr(FakeCupy.cuda.Device, "compute_capability", "90", raising=False)
-    D._tables_ok.cache_clear()
+    CM._tables_ok.cache_clear()
     try:
         LOG.clear()
         got = I.fused_resized_crop_normalize(clips, p, 16, **kw).a
@@ -886,7 +885,7 @@ def test_recipe_batch_sends_its_tables_in_the_launches(dev, monkeypatch, jitter)
         d = np.abs(got.astype(np.float32) - ref.astype(np.float32))
         assert d.max() < 4 / 255 / 0.224 and np.mean(d > 1e-2) < 1e-2
     finally:
-        D._tables_ok.cache_clear()
+        CM._tables_ok.cache_clear()
 
 
 def test_cached_constants_wait_for_their_copy_and_are_never_dropped(dev):

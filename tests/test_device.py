@@ -10,6 +10,7 @@ import pytest
 
 from avpipe import device as D
 from avpipe._source import open_source, source_name
+from avpipe.device import transfers as T
 
 
 def test_resolve_names():
@@ -154,16 +155,16 @@ def test_gpu_upload_many_is_queued_on_the_stream_and_exact():
             np.testing.assert_array_equal(cp.asnumpy(v), a)
     with s:
         D.upload_many(cp, [np.arange(3)])
-    assert len(D._IN_FLIGHT) <= 2
+    assert len(T._IN_FLIGHT) <= 2
     with s:  # wait=True: complete on return, for any stream, while s is still busy
         big += 1.0
         (v,) = D.upload_many(cp, [np.arange(7, dtype=np.int64)], wait=True)
-        inflight = len(D._IN_FLIGHT)
+        inflight = len(T._IN_FLIGHT)
     other = cp.cuda.Stream(non_blocking=True)
     with other:
         got2 = cp.asnumpy(v * 2)
     np.testing.assert_array_equal(got2, 2 * np.arange(7))
-    assert inflight == len(D._IN_FLIGHT)  # nothing held for it
+    assert inflight == len(T._IN_FLIGHT)  # nothing held for it
 
 
 def test_pinned_size_rounds_up_by_at_most_an_eighth_to_few_sizes():
@@ -234,7 +235,7 @@ def test_pinned_sources_are_let_go_in_order_and_only_when_copied(monkeypatch):
     its copy's event is done and every earlier one's is, also with several threads copying."""
     import threading
 
-    monkeypatch.setattr(D, "_IN_FLIGHT", collections.deque())
+    monkeypatch.setattr(T, "_IN_FLIGHT", collections.deque())
 
     class Ev:
         def __init__(self, done):
@@ -244,7 +245,7 @@ def test_pinned_sources_are_let_go_in_order_and_only_when_copied(monkeypatch):
     D.keep_until_done(Ev(True), "a")
     D.keep_until_done(pending, "b")
     D.keep_until_done(Ev(True), "c")
-    assert [m for _, m in D._IN_FLIGHT] == ["b", "c"]  # "a" let go; "c" waits behind "b"
+    assert [m for _, m in T._IN_FLIGHT] == ["b", "c"]  # "a" let go; "c" waits behind "b"
     events = [Ev(False) for _ in range(400)]
 
     def copier(k):
@@ -256,10 +257,10 @@ def test_pinned_sources_are_let_go_in_order_and_only_when_copied(monkeypatch):
         t.start()
     for t in threads:
         t.join()
-    held = {id(m) for _, m in D._IN_FLIGHT}
+    held = {id(m) for _, m in T._IN_FLIGHT}
     assert all(id(e) in held for e in events)  # none let go before its copy was done
     pending.done = True
     for e in events:
         e.done = True
     D.keep_until_done(Ev(True), "d")
-    assert not D._IN_FLIGHT
+    assert not T._IN_FLIGHT

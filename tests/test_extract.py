@@ -494,7 +494,7 @@ def test_device_is_one_device_devices_the_list(speech, tmp_path, monkeypatch):
     from avpipe.recipes.extract import _engine_local
 
     monkeypatch.delenv("AVPIPE_DISABLE_GPU", raising=False)
-    monkeypatch.setattr(avpipe.device, "_cuda_device_count", lambda: 2)
+    monkeypatch.setattr(avpipe.device.devices, "_cuda_device_count", lambda: 2)
     ran = []
 
     def run_local(devices, *a, **k):

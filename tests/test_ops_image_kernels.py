@@ -1,4 +1,4 @@
-"""The fused CUDA resize kernels (avpipe.ops._image_kernels) against the numpy reference.
+"""The fused CUDA resize kernels (avpipe.ops._resize_kernels) against the numpy reference.
 
 CPU tests: the host-side sparse tap tables, applied by a numpy emulation of exactly what each
 kernel computes per output element (same taps, float32 accumulation in tap order, the same
@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 
 from avpipe import device as D
-from avpipe.ops import _image_kernels as K
+from avpipe.device import cuda_modules as CM
+from avpipe.device.cuda_modules import CudaModule
 from avpipe.ops import _image_resize as R
+from avpipe.ops import _resize_kernels as K
 from avpipe.ops import image as I
 
 
@@ -194,8 +196,8 @@ def test_kernel_switch(monkeypatch):
 
 
 def test_kernel_source_is_complete():
-    for name in K._KERNEL_NAMES:
-        assert f'extern "C" __global__ void {name}(' in K._SOURCE
+    for name in K._KERNELS.names:
+        assert f'extern "C" __global__ void {name}(' in K._KERNELS.source
 
 
 class _Pointer:
@@ -242,7 +244,7 @@ class _FakeStream:
 
 
 class _FakeCupy:
-    """Just enough of cupy for ``_image_kernels.resample``: the "kernels" are numpy emulations
+    """Just enough of cupy for ``_resize_kernels.resample``: the "kernels" are numpy emulations
     that unpack the launch arguments exactly as the CUDA signatures declare them, so the host
     glue (argument order, element strides, tables, modes, layout) is checked on the CPU."""
 
@@ -290,7 +292,7 @@ class _FakeCupy:
 
     class RawModule:
         def __init__(self, code, options=()):
-            assert code is K._SOURCE
+            assert code is K._KERNELS.source
 
         def get_function(self, name):
             return {"avp_hpass_u8": _fake_hpass(np.uint8), "avp_hpass_f32": _fake_hpass(np.float32),
@@ -408,7 +410,7 @@ def _fake_direct_items(src_dtype):
     def launch(grid, block, args):
         table, c, y_out, oh, x_out, ow, cubic, aa, round_mid, *rest = args
         ab, (nchw, mode, out, ob, tab, inl) = rest[:8], rest[8:]
-        assert len(args) == 23 and isinstance(tab, np.void) and tab.dtype == D._TABLE
+        assert len(args) == 23 and isinstance(tab, np.void) and tab.dtype == CM._TABLE
         assert isinstance(inl, np.int32) and int(inl) in (0, 1)
         if inl:  # the items in the launch's own table, table its byte offset there
             assert isinstance(table, np.uint64) and int(table) % 8 == 0
@@ -453,10 +455,10 @@ def fake_cupy(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", _FakeCupy)
     monkeypatch.setattr(K, "_TABLES", {})
     monkeypatch.setattr(K, "_VECS", {})
-    K._kernels.cache_clear()
+    CM.clear_cache()
     _FakeCupy.launches = []
     yield _FakeCupy
-    K._kernels.cache_clear()
+    CM.clear_cache()
 
 
 @pytest.mark.parametrize("interp,antialias", [("bilinear", True), ("bicubic", False)])
@@ -709,9 +711,10 @@ def test_gpu_compile_failure_falls_back(monkeypatch, caplog):
     import cupy
 
     x = _picture(2, 60, 80)
-    monkeypatch.setattr(K, "_SOURCE", K._SOURCE + "\n#error deliberately broken\n")
-    monkeypatch.setattr(K, "_WARNED", [])
-    K._kernels.cache_clear()
+    broken = CudaModule(K.__file__, "_resize_kernels.cu", table=True, fallback="image resize",
+                        names=K._KERNELS.names, prelude="#error deliberately broken\n")
+    monkeypatch.setattr(K, "_KERNELS", broken)
+    CM.clear_cache()
     try:
         with caplog.at_level("WARNING", logger="avpipe"):
             g = I.resize_crop_normalize(cupy.asarray(x), short_side=32, crop_size=32,
@@ -720,7 +723,7 @@ def test_gpu_compile_failure_falls_back(monkeypatch, caplog):
         _check(g, I.resize_crop_normalize(x, short_side=32, crop_size=32, dtype="float32"),
                "float32")  # fmt: skip
     finally:
-        K._kernels.cache_clear()
+        CM.clear_cache()
 
 
 @pytest.mark.gpu
@@ -852,7 +855,7 @@ extern "C" int tap_index(int first, int j, int n, int in_size) {
 def taps_lib(tmp_path_factory):
     from cpp_kernels import build
 
-    src = K._SOURCE
+    src = K._KERNELS.source
     body = src[src.index("#define AVP_MAXTAP") : src.index("// The input row / column of a tap")]
     return build(_TAPS_PRELUDE + body + _TAPS_LAUNCHER, tmp_path_factory.mktemp("image_taps"),
                  flags=("-ffp-contract=off",))  # fmt: skip

@@ -12,6 +12,8 @@ import pytest
 from cpp_kernels import build, ptx
 
 from avpipe import device as D
+from avpipe.device import cuda_modules as CM
+from avpipe.device import transfers as T
 from avpipe.ops import _resample as R
 
 PRELUDE = r"""
@@ -217,7 +219,7 @@ def test_rows_of_a_wider_buffer_read_in_place(monkeypatch):
     monkeypatch.setattr(R, "_bank", lambda dev, q: type("B", (), {"get": lambda self, c, u, d: (
         None, R._PairMeta({pair: (0, 1, 1) for pair in zip(u.tolist(), d.tolist())}), None)})())  # fmt: skip
     monkeypatch.setattr(R, "upload_many", lambda cp, arrays: arrays)
-    monkeypatch.setattr(D, "upload_many", lambda cp, arrays: arrays)
+    monkeypatch.setattr(T, "upload_many", lambda cp, arrays: arrays)
     monkeypatch.setattr(R, "_kernel",
                         lambda dev, small=False: lambda grid, block, args: launched.append(args))
     wide = np.zeros((3, 100), np.float32)
@@ -277,10 +279,10 @@ def test_rows_table_travels_in_the_launch(monkeypatch):
     monkeypatch.setattr(R, "_bank", lambda dev, q: type("B", (), {
         "get": lambda self, c, u, d: ("taps", meta, meta.rows_of(u, d))})())  # fmt: skip
     monkeypatch.setattr(R, "upload_many", lambda cp, arrays: copies.append(arrays) or arrays)
-    monkeypatch.setattr(D, "upload_many", lambda cp, arrays: copies.append(arrays) or arrays)
+    monkeypatch.setattr(T, "upload_many", lambda cp, arrays: copies.append(arrays) or arrays)
     monkeypatch.setattr(R, "_kernel",
                         lambda dev, small=False: lambda grid, block, args: launched.append(args))
-    D._tables_ok.cache_clear()
+    CM._tables_ok.cache_clear()
     try:
         for B in (3, 64, 65):  # 65 rows of 7 int64: past the table
             lens = np.arange(B) + 10
@@ -300,7 +302,7 @@ def test_rows_table_travels_in_the_launch(monkeypatch):
                 np.testing.assert_array_equal(args[2], want)
                 assert tab.tobytes() == D.NO_TABLE.tobytes()
     finally:
-        D._tables_ok.cache_clear()
+        CM._tables_ok.cache_clear()
 
 
 @pytest.mark.parametrize("quality", ["high", "fast"])

@@ -1,5 +1,5 @@
 """The vectorized resize-plan construction (``_image_resize._aa_weights``, ``_dense``,
-``_image_kernels.sparse_taps``) gives exactly the tables of the per-pixel loops it replaced.
+``_resize_kernels.sparse_taps``) gives exactly the tables of the per-pixel loops it replaced.
 
 The loops are kept here as the reference. Equality is bitwise (``tobytes``) on the float64
 weights, the float32 tables the kernels read and the int tables, over many (input, output,
@@ -14,8 +14,8 @@ import math
 import numpy as np
 import pytest
 
-from avpipe.ops import _image_kernels as K
 from avpipe.ops import _image_resize as R
+from avpipe.ops import _resize_kernels as K
 
 # --- the reference: the per-pixel loops as they were --------------------------------------------
 

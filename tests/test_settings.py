@@ -77,7 +77,7 @@ def test_disable_gpu_read_at_call_time(monkeypatch):
     monkeypatch.setenv("AVPIPE_DISABLE_GPU", "1")
     assert D.default_device() == D.Device("cpu")
     monkeypatch.setenv("AVPIPE_DISABLE_GPU", "false")  # "false" no longer disables the GPU
-    assert D.gpu_available() == (D._cuda_device_count() > 0)
+    assert D.gpu_available() == (D.devices._cuda_device_count() > 0)
 
 
 def test_every_variable_in_the_code_is_a_setting():

@@ -13,6 +13,9 @@ import pytest
 from cpp_kernels import THREADS_PRELUDE, TablesOn, build, ptx
 
 from avpipe import device as D
+from avpipe.device import cuda_modules as CM
+from avpipe.device import transfers as T
+from avpipe.ops import _spec_augment as S
 from avpipe.ops import audio_augment as A
 from avpipe.ops import random as R
 
@@ -62,7 +65,7 @@ extern "C" void fused(unsigned gy, unsigned gz, const float* x, float* out, int 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    with open(A.SPEC_AUGMENT_KERNEL) as f:
+    with open(S.KERNEL_FILE) as f:
         source = PRELUDE + D.TABLE_CUDA + R.PHILOX_FUNCTION + f.read() + LAUNCHER
     return build(source, tmp_path_factory.mktemp("spec_kernel"))
 
@@ -89,7 +92,7 @@ def test_kernel_equals_reference(lib, adaptive, value):
                                      time_masks=5, time_width=0.2,
                                      adaptive_time_masks=adaptive)  # fmt: skip
     ref = A.apply_spec_augment(x, lens, p, mask_value=value)
-    table = A.spec_augment_table(p)
+    table = S.spec_augment_table(p)
     assert table.shape == (B, 2 * 2 + 2 * 5) and table.dtype == np.int64
     out = np.full_like(x, np.nan)
     lib.run(ctypes.c_longlong(x.size), _p(x), _p(out), _p(lens), _p(table),
@@ -119,11 +122,11 @@ def test_draw_kernel_equals_the_sampler(lib, kf, kt, time_width, adaptive, n_mel
         got = np.full((len(ids), ld), -99, np.int64)
         # the arguments as the GPU path builds them
         checked = A._spec_settings(n_mels, kf, fwidth, kt, time_width, adaptive)
-        scalars = A._spec_draw_scalars(seed, epoch, n_mels, *checked, "spec_augment")
+        scalars = S.draw_scalars(seed, epoch, n_mels, *checked, "spec_augment")
         lib.draw(_p(ids), _p(lens), ctypes.c_longlong(len(ids)), *map(_c, scalars), _p(got),
                  ctypes.c_longlong(ld), None, _p(np.zeros(D.TABLE_BYTES // 8, np.int64)),
                  ctypes.c_int(0))  # fmt: skip
-        np.testing.assert_array_equal(got, A.spec_augment_table(want))
+        np.testing.assert_array_equal(got, S.spec_augment_table(want))
         # ids and lengths in the launch's own table (as launch_table packs them: from byte 8
         # on), the lengths written back to the device for the masks: the same draws
         table, (at_ids, at_lens) = D.launch_table(TablesOn, [ids, lens])
@@ -164,7 +167,7 @@ def test_fused_kernel_equals_the_sampler_and_the_masks(lib, kf, kt, time_width, 
                                         adaptive_time_masks=adaptive)  # fmt: skip
     ref = A.apply_spec_augment(x, lens, want, mask_value=value)
     checked = A._spec_settings(F, kf, fwidth, kt, time_width, adaptive)
-    scalars = A._spec_draw_scalars(seed, epoch, F, *checked, "spec_augment")
+    scalars = S.draw_scalars(seed, epoch, F, *checked, "spec_augment")
     copy = mode == "copy"
     out = np.full_like(x, np.nan) if copy else x.copy()
     src = x if copy else out
@@ -237,7 +240,7 @@ def test_fused_kernel_with_real_threads_and_barriers(tmp_path, threads):
                     ("epoch", ctypes.c_uint), ("T", ctypes.c_longlong),
                     ("value", ctypes.c_float), ("tid", ctypes.c_uint)]  # fmt: skip
 
-    with open(A.SPEC_AUGMENT_KERNEL) as f:
+    with open(S.KERNEL_FILE) as f:
         source = (THREADS_PRELUDE + D.TABLE_CUDA + R.PHILOX_FUNCTION + f.read()
                   + THREADED_LAUNCHER)  # fmt: skip
     lib = build(source, tmp_path, flags=("-pthread",))
@@ -250,7 +253,7 @@ def test_fused_kernel_with_real_threads_and_barriers(tmp_path, threads):
                                         time_masks=kt, time_width=0.2)  # fmt: skip
     ref = A.apply_spec_augment(x, lens, want, mask_value=0.0)
     checked = A._spec_settings(F, kf, 4, kt, 0.2, None)
-    sc = A._spec_draw_scalars(9, 1, F, *checked, "spec_augment")
+    sc = S.draw_scalars(9, 1, F, *checked, "spec_augment")
     out = x.copy()
     a = Args(out.ctypes.data, out.ctypes.data, 0, ids.ctypes.data, lens.ctypes.data, B,
              *[v.item() for v in sc], T, 0.0, 0)  # fmt: skip
@@ -264,13 +267,13 @@ def test_fused_mask_limit_is_the_kernels():
     """The host's limit on the one-launch path is the kernel's shared-memory size."""
     import re
 
-    with open(A.SPEC_AUGMENT_KERNEL) as f:
+    with open(S.KERNEL_FILE) as f:
         m = re.search(r"#define AVPIPE_SPEC_MAX_MASKS (\d+)", f.read())
-    assert m and int(m.group(1)) == A.SPEC_FUSED_MAX_MASKS
+    assert m and int(m.group(1)) == S.SPEC_FUSED_MAX_MASKS
 
 
 def test_kernel_compiles_for_the_gpu(tmp_path):
-    with open(A.SPEC_AUGMENT_KERNEL) as f:
+    with open(S.KERNEL_FILE) as f:
         text = ptx(D.TABLE_CUDA + R.PHILOX_FUNCTION + f.read(), tmp_path)
     assert "avpipe_spec_augment" in text and "avpipe_spec_augment_draw" in text
     fused = text.split(".entry avpipe_spec_augment_fused")[1].split(".entry")[0]
@@ -280,19 +283,19 @@ def test_kernel_compiles_for_the_gpu(tmp_path):
 def test_draw_constants_keep_the_seed_check():
     """The draw kernel's constants are cached per run, but a bool or float seed is refused as
     the host draws refuse it, also after the int seed of the same value was used."""
-    A._spec_draw_scalars(1, 0, 80, 2, 27, 10, 0.05, None, "spec_augment")
+    S.draw_scalars(1, 0, 80, 2, 27, 10, 0.05, None, "spec_augment")
     for bad in (True, 1.0):
         with pytest.raises(TypeError, match="seed must be an int"):
-            A._spec_draw_scalars(bad, 0, 80, 2, 27, 10, 0.05, None, "spec_augment")
-    a = A._spec_draw_scalars(1, 3, 80, 2, 27, 10, 0.05, None, "spec_augment")
-    b = A._spec_draw_scalars(np.int64(1), 3, 80, 2, 27, 10, 0.05, None, "spec_augment")
+            S.draw_scalars(bad, 0, 80, 2, 27, 10, 0.05, None, "spec_augment")
+    a = S.draw_scalars(1, 3, 80, 2, 27, 10, 0.05, None, "spec_augment")
+    b = S.draw_scalars(np.int64(1), 3, 80, 2, 27, 10, 0.05, None, "spec_augment")
     assert [int(v) if not isinstance(v, np.floating) else float(v) for v in a] == \
         [int(v) if not isinstance(v, np.floating) else float(v) for v in b]  # fmt: skip
     assert int(a[-1]) == 3
 
 
 def test_draws_on_a_device_send_ids_and_lengths_in_the_launch(lib, monkeypatch):
-    """``_spec_draws_on_device`` with host ids and lengths on a device that reads launch
+    """``spec_augment_draws`` with host ids and lengths on a device that reads launch
     tables: they travel in the draw kernel's table (no copy), the kernel writes the lengths to
     the device for the masks, and the table of masks equals the sampler's. Without tables
     (an older GPU): one copy of both, the kernel's lengths argument that copy."""
@@ -326,8 +329,8 @@ def test_draws_on_a_device_send_ids_and_lengths_in_the_launch(lib, monkeypatch):
         lib.draw(as_p(ids), as_p(lens), _c(B), *map(_c, sc), _p(table), _c(ld), as_p(lens_out),
                  _p(tb), ctypes.c_int(int(inl)))  # fmt: skip
 
-    monkeypatch.setattr(A, "_spec_kernels", lambda dev: (draw, None, None))
-    monkeypatch.setattr(D, "upload_many", lambda cp, arrays: copies.append(len(arrays)) or [
+    monkeypatch.setattr(S, "_spec_kernels", lambda dev: (draw, None, None))
+    monkeypatch.setattr(T, "upload_many", lambda cp, arrays: copies.append(len(arrays)) or [
         np.array(a).view(Arr) for a in arrays])  # fmt: skip
     ids = np.array([3, 9, 2**33, 5], np.int64)
     lens = np.array([400, 0, 17, 1000], np.int64)
@@ -336,16 +339,16 @@ def test_draws_on_a_device_send_ids_and_lengths_in_the_launch(lib, monkeypatch):
     checked = A._spec_settings(80, 2, 27, 10, 0.05, None)
     for cc, n_copies in (("90", 0), (None, 1)):
         copies.clear()
-        D._tables_ok.cache_clear()
+        CM._tables_ok.cache_clear()
         if cc:
             monkeypatch.setattr(FakeCupy.cuda.Device, "compute_capability", cc, raising=False)
         else:
             monkeypatch.delattr(FakeCupy.cuda.Device, "compute_capability", raising=False)
         try:
-            table, lens_d = A._spec_draws_on_device(FakeCupy, 1, 2, ids, lens, 80, *checked,
+            table, lens_d = S.spec_augment_draws(FakeCupy, 1, 2, ids, lens, 80, *checked,
                                                     "spec_augment")  # fmt: skip
         finally:
-            D._tables_ok.cache_clear()
+            CM._tables_ok.cache_clear()
         assert len(copies) == n_copies and isinstance(lens_d, Arr)
         np.testing.assert_array_equal(np.asarray(lens_d), lens)
-        np.testing.assert_array_equal(np.asarray(table), A.spec_augment_table(want))
+        np.testing.assert_array_equal(np.asarray(table), S.spec_augment_table(want))

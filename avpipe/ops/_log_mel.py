@@ -28,13 +28,11 @@ import os
 import numpy as np
 
 from ..device import round_up_eighth, upload_many
+from ..device.cuda_modules import CudaModule, elementwise, read_fragments
 from ._audio_core import _normal_row, _window_np, mel_filterbank, normalized
 from ._sparse_rows import SparseRows
 
-KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_log_mel.cu")
-
 log = logging.getLogger("avpipe")
-_WARNED: list = []
 
 
 def supported(cfg, x) -> bool:
@@ -52,30 +50,20 @@ def supported(cfg, x) -> bool:
     )
 
 
-@functools.cache
+_KERNELS = CudaModule(__file__, "_log_mel.cu", fallback="log-mel",
+                      names=("avpipe_log_mel_frames", "avpipe_log_mel_finish"))
+KERNEL_FILE = _KERNELS.paths[0]  # the source (the CPU tests build it as C++)
+_POWER = ("complex64 X, int32 p", "float32 P")  # the power kernel's parameters
+
+
 def _kernels(device_id: int):
     """(frames, finish, power) on ``device_id``, or None where they do not compile (warned
     once; log_mel then runs the array-module code)."""
-    import cupy
-
-    try:
-        with open(KERNEL_FILE) as f, cupy.cuda.Device(device_id):
-            mod = cupy.RawModule(code=f.read())
-            frames = mod.get_function("avpipe_log_mel_frames")
-            finish = mod.get_function("avpipe_log_mel_finish")
-            power = cupy.ElementwiseKernel(
-                "complex64 X, int32 p", "float32 P",
-                "float a = X.real(), b = X.imag();"
-                "P = __fadd_rn(__fmul_rn(a, a), __fmul_rn(b, b));"
-                "if (p == 1) P = sqrtf(P);",
-                "avpipe_log_mel_power")
-            return frames, finish, power
-    except Exception as e:  # noqa: BLE001 - any compile / load failure: the array-module path
-        if not _WARNED:
-            _WARNED.append(True)
-            log.warning("avpipe: log-mel kernels failed to compile (%s: %s); using the slower "
-                        "array-module path", type(e).__name__, e)  # fmt: skip
+    ks = _KERNELS.get(device_id)
+    if ks is None:
         return None
+    return ks["avpipe_log_mel_frames"], ks["avpipe_log_mel_finish"], elementwise(
+        *_POWER, read_fragments(__file__, "_log_mel_power.cu")["power"], "avpipe_log_mel_power")
 
 
 @functools.lru_cache(maxsize=16)

@@ -8,7 +8,7 @@
 // Positions at or past n_out[b] are written as 0. Accumulates in float32, tap by tap. The
 // per-row values are one int64 table rows[b * 7 + ...]: lens, up, down, half (W), ktaps (K),
 // toff (the row's taps' offset in `taps`), n_out; on the device, or (inl set) in the launch's
-// own table `tab` (device.py's TABLE_CUDA, compiled before this file: rows is then a byte
+// own table `tab` (device/launch_table.cuh, compiled before this file: rows is then a byte
 // offset into it). Row b of x starts at x + b * n_in; its output at out + b * width.
 //
 // Grid: blockIdx.x * blockDim.x + threadIdx.x is the output position m, blockIdx.y the row

@@ -31,10 +31,10 @@ import threading
 import numpy as np
 
 from .._validate import check_choice, pos_int
-from ..device import NO_TABLE, TABLE_CUDA, array_module, table_args, upload_many
+from ..device import NO_TABLE, array_module, table_args, upload_many
+from ..device.cuda_modules import CudaModule
 
 QUALITIES = {"high": (32, 0.945, 9.0), "fast": (12, 0.90, 7.0)}
-KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_resample.cu")
 
 
 @functools.lru_cache(maxsize=256)  # speed perturbation: a few dozen rate pairs, used every batch
@@ -289,20 +289,14 @@ def _cpu_threads() -> int:
 # --- the CUDA kernel -------------------------------------------------------------------------------
 
 
-@functools.cache
-def _kernels(device_id: int):
-    """``{"64": ..., "32": ...}``: the kernel with 64-bit and 32-bit index arithmetic."""
-    import cupy
-
-    with open(KERNEL_FILE) as f, cupy.cuda.Device(device_id):
-        mod = cupy.RawModule(code=TABLE_CUDA + f.read())
-        return {"64": mod.get_function("avpipe_resample_rows"),
-                "32": mod.get_function("avpipe_resample_rows32")}  # fmt: skip
+_KERNELS = CudaModule(__file__, "_resample.cu", table=True,
+                      names=("avpipe_resample_rows", "avpipe_resample_rows32"))
+KERNEL_FILE = _KERNELS.paths[0]  # the source (the CPU tests build it as C++)
 
 
 def _kernel(device_id: int, small: bool = False):
     """The kernel for ``device_id``; ``small``: its 32-bit index version (:func:`index_fits`)."""
-    return _kernels(device_id)["32" if small else "64"]
+    return _KERNELS.get(device_id)["avpipe_resample_rows32" if small else "avpipe_resample_rows"]
 
 
 def index_fits(width: int, down, lens, ktaps: int = 0, up=()) -> bool:

@@ -58,7 +58,7 @@ __device__ inline void avpipe_spec_mask(
 
 // The draws of item b into the table p (one thread per item: avpipe_spec_mask for each mask).
 // ids and lens [B]: on the device, or (inl set) byte offsets into the launch's own table `tab`
-// (device.py's TABLE_CUDA, compiled before this file); lens_out (or null): the lengths written
+// (device/launch_table.cuh, compiled before this file); lens_out (or null): the lengths written
 // to the device, for the masks.
 extern "C" __global__ void avpipe_spec_augment_draw(
     const long long* ids, const long long* lens, long long B, int kf, int kt, long long n_mels,

@@ -31,6 +31,7 @@ import numpy as np
 
 from .._validate import check_choice
 from ..device import array_module
+from ..device.cuda_modules import CudaModule
 
 __all__ = [
     "MATRICES",
@@ -100,45 +101,11 @@ def nv12_to_rgb_reference(nv12: np.ndarray, height: int, width: int, coeffs) -> 
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 
-_KERNEL = r"""
-extern "C" __global__ void avpipe_nv12_to_rgb(
-    const unsigned char* __restrict__ luma, const unsigned char* __restrict__ chroma,
-    long long pitch, int height, int width, unsigned char* __restrict__ dst, int chw,
-    float ys, float y0, float rv, float gu, float gv, float bu)
-{
-    int x = blockIdx.x * blockDim.x + threadIdx.x;
-    int y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (x >= width || y >= height) return;
-    float Y = (float)luma[(long long)y * pitch + x];
-    const unsigned char* uvrow = chroma + (long long)(y / 2) * pitch;
-    int cx = (x / 2) * 2;
-    float U = (float)uvrow[cx] - 128.0f;
-    float V = (float)uvrow[cx + 1] - 128.0f;
-    float yy = (Y - y0) * ys;
-    float r = yy + rv * V;
-    float g = yy + gu * U + gv * V;
-    float b = yy + bu * U;
-    int ri = min(max(__float2int_rn(r), 0), 255);
-    int gi = min(max(__float2int_rn(g), 0), 255);
-    int bi = min(max(__float2int_rn(b), 0), 255);
-    if (chw) {
-        long long plane = (long long)height * width;
-        long long o = (long long)y * width + x;
-        dst[o] = (unsigned char)ri; dst[plane + o] = (unsigned char)gi; dst[2 * plane + o] = (unsigned char)bi;
-    } else {
-        long long o = ((long long)y * width + x) * 3;
-        dst[o] = (unsigned char)ri; dst[o + 1] = (unsigned char)gi; dst[o + 2] = (unsigned char)bi;
-    }
-}
-"""
+_KERNELS = CudaModule(__file__, "_nv12_to_rgb.cu", names=("avpipe_nv12_to_rgb",))
 
 
-@functools.cache
 def _kernel(device_id: int):
-    import cupy
-
-    with cupy.cuda.Device(device_id):
-        return cupy.RawKernel(_KERNEL, "avpipe_nv12_to_rgb")
+    return _KERNELS.get(device_id)["avpipe_nv12_to_rgb"]
 
 
 def nv12_to_rgb_device(

@@ -22,7 +22,7 @@ rounding boundary (rare).
 :func:`resize_crop_normalize` is the training hot path: the crop is folded into the resize
 weights (only the kept output rows/columns are computed), then mean/std, dtype and layout in one
 pass. On cupy input it (and :func:`resize`) runs as two fused CUDA kernels
-(:mod:`avpipe.ops._image_kernels`: a horizontal pass reading the uint8 input in place, then a
+(:mod:`avpipe.ops._resize_kernels`: a horizontal pass reading the uint8 input in place, then a
 vertical pass that also normalizes, casts and writes the layout) with the same taps as the
 numpy path, which is their reference (they agree within 1e-3 on float32 output);
 ``AVPIPE_IMAGE_KERNELS=0`` selects the array-module (cuBLAS) path instead.
@@ -42,8 +42,8 @@ import numpy as np
 
 from .._validate import check_choice, pos_int
 from ..device import array_module
-from . import _image_kernels as _kern
 from . import _image_resize as _rs
+from . import _resize_kernels as _kern
 from .color import nv12_to_rgb
 
 __all__ = [

@@ -33,9 +33,9 @@ for float input, or given); uint8 input is computed in float32 and rounded once 
 (torchvision rounds after each op on uint8 tensors; the float results match torchvision's).
 
 On cupy (uint8 / float32, 3 channels) the resized crop, flip, colour jitter and normalize run
-as fused CUDA kernels (:mod:`avpipe.ops._augment_kernels`; the numpy code here is their
+as fused CUDA kernels (:mod:`avpipe.ops._image_augment_kernels`; the numpy code here is their
 reference): the resized crop in one launch for the batch (the one-pass resize of
-:mod:`avpipe.ops._image_kernels`, each item's box read in place and its taps computed in the
+:mod:`avpipe.ops._resize_kernels`, each item's box read in place and its taps computed in the
 kernel; boxes past its limits take two launches with per-item host tap tables), flip / jitter /
 normalize in one launch each (the jitter plus one for the frames' gray means), and a
 :class:`Chain` runs a resized crop followed by flip, colour jitter and normalize ops as one run
@@ -63,9 +63,9 @@ import numpy as np
 
 from .._validate import check_choice
 from ..device import array_module, upload_many
-from . import _augment_kernels as _ak
-from . import _image_kernels as _ik
+from . import _image_augment_kernels as _ak
 from . import _image_resize as _rs
+from . import _resize_kernels as _ik
 from . import random as R
 from ._augment_base import (
     Augment,
@@ -169,7 +169,7 @@ def _size(size):
 
 
 def _kernel_ok(x5, channels=3):
-    """Whether cupy ``x5`` goes to :mod:`avpipe.ops._augment_kernels` (uint8 / float32 input;
+    """Whether cupy ``x5`` goes to :mod:`avpipe.ops._image_augment_kernels` (uint8 / float32 input;
     ``channels``: the channel count they need, 0 any)."""
     return (not isinstance(x5, np.ndarray) and x5.dtype in (np.uint8, np.float32)
             and (channels == 0 or x5.shape[-1] == channels) and _ak.available(x5))  # fmt: skip
@@ -346,7 +346,7 @@ def apply_resized_crop(x, params, size, *, interpolation="bilinear", antialias=T
     out = Ry[b] @ frame @ Rx[b]^T with per-item dense weight matrices (the crop is their
     nonzero columns): two batched GEMMs over the items, no per-item device work. cupy: one
     launch of the one-pass kernel for the batch, each item's taps computed in the kernel
-    (:func:`avpipe.ops._image_kernels.resample_boxes`); boxes past its limits (large
+    (:func:`avpipe.ops._resize_kernels.resample_boxes`); boxes past its limits (large
     downscales) take two launches with per-item sparse taps from the host (their copy to the
     device skipped for params a :class:`RandomResizedCrop` drew: they went up with them).
     Either reads the crops in place, within 1e-3 of the value range of numpy on float output,
@@ -472,7 +472,7 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, color_jitte
     scale, dtype and layout) — the same values as those calls one after another.
 
     numpy: one call per clip (the reference). cupy: every clip in one launch of the one-pass
-    kernel (:func:`avpipe.ops._image_kernels.resample_boxes`) where its boxes fit it; else one
+    kernel (:func:`avpipe.ops._resize_kernels.resample_boxes`) where its boxes fit it; else one
     call per clip. With ``color_jitter`` on cupy: then the gray means' and the pixels' launches
     (jitter and normalize in one pass). The crops' table of items and the jitter's parameters
     travel in the launches' own parameters (:func:`avpipe.device.launch_table`) where they
@@ -531,7 +531,7 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, color_jitte
 def _jitter_normalize(xp, y, jitter, bound, opts):
     """:func:`fused_resized_crop_normalize`'s colour jitter and normalize of ``y`` ``[B, T,
     H, W, 3]`` 0..bound float32: on cupy one pass (and the gray means), the jitter's host
-    parameters in the launches' table (or one copy, :func:`avpipe.ops._augment_kernels.pixels`),
+    parameters in the launches' table (or one copy, :func:`avpipe.ops._image_augment_kernels.pixels`),
     else :func:`apply_color_jitter` then :class:`Normalize`."""
     if _kernel_ok(y):  # (_pixels with a Normalize's options, without making one per batch)
         return _pixels(xp, y, "BTHWC", jitter=jitter, bound=bound, norm=_NormOpts(
@@ -754,7 +754,7 @@ def apply_color_jitter(x, params, *, bound=None, layout=None):
     numpy (the reference): vectorized per step of the order, one blend for the items doing
     brightness, contrast or saturation there (identity factors for the others) and the hue
     items as one sub-batch. cupy (uint8 / float32): two launches (each frame's gray mean at its
-    contrast step, then all four steps per pixel; :mod:`avpipe.ops._augment_kernels`), within
+    contrast step, then all four steps per pixel; :mod:`avpipe.ops._image_augment_kernels`), within
     1e-3 of the value range of numpy (1 level on uint8 at a rounding boundary).
     ``bound``: 255 for uint8 input, else 1.0. uint8 in -> uint8 out (rounded once)."""
     xp, x5, layout = _canon(x, layout)

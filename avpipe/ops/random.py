@@ -28,6 +28,8 @@ import threading
 
 import numpy as np
 
+from ..device.cuda_modules import CudaModule, elementwise, read_fragments, table_args
+
 __all__ = [
     "drawn_table",
     "philox4x32",
@@ -55,95 +57,31 @@ def _xp_of(x):
     return np if isinstance(x, np.ndarray) else __import__("cupy").get_array_module(x)
 
 
-# The rounds as one CUDA elementwise kernel (cupy): the same integer steps as the numpy code
-# below, which is its reference (bit-identical; tests/test_random.py runs this body as C++).
-PHILOX_BODY = r"""
-unsigned int a0 = c0, a1 = c1, a2 = c2, a3 = c3, key0 = k0, key1 = k1;
-for (int r = 0; r < rounds; ++r) {
-    unsigned long long p0 = (unsigned long long)a0 * 0xD2511F53ull;
-    unsigned long long p1 = (unsigned long long)a2 * 0xCD9E8D57ull;
-    unsigned int hi0 = (unsigned int)(p0 >> 32), lo0 = (unsigned int)p0;
-    unsigned int hi1 = (unsigned int)(p1 >> 32), lo1 = (unsigned int)p1;
-    a0 = hi1 ^ a1 ^ key0; a1 = lo1; a2 = hi0 ^ a3 ^ key1; a3 = lo0;
-    key0 += 0x9E3779B9u; key1 += 0xBB67AE85u;
-}
-o0 = a0; o1 = a1; o2 = a2; o3 = a3;
-"""
-# PHILOX_BODY as a device function, for kernels that draw their own parameters (prepended to
-# their source: ops/_spec_augment.cu's draws)
-PHILOX_FUNCTION = (
-    "__device__ inline void avpipe_philox(unsigned int c0, unsigned int c1, unsigned int c2,\n"
-    "    unsigned int c3, unsigned int k0, unsigned int k1, unsigned int& o0, unsigned int& o1,\n"
-    "    unsigned int& o2, unsigned int& o3) {\nconst int rounds = 10;\n" + PHILOX_BODY + "}\n")
+# The CUDA text of the draws (_random.cu): the rounds as an elementwise kernel's body (the same
+# integer steps as the numpy code below, its reference), as a device function (put before
+# kernels that draw their own parameters), the standard normal draws of a whole array from a
+# key alone (a dither's noise) and of each row's first lengths[b] elements.
+_CUDA = read_fragments(__file__, "_random.cu")
+PHILOX_BODY = _CUDA["philox_body"]
+PHILOX_FUNCTION = _CUDA["philox_function"]
+NORMAL_BODY = _CUDA["normal_body"]
+NORMAL_ROWS_CUDA = _CUDA["normal_rows"]
+_NORMAL_ROWS = CudaModule(__file__, table=True, prelude=NORMAL_ROWS_CUDA,
+                          names=("avpipe_standard_normal_rows",))
 
 
-@functools.cache
 def _philox_kernel():
-    import cupy
-
-    return cupy.ElementwiseKernel(
+    return elementwise(
         "uint32 c0, uint32 c1, uint32 c2, uint32 c3, uint32 k0, uint32 k1, int32 rounds",
         "uint32 o0, uint32 o1, uint32 o2, uint32 o3", PHILOX_BODY, "avpipe_philox4x32")
 
 
-# A whole array of standard normal draws from a key alone (a dither's noise): element i takes the
-# Philox4x32-10 words of the counter (i // 2, 0, 0, 0), the first two for an even i and the last
-# two for an odd one, through Box-Muller's cosine branch in float64, rounded to float32. One
-# elementwise kernel on a GPU (no generator to set up: cuRAND's, made per call, waited for the
-# whole device on every batch); standard_normal's numpy code is its reference.
-NORMAL_BODY = (r"""
-unsigned long long c = (unsigned long long)i >> 1;
-unsigned int c0 = (unsigned int)c, c1 = (unsigned int)(c >> 32), c2 = 0u, c3 = 0u;
-unsigned int o0, o1, o2, o3;
-const int rounds = 10;
-""" + PHILOX_BODY + r"""
-unsigned int u = (i & 1) ? o2 : o0, v = (i & 1) ? o3 : o1;
-double r = sqrt(-2.0 * log(((double)u + 1.0) * 2.3283064365386963e-10));
-z = (float)(r * cos(6.283185307179586 * ((double)v * 2.3283064365386963e-10)));
-""")
-
-
-@functools.cache
 def _normal_kernel():
-    import cupy
-
-    return cupy.ElementwiseKernel("uint32 k0, uint32 k1", "float32 z", NORMAL_BODY,
-                                  "avpipe_standard_normal")
+    return elementwise("uint32 k0, uint32 k1", "float32 z", NORMAL_BODY, "avpipe_standard_normal")
 
 
-# The same draws over the rows of a [B, n] array, each row's first lens[b] elements only (the
-# rest 0): a padded batch's noise without the padding's draws. Threads over the columns (x),
-# blocks over the rows (y), both striding; the row lengths in the launch's table where they fit.
-NORMAL_ROWS_CUDA = r"""
-extern "C" __global__ void avpipe_standard_normal_rows(
-    unsigned int k0, unsigned int k1, const long long* lens, long long B, long long n,
-    float* out, const AVP_GRID_CONST AvpTable tab, int inl) {
-    const long long* L = avp_tab(tab, inl, lens);
-    for (long long b = blockIdx.y; b < B; b += gridDim.y) {
-        long long len = L[b];
-        for (long long col = blockIdx.x * (long long)blockDim.x + threadIdx.x; col < n;
-             col += (long long)gridDim.x * blockDim.x) {
-            long long i = b * n + col;
-            float z = 0.0f;
-            if (col < len) {
-""" + NORMAL_BODY + r"""
-            }
-            out[i] = z;
-        }
-    }
-}
-"""
-
-
-@functools.cache
 def _normal_rows_kernel(device_id: int):
-    import cupy
-
-    from ..device import TABLE_CUDA
-
-    with cupy.cuda.Device(device_id):
-        return cupy.RawModule(code=TABLE_CUDA + NORMAL_ROWS_CUDA).get_function(
-            "avpipe_standard_normal_rows")
+    return _NORMAL_ROWS.get(device_id)["avpipe_standard_normal_rows"]
 
 
 # Up to this many counters a draw runs Philox in Python integers instead of numpy, whose ~60
@@ -173,8 +111,6 @@ def _philox_ints(counters, k0: int, k1: int, rounds: int) -> list:
 
 def _normal_rows(cupy, k0, k1, lens, shape):
     """:func:`standard_normal` with ``lengths`` on a GPU: one launch."""
-    from ..device import table_args
-
     B, n = shape
     out = cupy.empty(shape, cupy.float32)
     if out.size:

@@ -224,7 +224,7 @@ def video(args, xp, run, device):
 def chain(args, xp, run):
     """``benchmarks/workloads/augment.py``'s clip chain (8 clips of 16 x 360 x 640): its draws (and the crop
     tables' copy), the application, and each kernel stage alone."""
-    from avpipe.ops import _augment_kernels as ak
+    from avpipe.ops import _image_augment_kernels as ak
     from avpipe.ops import image_augment as aug
     from benchmarks.workloads import augment as bench_augment
 

@@ -161,8 +161,8 @@ def bench_avpipe_video_recipe_cold(args):
     tables per axis, their device copies, the 2-D plans): each clip's crop builds and copies up
     its tables, as the first clips of a run (or every clip before the tables were cached per
     axis) do."""
-    from avpipe.ops import _image_kernels as ik
     from avpipe.ops import _image_resize as rs
+    from avpipe.ops import _resize_kernels as ik
 
     def clear():
         for f in (ik.axis_plan, ik.plan, rs.axis_weights, rs.resize_taps):

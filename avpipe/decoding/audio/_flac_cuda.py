@@ -15,16 +15,15 @@ CPU test of the kernels (which compiles the same ``.cu`` source as C++).
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...device import pinned_size, upload_many
+from ...device.cuda_modules import CudaModule
 from ._flac_meta import CRC8, CRC16, StreamInfo, parse_streaminfo
 
-KERNEL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_flac_kernels.cu")
 PAD = 64  # bytes after a batch's data: the bit reader may look this far ahead
 
 MAX_BPS = 24  # 32-bit streams go to the CPU (their side channels need 33 bits)
@@ -226,26 +225,23 @@ def finish_batch(plan: Plan, cover: np.ndarray) -> dict:
 # GPU runner
 # ---------------------------------------------------------------------------------------------
 
-_MODULES: dict = {}
+_KERNELS = CudaModule(__file__, "_flac_kernels.cu", options=("-std=c++14",),
+                      names=("flac_scan", "flac_frames", "flac_to_float"))
+KERNEL_FILE = _KERNELS.paths[0]  # the source (the CPU tests build it as C++)
+_CRC: dict = {}  # device id -> (CRC8, CRC16) tables on it
 _LOCK = threading.Lock()
 
 
 def _kernels(cupy):
     dev = cupy.cuda.Device().id
-    with _LOCK:
-        hit = _MODULES.get(dev)
-        if hit is None:
-            with open(KERNEL_FILE) as f:
-                mod = cupy.RawModule(code=f.read(), options=("-std=c++14",))
-            hit = (
-                mod.get_function("flac_scan"),
-                mod.get_function("flac_frames"),
-                mod.get_function("flac_to_float"),
-                cupy.asarray(CRC8),
-                cupy.asarray(CRC16),
-            )
-            _MODULES[dev] = hit
-    return hit
+    k = _KERNELS.get(dev)
+    crc = _CRC.get(dev)
+    if crc is None:
+        with _LOCK:
+            crc = _CRC.get(dev)
+            if crc is None:
+                crc = _CRC[dev] = (cupy.asarray(CRC8), cupy.asarray(CRC16))
+    return k["flac_scan"], k["flac_frames"], k["flac_to_float"], crc[0], crc[1]
 
 
 def compile_kernels() -> None:

@@ -46,8 +46,7 @@ from dataclasses import dataclass, field
 from ... import storage
 from ..._validate import check_choice, pos_int
 from ..._version import __version__
-from ...device import _gpu_count as gpu_count
-from ...device import resolve_device
+from ...device import gpu_count, resolve_device
 from ...pipeline.samplers import uniform_indices
 from ._inputs import EmptyInputError, Inputs, resolve_inputs
 from ._presets import BUILTIN, PresetError, describe_builtins, extensions_of, resolve_preset
