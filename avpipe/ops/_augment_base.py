@@ -19,18 +19,9 @@ import numpy as np
 
 from ..device import array_module, to_numpy
 from . import random as R
+from . import registry
 
-__all__ = ["Augment", "Chain", "register", "REGISTRY"]
-
-# filled by @register as the op modules are imported; avpipe.ops imports them all with the
-# package, before anything here can run (so this module imports none of them)
-REGISTRY: dict[str, type] = {}
-
-
-def register(cls):
-    """Class decorator: make ``cls`` buildable by :meth:`Chain.from_config` as ``cls.name``."""
-    REGISTRY[cls.name] = cls
-    return cls
+__all__ = ["Augment", "Chain", "FunctionOp"]
 
 
 # --- draw helpers --------------------------------------------------------------------------------
@@ -136,6 +127,13 @@ class Augment:
     #: than the batch size, so it must see the run's input).
     fuse_leads = False
 
+    #: whether the op draws parameters (it has its own :meth:`sample`; set for each class)
+    random = False
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        cls.random = cls.sample is not Augment.sample
+
     def __init__(self, stream: str | None = None):
         self.stream = stream or self.name
 
@@ -154,6 +152,21 @@ class Augment:
     def __repr__(self):
         keys = {k: v for k, v in vars(self).items() if not k.startswith("_")}
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in keys.items())})"
+
+
+class FunctionOp(Augment):
+    """A registered operator function as a chain step (nothing drawn: ``fn(data, **args)``)."""
+
+    def __init__(self, entry, args: dict, stream: str | None = None):
+        self.name = entry.name
+        super().__init__(stream)
+        self.entry, self.args = entry, dict(args)
+
+    def apply(self, data, params):
+        return self.entry.target(data, **self.args)
+
+    def __repr__(self):
+        return f"FunctionOp({self.entry.name!r}, {self.args!r})"
 
 
 class Chain(Augment):
@@ -183,19 +196,44 @@ class Chain(Augment):
 
     @staticmethod
     def ops_available():
-        return sorted(REGISTRY)
+        return registry.names()
 
     @classmethod
-    def from_config(cls, config):
-        ops = []
+    def from_config(cls, config, *, kind: str | None = None):
+        """A chain of the registered operators (:mod:`avpipe.ops.registry`) named by ``config``
+        (``[{"op": name, **arguments}, ...]``; ``"stream"`` names an op's random stream).
+        ``kind`` ("audio" or "image") picks the entry of a name registered for both
+        (``normalize``); without it, the kind of the config's other ops."""
+        entries = []
         for i, entry in enumerate(config):
             if not isinstance(entry, dict) or "op" not in entry:
                 raise ValueError(f"config[{i}] must be a dict with an 'op' key, got {entry!r}")
-            kw = dict(entry)
-            name = kw.pop("op")
-            if name not in REGISTRY:
-                raise ValueError(f"config[{i}]: unknown op {name!r}; known: {sorted(REGISTRY)}")
-            ops.append(REGISTRY[name](**kw))
+            name = entry["op"]
+            ks = [kind] if kind is not None else registry.kinds_of(name)
+            if not registry.kinds_of(name) or (kind is not None and kind not in registry.kinds_of(name)):
+                raise ValueError(f"config[{i}]: unknown op {name!r}; known: "
+                                 f"{registry.names(kind=kind)}")
+            entries.append(ks)
+        sure = {ks[0] for ks in entries if len(ks) == 1}
+        ops = []
+        for i, (entry, ks) in enumerate(zip(config, entries)):
+            name = entry["op"]
+            if len(ks) > 1:
+                if len(sure) != 1 or next(iter(sure)) not in ks:
+                    raise ValueError(f"config[{i}]: op {name!r} is registered for "
+                                     f"{' and '.join(ks)}; pass kind= to Chain.from_config")
+                ks = list(sure)
+            op = registry.get(name, ks[0])
+            args = {k: v for k, v in entry.items() if k not in ("op", "stream")}
+            try:
+                op.check(args)
+            except ValueError as e:
+                raise ValueError(f"config[{i}] ({name}): {e}") from None
+            stream = entry.get("stream")
+            if op.is_class:
+                ops.append(op.target(**args, **({"stream": stream} if stream else {})))
+            else:
+                ops.append(FunctionOp(op, args, stream=stream))
         return cls(ops)
 
     def _runs(self):
