@@ -107,7 +107,9 @@ class Param:
                 ok = isinstance(value, t)
             if ok:
                 return
-        want = " or ".join("None" if t is type(None) else t.__name__ for t in self.types)
+        words = {type(None): "None", int: "an int", float: "a number", bool: "true or false",
+                 str: "a string"}
+        want = " or ".join(words.get(t, t.__name__) for t in self.types)
         raise ValueError(f"{self.name} must be {want}, got {value!r}")
 
 
@@ -135,7 +137,7 @@ class Op:
         if extra:
             if not allow_context and extra & set(self.context):
                 given = sorted(extra & set(self.context))
-                raise ValueError(f"{', '.join(given)} is set by the preset, not the operator")
+                raise ValueError(f"{', '.join(given)}: set by the caller, not an argument here")
             raise ValueError(f"unknown argument(s) {sorted(extra)}; it takes {sorted(allowed)}")
         missing = [n for n, p in self.params.items() if p.required and n not in args]
         if missing:

@@ -142,23 +142,33 @@ def _check_ops(kind, ops, where):
         entry = allowed.get(name)
         if entry is None:
             why = ""
-            if name in registry.names(kind=OP_KIND[kind], random=True):
+            other = [e for e in registry.entries(kind=OP_KIND[kind]) if e.name == name]
+            if other and other[0].random:
                 why = " (an augmentation: it draws random parameters per item)"
+            elif other:
+                why = (f" (it takes {other[0].stage} and gives {other[0].gives}; [{kind}] "
+                       f"operators go from {OP_STAGES[kind][0]} to {OP_STAGES[kind][1]})")
             raise PresetError(
                 f"{where}: [{kind}] ops[{i}]: unknown operator {name!r}{why}; "
                 f"one of {', '.join(sorted(allowed))}"
             )
         args = {k: v for k, v in op.items() if k != "op"}
+        ctx = sorted(set(args) & set(entry.context))
+        if ctx:
+            raise _bad(where, kind, i, op, f"{', '.join(ctx)} is the preset's, not an argument"
+                       + (" (set [audio] sample_rate)" if "sample_rate" in ctx else ""))
         try:
             entry.check(args, allow_context=False)
         except ValueError as e:
             raise _bad(where, kind, i, op, e) from None
         if entry.stage != stage:
-            first = "the first operator" if i == 0 else f"ops[{i}] ({name})"
-            raise PresetError(
-                f"{where}: [{kind}] {first} must take {registry.STAGES[stage]}; "
-                f"{name!r} takes {entry.stage} (first: one of {_makers(kind, stage, entry.stage)})"
-            )
+            makers = _makers(kind, stage, entry.stage)
+            fix = f": put one of {makers} before it" if makers else ""
+            if i == 0:
+                raise PresetError(f"{where}: [{kind}] the first operator must take "
+                                  f"{registry.STAGES[stage]}; {name!r} takes {entry.stage}{fix}")
+            raise PresetError(f"{where}: [{kind}] ops[{i}] ({name}) takes {entry.stage}, but the "
+                              f"operators before it give {stage}{fix}")
         stage = entry.gives
         out.append({"op": name, **args})
     if stage != end:
@@ -336,13 +346,17 @@ def config_json(cfg: dict) -> str:
     return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
 
 
-def describe_operators() -> str:
-    """One line per operator a preset may name, by kind: ``name(arguments)`` and what it does."""
+def describe_operators(width: int = 88) -> str:
+    """The operators a preset may name, from the registry, by kind: ``name(arguments)``, each
+    wrapped to ``width`` columns."""
+    import textwrap
+
     lines = []
     for kind, label in (("audio", "[audio]"), ("image", "[video] and [image]")):
         lines.append(f"{label} operators:")
         for e in preset_ops(kind):
-            lines.append(f"  {e.signature(allow_context=False)}")
+            lines += textwrap.wrap(e.signature(allow_context=False), width, initial_indent="  ",
+                                   subsequent_indent="      ", break_on_hyphens=False)
     return "\n".join(lines)
 
 
