@@ -11,6 +11,8 @@ Every augmentation is two things:
 An op object (:class:`Augment`) bundles the two; :class:`Chain` runs a list of them, drawing
 each op's parameters from the data as it reaches that op (lengths after a speed change, the
 frame size after a crop), and can hand back and replay the list of parameter dicts.
+:meth:`Chain.from_config` builds one from the operators of :mod:`avpipe.ops.registry` (an
+``Augment`` class, or a registered function as a :class:`FunctionOp`, which draws nothing).
 """
 
 from __future__ import annotations
@@ -175,8 +177,8 @@ class Chain(Augment):
     parameter dicts; ``chain.apply(data, params_list)`` replays them exactly.
 
     ``Chain.from_config([{"op": "speed_perturb", "factors": [0.9, 1.0, 1.1]}, ...])`` builds
-    one from plain dicts (``"op"``: a registered op name, the rest: its keyword arguments);
-    ``Chain.ops_available()`` lists the names."""
+    one from plain dicts (``"op"``: an operator of :mod:`avpipe.ops.registry`, the rest: its
+    keyword arguments); ``Chain.ops_available()`` lists the names."""
 
     name = "chain"
 
@@ -204,26 +206,23 @@ class Chain(Augment):
         (``[{"op": name, **arguments}, ...]``; ``"stream"`` names an op's random stream).
         ``kind`` ("audio" or "image") picks the entry of a name registered for both
         (``normalize``); without it, the kind of the config's other ops."""
-        entries = []
+        kinds = []  # the kinds each entry's name may be
         for i, entry in enumerate(config):
             if not isinstance(entry, dict) or "op" not in entry:
                 raise ValueError(f"config[{i}] must be a dict with an 'op' key, got {entry!r}")
-            name = entry["op"]
-            ks = [kind] if kind is not None else registry.kinds_of(name)
-            if not registry.kinds_of(name) or (kind is not None and kind not in registry.kinds_of(name)):
-                raise ValueError(f"config[{i}]: unknown op {name!r}; known: "
+            ks = [k for k in registry.kinds_of(entry["op"]) if kind is None or k == kind]
+            if not ks:
+                raise ValueError(f"config[{i}]: unknown op {entry['op']!r}; known: "
                                  f"{registry.names(kind=kind)}")
-            entries.append(ks)
-        sure = {ks[0] for ks in entries if len(ks) == 1}
+            kinds.append(ks)
+        sure = {ks[0] for ks in kinds if len(ks) == 1}
         ops = []
-        for i, (entry, ks) in enumerate(zip(config, entries)):
+        for i, (entry, ks) in enumerate(zip(config, kinds)):
             name = entry["op"]
-            if len(ks) > 1:
-                if len(sure) != 1 or next(iter(sure)) not in ks:
-                    raise ValueError(f"config[{i}]: op {name!r} is registered for "
-                                     f"{' and '.join(ks)}; pass kind= to Chain.from_config")
-                ks = list(sure)
-            op = registry.get(name, ks[0])
+            if len(ks) > 1 and (len(sure) != 1 or not sure <= set(ks)):
+                raise ValueError(f"config[{i}]: op {name!r} is registered for "
+                                 f"{' and '.join(ks)}; pass kind= to Chain.from_config")
+            op = registry.get(name, ks[0] if len(ks) == 1 else next(iter(sure)))
             args = {k: v for k, v in entry.items() if k not in ("op", "stream")}
             try:
                 op.check(args)
