@@ -201,7 +201,7 @@ def register(name=None, *, kind: str | None = None, stage: str | None = None,
     ``Augment`` class (``name`` defaults to the class's ``name``). ``params``: extra
     :class:`Param` entries (arguments taken through ``**kwargs``); ``context``: parameters a
     preset fills itself; ``validate(args)``: value checks beyond the types. A name already
-    registered for ``kind`` by another target is refused."""
+    registered for ``kind`` by another definition is refused."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if stage not in STAGES or (gives is not None and gives not in STAGES):
@@ -219,7 +219,10 @@ def register(name=None, *, kind: str | None = None, stage: str | None = None,
         entry = Op(op_name, kind, stage, gives or stage, target, ps, random, tuple(context),
                    validate, doc.split("\n\n")[0].replace("\n", " "), is_class)
         old = _ENTRIES.get((kind, op_name))
-        if old is not None and old.target is not target:
+        same = old is not None and all(  # the same definition again (a module reloaded)
+            getattr(old.target, a, None) == getattr(target, a, None)
+            for a in ("__module__", "__qualname__"))
+        if old is not None and not same:
             raise ValueError(f"operator {op_name!r} ({kind}) is already registered "
                              f"({getattr(old.target, '__qualname__', old.target)!r})")
         _ENTRIES[(kind, op_name)] = entry
