@@ -112,6 +112,9 @@ def test_entries_and_names():
         registry.get("normalize")
     with pytest.raises(KeyError, match="unknown operator 'nope'"):
         registry.get("nope")
+    e.check({"n_mfcc": np.int64(13)})  # numpy scalars are numbers
+    with pytest.raises(ValueError, match="n_mfcc must be an int, got 13.0"):
+        e.check({"n_mfcc": 13.0})
     with pytest.raises(ValueError, match="missing argument"):
         registry.get("crop_pad").check({})
     with pytest.raises(ValueError, match="already registered"):

@@ -38,6 +38,7 @@ features' per-channel normalization, and the images' mean/std normalization), an
 from __future__ import annotations
 
 import inspect
+import numbers
 import types
 import typing
 from collections.abc import Callable
@@ -99,10 +100,10 @@ class Param:
         for t in self.types:
             if t is type(None):
                 ok = value is None
-            elif t is float:
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            elif t is float:  # numpy scalars too
+                ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
             elif t is int:
-                ok = isinstance(value, int) and not isinstance(value, bool)
+                ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
             else:
                 ok = isinstance(value, t)
             if ok:
