@@ -379,7 +379,7 @@ def test_ops_all_lists_every_public_name_once():
     names = [n for m in mods for n in m.__all__]
     # a name two modules give different objects is left out (one object under two: kept)
     shared = {n for n in names if len({id(getattr(m, n)) for m in mods if n in m.__all__}) > 1}
-    want = {"audio", "color", "image", "random", "audio_augment", "image_augment"}
+    want = {"audio", "color", "image", "random", "registry", "audio_augment", "image_augment"}
     want |= set(names) - shared
     assert set(avpipe.ops.__all__) == want and len(avpipe.ops.__all__) == len(want)
     assert avpipe.ops.Chain is AA.Chain is IA.Chain

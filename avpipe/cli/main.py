@@ -43,6 +43,13 @@ class _ExtractCommand(click.Command):
         with formatter.indentation():
             for line in _preset_help().splitlines():
                 formatter.write(" " * formatter.current_indent + line.strip() + "\n")
+        from avpipe.recipes.extract._presets import describe_operators
+
+        formatter.write_paragraph()
+        formatter.write_text("Operators of a preset's ops lists (avpipe.ops.registry):")
+        with formatter.indentation():
+            for line in describe_operators(76).splitlines():
+                formatter.write(" " * formatter.current_indent + line + "\n")
 
 
 @cli.command(cls=_ExtractCommand)

@@ -13,6 +13,9 @@ cupy on a GPU); results stay on the inputs' device.
   the same on numpy and cupy.
 * :mod:`avpipe.ops.color` — NV12 -> RGB (one colour table; swscale's fixed-point path and the
   NVDEC backend's CUDA kernel).
+* :mod:`avpipe.ops.registry` — the named operators (``register``, ``get``, ``names``) that
+  ``Chain.from_config`` and extraction presets build from: one function plus one registration
+  makes an operator usable in both.
 
 Every public name of the modules in ``_SUBMODULES`` is also reachable here
 (``avpipe.ops.log_mel``), except names two of them define (``normalize``), which must be taken
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import color, random
+from . import color, random, registry
 
 _SUBMODULES = ("audio", "image", "audio_augment", "image_augment")
 
@@ -42,7 +45,7 @@ for _mod in _modules:
         if _name not in _AMBIGUOUS:
             globals()[_name] = getattr(_mod, _name)
 
-__all__ = ["color", "random", *_SUBMODULES, *dict.fromkeys(n for n in _names if n not in _AMBIGUOUS)]
+__all__ = ["color", "random", "registry", *_SUBMODULES, *dict.fromkeys(n for n in _names if n not in _AMBIGUOUS)]
 
 
 def __getattr__(name: str):

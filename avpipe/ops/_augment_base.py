@@ -11,6 +11,8 @@ Every augmentation is two things:
 An op object (:class:`Augment`) bundles the two; :class:`Chain` runs a list of them, drawing
 each op's parameters from the data as it reaches that op (lengths after a speed change, the
 frame size after a crop), and can hand back and replay the list of parameter dicts.
+:meth:`Chain.from_config` builds one from the operators of :mod:`avpipe.ops.registry` (an
+``Augment`` class, or a registered function as a :class:`FunctionOp`, which draws nothing).
 """
 
 from __future__ import annotations
@@ -19,18 +21,9 @@ import numpy as np
 
 from ..device import array_module, to_numpy
 from . import random as R
+from . import registry
 
-__all__ = ["Augment", "Chain", "register", "REGISTRY"]
-
-# filled by @register as the op modules are imported; avpipe.ops imports them all with the
-# package, before anything here can run (so this module imports none of them)
-REGISTRY: dict[str, type] = {}
-
-
-def register(cls):
-    """Class decorator: make ``cls`` buildable by :meth:`Chain.from_config` as ``cls.name``."""
-    REGISTRY[cls.name] = cls
-    return cls
+__all__ = ["Augment", "Chain", "FunctionOp"]
 
 
 # --- draw helpers --------------------------------------------------------------------------------
@@ -136,6 +129,13 @@ class Augment:
     #: than the batch size, so it must see the run's input).
     fuse_leads = False
 
+    #: whether the op draws parameters (it has its own :meth:`sample`; set for each class)
+    random = False
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        cls.random = cls.sample is not Augment.sample
+
     def __init__(self, stream: str | None = None):
         self.stream = stream or self.name
 
@@ -156,14 +156,29 @@ class Augment:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in keys.items())})"
 
 
+class FunctionOp(Augment):
+    """A registered operator function as a chain step (nothing drawn: ``fn(data, **args)``)."""
+
+    def __init__(self, entry, args: dict, stream: str | None = None):
+        self.name = entry.name
+        super().__init__(stream)
+        self.entry, self.args = entry, dict(args)
+
+    def apply(self, data, params):
+        return self.entry.target(data, **self.args)
+
+    def __repr__(self):
+        return f"FunctionOp({self.entry.name!r}, {self.args!r})"
+
+
 class Chain(Augment):
     """Ops run in order: each draws its parameters from the data as it reaches it, then applies
     them. ``chain(data, seed=, epoch=, ids=, return_params=True)`` also returns the list of
     parameter dicts; ``chain.apply(data, params_list)`` replays them exactly.
 
     ``Chain.from_config([{"op": "speed_perturb", "factors": [0.9, 1.0, 1.1]}, ...])`` builds
-    one from plain dicts (``"op"``: a registered op name, the rest: its keyword arguments);
-    ``Chain.ops_available()`` lists the names."""
+    one from plain dicts (``"op"``: an operator of :mod:`avpipe.ops.registry`, the rest: its
+    keyword arguments); ``Chain.ops_available()`` lists the names."""
 
     name = "chain"
 
@@ -183,19 +198,41 @@ class Chain(Augment):
 
     @staticmethod
     def ops_available():
-        return sorted(REGISTRY)
+        return registry.names()
 
     @classmethod
-    def from_config(cls, config):
-        ops = []
+    def from_config(cls, config, *, kind: str | None = None):
+        """A chain of the registered operators (:mod:`avpipe.ops.registry`) named by ``config``
+        (``[{"op": name, **arguments}, ...]``; ``"stream"`` names an op's random stream).
+        ``kind`` ("audio" or "image") picks the entry of a name registered for both
+        (``normalize``); without it, the kind of the config's other ops."""
+        kinds = []  # the kinds each entry's name may be
         for i, entry in enumerate(config):
             if not isinstance(entry, dict) or "op" not in entry:
                 raise ValueError(f"config[{i}] must be a dict with an 'op' key, got {entry!r}")
-            kw = dict(entry)
-            name = kw.pop("op")
-            if name not in REGISTRY:
-                raise ValueError(f"config[{i}]: unknown op {name!r}; known: {sorted(REGISTRY)}")
-            ops.append(REGISTRY[name](**kw))
+            ks = [k for k in registry.kinds_of(entry["op"]) if kind is None or k == kind]
+            if not ks:
+                raise ValueError(f"config[{i}]: unknown op {entry['op']!r}; known: "
+                                 f"{registry.names(kind=kind)}")
+            kinds.append(ks)
+        sure = {ks[0] for ks in kinds if len(ks) == 1}
+        ops = []
+        for i, (entry, ks) in enumerate(zip(config, kinds)):
+            name = entry["op"]
+            if len(ks) > 1 and (len(sure) != 1 or not sure <= set(ks)):
+                raise ValueError(f"config[{i}]: op {name!r} is registered for "
+                                 f"{' and '.join(ks)}; pass kind= to Chain.from_config")
+            op = registry.get(name, ks[0] if len(ks) == 1 else next(iter(sure)))
+            args = {k: v for k, v in entry.items() if k not in ("op", "stream")}
+            try:
+                op.check(args)
+            except ValueError as e:
+                raise ValueError(f"config[{i}] ({name}): {e}") from None
+            stream = entry.get("stream")
+            if op.is_class:
+                ops.append(op.target(**args, **({"stream": stream} if stream else {})))
+            else:
+                ops.append(FunctionOp(op, args, stream=stream))
         return cls(ops)
 
     def _runs(self):

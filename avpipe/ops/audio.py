@@ -60,6 +60,7 @@ from ._audio_core import (
     stft_frame_lengths,
 )
 from ._audio_presets import MLPERF_RNNT, NEMO, NEMO_V1, PRESET_DOCS, PRESETS, LogMelConfig
+from .registry import register
 
 __all__ = [
     "log_mel",
@@ -218,3 +219,56 @@ def _log_mel_array_module(x, lens_host, cfg, *, training=False, seed=None):
 
 
 log_mel.__doc__ += "".join(f"\n\n{k} preset:\n{v}" for k, v in PRESET_DOCS.items())
+
+
+# --- registered operators (avpipe.ops.registry): feature steps on (data, lengths) pairs ---------
+
+
+@register("mel", kind="audio", stage="signal", gives="features", context=("sample_rate",))
+def _op_mel(data, *, sample_rate: int = 16000, n_fft: int = 512, hop_length: int = 160,
+            win_length: int | None = None, window: str = "hann", periodic: bool = False,
+            center: bool = True, pad_mode: str = "constant", power: float = 2.0,
+            n_mels: int = 80, fmin: float = 0.0, fmax: float | None = None, htk: bool = False,
+            norm: str | None = "slaney"):  # fmt: skip
+    """A mel spectrogram (power 2 by default): :func:`spectrogram` then :func:`mel_spectrogram`."""
+    x, lengths = data
+    spec, fl = spectrogram(x, lengths, n_fft=n_fft, hop_length=hop_length, win_length=win_length,
+                           window=window, periodic=periodic, center=center, pad_mode=pad_mode,
+                           power=power)  # fmt: skip
+    return mel_spectrogram(spec, fl, sample_rate=sample_rate, n_mels=n_mels, fmin=fmin,
+                           fmax=fmax, htk=htk, norm=norm), fl  # fmt: skip
+
+
+@register("log", kind="audio", stage="features")
+def _op_log(data, *, guard: str = "add", guard_value: float = 2.0 ** -24):
+    """Natural log with a zero guard (:func:`log_guarded`)."""
+    feats, fl = data
+    return log_guarded(feats, fl, guard=guard, guard_value=guard_value), fl
+
+
+@register("power_to_db", kind="audio", stage="features")
+def _op_power_to_db(data, *, ref: float = 1.0, amin: float = 1e-10, top_db: float | None = 80.0,
+                    multiplier: float = 10.0):  # fmt: skip
+    """Decibels, floored ``top_db`` below each item's peak (:func:`power_to_db`)."""
+    feats, fl = data
+    return power_to_db(feats, ref=ref, amin=amin, top_db=top_db, multiplier=multiplier), fl
+
+
+@register("mfcc", kind="audio", stage="features")
+def _op_mfcc(data, *, n_mfcc: int = 20, norm: str | None = "ortho"):
+    """MFCCs: DCT-II over the mel axis (:func:`mfcc`)."""
+    feats, fl = data
+    return mfcc(feats, fl, n_mfcc=n_mfcc, norm=norm), fl
+
+
+@register("normalize", kind="audio", stage="features")
+def _op_normalize(data, *, mode: str = "per_feature", eps: float = 1e-5, ddof: int = 1):
+    """Zero mean, unit variance over each item's valid frames (:func:`normalize`)."""
+    feats, fl = data
+    return normalize(feats, fl, mode=mode, eps=eps, ddof=ddof), fl
+
+
+@register("stack_frames", kind="audio", stage="features")
+def _op_stack_frames(data, *, stacking: int = 3, subsampling: int = 3):
+    """Stack consecutive frames, keep every ``subsampling``-th (:func:`stack_frames`)."""
+    return stack_frames(*data, stacking=stacking, subsampling=subsampling)

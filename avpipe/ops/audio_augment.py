@@ -48,7 +48,6 @@ from ._augment_base import (
     below,
     host,
     on,
-    register,
     uniform_range,
 )
 from ._spec_augment import (
@@ -59,6 +58,7 @@ from ._spec_augment import (
     spec_augment_kernel,
     spec_params_of,
 )
+from .registry import Param, register
 
 __all__ = [
     "Chain",
@@ -642,7 +642,31 @@ def _lens_for(x, lens):
     return _lengths(lens, xb.shape[0], xb.shape[-1])
 
 
-@register
+def _log_mel_fields():
+    """LogMel's keyword overrides: the fields of LogMelConfig (its name and rate aside)."""
+    import dataclasses
+    import typing
+
+    from ._audio_presets import LogMelConfig
+    from .registry import INHERITED, _types_of
+
+    hints = typing.get_type_hints(LogMelConfig)
+    return [Param(f.name, INHERITED, _types_of(hints[f.name]))
+            for f in dataclasses.fields(LogMelConfig) if f.name not in ("name", "sample_rate")]
+
+
+_LOG_MEL_FIELDS = _log_mel_fields()
+
+
+def _check_log_mel(args):
+    from .audio import PRESETS, LogMelConfig
+
+    p = args.get("preset", "nemo")
+    if not isinstance(p, LogMelConfig) and p not in PRESETS:
+        raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {p!r}")
+
+
+@register(kind="audio", stage="signal")
 class SpeedPerturb(Augment):
     """Speed perturbation (:func:`sample_speed_params`, :func:`apply_speed_perturb`)."""
 
@@ -670,7 +694,7 @@ class SpeedPerturb(Augment):
                                    quality=self.quality)  # fmt: skip
 
 
-@register
+@register(kind="audio", stage="signal")
 class Gain(Augment):
     """A random gain per item, uniform in ``gain_db`` decibels (:func:`sample_gain_params`,
     :func:`apply_gain`)."""
@@ -691,7 +715,7 @@ class Gain(Augment):
         return apply_gain(*_data(data), params)
 
 
-@register
+@register(kind="audio", stage="signal")
 class AddNoise(Augment):
     """Additive noise at an SNR drawn from ``snr_db``, from ``noise`` (a :class:`NoiseBank`, or
     a list of arrays / files, the noise manifest)."""
@@ -713,7 +737,7 @@ class AddNoise(Augment):
         return apply_noise(*_data(data), params, self.bank)
 
 
-@register
+@register(kind="audio", stage="signal")
 class Reverb(Augment):
     """Room-impulse convolution by FFT, from ``rirs`` (a :class:`RirBank` or a list)."""
 
@@ -736,7 +760,7 @@ class Reverb(Augment):
         return apply_rir(*_data(data), params, self.bank)
 
 
-@register
+@register(kind="audio", stage="signal")
 class TimeShift(Augment):
     """A random shift of each item's content inside its length (:func:`sample_time_shift_params`,
     :func:`apply_time_shift`)."""
@@ -758,7 +782,7 @@ class TimeShift(Augment):
         return apply_time_shift(*_data(data), params, mode=self.mode)
 
 
-@register
+@register(kind="audio", stage="signal")
 class RandomCropPad(Augment):
     """Every item to ``length`` samples: a random window of a longer one, zeros after a shorter one
     (:func:`sample_crop_pad_params`, :func:`apply_crop_pad`)."""
@@ -779,16 +803,27 @@ class RandomCropPad(Augment):
         return apply_crop_pad(*_data(data), params, length=self.length)
 
 
-@register
+@register(kind="audio", stage="signal", gives="features", context=("sample_rate",),
+          params=_LOG_MEL_FIELDS, validate=_check_log_mel)
 class LogMel(Augment):
     """:func:`avpipe.ops.audio.log_mel` as a chain step: ``(signals, lengths) -> (features,
-    frame_lengths)`` (deterministic: no dither)."""
+    frame_lengths)`` (deterministic: no dither). ``preset`` (a name or a
+    :class:`~avpipe.ops.audio.LogMelConfig`), with any of its fields overridden by keyword;
+    ``sample_rate``: the signals' rate, set into the config (None: the preset's)."""
 
     name = "log_mel"
 
-    def __init__(self, preset="nemo", *, stream=None):
+    def __init__(self, preset="nemo", *, sample_rate=None, stream=None, **overrides):
         super().__init__(stream)
         self.preset = preset
+        if overrides or sample_rate is not None:
+            from .audio import _resolve_preset
+
+            cfg = _resolve_preset(preset)
+            cfg = cfg.replace(**overrides) if overrides else cfg
+            if sample_rate is not None and cfg.sample_rate != sample_rate:
+                cfg = cfg.replace(sample_rate=sample_rate)
+            self.preset = cfg
 
     def apply(self, data, params):
         from .audio import log_mel, log_mel_frame_lengths
@@ -802,7 +837,7 @@ class LogMel(Augment):
         return feats, fl
 
 
-@register
+@register(kind="audio", stage="features")
 class SpecAugment(Augment):
     """SpecAugment on ``(features, frame_lengths)`` (:func:`spec_augment`)."""
 

@@ -61,7 +61,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._validate import check_choice
+from .._validate import check_choice, pos_int
 from ..device import array_module, upload_many
 from . import _image_augment_kernels as _ak
 from . import _image_resize as _rs
@@ -76,11 +76,15 @@ from ._augment_base import (
     gamma,
     host,
     on,
-    register,
     uniform_range,
     unit,
 )
-from .image import _center_offsets  # torchvision's rounding
+from .image import (
+    INTERPOLATIONS,
+    _center_offsets,  # torchvision's rounding
+    resize,
+)
+from .registry import register
 
 __all__ = [
     "Chain",
@@ -1129,7 +1133,47 @@ def _items_ahead(x, ops, hosts, i):
 _clip_ops.sample = _sample_run
 
 
-@register
+def _check_size(name, v):
+    """An int or [height, width] of positive ints (ValueError naming ``name`` and ``v``)."""
+    if isinstance(v, (list, tuple)) and len(v) == 2:
+        for x in v:
+            pos_int(name, x)
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+        raise ValueError(f"{name} must be a positive int or [height, width], got {v!r}")
+
+
+def _check_resize(args):
+    if ("size" in args) == ("short_side" in args) or args.get("size", 0) is None:
+        raise ValueError("give exactly one of size or short_side")
+    if "size" in args:
+        _check_size("size", args["size"])
+    else:
+        pos_int("short_side", args["short_side"])
+    check_choice("interpolation", args.get("interpolation", "bilinear"), INTERPOLATIONS)
+    if not isinstance(args.get("antialias", True), bool):
+        raise ValueError(f"antialias must be true or false, got {args['antialias']!r}")
+
+
+def _check_center_crop(args):
+    _check_size("size", args.get("size", 224))
+
+
+@register("resize", kind="image", stage="pixels", validate=_check_resize)
+def _op_resize(x, *, size=None, short_side=None, interpolation="bilinear", antialias=True):
+    """:func:`avpipe.ops.image.resize` to ``size`` ([height, width] or an int) or with the
+    shorter side ``short_side``; clips ``[B, T, H, W, C]`` frame by frame."""
+    size = tuple(size) if isinstance(size, list) else size
+    kw = {"short_side": short_side} if short_side is not None else {}
+    if x.ndim == 5:
+        b, t = x.shape[:2]
+        y = resize(x.reshape(b * t, *x.shape[2:]), size, interpolation=interpolation,
+                   antialias=antialias, **kw)  # fmt: skip
+        return y.reshape(b, t, *y.shape[1:])
+    return resize(x, size, interpolation=interpolation, antialias=antialias, **kw)
+
+
+@register(kind="image", stage="pixels")
 class RandomResizedCrop(Augment):
     """A random resized crop to ``size`` per image or clip, torchvision's ``RandomResizedCrop``
     (``scale``, ``ratio``)."""
@@ -1152,7 +1196,7 @@ class RandomResizedCrop(Augment):
                                   antialias=self.antialias, layout=self.layout, dtype=self.dtype)  # fmt: skip
 
 
-@register
+@register(kind="image", stage="pixels", context=("layout",), validate=_check_center_crop)
 class CenterCrop(Augment):
     """The central ``size`` window of every frame (:func:`center_crop_clips`)."""
 
@@ -1166,7 +1210,7 @@ class CenterCrop(Augment):
         return center_crop_clips(x, self.size, layout=self.layout)
 
 
-@register
+@register(kind="image", stage="pixels")
 class RandomFlip(Augment):
     """A horizontal flip with probability ``p`` per image or clip (:func:`sample_flip_params`)."""
 
@@ -1184,7 +1228,7 @@ class RandomFlip(Augment):
         return apply_flip(x, params, layout=self.layout)
 
 
-@register
+@register(kind="image", stage="pixels")
 class RandomGrayscale(Augment):
     """Grayscale with probability ``p`` per image or clip (:func:`sample_grayscale_params`)."""
 
@@ -1203,7 +1247,7 @@ class RandomGrayscale(Augment):
         return apply_grayscale(x, params, layout=self.layout)
 
 
-@register
+@register(kind="image", stage="pixels")
 class ColorJitter(Augment):
     """torchvision's ``ColorJitter`` per image or clip: brightness, contrast, saturation and hue
     (:func:`sample_color_jitter_params`)."""
@@ -1224,7 +1268,7 @@ class ColorJitter(Augment):
         return apply_color_jitter(x, params, bound=self.bound, layout=self.layout)
 
 
-@register
+@register(kind="image", stage="pixels", gives="tensor")
 class Normalize(Augment):
     """:func:`avpipe.ops.image.normalize` per channel, then the output layout (``"NCHW"``:
     channels before H, W: ``[B, T, C, H, W]`` for clips). cupy, 3 channels: one kernel (equal

@@ -19,16 +19,13 @@ A preset is a dict (the same shape a TOML file gives, see :func:`load_preset_fil
     [image]
     ops = [{op = "resize", short_side = 224}, {op = "center_crop", size = 224}]
 
-Only the kinds present are extracted (their files are picked by extension). Operators:
-
-* audio (a padded batch ``[B, n]`` with lengths; the first must make features):
-  ``log_mel`` (``preset`` = nemo / nemo_v1 / mlperf_rnnt, plus any
-  :class:`avpipe.ops.audio.LogMelConfig` field to override), ``mel`` (power mel spectrogram:
-  n_fft, win_length, hop_length, n_mels, fmin, fmax, window, center, pad_mode, power, htk,
-  norm), ``log`` (guard, guard_value), ``power_to_db`` (ref, amin, top_db), ``mfcc``
-  (n_mfcc, norm), ``normalize`` (mode, eps, ddof), ``stack_frames`` (stacking, subsampling).
-* video frames and images (uint8 RGB ``[N, H, W, 3]``): ``resize`` (short_side, or size
-  [h, w]; interpolation, antialias), ``center_crop`` (size).
+Only the kinds present are extracted (their files are picked by extension). Operators are the
+registry's (:mod:`avpipe.ops.registry`): ``[audio]`` takes the audio ones, ``[video]`` and
+``[image]`` the image ones, each checked against its entry (arguments, their types and values);
+a preset takes only operators that draw nothing at random (its bytes are the same on every
+run), in an order where each takes what the one before gives: audio from the signal to
+features (so the first that makes features, ``log_mel`` or ``mel``, comes first), pixels to
+pixels for frames and images. :func:`describe_operators` lists them (``avpipe extract --help``).
 
 The schema, with examples, is documented for users in docs/presets.md.
 
@@ -45,14 +42,12 @@ from __future__ import annotations
 import copy
 import json
 import os
-from dataclasses import fields
 
 import numpy as np
 
-from ..._validate import check_choice, pos_int  # noqa: E402
+from ..._validate import pos_int  # noqa: E402
 from ...formats import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS  # noqa: E402
-from ...ops import audio as audio_ops
-from ...ops import image as image_ops
+from ...ops import registry
 from ._process import apply_audio_ops
 
 EXTENSIONS = {"audio": AUDIO_EXTENSIONS, "video": VIDEO_EXTENSIONS, "image": IMAGE_EXTENSIONS}
@@ -104,21 +99,10 @@ BUILTIN: dict[str, dict] = {
     },
 }
 
-AUDIO_OPS = {
-    "log_mel": None,  # preset + LogMelConfig fields (checked against the dataclass)
-    "mel": {"n_fft", "win_length", "hop_length", "n_mels", "fmin", "fmax", "window", "center",
-            "pad_mode", "power", "htk", "norm", "periodic"},
-    "log": {"guard", "guard_value"},
-    "power_to_db": {"ref", "amin", "top_db", "multiplier"},
-    "mfcc": {"n_mfcc", "norm"},
-    "normalize": {"mode", "eps", "ddof"},
-    "stack_frames": {"stacking", "subsampling"},
-}
-FEATURE_OPS = {"log_mel", "mel"}
-PIXEL_OPS = {
-    "resize": {"short_side", "size", "interpolation", "antialias"},
-    "center_crop": {"size"},
-}
+# what each kind's operators take (the registry's kind and stage) and must end with
+OP_KIND = {"audio": "audio", "video": "image", "image": "image"}
+OP_STAGES = {"audio": ("signal", "features"), "video": ("pixels", "pixels"),
+             "image": ("pixels", "pixels")}
 SAMPLERS = {
     "uniform": {"num_frames"},
     "fps": {"fps", "max_frames"},
@@ -130,30 +114,66 @@ class PresetError(ValueError):
     pass
 
 
-def _check_ops(kind, ops, table, where):
+def preset_ops(kind: str) -> list:
+    """The registry's entries a preset's ``[kind]`` may name: of its kind, drawing nothing at
+    random, taking and giving the kind's stages."""
+    stages = OP_STAGES[kind]
+    return [e for e in registry.entries(kind=OP_KIND[kind], random=False)
+            if e.stage in stages and e.gives in stages]
+
+
+def _makers(kind, have, want):
+    return sorted(e.name for e in preset_ops(kind) if e.stage == have and e.gives == want)
+
+
+def _check_ops(kind, ops, where):
+    """Each operator table against its registry entry: a known name of the kind, arguments it
+    takes (of their types, and the values its own checks accept), nothing drawn at random,
+    each taking what the one before gives, the last giving the kind's output."""
     if not isinstance(ops, list) or not ops:
         raise PresetError(f"{where}: [{kind}] needs a non-empty list 'ops'")
+    stage, end = OP_STAGES[kind]
+    allowed = {e.name: e for e in preset_ops(kind)}
     out = []
     for i, op in enumerate(ops):
         if not isinstance(op, dict) or not isinstance(op.get("op"), str):
             raise PresetError(f"{where}: [{kind}] ops[{i}] must be a table with an 'op' name")
         name = op["op"]
-        if name not in table:
+        entry = allowed.get(name)
+        if entry is None:
+            why = ""
+            other = [e for e in registry.entries(kind=OP_KIND[kind]) if e.name == name]
+            if other and other[0].random:
+                why = " (an augmentation: it draws random parameters per item)"
+            elif other:
+                why = (f" (it takes {other[0].stage} and gives {other[0].gives}; [{kind}] "
+                       f"operators go from {OP_STAGES[kind][0]} to {OP_STAGES[kind][1]})")
             raise PresetError(
-                f"{where}: [{kind}] ops[{i}]: unknown operator {name!r}; "
-                f"one of {', '.join(sorted(table))}"
+                f"{where}: [{kind}] ops[{i}]: unknown operator {name!r}{why}; "
+                f"one of {', '.join(sorted(allowed))}"
             )
         args = {k: v for k, v in op.items() if k != "op"}
-        allowed = table[name]
-        if name == "log_mel":
-            allowed = {f.name for f in fields(audio_ops.LogMelConfig)} - {"name"} | {"preset"}
-        extra = set(args) - allowed
-        if extra:
-            raise PresetError(
-                f"{where}: [{kind}] ops[{i}] ({name}): unknown argument(s) {sorted(extra)}; "
-                f"it takes {sorted(allowed)}"
-            )
+        ctx = sorted(set(args) & set(entry.context))
+        if ctx:
+            raise _bad(where, kind, i, op, f"{', '.join(ctx)} is the preset's, not an argument"
+                       + (" (set [audio] sample_rate)" if "sample_rate" in ctx else ""))
+        try:
+            entry.check(args, allow_context=False)
+        except ValueError as e:
+            raise _bad(where, kind, i, op, e) from None
+        if entry.stage != stage:
+            makers = _makers(kind, stage, entry.stage)
+            fix = f": put one of {makers} before it" if makers else ""
+            if i == 0:
+                raise PresetError(f"{where}: [{kind}] the first operator must take "
+                                  f"{registry.STAGES[stage]}; {name!r} takes {entry.stage}{fix}")
+            raise PresetError(f"{where}: [{kind}] ops[{i}] ({name}) takes {entry.stage}, but the "
+                              f"operators before it give {stage}{fix}")
+        stage = entry.gives
         out.append({"op": name, **args})
+    if stage != end:
+        raise PresetError(f"{where}: [{kind}] the operators must end with {end}; they end with "
+                          f"{stage} (add one of {_makers(kind, stage, end)})")
     return out
 
 
@@ -182,12 +202,9 @@ def normalize_preset(cfg: dict, *, name: str, where: str = "preset") -> dict:
         if dtype not in AUDIO_DTYPES:
             raise PresetError(f"{where}: [audio] dtype must be one of "
                               f"{', '.join(AUDIO_DTYPES)}, got {dtype!r}")
-        ops = _check_ops("audio", a.pop("ops", None), AUDIO_OPS, where)
+        ops = _check_ops("audio", a.pop("ops", None), where)
         if a:
             raise PresetError(f"{where}: [audio] unknown key(s) {sorted(a)}")
-        if ops[0]["op"] not in FEATURE_OPS:
-            raise PresetError(f"{where}: [audio] the first operator must be one of "
-                              f"{sorted(FEATURE_OPS)}, got {ops[0]['op']!r}")
         out["audio"] = {"sample_rate": sr, "ops": ops}
         if dtype != "float32":  # the default is not written (see the module docstring)
             out["audio"]["dtype"] = dtype
@@ -202,7 +219,7 @@ def normalize_preset(cfg: dict, *, name: str, where: str = "preset") -> dict:
         s = {"sampler": sampler}
         for k, d in defaults.items():
             s[k] = v.pop(k, d)
-        ops = _check_ops("video", v.pop("ops", None), PIXEL_OPS, where)
+        ops = _check_ops("video", v.pop("ops", None), where)
         if v:
             raise PresetError(f"{where}: [video] unknown key(s) {sorted(v)} for sampler "
                               f"{sampler!r} (it takes {sorted(SAMPLERS[sampler])})")
@@ -211,7 +228,7 @@ def normalize_preset(cfg: dict, *, name: str, where: str = "preset") -> dict:
         out["video"] = {**s, "ops": ops}
     if "image" in cfg:
         im = dict(cfg["image"])
-        ops = _check_ops("image", im.pop("ops", None), PIXEL_OPS, where)
+        ops = _check_ops("image", im.pop("ops", None), where)
         if im:
             raise PresetError(f"{where}: [image] unknown key(s) {sorted(im)}")
         out["image"] = {"ops": ops}
@@ -223,29 +240,16 @@ def _bad(where, kind, i, op, e) -> PresetError:
     return PresetError(f"{where}: [{kind}] ops[{i}] ({op['op']}): {e}")
 
 
-def _size(name, v):
-    """An int or [h, w] of positive ints."""
-    if isinstance(v, (list, tuple)) and len(v) == 2:
-        for x in v:
-            pos_int(name, x)
-        return
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise ValueError(f"{name} must be a positive int or [height, width], got {v!r}")
-
-
 def _check_values(cfg: dict, where: str) -> None:
     """Check the operators' values as a run would use them, so that a bad one fails when the
     preset is read (naming the operator, its argument and the value), before anything is
-    written, instead of failing every input. The audio chain runs once on a short signal on
-    the CPU (its operators check their own arguments); pixel operators and video samplers are
-    checked here (a dry run would depend on the image size)."""
+    written, instead of failing every input. Each operator's registry entry has checked its
+    arguments (:func:`_check_ops`); the audio chain also runs once on a short signal on the
+    CPU (its operators check their own values; a pixel operator's dry run would depend on the
+    image size). The video samplers are checked here."""
     if "audio" in cfg:
         a = cfg["audio"]
         ops = a["ops"]
-        for i, op in enumerate(ops):
-            if op["op"] == "log_mel" and op.get("preset", "nemo") not in audio_ops.PRESETS:
-                raise _bad(where, "audio", i, op, f"preset must be one of "
-                           f"{', '.join(audio_ops.PRESETS)}, got {op['preset']!r}")
         sr = a["sample_rate"]
         n = sr  # 1 s, or longer for the windows the preset names
         for op in ops:
@@ -267,29 +271,6 @@ def _check_values(cfg: dict, where: str) -> None:
                     run(ops[: i + 1])
                 except Exception as e:  # noqa: BLE001
                     raise _bad(where, "audio", i, ops[i], e) from None
-    for kind in ("video", "image"):
-        if kind not in cfg:
-            continue
-        for i, op in enumerate(cfg[kind]["ops"]):
-            try:
-                if op["op"] == "resize":
-                    if ("size" in op) == ("short_side" in op):
-                        raise ValueError("give exactly one of size or short_side")
-                    if "size" in op:
-                        _size("size", op["size"])
-                    else:
-                        pos_int("short_side", op["short_side"])
-                    check_choice("interpolation", op.get("interpolation", "bilinear"),
-                                 image_ops.INTERPOLATIONS)  # the resize's own filters
-                    if not isinstance(op.get("antialias", True), bool):
-                        raise ValueError(f"antialias must be true or false, "
-                                         f"got {op['antialias']!r}")
-                elif op["op"] == "center_crop":
-                    if "size" not in op:
-                        raise ValueError("size is required")
-                    _size("size", op["size"])
-            except ValueError as e:
-                raise _bad(where, kind, i, op, e) from None
     if "video" in cfg:
         v = cfg["video"]
         try:
@@ -363,6 +344,20 @@ def extensions_of(cfg: dict) -> dict[str, str]:
 
 def config_json(cfg: dict) -> str:
     return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+
+
+def describe_operators(width: int = 88) -> str:
+    """The operators a preset may name, from the registry, by kind: ``name(arguments)``, each
+    wrapped to ``width`` columns."""
+    import textwrap
+
+    lines = []
+    for kind, label in (("audio", "[audio]"), ("image", "[video] and [image]")):
+        lines.append(f"{label} operators:")
+        for e in preset_ops(kind):
+            lines += textwrap.wrap(e.signature(allow_context=False), width, initial_indent="  ",
+                                   subsequent_indent="      ", break_on_hyphens=False)
+    return "\n".join(lines)
 
 
 def describe_builtins() -> str:

@@ -33,8 +33,7 @@ from ...decoding.video import VideoDecoder
 from ...device import download, to_numpy
 from ...errors import CorruptDataError, naming, renamed
 from ...formats import is_flac
-from ...ops import audio as audio_ops
-from ...ops import image as image_ops
+from ...ops import registry
 from ...pipeline._threads import AbandonablePool
 from ...pipeline.audio_loader import AudioBatchLoader
 from ...pipeline.image_stream import decode_image_stream
@@ -107,54 +106,25 @@ def _fail(item: Item, e: BaseException | str) -> Result:
 def apply_audio_ops(x, lengths, sample_rate: int, ops: list[dict], *, host_lengths=True):
     """``x [B, n]`` (numpy or cupy, zero-padded), ``lengths`` host int64 -> ``(features
     [B, C, T], frame_lengths)``: host int64, or with ``host_lengths=False`` where the
-    operators left them (on the device for a cupy batch: no wait for the device here)."""
-    A = audio_ops
-    feats, fl = None, None
+    operators left them (on the device for a cupy batch: no wait for the device here). Each
+    operator is the registry's (:mod:`avpipe.ops.registry`, checked when the preset was read),
+    given the preset's ``sample_rate`` where it takes one."""
+    data = (x, lengths)
     for op in ops:
-        name = op["op"]
-        args = {k: v for k, v in op.items() if k != "op"}
-        if name == "log_mel":
-            base = A.PRESETS[args.pop("preset", "nemo")]
-            cfg = base.replace(**args) if args else base
-            if cfg.sample_rate != sample_rate:
-                cfg = cfg.replace(sample_rate=sample_rate)
-            feats, fl = A.log_mel(x, lengths, preset=cfg)
-        elif name == "mel":
-            fb_args = {k: args.pop(k) for k in ("n_mels", "fmin", "fmax", "htk", "norm")
-                       if k in args}
-            spec, fl = A.spectrogram(x, lengths, **{"power": 2.0, **args})
-            feats = A.mel_spectrogram(spec, fl, sample_rate=sample_rate, **fb_args)
-        elif name == "log":
-            feats = A.log_guarded(feats, fl, **args)
-        elif name == "power_to_db":
-            feats = A.power_to_db(feats, **args)
-        elif name == "mfcc":
-            feats = A.mfcc(feats, fl, **args)
-        elif name == "normalize":
-            feats = A.normalize(feats, fl, **args)
-        elif name == "stack_frames":
-            feats, fl = A.stack_frames(feats, fl, **args)
-        else:  # checked when the preset was read
-            raise ValueError(f"unknown audio operator {name!r}")
+        entry = registry.get(op["op"], "audio")
+        data = entry.apply(data, {k: v for k, v in op.items() if k != "op"},
+                           sample_rate=sample_rate)  # fmt: skip
+    feats, fl = data
     if host_lengths:
         fl = np.asarray(to_numpy(fl), dtype=np.int64).reshape(-1)
     return feats, fl
 
 
 def apply_pixel_ops(x, ops: list[dict]):
-    """``x [H, W, 3]`` or ``[N, H, W, 3]`` uint8 -> the same after resize / center_crop."""
-    im = image_ops
+    """``x [H, W, 3]`` or ``[N, H, W, 3]`` uint8 -> the same after the registry's image
+    operators (resize, center_crop, ...)."""
     for op in ops:
-        args = {k: v for k, v in op.items() if k != "op"}
-        if op["op"] == "resize":
-            if "size" in args and isinstance(args["size"], list):
-                args["size"] = tuple(args["size"])
-            x = im.resize(x, **args)
-        elif op["op"] == "center_crop":
-            size = args["size"]
-            x = im.center_crop(x, tuple(size) if isinstance(size, list) else size)
-        else:
-            raise ValueError(f"unknown pixel operator {op['op']!r}")
+        x = registry.get(op["op"], "image").apply(x, {k: v for k, v in op.items() if k != "op"})
     return x
 
 
