@@ -204,8 +204,10 @@ def first_accepting(
     return None, None
 
 
-def warn_fallback(source_name: str, fallback: Fallback, used: str) -> None:
-    """Log one fallback the same way for every kind of media."""
-    log.warning("avpipe: %s: %s refused it (%s); decoding with %s", source_name,
-                fallback.backend, fallback.reason, used)  # fmt: skip
+def warn_fallback(source_name: str, fallback: Fallback, used: str, *, level=logging.WARNING) -> None:
+    """Log one fallback the same way for every kind of media (``level``: video warns, as a GPU
+    stream decoded on the CPU is slow; audio logs at DEBUG, as PyAV is the usual road for
+    containers libsndfile does not read)."""
+    log.log(level, "avpipe: %s: %s refused it (%s); decoding with %s", source_name,
+            fallback.backend, fallback.reason, used)  # fmt: skip
 

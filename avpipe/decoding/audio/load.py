@@ -1,9 +1,12 @@
 """Audio loading: :func:`load_audio` -> :class:`Audio` (float32 samples), plus :func:`resample`.
 
-Files libsndfile reads (WAV PCM 16/24/32-bit and float, FLAC, OGG/Vorbis, and Opus / MP3 where
-the installed libsndfile has them) go through soundfile, which seeks: an ``offset`` /
-``duration`` read decodes only that part. Anything else (the audio track of a video container,
-AAC, ...) goes through PyAV, which seeks to the offset and stops decoding after the duration.
+:func:`load_audio` walks the ``"audio"`` list of :mod:`avpipe.decoding.backends`. Files
+libsndfile reads (WAV PCM 16/24/32-bit and float, FLAC, OGG/Vorbis, and Opus / MP3 where the
+installed libsndfile has them) go through soundfile, which seeks: an ``offset`` / ``duration``
+read decodes only that part. Anything else (the audio track of a video container, AAC, ...)
+goes through PyAV, which seeks to the offset and stops decoding after the duration. The GPU
+FLAC decoder (``_flac_cuda``) decodes windows of files for :mod:`avpipe.pipeline`; it is listed
+first and takes no single-file request.
 
 Resampling (``sample_rate=``) is :func:`resample`, a polyphase windowed-sinc resampler of
 stated quality (see :mod:`avpipe.ops._resample`) that runs on numpy or cupy.
@@ -11,6 +14,7 @@ stated quality (see :mod:`avpipe.ops._resample`) that runs on numpy or cupy.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +26,14 @@ from ..._validate import check_choice, nonneg_float, nonneg_int, pos_int
 from ...device import resolve_device
 from ...errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
 from ...ops._resample import QUALITIES, resample
+from ..backends import (
+    AudioRequest,
+    BackendRefused,
+    backends,
+    first_accepting,
+    register,
+    warn_fallback,
+)
 from ._flac_scan import flac_length
 
 __all__ = ["load_audio", "Audio", "resample", "audio_info", "DAMAGE_POLICIES",
@@ -63,7 +75,9 @@ class Audio:
     at the file's rate. ``damaged``: None for a clean read, else why the file is damaged
     though samples were decoded (e.g. it ends before its header says: the samples are what it
     holds), with ``load_audio(on_damage="warn")``; the default raises
-    :class:`~avpipe.CorruptDataError` instead.
+    :class:`~avpipe.CorruptDataError` instead. ``backend``: the name of the backend that
+    decoded it (``"soundfile"``, ``"pyav"``); ``fallbacks``: the
+    :class:`~avpipe.decoding.backends.Fallback` of each backend that refused it first.
     """
 
     samples: Any
@@ -73,6 +87,8 @@ class Audio:
     offset_samples: int = 0
     source: str = field(default="", repr=False)
     damaged: str | None = None
+    backend: str = field(default="", repr=False)
+    fallbacks: tuple = field(default=(), repr=False)
 
     @property
     def num_samples(self) -> int:
@@ -108,7 +124,8 @@ def _span(sr, total, offset, duration, name):
 
 
 def _read_soundfile(src, offset, duration, dtype):
-    """(data [n, C], sr, C, start) through libsndfile; raises _NotSoundfile when it can't open."""
+    """(data [n, C], sr, C, start, damaged) through libsndfile; raises :class:`BackendRefused`
+    when libsndfile cannot open it."""
     import soundfile as sf
 
     stream = src.path_or_stream()
@@ -116,7 +133,7 @@ def _read_soundfile(src, offset, duration, dtype):
         try:
             f = sf.SoundFile(stream)
         except Exception as e:  # LibsndfileError / RuntimeError / TypeError: not for libsndfile
-            raise _NotSoundfile(str(e)) from None
+            raise BackendRefused(str(e)) from None
         with f:
             sr, C = int(f.samplerate), int(f.channels)
             exact = f.format != "MPEG"  # an MP3's length is an estimate, the others' exact
@@ -218,10 +235,6 @@ def header_damage(src) -> str | None:
     return None
 
 
-class _NotSoundfile(Exception):
-    pass
-
-
 def _first_byte(path) -> None:
     """Read ``path``'s first byte in Python before any library opens it: a read that never
     returns (a stalled network mount) then blocks here, in the calling thread alone, not inside
@@ -248,7 +261,8 @@ def _flac_length(src):
 
 
 def _read_pyav(src, offset, duration):
-    """(data [n, C] float32, sr, C, start) through PyAV: the best audio stream of any container."""
+    """(data [n, C] float32, sr, C, start, damaged) through PyAV: the first audio stream of any
+    container."""
     import av
 
     stream_in = src.path_or_stream()
@@ -317,6 +331,67 @@ def _read_pyav(src, offset, duration):
     return np.ascontiguousarray(data, dtype=np.float32), sr, C, start, damaged
 
 
+class FlacCudaEntry:
+    """The GPU FLAC decoder (``_flac_cuda``): bit-exact to libFLAC, for windows of files at
+    once; :mod:`avpipe.pipeline`'s FLAC windows drive it. One file at a time is not its request
+    (the CPU decoders below serve :func:`load_audio`)."""
+
+    name = "flac_cuda"
+
+    def accepts(self, req: AudioRequest):
+        return None
+
+
+class SoundfileEntry:
+    """libsndfile: seeks, so a span decodes only that part. It refuses a FLAC whose STREAMINFO
+    has no sample count or one its frames contradict, and anything it cannot open."""
+
+    name = "soundfile"
+
+    def accepts(self, req: AudioRequest):
+        if req.flac is not None and (req.flac.streamed or req.flac.problem):
+            # libsndfile trusts STREAMINFO's count (it fails without one and stops early at one
+            # too small): FFmpeg decodes the frames to their end
+            return "libsndfile trusts the FLAC STREAMINFO's sample count, which is missing or wrong"
+        return True
+
+    def decode(self, req: AudioRequest):
+        return _read_soundfile(req.source, req.offset, req.duration, "float32")
+
+
+class PyAVEntry:
+    """PyAV (FFmpeg): the first audio stream of any container FFmpeg opens."""
+
+    name = "pyav"
+
+    def accepts(self, req: AudioRequest):
+        return True
+
+    def decode(self, req: AudioRequest):
+        bad = _wav_format_problem(req.source)  # FFmpeg reads past its buffers on these
+        if bad is not None:
+            raise CorruptDataError(req.source_name, bad)
+        return _read_pyav(req.source, req.offset, req.duration)
+
+
+register("audio", FlacCudaEntry())
+register("audio", SoundfileEntry())
+register("audio", PyAVEntry())
+
+
+def _decode(req: AudioRequest, fallbacks: list):
+    """The first audio backend that accepts ``req`` and decodes it: ``(name, data, sr, C,
+    start, damaged)``; refusals go to ``fallbacks``."""
+    _, got = first_accepting(backends("audio"), req, lambda b: (b.name, *b.decode(req)),
+                             fallbacks)  # fmt: skip
+    if got is None:
+        why = "; ".join(str(f) for f in fallbacks) or "no audio backend accepts it"
+        raise UnsupportedFormatError(req.source_name, f"not a readable audio file ({why})")
+    for f in fallbacks:
+        warn_fallback(req.source_name, f, got[0], level=logging.DEBUG)
+    return got
+
+
 def load_audio(
     source,
     *,
@@ -369,20 +444,12 @@ def load_audio(
     flac = _flac_length(src)
     if flac is not None and flac.problem and (strict or on_damage == "error"):
         raise CorruptDataError(src.name, flac.problem)
+    req = AudioRequest(source=src, source_name=src.name, offset=offset, duration=duration,
+                       device=dev, flac=flac)  # fmt: skip
+    fallbacks: list = []
     try:
-        if flac is not None and (flac.streamed or flac.problem):
-            # libsndfile trusts STREAMINFO's count (it fails without one and stops early at
-            # one too small): FFmpeg decodes the frames to their end
-            data, sr, C, start, damaged = _read_pyav(src, offset, duration)
-            damaged = flac.problem or damaged
-        else:
-            try:
-                data, sr, C, start, damaged = _read_soundfile(src, offset, duration, "float32")
-            except _NotSoundfile:
-                bad = _wav_format_problem(src)  # FFmpeg reads past its buffers on these
-                if bad is not None:
-                    raise CorruptDataError(src.name, bad) from None
-                data, sr, C, start, damaged = _read_pyav(src, offset, duration)
+        used, data, sr, C, start, damaged = _decode(req, fallbacks)
+        damaged = (flac.problem if flac is not None else None) or damaged
     except DecodeError as e:
         cut = header_damage(src)  # a truncated file is corrupt, not of an unknown format
         if cut is None or isinstance(e, CorruptDataError):
@@ -436,6 +503,8 @@ def load_audio(
         offset_samples=start,
         source=src.name,
         damaged=damaged,
+        backend=used,
+        fallbacks=tuple(fallbacks),
     )
 
 
