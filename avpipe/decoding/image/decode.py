@@ -1,4 +1,6 @@
-"""Still-image decoding: nvImageCodec on a GPU, DALI's CPU decoders on the CPU.
+"""Still-image decoding: nvImageCodec on a GPU, DALI's CPU decoders on the CPU, and a helper
+process for images the header checks cannot vouch for: the ``"image"`` backends of
+:mod:`avpipe.decoding.backends`, walked per image after its header checks.
 
 On a GPU (``device="cuda"``) nvImageCodec (the library inside DALI's ``"mixed"`` decoder, called
 directly: ``_nvimgcodec.py`` says why) uses nvJPEG (with the hardware JPEG engine where the GPU
@@ -52,6 +54,7 @@ from ..._source import open_source
 from ..._validate import check_on_error
 from ...device import Device, gpu_available, resolve_device
 from ...errors import CorruptDataError, ImageTooLargeError, UnsupportedFormatError
+from ..backends import ImageRequest, backends, first_accepting, register
 from . import _dali, _isolated, _nvimgcodec
 from ._cpu import MAX_BATCH, _classify, _run, native_stderr
 from ._header import FORMAT_NAMES, bytes_reader, image_size, j2k_check, sniff_format
@@ -153,6 +156,9 @@ class ImageBatch(BatchResult):
     else None. ``windows`` (streams with ``center_square``): per image, ``(top, left, full_h,
     full_w)``: where the decoded crop lies in the whole (upright) image, as
     :func:`avpipe.ops.image.resize_crop_normalize`'s ``window`` takes it; else None.
+    ``backends`` (:func:`decode_image_batch`): per source, the name of the backend that decoded
+    it, or tried to (None where reading or the header checks failed); ``fallbacks``: ``(index,``
+    :class:`~avpipe.decoding.backends.Fallback```)`` for each backend that refused an image.
     """
 
     images: Sequence
@@ -160,6 +166,8 @@ class ImageBatch(BatchResult):
     device: str = "cpu"
     stacked: Any = field(default=None, repr=False)
     windows: tuple | None = field(default=None, repr=False)
+    backends: tuple = field(default=(), repr=False)
+    fallbacks: tuple = field(default=(), repr=False)
 
 
 def _check_rois(rois, n):
@@ -267,6 +275,111 @@ def _gpu_chunk(dev: Device, chunk, datas, srcs, rois, fancy, images, errors):
     return None
 
 
+@dataclass
+class _Work:
+    """What an image backend's ``decode(work, indices)`` reads and fills: the sources' bytes and
+    names, the boxes, and the batch's ``images`` / ``errors``."""
+
+    dev: Device
+    datas: list
+    srcs: list
+    rois: list | None
+    exact_jpeg: bool
+    images: list
+    errors: list
+
+    def boxes(self, chunk):
+        if self.rois is None:
+            return None
+        return [self.rois[i] if self.rois[i] is not None else (0, 0, 1 << 30, 1 << 30)
+                for i in chunk]  # fmt: skip
+
+
+class IsolatedEntry:
+    """The helper process (``_isolated.py``), on the CPU: an image the header checks cannot
+    vouch for (``AVPIPE_IMAGE_ISOLATION``); a decoder crash there costs only that image."""
+
+    name = "isolated"
+
+    def accepts(self, req: ImageRequest):
+        return True if req.isolated else None
+
+    def decode(self, work: _Work, indices) -> None:
+        dev = work.dev
+        for i in indices:
+            box = None if work.rois is None else work.rois[i]
+            what = f"{FORMAT_NAMES.get(sniff_format(work.datas[i]), 'image')} decoder"
+            img, err = _isolated.decode(work.srcs[i].name, work.datas[i], box, work.exact_jpeg,
+                                        what)  # fmt: skip
+            if err is not None:
+                work.errors.append((i, err))
+            else:
+                work.images[i] = dev.xp.asarray(img) if dev.is_cuda else img
+
+
+class NvImageCodecEntry:
+    """nvImageCodec on a GPU device (nvJPEG, nvJPEG2000, nvTIFF), in chunks of ``MAX_BATCH``;
+    returns the batch stacked when one chunk holds every source and all decoded alike."""
+
+    name = "nvimgcodec"
+
+    def accepts(self, req: ImageRequest):
+        return True if req.device.is_cuda else None
+
+    def decode(self, work: _Work, indices):
+        stacked = None
+        for c0 in range(0, len(indices), MAX_BATCH):
+            chunk = indices[c0 : c0 + MAX_BATCH]
+            dense = _gpu_chunk(work.dev, chunk, work.datas, work.srcs, work.boxes(chunk),
+                               work.exact_jpeg, work.images, work.errors)  # fmt: skip
+            if len(chunk) == len(work.srcs):
+                stacked = dense
+        return stacked
+
+
+class DaliCpuEntry:
+    """DALI's CPU decoders in chunks of ``MAX_BATCH``; a failed chunk is decoded again image
+    by image to find the culprits."""
+
+    name = "dali_cpu"
+
+    def accepts(self, req: ImageRequest):
+        return None if req.device.is_cuda else True
+
+    def decode(self, work: _Work, indices) -> None:
+        dev, srcs, datas = work.dev, work.srcs, work.datas
+        for c0 in range(0, len(indices), MAX_BATCH):
+            chunk = indices[c0 : c0 + MAX_BATCH]
+            crs = work.boxes(chunk)
+            enc = [np.frombuffer(datas[i], np.uint8) for i in chunk]
+            try:
+                items, _ = _run(dev, enc, crs, work.exact_jpeg)
+                for i, a in zip(chunk, items):
+                    work.images[i] = a
+            except _dali.ShuttingDown:  # the interpreter is exiting: not the images' fault
+                raise
+            except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError
+                if len(chunk) == 1:  # the culprit is known: no second decode of bad data
+                    work.errors.append((chunk[0], _classify(srcs[chunk[0]].name, datas[chunk[0]], e)))
+                    continue
+                # find the culprits one by one (each failure rebuilds a 1-image pipeline)
+                for j, i in enumerate(chunk):
+                    try:
+                        items, _ = _run(
+                            dev, [enc[j]], None if crs is None else [crs[j]], work.exact_jpeg
+                        )
+                        work.images[i] = items[0]
+                    except _dali.ShuttingDown:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError
+                        work.errors.append((i, _classify(srcs[i].name, datas[i], e)))
+
+
+register("image", IsolatedEntry())
+register("image", NvImageCodecEntry())
+register("image", DaliCpuEntry())
+
+
 def decode_image_batch(
     sources: Sequence,
     *,
@@ -308,7 +421,7 @@ def decode_image_batch(
     images: list = [None] * len(srcs)
     errors: list = []
     datas: list = [None] * len(srcs)
-    todo, alone = [], []
+    admitted = []  # (index, format, whether the checks send it to the helper process)
     for i, s in enumerate(srcs):
         try:
             data = s.read_bytes()
@@ -325,51 +438,33 @@ def decode_image_batch(
             if err is not None:
                 errors.append((i, err))
             else:
-                (alone if isolated else todo).append(i)
+                admitted.append((i, fmt, isolated))
+    entries = backends("image")
+    groups: dict = {}
+    chosen: list = [None] * len(srcs)
+    fallbacks: list = []
+    for i, fmt, isolated in admitted:
+        req = ImageRequest(source_name=srcs[i].name, data=datas[i], fmt=fmt, device=dev,
+                           isolated=isolated)  # fmt: skip
+        refused: list = []
+        at, entry = first_accepting(entries, req, lambda e: e, refused)
+        fallbacks += [(i, f) for f in refused]
+        if entry is None:
+            why = "; ".join(str(f) for f in refused) or "no image backend accepts it"
+            errors.append((i, UnsupportedFormatError(srcs[i].name, why)))
+            continue
+        groups.setdefault(at, []).append(i)
+        chosen[i] = entry.name
     stacked = None
+    work = _Work(dev, datas, srcs, rois, exact_jpeg, images, errors)
     with dev.activate():
-        for i in alone:  # decoded on the CPU in the helper process (a crash costs only it)
-            box = None if rois is None else rois[i]
-            what = f"{FORMAT_NAMES.get(sniff_format(datas[i]), 'image')} decoder"
-            img, err = _isolated.decode(srcs[i].name, datas[i], box, exact_jpeg, what)
-            if err is not None:
-                errors.append((i, err))
-            else:
-                images[i] = dev.xp.asarray(img) if dev.is_cuda else img
-        for c0 in range(0, len(todo), MAX_BATCH):
-            chunk = todo[c0 : c0 + MAX_BATCH]
-            crs = None
-            if rois is not None:
-                crs = [rois[i] if rois[i] is not None else (0, 0, 1 << 30, 1 << 30) for i in chunk]
-            if dev.is_cuda:
-                dense = _gpu_chunk(dev, chunk, datas, srcs, crs, exact_jpeg, images, errors)
-                if len(chunk) == len(srcs):
-                    stacked = dense
-                continue
-            enc = [np.frombuffer(datas[i], np.uint8) for i in chunk]
-            try:
-                items, _ = _run(dev, enc, crs, exact_jpeg)
-                for i, a in zip(chunk, items):
-                    images[i] = a
-            except _dali.ShuttingDown:  # the interpreter is exiting: not the images' fault
-                raise
-            except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError
-                if len(chunk) == 1:  # the culprit is known: no second decode of bad data
-                    errors.append((chunk[0], _classify(srcs[chunk[0]].name, datas[chunk[0]], e)))
-                    continue
-                # find the culprits one by one (each failure rebuilds a 1-image pipeline)
-                for j, i in enumerate(chunk):
-                    try:
-                        items, _ = _run(
-                            dev, [enc[j]], None if crs is None else [crs[j]], exact_jpeg
-                        )
-                        images[i] = items[0]
-                    except _dali.ShuttingDown:
-                        raise
-                    except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError
-                        errors.append((i, _classify(srcs[i].name, datas[i], e)))
+        for at in sorted(groups):
+            dense = entries[at].decode(work, groups[at])
+            if dense is not None:
+                stacked = dense
     errors.sort(key=lambda t: t[0])
-    return ImageBatch(images=images, errors=tuple(errors), device=str(dev), stacked=stacked)
+    return ImageBatch(images=images, errors=tuple(errors), device=str(dev), stacked=stacked,
+                      backends=tuple(chosen), fallbacks=tuple(fallbacks))  # fmt: skip
 
 
 def decode_images(
