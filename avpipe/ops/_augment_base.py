@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..device import array_module, to_numpy
+from ..device import to_numpy
 from . import random as R
 
 __all__ = ["Augment", "Chain", "register", "REGISTRY"]
@@ -244,6 +244,3 @@ class Chain(Augment):
     def __repr__(self):
         return "Chain([" + ", ".join(repr(o) for o in self.ops) + "])"
 
-
-def xp_of(*arrays):
-    return array_module(*arrays)

@@ -712,10 +712,8 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
 
     mdhd = _one(mk, b"mdhd")
     ver, p = _full(buf, *mdhd, 16, 28)
-    if ver == 1:
-        timescale, mdhd_dur = struct.unpack_from(">IQ", buf, p + 16)
-    else:
-        timescale, mdhd_dur = struct.unpack_from(">II", buf, p + 8)
+    # the timescale; the duration after it (mdhd's) is not used: the sample tables give it
+    timescale = struct.unpack_from(">I", buf, p + (16 if ver == 1 else 8))[0]
     if timescale <= 0 or timescale > 0x7FFFFFFF:
         raise Unsupported("timescale")
     minf = _children(buf, *_one(mk, b"minf"))
