@@ -16,7 +16,6 @@ import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -81,9 +80,14 @@ register("video", PyAVEntry())
 DEFAULT_MEMORY_CAP = 4 << 30  # bytes one request may return (4 GiB)
 
 
-@dataclass(frozen=True)
+def _from_scan(name: str, field: str | None = None, doc: str = ""):
+    """A read-only attribute of VideoMetadata that is the scan's own field."""
+    return property(lambda self: getattr(self.scan, field or name), doc=doc)
+
+
 class VideoMetadata:
-    """What the container and a packet scan say about one video stream.
+    """What the container and a packet scan say about one video stream: a read-only view of
+    the scan (``scan``, the :class:`~._scan.StreamScan` the backends decode from), in seconds.
 
     ``pts_seconds`` holds one float per frame in display order (the stream's own times, not
     shifted to 0); ``duration_seconds`` runs from the first frame's pts to the end of the last
@@ -93,58 +97,52 @@ class VideoMetadata:
     at bad data, fewer frames than the container declares): the frames are those read.
     """
 
-    num_frames: int
-    pts_seconds: np.ndarray
-    average_fps: float
-    duration_seconds: float
-    width: int
-    height: int
-    codec: str
-    pixel_format: str | None
-    bit_depth: int
-    keyframe_indices: np.ndarray
-    rotation: int
-    sample_aspect_ratio: Fraction | None
-    color_space: str | None
-    color_range: str | None
-    stream_index: int
-    container: str | None
-    time_base: Fraction
-    begin_seconds: float
-    end_seconds: float
-    damaged: str | None = None
+    __slots__ = ("scan", "pts_seconds", "keyframe_indices", "begin_seconds", "end_seconds",
+                 "duration_seconds", "average_fps")  # fmt: skip
+
+    num_frames = _from_scan("num_frames")
+    width = _from_scan("width")
+    height = _from_scan("height")
+    codec = _from_scan("codec", doc="FFmpeg's codec name")
+    pixel_format = _from_scan("pixel_format", "pix_fmt", doc="FFmpeg's name, or None")
+    bit_depth = _from_scan("bit_depth")
+    rotation = _from_scan("rotation")
+    sample_aspect_ratio = _from_scan("sample_aspect_ratio")
+    color_space = _from_scan("color_space")
+    color_range = _from_scan("color_range")
+    stream_index = _from_scan("stream_index")
+    container = _from_scan("container")
+    time_base = _from_scan("time_base")
+    damaged = _from_scan("damaged")
+
+    def __init__(self, scan: StreamScan):
+        tb = float(scan.time_base)
+        pts = scan.pts.astype(np.float64) * tb
+        pts.setflags(write=False)
+        kf = scan.keyframe_indices.copy()
+        kf.setflags(write=False)
+        begin = float(scan.pts[0] * scan.time_base)
+        end = float(scan.end_pts * scan.time_base)
+        dur = end - begin
+        for k, v in (("scan", scan), ("pts_seconds", pts), ("keyframe_indices", kf),
+                     ("begin_seconds", begin), ("end_seconds", end), ("duration_seconds", dur),
+                     ("average_fps", (scan.num_frames / dur) if dur > 0 else 0.0)):  # fmt: skip
+            object.__setattr__(self, k, v)
 
     @classmethod
-    def from_scan(cls, s: StreamScan) -> VideoMetadata:
-        tb = float(s.time_base)
-        pts = s.pts.astype(np.float64) * tb
-        pts.setflags(write=False)
-        kf = s.keyframe_indices.copy()
-        kf.setflags(write=False)
-        begin = float(s.pts[0] * s.time_base)
-        end = float(s.end_pts * s.time_base)
-        dur = end - begin
-        return cls(
-            num_frames=s.num_frames,
-            pts_seconds=pts,
-            average_fps=(s.num_frames / dur) if dur > 0 else 0.0,
-            duration_seconds=dur,
-            width=s.width,
-            height=s.height,
-            codec=s.codec,
-            pixel_format=s.pix_fmt,
-            bit_depth=s.bit_depth,
-            keyframe_indices=kf,
-            rotation=s.rotation,
-            sample_aspect_ratio=s.sample_aspect_ratio,
-            color_space=s.color_space,
-            color_range=s.color_range,
-            stream_index=s.stream_index,
-            container=s.container,
-            time_base=s.time_base,
-            begin_seconds=begin,
-            end_seconds=end,
-            damaged=s.damaged,
+    def from_scan(cls, scan: StreamScan) -> VideoMetadata:
+        return cls(scan)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"VideoMetadata is read-only (setting {name!r})")
+
+    def __repr__(self) -> str:
+        return (
+            f"VideoMetadata(num_frames={self.num_frames}, codec={self.codec!r}, "
+            f"width={self.width}, height={self.height}, pixel_format={self.pixel_format!r}, "
+            f"average_fps={self.average_fps:.6g}, duration_seconds={self.duration_seconds:.6g}, "
+            f"stream_index={self.stream_index}, container={self.container!r}, "
+            f"damaged={self.damaged!r})"
         )
 
 
@@ -231,7 +229,7 @@ class VideoDecoder:
                 self._scan = index.lookup(self._src.path, self.source_name, stream_index)
         if self._scan is None:
             self._scan = scan_stream(self._src, self.source_name, stream_index)
-        self.metadata = VideoMetadata.from_scan(self._scan)
+        self.metadata = VideoMetadata(self._scan)
         self.strict = bool(strict)
         if self.strict and self.metadata.damaged:
             raise CorruptDataError(self.source_name, self.metadata.damaged)
