@@ -9,8 +9,8 @@
         batch = dec.get_frames_in_range(0, 64, step=4)
         for chunk in dec.iter_frames(chunk_size=32): ...         # without holding the video
 
-Modules: ``decoder`` (:class:`VideoDecoder`, :class:`FrameBatch`), ``_scan`` (the packet scan
-and :class:`VideoMetadata`), ``_mp4`` (the MP4/MOV box parser), ``_nal`` (the H.264/HEVC
+Modules: ``decoder`` (:class:`VideoDecoder`, :class:`VideoMetadata`, :class:`FrameBatch`),
+``_scan`` (the packet scan), ``_mp4`` (the MP4/MOV box parser), ``_nal`` (the H.264/HEVC
 bitstream), ``_pyav`` and ``_nvdec*`` (the backends), ``_plan`` (which packets a request
 decodes), ``_index`` (persisted scans). The backends are listed in
 :mod:`avpipe.decoding.backends` under ``"video"``.

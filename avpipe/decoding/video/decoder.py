@@ -486,8 +486,9 @@ class VideoDecoder:
             out = xp.moveaxis(out, -1, 1)
         return xp.ascontiguousarray(out)
 
-    def _fill_in(self, missing, targets, slots, row, chw, put) -> None:
-        """Decode the frames another backend did not deliver with PyAV; ``put(row, frame)``."""
+    def _fill_in(self, missing, targets, slots, row, chw, out, xp) -> None:
+        """Decode the frames another backend did not deliver with PyAV, into their rows of
+        ``out`` (numpy, or cupy on the decoder's GPU: each frame uploaded once)."""
         pos = {t: i for i, t in enumerate(targets)}
         host = np.empty((len(missing), *row), dtype=np.uint8)
         self._cpu.decode(
@@ -495,15 +496,16 @@ class VideoDecoder:
             slots=[[i] for i in range(len(missing))],
         )  # fmt: skip
         for i, t in enumerate(missing):
+            frame = xp.asarray(host[i])
             for r in slots[pos[t]]:
-                put(r, host[i])
+                out[r] = frame
 
     def _decode_cpu(self, backend, targets, slots, n):
         row, chw, rotate = self._plain_rows()
         out = np.empty((n, *row), dtype=np.uint8)
         missing = backend.decode(targets, output=self.output, chw=chw, out=out, slots=slots)
         if missing and backend is not self._cpu:
-            self._fill_in(missing, targets, slots, row, chw, out.__setitem__)
+            self._fill_in(missing, targets, slots, row, chw, out, np)
         if rotate:
             out = self._rotated(np, out)
         if self.device.is_cuda:  # GPU fallback: frames go to the decoder's device
@@ -522,8 +524,7 @@ class VideoDecoder:
         missing = backend.decode(targets, output=self.output, chw=chw, out=out, slots=slots)
         if missing:  # frames the GPU did not deliver: the PyAV backend decodes them
             with cupy.cuda.Device(self.device.index):
-                self._fill_in(missing, targets, slots, row, chw,
-                              lambda r, a: out.__setitem__(r, cupy.asarray(a)))  # fmt: skip
+                self._fill_in(missing, targets, slots, row, chw, out, cupy)
         if rotate:
             with cupy.cuda.Device(self.device.index):
                 out = self._rotated(cupy, out)
