@@ -15,18 +15,21 @@ A front object walks its kind's list in order and asks each backend ``accepts(re
 * ``None``: not this backend's business (a GPU backend asked for the CPU, a FLAC decoder
   asked for a WAV): skipped without a word.
 
-A :class:`Fallback` names the backend that refused and why; every front object keeps them in
-its result's ``.fallbacks`` (oldest first), names the backend that decoded in ``.backend``, and
-logs each through :func:`warn_fallback`. The request and what a backend does once chosen
+A :class:`Fallback` names the backend that refused and why. ``VideoDecoder`` and ``Audio`` keep
+them in ``.fallbacks`` (oldest first) beside ``.backend``, the name of the backend that decoded;
+an ``ImageBatch`` keeps ``(index, Fallback)`` pairs and one name per image in ``.backends``.
+Each is logged through :func:`warn_fallback`. The request and what a backend does once chosen
 differ by kind (see :class:`VideoRequest`, :class:`AudioRequest`, :class:`ImageRequest`):
 
 * video: ``open(request)`` returns a :class:`~avpipe.decoding.video._backend.VideoBackend`;
 * audio: ``decode(request)`` returns ``(samples [n, C] float32, sample_rate, channels,
   start, damaged)``;
-* image: ``decode(items, ...)`` decodes a group of admitted images.
+* image: ``decode(work, indices)`` decodes a group of images that passed the header checks
+  into ``work.images`` / ``work.errors``.
 
 A backend is added with :func:`register` (or for a while with :func:`registered`); ``before=``
-puts it ahead of a named one. ``docs/how-it-works.md`` has a worked example.
+puts it ahead of a named one. The lists are meant to be changed while setting up, not while
+other threads decode. ``docs/how-it-works.md`` has a worked example.
 """
 
 from __future__ import annotations
