@@ -177,3 +177,18 @@ def test_register_checks_its_arguments():
         B.register("video", other)  # the same name replaces it in its place
         assert B.backends("video")[-1] is other and len(B.backends("video")) == 3
     assert [b.name for b in B.backends("video")] == ["nvdec", "pyav"]
+
+
+def test_video_metadata_is_a_read_only_view_of_the_scan(video):
+    import pickle
+
+    with avpipe.VideoDecoder(video, device="cpu") as d:
+        m = d.metadata
+    assert m.scan is d._scan and m.num_frames == 10 and m.pixel_format == m.scan.pix_fmt
+    assert m.pts_seconds.tolist() == pytest.approx((m.scan.pts * float(m.scan.time_base)).tolist())
+    with pytest.raises(AttributeError, match="read-only"):
+        m.width = 1
+    with pytest.raises(ValueError):
+        m.pts_seconds[0] = 1.0
+    back = pickle.loads(pickle.dumps(m))
+    assert back.num_frames == 10 and back.pts_seconds.tolist() == m.pts_seconds.tolist()

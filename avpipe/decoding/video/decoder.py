@@ -136,6 +136,9 @@ class VideoMetadata:
     def __setattr__(self, name, value):
         raise AttributeError(f"VideoMetadata is read-only (setting {name!r})")
 
+    def __reduce__(self):
+        return (VideoMetadata, (self.scan,))
+
     def __repr__(self) -> str:
         return (
             f"VideoMetadata(num_frames={self.num_frames}, codec={self.codec!r}, "
