@@ -12,8 +12,8 @@ from test_mp4_scan import _x264, assert_same, encode
 import avpipe
 from avpipe._source import open_source
 from avpipe.decoding import VideoIndex, build_index, load_index
-from avpipe.decoding import video as video_mod
 from avpipe.decoding.video import _scan as vs
+from avpipe.decoding.video import decoder as video_mod
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLES = os.path.join(HERE, "..", "samples", "video")

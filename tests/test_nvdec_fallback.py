@@ -14,11 +14,35 @@ from avpipe.decoding.video import _nvdec as nv
 from avpipe.errors import UnsupportedFormatError
 
 
-class _Gpu:
+class _RefusesAtFirstRequest:
+    """A backend that opens, then refuses the stream at its first request, as NVDEC does for
+    limits it only reports once it sees the stream."""
+
+    name = "late"
+    on_gpu = False
+    damaged = None
     closed = False
+
+    def decode(self, targets, *, output, chw, out, slots):
+        raise nv.NvdecRefused("PyNvVideoCodec could not open r.mp4: size over the limit")
 
     def close(self):
         self.closed = True
+
+
+class _LateEntry:
+    name = "late"
+    label = "NVDEC"
+
+    def __init__(self):
+        self.opened = []
+
+    def accepts(self, req):
+        return True
+
+    def open(self, req):
+        self.opened.append(_RefusesAtFirstRequest())
+        return self.opened[-1]
 
 
 @pytest.fixture()
@@ -28,26 +52,32 @@ def video(tmp_path):
 
 @pytest.mark.parametrize("allow", [True, False])
 def test_a_refusal_at_the_first_request_is_a_refusal(video, allow):
-    """NVDEC refusing a stream only when it sees it (size limits) acts like a refusal at open:
-    the CPU decodes from then on and says why, or the caller gets UnsupportedFormatError."""
+    """A backend refusing a stream only when it sees it (NVDEC's size limits) acts like a
+    refusal at open: the next backend (PyAV) decodes from then on and says why, or, on a GPU
+    without ``allow_cpu_fallback``, the caller gets UnsupportedFormatError."""
+    import dataclasses
+
+    from avpipe.decoding.backends import registered
+    from avpipe.device import Device
+
     with avpipe.VideoDecoder(video, device="cpu") as ref:
         want = ref.get_frames([3, 1, 3]).data
-    d = avpipe.VideoDecoder(video, device="cpu", allow_cpu_fallback=allow)
-    gpu = d._gpu = _Gpu()  # as if NVDEC had accepted the stream at open
-
-    def refuse(*a):
-        raise nv.NvdecRefused("PyNvVideoCodec could not open r.mp4: size over the limit")
-
-    d._decode_gpu = refuse
-    if not allow:
-        with pytest.raises(UnsupportedFormatError, match="size over the limit") as e:
+    entry = _LateEntry()
+    with registered("video", entry, before="pyav"):
+        d = avpipe.VideoDecoder(video, device="cpu", allow_cpu_fallback=allow)
+    assert d.backend == "late" and d.fallbacks == []
+    if not allow:  # PyAV on a GPU device only with allow_cpu_fallback
+        d._request = dataclasses.replace(d._request, device=Device("cuda", 0))
+        with pytest.raises(UnsupportedFormatError, match="NVDEC refused the stream: .*size over"
+                           ) as e:  # fmt: skip
             d.get_frames([3, 1, 3])
         assert "r.mp4" in str(e.value)
         return
     got = d.get_frames([3, 1, 3])
     np.testing.assert_array_equal(got.data, want)
-    assert gpu.closed and d._gpu is None and d.backend == "pyav"
+    assert entry.opened[0].closed and d._gpu is None and d.backend == "pyav"
     assert "size over the limit" in d.fallback_reason
+    assert [f.backend for f in d.fallbacks] == ["late"]
     np.testing.assert_array_equal(d.get_frames([1]).data[0], want[1])  # and it stays on the CPU
     d.close()
 
@@ -119,6 +149,7 @@ class _HalfNvdec:
     as not delivered, as NVDEC does for frames whose numbering differs from the scan."""
 
     name = "nvdec"
+    on_gpu = True
 
     def __init__(self, ref):
         self.ref = ref

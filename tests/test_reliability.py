@@ -158,7 +158,7 @@ def test_truncated_png_error_is_a_sentence_and_stderr_stays_clean(tmp_path, capf
 
 
 def test_native_failure_codes_become_sentences():
-    from avpipe.decoding.image import _classify
+    from avpipe.decoding.image._cpu import _classify
 
     png = b"\x89PNG\r\n\x1a\n" + bytes(40)
     e = RuntimeError("Error in thread 0: nvImageCodec failure: '#17'")

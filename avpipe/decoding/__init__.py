@@ -6,6 +6,9 @@
   the CUDA FLAC decoder of a window of files.
 * :mod:`avpipe.decoding.image` — :func:`decode_images` (DALI: nvJPEG / nvJPEG2000 / nvTIFF).
 * :func:`build_index` / :func:`load_index` — a persisted index of video scans (``VideoDecoder(index=)``).
+* :mod:`avpipe.decoding.backends` — the decoder seam: per media kind, the ordered list of
+  backends the three front objects walk, and the :class:`~.backends.Fallback` record of a
+  backend that refused.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..device import array_module, to_numpy
+from ..device import to_numpy
 from . import random as R
 from . import registry
 
@@ -281,6 +281,3 @@ class Chain(Augment):
     def __repr__(self):
         return "Chain([" + ", ".join(repr(o) for o in self.ops) + "])"
 
-
-def xp_of(*arrays):
-    return array_module(*arrays)

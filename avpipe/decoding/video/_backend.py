@@ -1,10 +1,11 @@
-"""The interface every video backend implements (PyAV on the CPU, NVDEC on a GPU).
+"""The interface an opened video backend implements (PyAV on the CPU, NVDEC on a GPU).
 
 A backend decodes frames of one stream that a packet scan described; it never decides what
-happens when it cannot: :class:`~avpipe.decoding.video.VideoDecoder` does. A backend raises
-:class:`BackendRefused` when it cannot decode the stream at all (NVDEC: codec, profile, bit
-depth, size), and returns the frames of a request it could not deliver; the front object then
-asks the PyAV backend for those (or for everything, after a refusal).
+happens when it cannot: :class:`~avpipe.decoding.video.VideoDecoder` does, walking the video
+list of :mod:`avpipe.decoding.backends`. A backend raises :class:`BackendRefused` when it cannot
+decode the stream at all (NVDEC: codec, profile, bit depth, size), and returns the frames of a
+request it could not deliver; the front object then asks the PyAV backend for those (or, after
+a refusal, the next backend of the list for everything).
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ..backends import BackendRefused
+
 __all__ = ["VideoBackend", "BackendRefused"]
-
-
-class BackendRefused(Exception):
-    """The backend cannot decode this stream (its text says why); another backend must."""
 
 
 @runtime_checkable
@@ -24,6 +23,7 @@ class VideoBackend(Protocol):
     """Decode requests of one video stream into caller-owned output rows."""
 
     name: str
+    on_gpu: bool  # True: writes cupy rows on the decoder's GPU; False: numpy rows on the host
     damaged: str | None  # why frames were skipped while decoding (damage), else None
 
     def decode(

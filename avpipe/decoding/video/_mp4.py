@@ -8,12 +8,13 @@ an edit list's start) left out, plus the stream properties FFmpeg reports after 
 (dimensions, pixel format, colour tags, rotation, sample aspect ratio).
 
 The rules follow libavformat/mov.c (``mov_build_index``, ``mov_fix_index``, ``mov_read_packet``)
-and the H.264 / HEVC decoders' export of SPS fields. Anything outside the cases reproduced
-exactly raises :class:`Unsupported` and the caller falls back to a demux scan: fragmented files,
-several video tracks, edit lists other than one plain entry, negative composition offsets,
-partial sync samples, sample groups, several sample descriptions, tables that disagree, samples
-past the end of the file, parameter sets it cannot parse. Every count read from the file is
-checked against the bytes that hold it, so a damaged file costs no more than its size.
+and the H.264 / HEVC decoders' export of SPS fields (the bitstream parser is ``_nal.py``).
+Anything outside the cases reproduced exactly raises :class:`DemuxScanNeeded` and the caller
+falls back to a demux scan: fragmented files, several video tracks, edit lists other than one
+plain entry, negative composition offsets, partial sync samples, sample groups, several sample
+descriptions, tables that disagree, samples past the end of the file, parameter sets it cannot
+parse. Every count read from the file is checked against the bytes that hold it, so a damaged
+file costs no more than its size.
 
 Where each field comes from (all in decode order unless said):
 
@@ -54,16 +55,30 @@ from fractions import Fraction
 import numpy as np
 
 from ...formats import MP4_EXTENSIONS, NON_MP4_CONTAINER_EXTENSIONS
+from ._nal import (
+    BitstreamError,
+    avcc_sets,
+    h264_pps_refs,
+    h264_sps,
+    hevc_sps,
+    hvcc_nals,
+    hvcc_sps,
+    is_i_slice,
+    pixel_props,
+    sei_has_recovery_point,
+)
 
-__all__ = ["Unsupported", "Mp4Video", "looks_like_mp4", "read_video_track"]
+__all__ = ["DemuxScanNeeded", "Mp4Video", "looks_like_mp4", "read_video_track"]
 
 CONTAINER_NAME = "mov,mp4,m4a,3gp,3g2,mj2"
 _CODECS = {b"avc1": "h264", b"avc3": "h264", b"hvc1": "hevc", b"hev1": "hevc"}
 _MAX_MOOV = 1 << 30
 
 
-class Unsupported(Exception):
-    """The file is not one this reader reproduces exactly: use the demux scan."""
+class DemuxScanNeeded(Exception):
+    """The file is not one this reader reproduces exactly: the caller scans it by demuxing
+    (``_scan.py``). Not an error about the file (that is :class:`~avpipe.errors.DecodeError`):
+    the demux scan decides whether it is damaged."""
 
 
 @dataclass
@@ -122,17 +137,17 @@ def _boxes(buf: bytes, start: int, end: int):
         hdr = 8
         if size == 1:
             if pos + 16 > end:
-                raise Unsupported("truncated box header")
+                raise DemuxScanNeeded("truncated box header")
             size = struct.unpack_from(">Q", buf, pos + 8)[0]
             hdr = 16
         elif size == 0:
             size = end - pos
         if size < hdr or pos + size > end:
-            raise Unsupported(f"box {typ!r} overruns its parent")
+            raise DemuxScanNeeded(f"box {typ!r} overruns its parent")
         yield typ, pos + hdr, pos + size
         pos += size
     if pos != end and end - pos >= 8:
-        raise Unsupported("trailing bytes in a box")
+        raise DemuxScanNeeded("trailing bytes in a box")
 
 
 def _children(buf, start, end) -> dict:
@@ -146,10 +161,10 @@ def _one(kids: dict, typ: bytes, required: bool = True):
     got = kids.get(typ)
     if not got:
         if required:
-            raise Unsupported(f"no {typ.decode('latin-1')} box")
+            raise DemuxScanNeeded(f"no {typ.decode('latin-1')} box")
         return None
     if len(got) > 1:
-        raise Unsupported(f"several {typ.decode('latin-1')} boxes")
+        raise DemuxScanNeeded(f"several {typ.decode('latin-1')} boxes")
     return got[0]
 
 
@@ -164,36 +179,36 @@ def _read_moov(fd: int, file_size: int) -> bytes:
         hdr = 8
         if size == 1:
             if len(head) < 16:
-                raise Unsupported("truncated box header")
+                raise DemuxScanNeeded("truncated box header")
             size = struct.unpack_from(">Q", head, 8)[0]
             hdr = 16
         elif size == 0:
             size = file_size - pos
         if first and typ not in (b"ftyp", b"moov", b"free", b"skip", b"wide", b"mdat"):
-            raise Unsupported("not an ISO BMFF file")
+            raise DemuxScanNeeded("not an ISO BMFF file")
         first = False
         if size < hdr or pos + size > file_size:
-            raise Unsupported(f"top-level box {typ!r} overruns the file")
+            raise DemuxScanNeeded(f"top-level box {typ!r} overruns the file")
         if typ in (b"moof", b"mfra", b"sidx"):
-            raise Unsupported("fragmented file")
+            raise DemuxScanNeeded("fragmented file")
         if typ == b"moov":
             if size > _MAX_MOOV:
-                raise Unsupported("moov too large")
+                raise DemuxScanNeeded("moov too large")
             data = os.pread(fd, size, pos)
             if len(data) != size:
-                raise Unsupported("short read")
+                raise DemuxScanNeeded("short read")
             return data[hdr:]
         pos += size
-    raise Unsupported("no moov box")
+    raise DemuxScanNeeded("no moov box")
 
 
 def _full(buf, a, b, need0: int, need1: int):
     """A full box's version and where its fields start; its size checked for that version."""
     if b - a < 4:
-        raise Unsupported("box too short")
+        raise DemuxScanNeeded("box too short")
     ver = buf[a]
     if b - a < 4 + (need1 if ver == 1 else need0):
-        raise Unsupported("box too short")
+        raise DemuxScanNeeded("box too short")
     return ver, a + 4
 
 
@@ -201,343 +216,12 @@ def _table(buf, a, b, fmt: str, hdr: int, fields: int = 1):
     """The entry count at a+hdr-4 and that many entries after it (count checked against the
     box, so an absurd count never allocates)."""
     if b - a < hdr:
-        raise Unsupported("table box too short")
+        raise DemuxScanNeeded("table box too short")
     (n,) = struct.unpack_from(">I", buf, a + hdr - 4)
     width = np.dtype(fmt).itemsize * fields
     if n * width > b - (a + hdr):
-        raise Unsupported("table count exceeds its box")
+        raise DemuxScanNeeded("table count exceeds its box")
     return np.frombuffer(buf, dtype=fmt, count=n * fields, offset=a + hdr)
-
-
-# --------------------------------------------------------------------------------------------
-# bit reader and parameter sets
-# --------------------------------------------------------------------------------------------
-
-
-def _unescape(nal: bytes) -> bytes:
-    return nal.replace(b"\x00\x00\x03", b"\x00\x00") if b"\x00\x00\x03" in nal else nal
-
-
-class _Bits:
-    __slots__ = ("v", "n", "p")
-
-    def __init__(self, data: bytes):
-        self.v = int.from_bytes(data, "big")
-        self.n = len(data) * 8
-        self.p = 0
-
-    def u(self, k: int) -> int:
-        if k == 0:
-            return 0
-        if self.p + k > self.n:
-            raise Unsupported("parameter set ends early")
-        self.p += k
-        return (self.v >> (self.n - self.p)) & ((1 << k) - 1)
-
-    def ue(self) -> int:
-        z = 0
-        while self.u(1) == 0:
-            z += 1
-            if z > 31:
-                raise Unsupported("bad exp-Golomb code")
-        return (1 << z) - 1 + self.u(z)
-
-    def se(self) -> int:
-        k = self.ue()
-        return (k + 1) // 2 if k & 1 else -(k // 2)
-
-
-_SAR = [(0, 1), (1, 1), (12, 11), (10, 11), (16, 11), (40, 33), (24, 11), (20, 11), (32, 11),
-        (80, 33), (18, 11), (15, 11), (64, 33), (160, 99), (4, 3), (3, 2), (2, 1)]
-
-
-def _vui_common(b: _Bits, sps: dict) -> None:
-    if b.u(1):  # aspect_ratio_info_present_flag
-        idc = b.u(8)
-        if idc == 255:
-            sps["sar"] = (b.u(16), b.u(16))
-        elif idc < len(_SAR):
-            sps["sar"] = _SAR[idc]
-        else:
-            raise Unsupported("reserved aspect_ratio_idc")
-    if b.u(1):  # overscan_info_present_flag
-        b.u(1)
-    if b.u(1):  # video_signal_type_present_flag
-        b.u(3)
-        sps["full_range"] = b.u(1)
-        if b.u(1):  # colour_description_present_flag
-            b.u(8)
-            b.u(8)
-            sps["matrix"] = b.u(8)
-
-
-def _h264_sps(nal: bytes) -> dict:
-    b = _Bits(_unescape(nal[1:]))
-    profile = b.u(8)
-    b.u(16)
-    b.ue()
-    sps = {"chroma": 1, "depth": 8, "sar": (0, 1)}
-    if profile in (100, 110, 122, 244, 44, 83, 86, 118, 128, 138, 139, 134, 135):
-        sps["chroma"] = b.ue()
-        if sps["chroma"] == 3:
-            b.u(1)
-        sps["depth"] = b.ue() + 8
-        b.ue()
-        b.u(1)
-        if b.u(1):  # seq_scaling_matrix_present_flag
-            for i in range(8 if sps["chroma"] != 3 else 12):
-                if b.u(1):
-                    last = nxt = 8
-                    for _ in range(16 if i < 6 else 64):
-                        if nxt:
-                            nxt = (last + b.se()) % 256
-                        last = nxt or last
-    if sps["chroma"] > 3:
-        raise Unsupported("bad chroma_format_idc")
-    b.ue()  # log2_max_frame_num_minus4
-    poc_type = b.ue()
-    if poc_type == 0:
-        b.ue()
-    elif poc_type == 1:
-        b.u(1)
-        b.se()
-        b.se()
-        for _ in range(min(b.ue(), 255)):
-            b.se()
-    sps["ref_frames"] = b.ue()
-    b.u(1)
-    w_mbs = b.ue() + 1
-    h_units = b.ue() + 1
-    frame_mbs_only = b.u(1)
-    if not frame_mbs_only:
-        b.u(1)
-    b.u(1)
-    crop = [0, 0, 0, 0]
-    if b.u(1):
-        crop = [b.ue(), b.ue(), b.ue(), b.ue()]
-    c = sps["chroma"]
-    cx = 1 if c in (0, 3) else 2
-    cy = (1 if c in (0, 2, 3) else 2) * (2 - frame_mbs_only)
-    sps["width"] = w_mbs * 16 - cx * (crop[0] + crop[1])
-    sps["height"] = (2 - frame_mbs_only) * h_units * 16 - cy * (crop[2] + crop[3])
-    if b.u(1):  # vui_parameters_present_flag
-        _vui_common(b, sps)
-    return sps
-
-
-def _hevc_ptl(b: _Bits, max_sub: int) -> None:
-    b.u(32)
-    b.u(32)
-    b.u(32)  # general profile/tier/level: 96 bits
-    prof = []
-    for _ in range(max_sub):
-        prof.append((b.u(1), b.u(1)))
-    if max_sub > 0:
-        for _ in range(max_sub, 8):
-            b.u(2)
-    for p, lv in prof:
-        if p:
-            b.u(32)
-            b.u(32)
-            b.u(24)
-        if lv:
-            b.u(8)
-
-
-def _hevc_sps(nal: bytes) -> dict:
-    b = _Bits(_unescape(nal[2:]))
-    b.u(4)
-    max_sub = b.u(3)
-    b.u(1)
-    _hevc_ptl(b, max_sub)
-    b.ue()
-    sps = {"sar": (0, 1)}
-    c = b.ue()
-    if c > 3:
-        raise Unsupported("bad chroma_format_idc")
-    sps["chroma"] = c
-    if c == 3:
-        b.u(1)
-    w, h = b.ue(), b.ue()
-    if b.u(1):
-        sw = 2 if c in (1, 2) else 1
-        sh = 2 if c == 1 else 1
-        left, right, top, bottom = b.ue(), b.ue(), b.ue(), b.ue()
-        w -= sw * (left + right)
-        h -= sh * (top + bottom)
-    sps["width"], sps["height"] = w, h
-    sps["depth"] = b.ue() + 8
-    b.ue()
-    log2_poc = b.ue() + 4
-    start = 0 if b.u(1) else max_sub
-    for _ in range(start, max_sub + 1):
-        b.ue()
-        b.ue()
-        b.ue()
-    for _ in range(6):
-        b.ue()
-    if b.u(1) and b.u(1):  # scaling_list_enabled, sps_scaling_list_data_present
-        for size_id in range(4):
-            for _ in range(0, 6, 3 if size_id == 3 else 1):
-                if not b.u(1):
-                    b.ue()
-                else:
-                    n = min(64, 1 << (4 + (size_id << 1)))
-                    if size_id > 1:
-                        b.se()
-                    for _ in range(n):
-                        b.se()
-    b.u(1)
-    b.u(1)
-    if b.u(1):  # pcm_enabled_flag
-        b.u(8)
-        b.ue()
-        b.ue()
-        b.u(1)
-    n_sets = b.ue()
-    if n_sets > 64:
-        raise Unsupported("too many short-term RPS")
-    num_delta = []
-    for i in range(n_sets):
-        if i and b.u(1):  # inter_ref_pic_set_prediction_flag
-            b.u(1)
-            b.ue()
-            k = 0
-            for _ in range(num_delta[i - 1] + 1):
-                used = b.u(1)
-                if used or b.u(1):
-                    k += 1
-            num_delta.append(k)
-        else:
-            neg, pos = b.ue(), b.ue()
-            if neg > 16 or pos > 16:
-                raise Unsupported("bad RPS")
-            for _ in range(neg + pos):
-                b.ue()
-                b.u(1)
-            num_delta.append(neg + pos)
-    if b.u(1):  # long_term_ref_pics_present_flag
-        for _ in range(min(b.ue(), 33)):
-            b.u(log2_poc)
-            b.u(1)
-    b.u(1)
-    b.u(1)
-    if b.u(1):  # vui_parameters_present_flag
-        _vui_common(b, sps)
-    return sps
-
-
-def _avcc_sets(ext: bytes):
-    """The one SPS of an avcC record and its PPSs."""
-    if len(ext) < 7 or ext[0] != 1 or ext[5] & 0x1F != 1:
-        raise Unsupported("avcC without exactly one SPS")
-
-    def entries(pos, count):
-        got = []
-        for _ in range(count):
-            if pos + 2 > len(ext):
-                raise Unsupported("bad avcC")
-            n = int.from_bytes(ext[pos : pos + 2], "big")
-            if n < 2 or pos + 2 + n > len(ext):
-                raise Unsupported("bad avcC")
-            got.append(ext[pos + 2 : pos + 2 + n])
-            pos += 2 + n
-        return got, pos
-
-    sps, pos = entries(6, 1)
-    if pos >= len(ext):
-        raise Unsupported("avcC without a PPS")
-    pps, _ = entries(pos + 1, ext[pos])
-    if not pps:
-        raise Unsupported("avcC without a PPS")
-    return sps[0], pps
-
-
-def _h264_pps_refs(nal: bytes) -> int:
-    """num_ref_idx_l0_default_active of a PPS (what FFmpeg's parser calls ref_count[0])."""
-    b = _Bits(_unescape(nal[1:]))
-    b.ue()
-    b.ue()
-    b.u(1)
-    b.u(1)
-    if b.ue() != 0:
-        raise Unsupported("slice groups")
-    return b.ue() + 1
-
-
-def _hvcc_nals(ext: bytes) -> list:
-    """Every NAL unit of an hvcC record's arrays."""
-    if len(ext) < 23 or ext[0] != 1:
-        raise Unsupported("bad hvcC")
-    pos, out = 23, []
-    for _ in range(ext[22]):
-        if pos + 3 > len(ext):
-            raise Unsupported("bad hvcC")
-        cnt = int.from_bytes(ext[pos + 1 : pos + 3], "big")
-        pos += 3
-        for _ in range(cnt):
-            if pos + 2 > len(ext):
-                raise Unsupported("bad hvcC")
-            n = int.from_bytes(ext[pos : pos + 2], "big")
-            if pos + 2 + n > len(ext):
-                raise Unsupported("bad hvcC")
-            out.append(ext[pos + 2 : pos + 2 + n])
-            pos += 2 + n
-    return out
-
-
-def _hvcc_sps(ext: bytes) -> bytes:
-    """The first SPS of an hvcC record (the one FFmpeg's decoder activates first)."""
-    sps = [x for x in _hvcc_nals(ext) if len(x) > 3 and (x[0] >> 1) & 0x3F == 33]
-    if len(sps) != 1:
-        raise Unsupported("hvcC without exactly one SPS")
-    return sps[0]
-
-
-_SPACE_NAMES = {0: "rgb", 1: "bt709", 2: "unspecified", 4: "fcc", 5: "bt470bg", 6: "smpte170m",
-                7: "smpte240m", 8: "ycgco", 9: "bt2020nc", 10: "bt2020c"}
-
-
-def _space_name(m: int) -> str:
-    if m > 14:  # values FFmpeg may name differently across versions
-        raise Unsupported("matrix coefficients beyond the known table")
-    return _SPACE_NAMES.get(m, str(m))
-
-
-def _pixel_props(codec: str, sps: dict, colr: dict | None):
-    """(pix_fmt, color_space name, color_range name) as FFmpeg's decoder reports them."""
-    c, d = sps["chroma"], sps["depth"]
-    if codec == "hevc":  # the decoder sets all three from the SPS, whatever the container says
-        full = sps.get("full_range", 0)
-        matrix = sps.get("matrix", 2)
-        if d not in (8, 10, 12):
-            raise Unsupported("bit depth")
-        base = ("gray", "yuv420p", "yuv422p", "yuv444p")[c]
-        fmt = base if d == 8 else f"{base}{d}le"
-        if fmt == "yuv420p" and full:  # the one format FFmpeg's HEVC SPS reader turns into yuvj
-            fmt = "yuvj420p"
-        return fmt, _space_name(matrix), "pc" if full else "tv"
-    full = None
-    matrix = 2
-    if colr is not None:
-        matrix = colr["matrix"]
-        if "full" in colr:
-            full = colr["full"]
-    if "full_range" in sps:
-        full = sps["full_range"]
-    if "matrix" in sps:
-        matrix = sps["matrix"]
-    if c == 0 or (c == 3 and matrix == 0):
-        raise Unsupported("monochrome or RGB H.264")
-    base = ("", "yuv420p", "yuv422p", "yuv444p")[c]
-    if d == 8:
-        fmt = base.replace("yuv", "yuvj") if full else base
-    elif d in (9, 10, 12, 14):
-        fmt = f"{base}{d}le"
-    else:
-        raise Unsupported("bit depth")
-    rng = "unspecified" if full is None else ("pc" if full else "tv")
-    return fmt, _space_name(matrix), rng
 
 
 # --------------------------------------------------------------------------------------------
@@ -576,7 +260,7 @@ def _reduce(num: int, den: int, mx: int = 0x7FFFFFFF):
 def _d2q(d: float) -> Fraction | None:
     """libavutil's av_d2q(d, INT_MAX) for a positive finite d, as PyAV reports it."""
     if not d > 0 or d > 0x7FFFFFFF + 3 or math.isinf(d):
-        raise Unsupported("aspect ratio")
+        raise DemuxScanNeeded("aspect ratio")
     exp = max(math.frexp(d)[1] - 1, 0)
     den = 1 << (62 - exp)
     n, q = _reduce(int(math.floor(d * float(den) + 0.5)), den)
@@ -594,7 +278,7 @@ def _display_matrix(tkhd_m: list, mvhd_m: list) -> list | None:
                 acc += (tkhd_m[i * 3 + e] * mvhd_m[e * 3 + j]) >> sh[e]
             res.append(acc)
     if any(not -(1 << 31) <= v < (1 << 31) for v in res):
-        raise Unsupported("display matrix overflow")
+        raise DemuxScanNeeded("display matrix overflow")
     if res == [1 << 16, 0, 0, 0, 1 << 16, 0, 0, 0, 1 << 30]:
         return None
     return res
@@ -615,17 +299,17 @@ def _rotation(flat: list) -> int:
 def _sample_entry(buf, a, b):
     """The stsd's one sample entry: (codec, width, height, extradata, colr, pasp)."""
     if b - a < 8:
-        raise Unsupported("short stsd")
+        raise DemuxScanNeeded("short stsd")
     (count,) = struct.unpack_from(">I", buf, a + 4)
     entries = list(_boxes(buf, a + 8, b))
     if count != 1 or len(entries) != 1:
-        raise Unsupported("not exactly one sample description")
+        raise DemuxScanNeeded("not exactly one sample description")
     typ, ea, eb = entries[0]
     codec = _CODECS.get(typ)
     if codec is None:
-        raise Unsupported(f"sample entry {typ!r}")
+        raise DemuxScanNeeded(f"sample entry {typ!r}")
     if eb - ea < 78:
-        raise Unsupported("short visual sample entry")
+        raise DemuxScanNeeded("short visual sample entry")
     width, height = struct.unpack_from(">HH", buf, ea + 24)
     kids = _children(buf, ea + 78, eb)
     cfg = _one(kids, b"avcC" if codec == "h264" else b"hvcC")
@@ -635,9 +319,9 @@ def _sample_entry(buf, a, b):
         kind = buf[ca : ca + 4]
         if kind in (b"nclx", b"nclc"):
             if colr is not None:
-                raise Unsupported("several colr boxes")
+                raise DemuxScanNeeded("several colr boxes")
             if cb - ca < (11 if kind == b"nclx" else 10):
-                raise Unsupported("short colr")
+                raise DemuxScanNeeded("short colr")
             colr = {"matrix": struct.unpack_from(">H", buf, ca + 8)[0]}
             if kind == b"nclx":
                 colr["full"] = buf[ca + 10] >> 7
@@ -645,23 +329,27 @@ def _sample_entry(buf, a, b):
     p = _one(kids, b"pasp", required=False)
     if p is not None:
         if p[1] - p[0] < 8:
-            raise Unsupported("short pasp")
+            raise DemuxScanNeeded("short pasp")
         h, v = struct.unpack_from(">II", buf, p[0])
         if h and v:
             if h > 0x7FFFFFFF or v > 0x7FFFFFFF:
-                raise Unsupported("pasp")
+                raise DemuxScanNeeded("pasp")
             pasp = Fraction(h, v)
     return codec, width, height, extradata, colr, pasp
 
 
 def read_video_track(path: str, stream_index=None) -> Mp4Video:
-    """The one H.264 / HEVC video track of an MP4 / MOV file; raises :class:`Unsupported`."""
+    """The one H.264 / HEVC video track of an MP4 / MOV file; raises :class:`DemuxScanNeeded`
+    (also for a parameter set or slice header the bitstream parser does not read)."""
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
         file_size = os.fstat(fd).st_size
         moov = _read_moov(fd, file_size)
-        info = _parse_moov(moov, stream_index, file_size)
-        info.disposable, parser_key = _nal_scan(fd, file_size, info)
+        try:
+            info = _parse_moov(moov, stream_index, file_size)
+            info.disposable, parser_key = _nal_scan(fd, file_size, info)
+        except BitstreamError as e:
+            raise DemuxScanNeeded(str(e)) from None
         if parser_key is not None:
             info.key = parser_key
     return info
@@ -669,7 +357,7 @@ def read_video_track(path: str, stream_index=None) -> Mp4Video:
 
 def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
     if b"covr" in buf or b"mvex" in buf:  # cover art streams, fragments: leave to FFmpeg
-        raise Unsupported("cover art or fragments")
+        raise DemuxScanNeeded("cover art or fragments")
     top = _children(buf, 0, len(buf))
     mvhd = _one(top, b"mvhd")
     ver, p = _full(buf, *mvhd, 68, 80)
@@ -692,10 +380,10 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
         if hdlr[1] - hdlr[0] >= 12 and buf[hdlr[0] + 8 : hdlr[0] + 12] == b"vide":
             videos.append((i, kids, mk))
     if len(videos) != 1:
-        raise Unsupported("not exactly one video track")
+        raise DemuxScanNeeded("not exactly one video track")
     index, kids, mk = videos[0]
     if stream_index is not None and int(stream_index) != index:
-        raise Unsupported("another stream asked for")
+        raise DemuxScanNeeded("another stream asked for")
     tkhd = _one(kids, b"tkhd")
     ver, p = _full(buf, *tkhd, 72, 84)
     tkhd_m = _matrix(buf, p + (32 if ver == 1 else 20) + 16)
@@ -712,47 +400,45 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
 
     mdhd = _one(mk, b"mdhd")
     ver, p = _full(buf, *mdhd, 16, 28)
-    if ver == 1:
-        timescale, mdhd_dur = struct.unpack_from(">IQ", buf, p + 16)
-    else:
-        timescale, mdhd_dur = struct.unpack_from(">II", buf, p + 8)
+    # the timescale; the duration after it (mdhd's) is not used: the sample tables give it
+    timescale = struct.unpack_from(">I", buf, p + (16 if ver == 1 else 8))[0]
     if timescale <= 0 or timescale > 0x7FFFFFFF:
-        raise Unsupported("timescale")
+        raise DemuxScanNeeded("timescale")
     minf = _children(buf, *_one(mk, b"minf"))
     dinf = _one(minf, b"dinf", required=False)
     if dinf is not None:  # sample data in another file (a non-self-contained data reference)
         dref = _one(_children(buf, *dinf), b"dref", required=False)
         if dref is not None:
             if dref[1] - dref[0] < 8:
-                raise Unsupported("short dref")
+                raise DemuxScanNeeded("short dref")
             for _typ, da, db in _boxes(buf, dref[0] + 8, dref[1]):
                 if db - da < 4 or not buf[da + 3] & 1:
-                    raise Unsupported("external data reference")
+                    raise DemuxScanNeeded("external data reference")
     st = _children(buf, *_one(minf, b"stbl"))
     for bad in (b"stps", b"sbgp", b"sgpd", b"stsh", b"padb", b"cslg", b"saiz", b"senc"):
         if bad in st:
-            raise Unsupported(f"{bad!r} box")
+            raise DemuxScanNeeded(f"{bad!r} box")
     codec, w, h, extradata, colr, pasp = _sample_entry(buf, *_one(st, b"stsd"))
 
     # ---- sample sizes
     if b"stsz" in st:
         a, b = _one(st, b"stsz")
         if b - a < 12:
-            raise Unsupported("short stsz")
+            raise DemuxScanNeeded("short stsz")
         const, n = struct.unpack_from(">II", buf, a + 4)
         if const:
             if n > file_size:
-                raise Unsupported("stsz count")
+                raise DemuxScanNeeded("stsz count")
             sizes = np.full(n, const, np.int64)
         else:
             sizes = _table(buf, a, b, ">u4", 12).astype(np.int64)
     else:
         a, b = _one(st, b"stz2")
         if b - a < 12:
-            raise Unsupported("short stz2")
+            raise DemuxScanNeeded("short stz2")
         field, n = buf[a + 7], struct.unpack_from(">I", buf, a + 8)[0]
         if field not in (4, 8, 16) or (n * field + 7) // 8 > b - a - 12:
-            raise Unsupported("stz2")
+            raise DemuxScanNeeded("stz2")
         if field == 16:
             sizes = np.frombuffer(buf, ">u2", n, a + 12).astype(np.int64)
         elif field == 8:
@@ -762,21 +448,21 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
             sizes = np.stack([raw >> 4, raw & 15], 1).reshape(-1)[:n].astype(np.int64)
     n = int(sizes.size)
     if n == 0:
-        raise Unsupported("no samples")
+        raise DemuxScanNeeded("no samples")
     if (sizes > 0x3FFFFFFF).any():
-        raise Unsupported("huge sample")
+        raise DemuxScanNeeded("huge sample")
 
     # ---- decode times
     stts = _table(buf, *_one(st, b"stts"), ">u4", 8, 2).reshape(-1, 2)
     if stts.size == 0:
-        raise Unsupported("empty stts")
+        raise DemuxScanNeeded("empty stts")
     counts = stts[:, 0].astype(np.int64)
     deltas = stts[:, 1].astype(np.int64)
     if counts.sum() != n or (deltas > 0x7FFFFFFF).any():
-        raise Unsupported("stts")
+        raise DemuxScanNeeded("stts")
     sample_deltas = np.repeat(deltas, counts)
     if (sample_deltas[:-1] <= 0).any():
-        raise Unsupported("samples sharing a decode time")
+        raise DemuxScanNeeded("samples sharing a decode time")
     dts_old = np.zeros(n, np.int64)
     np.cumsum(sample_deltas[:-1], out=dts_old[1:])
 
@@ -787,10 +473,10 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
         tab = tab[tab[:, 0] > 0]
         if tab.shape[0]:
             if (tab[:, 1] < 0).any():
-                raise Unsupported("negative composition offsets")
+                raise DemuxScanNeeded("negative composition offsets")
             c_counts = tab[:, 0].astype(np.int64)
             if c_counts.sum() != n:
-                raise Unsupported("ctts count")
+                raise DemuxScanNeeded("ctts count")
             ctts = np.repeat(tab[:, 1].astype(np.int64), c_counts)
     offs = ctts if ctts is not None else np.zeros(n, np.int64)
 
@@ -800,11 +486,11 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
         key = np.zeros(n, bool)
         if ss.size == 0:  # FFmpeg then parses the stream for key frames
             if codec != "h264":
-                raise Unsupported("empty stss")
+                raise DemuxScanNeeded("empty stss")
             key[0] = True
         else:
             if ss.size > 1 and (np.diff(ss) <= 0).any():
-                raise Unsupported("stss order")
+                raise DemuxScanNeeded("stss order")
             idx = ss - (1 if ss[0] > 0 else 0)
             key[idx[idx < n]] = True
     else:
@@ -816,18 +502,18 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
     else:
         chunks = _table(buf, *_one(st, b"co64"), ">u8", 8)
         if (chunks > (1 << 62)).any():
-            raise Unsupported("co64")
+            raise DemuxScanNeeded("co64")
         chunks = chunks.astype(np.int64)
     stsc = _table(buf, *_one(st, b"stsc"), ">u4", 8, 3).reshape(-1, 3).astype(np.int64)
     nch = int(chunks.size)
     if not stsc.shape[0] or not nch or stsc[0, 0] != 1 or (stsc[:, 2] != 1).any():
-        raise Unsupported("stsc")
+        raise DemuxScanNeeded("stsc")
     firsts = stsc[:, 0]
     if (np.diff(firsts) <= 0).any() or firsts[-1] > nch or (stsc[:, 1] <= 0).any():
-        raise Unsupported("stsc")
+        raise DemuxScanNeeded("stsc")
     per_chunk = np.repeat(stsc[:, 1], np.diff(np.append(firsts, nch + 1)))
     if int(per_chunk.sum()) != n:
-        raise Unsupported("stsc sample count")
+        raise DemuxScanNeeded("stsc sample count")
     chunk_of = np.repeat(np.arange(nch), per_chunk)
     csum = np.zeros(n + 1, np.int64)
     np.cumsum(sizes, out=csum[1:])
@@ -835,7 +521,7 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
     np.cumsum(per_chunk[:-1], out=chunk_start[1:])
     pos_all = chunks[chunk_of] + csum[:-1] - csum[chunk_start[chunk_of]]
     if (pos_all < 0).any() or int((pos_all + sizes).max()) > file_size:
-        raise Unsupported("samples past the end of the file")
+        raise DemuxScanNeeded("samples past the end of the file")
 
     # ---- edit list (mov_fix_index for one plain entry)
     keep = np.arange(n)
@@ -851,27 +537,27 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
             ent = _table(buf, a, b, ">u8,>i8,>i4" if ver == 1 else ">u4,>i4,>i4", 8)
             elst = [(int(x[0]), int(x[1]), int(x[2])) for x in ent[:3]]
             if len(ent) > 2 or (len(ent) == 2 and elst[0][1] != -1):
-                raise Unsupported("several edits")
+                raise DemuxScanNeeded("several edits")
             elst = elst or None
     empty = 0
     if elst is not None:
         if movie_scale <= 0:
-            raise Unsupported("movie timescale")
+            raise DemuxScanNeeded("movie timescale")
         if len(elst) == 2:  # an empty edit first: the media starts that much later
             empty = (elst[0][0] * timescale + movie_scale // 2) // movie_scale
         seg_dur, media_time, rate = elst[-1]
         if media_time < 0 or rate != 0x10000:
-            raise Unsupported("edit list kind")
+            raise DemuxScanNeeded("edit list kind")
         dur = (seg_dur * timescale + movie_scale // 2) // movie_scale  # av_rescale rounds
         if dur <= 0:
-            raise Unsupported("empty edit")
+            raise DemuxScanNeeded("empty edit")
         k0 = _prev_key_index(dts_old, offs, key, media_time, ctts is not None)
         cts = dts_old + offs
         inside = (cts >= media_time) & (cts < media_time + dur)
         inside[:k0] = False
         first_in = int(np.argmax(inside)) if inside.any() else -1
         if first_in < 0:
-            raise Unsupported("no sample inside the edit")
+            raise DemuxScanNeeded("no sample inside the edit")
         fd = np.empty(n, np.int64)
         fd[:-1] = np.diff(dts_old)
         fd[-1] = dur
@@ -893,29 +579,29 @@ def _parse_moov(buf: bytes, stream_index, file_size: int) -> Mp4Video:
     # packet durations: FFmpeg's MOV demuxer gives each packet its stts delta
     durs = sample_deltas[keep]
     if (durs <= 0).any():
-        raise Unsupported("zero sample duration")
+        raise DemuxScanNeeded("zero sample duration")
     retained = ~discard
     sel = keep[retained]
 
     intra_key = False
     if codec == "h264":
-        sps_nal, pps_nals = _avcc_sets(extradata)
+        sps_nal, pps_nals = avcc_sets(extradata)
         param_sets = frozenset([sps_nal, *pps_nals])
-        sps = _h264_sps(sps_nal)
+        sps = h264_sps(sps_nal)
         nal_size = (extradata[4] & 3) + 1
         # FFmpeg's H.264 parser (which sets the demuxed packets' key flags in MP4, whatever
         # stss says) also takes any I picture of a one-reference stream for a key frame
-        refs = {_h264_pps_refs(x) <= 1 for x in pps_nals}
+        refs = {h264_pps_refs(x) <= 1 for x in pps_nals}
         if len(refs) != 1:
-            raise Unsupported("PPSs differ in reference counts")
+            raise DemuxScanNeeded("PPSs differ in reference counts")
         intra_key = sps["ref_frames"] <= 1 and refs.pop()
     else:
-        sps = _hevc_sps(_hvcc_sps(extradata))
-        param_sets = frozenset(_hvcc_nals(extradata))
+        sps = hevc_sps(hvcc_sps(extradata))
+        param_sets = frozenset(hvcc_nals(extradata))
         nal_size = (extradata[21] & 3) + 1 if len(extradata) >= 22 else 0
     if (sps["width"], sps["height"]) != (w, h) or w <= 0 or h <= 0:
-        raise Unsupported("sample entry and SPS sizes differ")
-    pix_fmt, space, rng = _pixel_props(codec, sps, colr)
+        raise DemuxScanNeeded("sample entry and SPS sizes differ")
+    pix_fmt, space, rng = pixel_props(codec, sps, colr)
     tk_w, tk_h = tk_w >> 16, tk_h >> 16
     if pasp is not None:
         sar = pasp
@@ -988,7 +674,7 @@ def _nal_scan(fd: int, file_size: int, v: Mp4Video):
     pos, size = v.pos, v.size
     n = pos.size
     if ls not in (1, 2, 4):
-        raise Unsupported("NAL length size")
+        raise DemuxScanNeeded("NAL length size")
     mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     try:
         arr = np.frombuffer(mm, np.uint8)
@@ -1019,7 +705,7 @@ def _nal_scan(fd: int, file_size: int, v: Mp4Video):
                 words = np.zeros(n, np.int64)
                 for k in range(5):
                     words = (words << 8) | raw[:, ls + 1 + k]
-                key |= is_slice & _is_i_slice(words, size - ls - 1)
+                key |= is_slice & is_i_slice(words, size - ls - 1)
         multi = np.nonzero(~single)[0]
         if multi.size:  # samples of several NAL units: walked together, unit by unit
             m_out, m_key, m_tmax, rest = _walk_many(raw_of(mm), file_size, pos[multi],
@@ -1035,7 +721,7 @@ def _nal_scan(fd: int, file_size: int, v: Mp4Video):
         if v.param_sets is not None and any(
             p not in v.param_sets for _, _, inband in walked.values() for p in inband
         ):
-            raise Unsupported("in-band parameter sets differ from the sample entry's")
+            raise DemuxScanNeeded("in-band parameter sets differ from the sample entry's")
         max_tid = int(tids[is_slice].max()) if is_slice.any() else 0
         if m_tmax.size and (~rest).any():
             max_tid = max(max_tid, int(m_tmax[~rest].max()))
@@ -1072,7 +758,7 @@ def _walk_many(arr, file_size, pos, size, ls, v):
     the third value; the caller compares it with the stream's highest); ``key``: the H.264
     parser's key flag (IDR, or an I slice of a one-reference stream); ``rest``: samples this
     walk does not decide (an SEI before the first slice, which may carry a recovery point;
-    in-band parameter sets), to be walked by :func:`_walk`. Raises :class:`Unsupported` as
+    in-band parameter sets), to be walked by :func:`_walk`. Raises :class:`DemuxScanNeeded` as
     :func:`_walk` does where the NAL units do not fill a sample."""
     h264 = v.codec == "h264"
     hb = 1 if h264 else 2
@@ -1092,7 +778,7 @@ def _walk_many(arr, file_size, pos, size, ls, v):
         a = np.nonzero(active)[0]
         c, e = cur[a], end[a]
         if np.any(c + ls > e):
-            raise Unsupported("NAL units do not fill the sample")
+            raise DemuxScanNeeded("NAL units do not fill the sample")
         raw = arr[np.minimum(c[:, None] + np.arange(width)[None, :], file_size - 1)]
         raw = raw.astype(np.int64)
         length = np.zeros(a.size, np.int64)
@@ -1100,7 +786,7 @@ def _walk_many(arr, file_size, pos, size, ls, v):
             length = (length << 8) | raw[:, k]
         at = c + ls
         if np.any(length <= 0) or np.any(at + length > e):
-            raise Unsupported("NAL units do not fill the sample")
+            raise DemuxScanNeeded("NAL units do not fill the sample")
         h0 = raw[:, ls]
         first = ~seen_slice[a]
         if h264:
@@ -1115,17 +801,17 @@ def _walk_many(arr, file_size, pos, size, ls, v):
             if v.intra_key:
                 chk = fs & ~k
                 if np.any(chk & (length < 6)):
-                    raise Unsupported("short slice")
+                    raise DemuxScanNeeded("short slice")
                 if chk.any():
                     words = np.zeros(a.size, np.int64)
                     for j in range(5):
                         words = (words << 8) | raw[:, ls + 1 + j]
                     ci = np.nonzero(chk)[0]
-                    k[ci] = _is_i_slice(words[ci], length[ci] - 1)
+                    k[ci] = is_i_slice(words[ci], length[ci] - 1)
             key[a[fs]] = k[fs]
         else:
             if np.any(length < 2):
-                raise Unsupported("short NAL unit")
+                raise DemuxScanNeeded("short NAL unit")
             t = (h0 >> 1) & 0x3F
             sl = t < 32
             ref = ~((t < 16) & (t % 2 == 0))
@@ -1143,54 +829,6 @@ def _walk_many(arr, file_size, pos, size, ls, v):
     return ok, key, np.where(nslices > 0, tmax, 0), rest
 
 
-def _is_i_slice(words, avail):
-    """Whether slice_type is I, from the 40 bits after an H.264 slice NAL header (first_mb_in_slice
-    and slice_type, two exp-Golomb codes); refused where the codes do not fit in them."""
-    w = words.astype(np.float64)
-    ok = words > 0
-    lz1 = np.where(ok, 39 - np.floor(np.log2(np.where(ok, w, 1.0))), 99).astype(np.int64)
-    used = 2 * lz1 + 1
-    rem_bits = 40 - used
-    ok &= rem_bits > 0
-    rem = np.where(ok, words & ((np.int64(1) << np.clip(rem_bits, 0, 40)) - 1), 0)
-    ok &= rem > 0
-    lz2 = np.where(ok, (rem_bits - 1) - np.floor(np.log2(np.where(rem > 0, rem, 1).astype(np.float64))), 99)
-    lz2 = lz2.astype(np.int64)
-    ok &= (2 * lz2 + 1 <= rem_bits) & (avail >= 5)
-    if not ok.all():
-        raise Unsupported("slice header beyond the bytes read")
-    st = (rem >> np.clip(rem_bits - (2 * lz2 + 1), 0, 40)) - 1
-    return (st % 5) == 2
-
-
-def _sei_has_recovery_point(data: bytes) -> bool:
-    b = _unescape(data)
-    p, n = 0, len(b)
-    while p < n and not (p == n - 1 and b[p] == 0x80):
-        typ = 0
-        while p < n and b[p] == 0xFF:
-            typ += 255
-            p += 1
-        if p >= n:
-            raise Unsupported("SEI")
-        typ += b[p]
-        p += 1
-        size = 0
-        while p < n and b[p] == 0xFF:
-            size += 255
-            p += 1
-        if p >= n:
-            raise Unsupported("SEI")
-        size += b[p]
-        p += 1
-        if p + size > n:
-            raise Unsupported("SEI")
-        if typ == 6:
-            return True
-        p += size
-    return False
-
-
 def _walk(mm, start: int, n: int, ls: int, v: Mp4Video):
     """One sample's NAL units: [(is_reference, temporal_id)] of its slices (as
     _nal.slice_nal_headers) and, for H.264, the parser's key flag."""
@@ -1202,11 +840,11 @@ def _walk(mm, start: int, n: int, ls: int, v: Mp4Video):
     recovery = False
     while pos < n:
         if pos + ls > n:
-            raise Unsupported("NAL units do not fill the sample")
+            raise DemuxScanNeeded("NAL units do not fill the sample")
         size = int.from_bytes(mm[start + pos : start + pos + ls], "big")
         at = pos + ls
         if size <= 0 or at + size > n:
-            raise Unsupported("NAL units do not fill the sample")
+            raise DemuxScanNeeded("NAL units do not fill the sample")
         h = mm[start + at : start + at + min(size, 8)]
         if v.codec == "h264":
             t = h[0] & 0x1F
@@ -1217,16 +855,16 @@ def _walk(mm, start: int, n: int, ls: int, v: Mp4Video):
                     key = t == 5 or recovery
                     if not key and v.intra_key:
                         if size < 6:
-                            raise Unsupported("short slice")
+                            raise DemuxScanNeeded("short slice")
                         word = int.from_bytes(h[1:6], "big")
-                        key = bool(_is_i_slice(np.array([word]), np.array([size - 1]))[0])
+                        key = bool(is_i_slice(np.array([word]), np.array([size - 1]))[0])
             elif t == 6 and first_slice:
-                recovery = recovery or _sei_has_recovery_point(mm[start + at + 1 : start + at + size])
+                recovery = recovery or sei_has_recovery_point(mm[start + at + 1 : start + at + size])
             elif t in (7, 8):
                 inband.append(mm[start + at : start + at + size])
         else:
             if size < 2:
-                raise Unsupported("short NAL unit")
+                raise DemuxScanNeeded("short NAL unit")
             t = (h[0] >> 1) & 0x3F
             if t < 32:
                 out.append((not (t < 16 and t % 2 == 0), (h[1] & 7) - 1))

@@ -287,6 +287,7 @@ class NvdecBackend:
     """The GPU backend (a :class:`._backend.VideoBackend`)."""
 
     name = "nvdec"
+    on_gpu = True
     damaged = None  # NVDEC reports no per-packet damage; the CPU backend does
     # The packet path may ask for display order (a native-latency session, _nvdec_packets)
     # until that fails once on this file; then this backend asks for decode order only.

@@ -56,6 +56,7 @@ class PyAVBackend:
     the wanted keyframe (``dropped``): what a request cost, for tests and probes."""
 
     name = "pyav"
+    on_gpu = False
 
     def __init__(self, source, scan: StreamScan, *, threads: int = 0):
         self._source = source

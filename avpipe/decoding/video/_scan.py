@@ -448,8 +448,8 @@ def _scan_mp4(source, name: str, stream_index=None) -> StreamScan | None:
         pts = np.sort(v.pts)
         if pts.size < _MP4_MIN_PACKETS or not (pts[1:] > pts[:-1]).all():
             return None  # (duplicate timestamps: the demux scan reports them)
-    except Exception:  # noqa: BLE001 — Unsupported, or damage the reader trips on: the demux
-        return None  # scan is the authority and reports it with avpipe's typed errors
+    except Exception:  # noqa: BLE001 — DemuxScanNeeded, or damage the reader
+        return None  # trips on: the demux scan is the authority and reports it with typed errors
     pts_to_index = dict(zip(pts.tolist(), range(pts.size)))
     kidx = np.unique(np.searchsorted(pts, v.pts[v.key])).tolist()
     if not kidx or kidx[0] != 0:

@@ -40,7 +40,6 @@ array's either way.
 from __future__ import annotations
 
 import copy
-import json
 import os
 
 import numpy as np
@@ -340,10 +339,6 @@ def resolve_preset(preset, *, fps: float | None = None, dtype: str | None = None
 
 def extensions_of(cfg: dict) -> dict[str, str]:
     return {ext: kind for kind in KINDS if kind in cfg for ext in EXTENSIONS[kind]}
-
-
-def config_json(cfg: dict) -> str:
-    return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
 
 
 def describe_operators(width: int = 88) -> str:
