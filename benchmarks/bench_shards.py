@@ -5,8 +5,8 @@ Contenders (interleaved rounds, ratio of medians; each round one epoch of the CP
 
 * ``files``: the items as loose FLAC files and a NeMo manifest (the reference);
 * ``shards``: the same bytes in WebDataset tar shards on the local disk;
-* ``s3``: those shards on a moto S3 server on 127.0.0.1 (a real HTTP server: every item is one
-  ranged GET);
+* ``s3``: those shards on a moto S3 server on 127.0.0.1 (a real HTTP server: the feed reads the
+  members of each batch ahead by ranged GETs, members close together in a shard by one GET);
 * ``shards_by_shard`` / ``s3_by_shard``: the same, with the epoch order grouped by shard
   (``shard_order=True``: shards shuffled, items shuffled within each shard).
 
@@ -167,7 +167,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--big-items", type=int, default=0,
                     help="also measure peak RSS over one shard of this many 60 s items (about "
-                         "1.5 MB each: 700 make a 1 GB shard) against the same items as files")
+                         "1.24 MiB each: 850 make a shard over 1 GiB) against the same items as "
+                         "files")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ.setdefault("AVPIPE_DISABLE_GPU", "1")
