@@ -169,6 +169,10 @@ def main():
                     help="also measure peak RSS over one shard of this many 60 s items (about "
                          "1.24 MiB each: 850 make a shard over 1 GiB) against the same items as "
                          "files")
+    ap.add_argument("--big-s3-items", type=int, default=0,
+                    help="also measure peak RSS over one shard of this many 60 s items on the "
+                         "moto S3 server (its read-ahead) against the same items as files (the "
+                         "server reads a whole object for every ranged GET: keep it small)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ.setdefault("AVPIPE_DISABLE_GPU", "1")
@@ -216,6 +220,20 @@ def main():
                 assert n == a.items, (k, n)
                 rounds[k].append(audio / wall)
                 log(f"round {r} {k}: {audio / wall:.0f} audio-s/s ({wall:.2f} s)")
+        if a.big_s3_items:
+            big = os.path.join(a.data, f"big{a.big_s3_items}")
+            make_data(big, a.big_s3_items, 1, seed=2, seconds=(60, 60))
+            tar = os.path.join(big, "shards", "train-000000.tar")
+            s3.upload_file(tar, "bench", f"big{a.big_s3_items}/train-000000.tar")
+            url = f"s3://bench/big{a.big_s3_items}/train-000000.tar"
+            _sh.index_shard(url)
+            env = {**os.environ, "PYTHONPATH": ROOT}
+            pf = peak_rss(os.path.join(big, "files", "manifest.jsonl"), env)
+            ps = peak_rss(url, env)
+            res["peak_rss_s3"] = {"shard_mb": round(os.path.getsize(tar) / 2**20, 1),
+                                  "files": pf, "s3": ps,
+                                  "growth_mb": round(ps["peak_rss_mb"] - pf["peak_rss_mb"], 1)}
+            log("peak RSS over S3:", res["peak_rss_s3"])
     med = {k: sorted(v)[len(v) // 2] for k, v in rounds.items()}
     res["audio_s_per_s"] = {k: {"median": round(med[k], 1), "rounds": [round(x, 1) for x in v]}
                             for k, v in rounds.items()}
