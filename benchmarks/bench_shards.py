@@ -119,7 +119,15 @@ sys.path.insert(0, sys.argv[1])
 from avpipe.recipes import rnnt_feed
 feed = rnnt_feed(sys.argv[2], batch_size=16, device="cpu", training=False, seed=0)
 n = sum(len(b.paths) for b in feed)
-print(json.dumps({"items": n, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+# VmHWM: this process's own high-water mark (ru_maxrss is carried over from the parent across
+# fork and exec, so a parent larger than the child would be measured instead)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+try:
+    with open("/proc/self/status") as f:
+        peak = next(int(x.split()[1]) for x in f if x.startswith("VmHWM:")) / 1024
+except (OSError, StopIteration):
+    pass
+print(json.dumps({"items": n, "peak_rss_mb": peak}))
 """
 
 

@@ -228,6 +228,8 @@ class _ReadAhead:
 
 
 _READ_AHEAD = _ReadAhead()
+if hasattr(os, "register_at_fork"):  # a forked child starts with no plans and a free lock
+    os.register_at_fork(after_in_child=lambda: _READ_AHEAD.__init__())
 
 
 def read_ahead(items, owner=None) -> int:
