@@ -401,6 +401,11 @@ class Task:
 
     def _submit(self, pairs):
         """Start decoding ``pairs`` on the pool; returns a function giving the values."""
+        if any(getattr(it, "locator", None) is not None for _, it in pairs):
+            from .sharded import read_ahead
+
+            read_ahead([it for _, it in pairs], self)  # remote shard members: read ahead
+            self._reads_planned = True
         table = self.ahead(pairs)
         fn = self.decode_one if table is None else functools.partial(_drawn, table,
                                                                         self.decode_one)
@@ -418,6 +423,10 @@ class Task:
         raise NotImplementedError
 
     def close(self):
+        if getattr(self, "_reads_planned", False):
+            from .sharded import forget_reads
+
+            forget_reads(self)
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
