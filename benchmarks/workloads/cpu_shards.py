@@ -5,8 +5,8 @@ Contenders (each round one epoch of the feed,
 
 * ``files``: the items as loose FLAC files and a NeMo manifest (the reference);
 * ``shards``: the same bytes in WebDataset tar shards on the local disk;
-* ``s3``: those shards on a moto S3 server on 127.0.0.1 (a real HTTP server: every item is one
-  ranged GET);
+* ``s3``: those shards on a moto S3 server on 127.0.0.1 (a real HTTP server: the feed reads the
+  members of each batch ahead by ranged GETs, members close together in a shard by one GET);
 * ``shards_by_shard`` / ``s3_by_shard``: the same, with the epoch order grouped by shard
   (``shard_order=True``: shards shuffled, items shuffled within each shard).
 
@@ -16,8 +16,9 @@ files, each in a fresh process.
 
 The data (deterministic speech-like FLAC, 2-16 s, :func:`make_data`) is made in the data
 folder once. The index rate and the peak memory (``big_items`` > 0: one shard of that many 60 s
-items, about 1.5 MB each, against the same items as files) are measured once, beside the
-rounds. :mod:`benchmarks.workloads.gpu_shards` runs the same feed on the GPU.
+items, about 1.24 MiB each: 850 make a shard over 1 GiB; ``big_s3_items`` > 0: one such shard on
+the S3 server, through the read-ahead) against the same items as files are measured once,
+beside the rounds. :mod:`benchmarks.workloads.gpu_shards` runs the same feed on the GPU.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ CONTENDERS = {
 }
 RATIOS = [("shards", "files"), ("s3", "files"), ("shards_by_shard", "files"),
           ("s3_by_shard", "files")]
-PARAMS = {"items": 192, "shards": 4, "batch_size": 32, "big_items": 0}
+PARAMS = {"items": 192, "shards": 4, "batch_size": 32, "big_items": 0, "big_s3_items": 0}
 QUICK = {"items": 16, "shards": 2, "batch_size": 8}
 REQUIRES = ("moto", "boto3", "s3fs")
 
@@ -110,7 +111,29 @@ class Session:
             raise RuntimeError(f"{name}: {n} items, not {self.ctx.params['items']}")
         return audio / wall, {"seconds": round(wall, 3), "audio_seconds": round(audio, 1)}
 
+    def peak_rss_s3(self, n):
+        """Peak RSS of an epoch over one shard of ``n`` 60 s items on the S3 server against the
+        same items as files (the server reads a whole object for every ranged GET: keep it
+        small)."""
+        import boto3
+
+        from avpipe.pipeline import shards as _sh
+
+        big = os.path.join(self.ctx.data["dir"], f"big_s3_{n}")
+        make_data(big, n, 1, seed=2, seconds=(60, 60))
+        tar = os.path.join(big, "shards", "train-000000.tar")
+        boto3.client("s3").upload_file(tar, "bench", f"big_s3_{n}/train-000000.tar")
+        url = f"s3://bench/big_s3_{n}/train-000000.tar"
+        _sh.index_shard(url)
+        env = {**os.environ, "PYTHONPATH": ROOT}
+        pf = peak_rss(os.path.join(big, "files", "manifest.jsonl"), env)
+        ps = peak_rss(url, env)
+        return {"shard_mb": round(os.path.getsize(tar) / 2**20, 1), "files": pf, "s3": ps,
+                "growth_mb": round(ps["peak_rss_mb"] - pf["peak_rss_mb"], 1)}
+
     def close(self):
+        if self.server is not None and self.ctx.params.get("big_s3_items"):
+            _FACTS["peak_rss_s3"] = self.peak_rss_s3(int(self.ctx.params["big_s3_items"]))
         if self.server is not None:
             self.server.__exit__(None, None, None)
             self.server = None
@@ -219,7 +242,15 @@ sys.path.insert(0, sys.argv[1])
 from avpipe.recipes import rnnt_feed
 feed = rnnt_feed(sys.argv[2], batch_size=16, device="cpu", training=False, seed=0)
 n = sum(len(b.paths) for b in feed)
-print(json.dumps({"items": n, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+# VmHWM: this process's own high-water mark (ru_maxrss is carried over from the parent across
+# fork and exec, so a parent larger than the child would be measured instead)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+try:
+    with open("/proc/self/status") as f:
+        peak = next(int(x.split()[1]) for x in f if x.startswith("VmHWM:")) / 1024
+except (OSError, StopIteration):
+    pass
+print(json.dumps({"items": n, "peak_rss_mb": peak}))
 """
 
 
