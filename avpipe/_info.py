@@ -60,9 +60,9 @@ def _gpu_info():
 
 def _nvdec_codecs():
     """Codecs NVDEC decodes on GPU 0, asked of the driver (cuvidGetDecoderCaps)."""
-    from .decoding.video import _nvdec_caps
+    from .decoding.video import nvdec_codecs
 
-    return _nvdec_caps.supported_codecs(_NVDEC_CODECS)
+    return nvdec_codecs(_NVDEC_CODECS)
 
 
 def _dali_decoders():

@@ -29,7 +29,7 @@ def info(as_json: bool) -> None:
 
 
 def _preset_help() -> str:
-    from avpipe.recipes.extract._presets import BUILTIN
+    from avpipe.recipes.extract import PRESETS as BUILTIN
 
     return "\n".join(f"  {n:<12} {p['description']}" for n, p in BUILTIN.items())
 
@@ -43,7 +43,7 @@ class _ExtractCommand(click.Command):
         with formatter.indentation():
             for line in _preset_help().splitlines():
                 formatter.write(" " * formatter.current_indent + line.strip() + "\n")
-        from avpipe.recipes.extract._presets import describe_operators
+        from avpipe.recipes.extract import describe_operators
 
         formatter.write_paragraph()
         formatter.write_text("Operators of a preset's ops lists (avpipe.ops.registry):")

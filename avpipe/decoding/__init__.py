@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from .audio import Audio, audio_info, load_audio
 from .image import ImageBatch, decode_image_batch, decode_images
-from .video import FrameBatch, VideoDecoder, VideoMetadata
-from .video._index import VideoIndex, build_index, load_index
+from .video import FrameBatch, VideoDecoder, VideoIndex, VideoMetadata, build_index, load_index
 
 __all__ = [
     "VideoDecoder",

@@ -63,6 +63,7 @@ from ._audio_presets import MLPERF_RNNT, NEMO, NEMO_V1, PRESET_DOCS, PRESETS, Lo
 from .registry import register
 
 __all__ = [
+    "RESAMPLE_QUALITIES",
     "log_mel",
     "log_mel_frame_lengths",
     "LogMelConfig",
@@ -90,6 +91,9 @@ __all__ = [
     "stack_frames",
     "pad_to_multiple",
 ]
+
+
+RESAMPLE_QUALITIES = tuple(sorted(_resample.QUALITIES))  # the ``quality`` names resample takes
 
 
 def resample(signal, orig_sr, target_sr, *, quality="high", axis=-1):

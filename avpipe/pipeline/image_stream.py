@@ -21,14 +21,15 @@ from ..decoding.image import (
     _dali,
     admit,
     decode_image_batch,
+    file_reader,
     isolate,
+    j2k_check,
     native_stderr,
     resolve_max_pixels,
     size_problem,
     sniff_format,
     square_window,
 )
-from ..decoding.image._header import file_reader, j2k_check
 from ..device import Device, resolve_device
 from ._dali_stream import StreamDecoder
 

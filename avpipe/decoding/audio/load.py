@@ -25,7 +25,7 @@ from ..._source import open_source
 from ..._validate import check_choice, nonneg_float, nonneg_int, pos_int
 from ...device import resolve_device
 from ...errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
-from ...ops._resample import QUALITIES, resample
+from ...ops.audio import RESAMPLE_QUALITIES, resample
 from ..backends import (
     AudioRequest,
     BackendRefused,
@@ -107,7 +107,7 @@ def _check_args(sample_rate, offset, duration, channel, quality):
         nonneg_float("duration", duration, " of seconds")
     if channel is not None:
         nonneg_int("channel", channel)
-    check_choice("resample_quality", quality, sorted(QUALITIES))
+    check_choice("resample_quality", quality, RESAMPLE_QUALITIES)
 
 
 def _span(sr, total, offset, duration, name):

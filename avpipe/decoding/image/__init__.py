@@ -5,6 +5,7 @@ nvImageCodec on a GPU, DALI's CPU decoders); ``decode``'s docstring says how."""
 from __future__ import annotations
 
 from ._cpu import native_stderr
+from ._header import file_reader, j2k_check
 from .decode import (
     ImageBatch,
     admit,
@@ -21,6 +22,8 @@ from .decode import (
 )
 
 __all__ = [
+    "file_reader",
+    "j2k_check",
     "decode_images",
     "decode_image_batch",
     "ImageBatch",

@@ -18,6 +18,9 @@ decodes), ``_index`` (persisted scans). The backends are listed in
 
 from __future__ import annotations
 
+from ._index import VideoIndex, build_index, load_index
+from ._nvdec_caps import supported_codecs as nvdec_codecs
 from .decoder import FrameBatch, VideoDecoder, VideoMetadata
 
-__all__ = ["VideoDecoder", "VideoMetadata", "FrameBatch"]
+__all__ = ["VideoDecoder", "VideoMetadata", "FrameBatch", "VideoIndex", "build_index",
+           "load_index", "nvdec_codecs"]

@@ -49,7 +49,14 @@ from ..._version import __version__
 from ...device import gpu_count, resolve_device
 from ...pipeline.samplers import uniform_indices
 from ._inputs import EmptyInputError, Inputs, resolve_inputs
-from ._presets import BUILTIN, PresetError, describe_builtins, extensions_of, resolve_preset
+from ._presets import (
+    BUILTIN,
+    PresetError,
+    describe_builtins,
+    describe_operators,
+    extensions_of,
+    resolve_preset,
+)
 from ._writers import (
     ERRORS_NAME,
     FEATURES_DIR,
@@ -80,6 +87,7 @@ __all__ = [
     "resolve_inputs",
     "resolve_preset",
     "describe_builtins",
+    "describe_operators",
     "parse_devices",
     "uniform_indices",
     "INDEX_NAME",
