@@ -200,10 +200,11 @@ _STUCK_EXIT = 75  # a worker's exit code after its watchdog gave up an input (_w
 
 
 class Standby:
-    """A worker process started before the parent knows its work: its interpreter starts and
-    imports what a worker needs (CuPy too, without touching the GPU) while the parent counts the
-    GPUs, resolves the inputs and reads what an earlier run left; :func:`run_local` hands it the
-    first group of shards. :meth:`stop` ends it when it was not used (nothing to do, an error).
+    """A worker process (a :class:`~avpipe.pipeline.workers.Job`) started before the parent
+    knows its work: its interpreter starts and imports what a worker needs (CuPy too, without
+    touching the GPU) while the parent counts the GPUs, resolves the inputs and reads what an
+    earlier run left; :func:`run_local` sends it the first group of shards
+    (:meth:`start_work`). :meth:`stop` ends it when it was not used (nothing to do, an error).
     ``audio``: the job is audio, so the GPU FLAC loader's reader processes start meanwhile too
     (``start_readers_ahead``; ended once the decoders are set up if no loader took them).
     ``cpu``: the job runs on the CPU alone: on Linux, where this process runs no thread but its
@@ -214,18 +215,18 @@ class Standby:
     def __init__(self, *, audio: bool = False, cpu: bool = False):
         self.forked = bool(cpu) and fork_is_safe()
         # a restarted or second worker is spawned and reports through this queue too
-        self.pq = job_queue()
+        self.reports = job_queue()
         recv, self._send = job_pipe()
         # a forked child holds a copy of the sending end too: it closes it, so that the
         # parent's close() reaches it as the end of the pipe
-        self.proc = Job(_child_standby, (os.getpid(), recv, self.pq, bool(audio), bool(cpu),
-                                         self._send if self.forked else None),
-                        fork=self.forked)
+        self.proc = Job(_standby_wait_then_run,
+                        (os.getpid(), recv, self.reports, bool(audio), bool(cpu),
+                         self._send if self.forked else None), fork=self.forked)
         recv.close()
         self.used = False
 
     def start_work(self, args: tuple) -> bool:
-        """Send it ``_child_full``'s arguments (without the queue), which it then runs; False
+        """Send it ``_worker_run``'s arguments (without the queue), which it then runs; False
         when it is gone (the caller starts a new worker instead)."""
         if self.used or self.proc.exitcode is not None:
             return False
@@ -245,12 +246,12 @@ class Standby:
             self.proc.join()
 
 
-def _child_standby(parent, recv, pq, audio=False, cpu=False, send=None):
+def _standby_wait_then_run(parent, recv, reports, audio=False, cpu=False, send=None):
     _die_with_parent(parent)
     if send is not None:  # forked: the parent's sending end, copied
         send.close()
     # what a worker needs came with this module's imports (the decoders and operators, through
-    # _process), ahead of the work; not CuPy (CUDA_VISIBLE_DEVICES, set by _child_full for the
+    # _process), ahead of the work; not CuPy (CUDA_VISIBLE_DEVICES, set by _worker_run for the
     # device it is given, must come first)
     if audio:
         start_readers_ahead()  # the GPU FLAC loader's readers (they need no device)
@@ -261,7 +262,7 @@ def _child_standby(parent, recv, pq, audio=False, cpu=False, send=None):
     except EOFError:  # not needed
         return
     recv.close()
-    _child_full(*args[:12], pq, *args[12:])
+    _worker_run(*args[:12], reports, *args[12:])
 
 
 def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, workers, duplicated,
@@ -275,7 +276,7 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
     failures: list[str] = []
     restarts = 0
     while todo:
-        ended = _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated,
+        ended = _run_workers(todo, items, cfg, out_dir, fmt, total, workers, duplicated,
                               report, blocked, standby)
         standby = None
         todo = []
@@ -318,28 +319,28 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
     return failures
 
 
-def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, report, blocked,
+def _run_workers(todo, items, cfg, out_dir, fmt, total, workers, duplicated, report, blocked,
                   standby: Standby | None = None):
     """One spawned worker per ``(device, shards)`` (the first: ``standby`` when given);
     returns ``(device, shards, why)`` for each, ``why`` None when it finished, ``"signal N"``
     when a signal ended it, else the error."""
-    pq = standby.pq if standby is not None else job_queue()
+    reports = standby.reports if standby is not None else job_queue()
     procs = []
     for dev, group in todo:
         full = {i: items[i].to_task() for s in group for i in range(s.start, s.end)}
         vis = _visible_for(dev)
         args = (len(procs), os.getpid(), dev, vis, group, full, cfg, out_dir, fmt, total, workers,
-                duplicated, pq, blocked, time.time())
+                duplicated, reports, blocked, time.time())
         if standby is not None and standby.start_work(args[:12] + args[13:]):
             p = standby.proc
         else:
-            p = Job(_child_full, args)
+            p = Job(_worker_run, args)
         standby = None
         procs.append((dev, group, p))
     why: dict[int, str | None] = {}
     while len(why) < len(procs):
         try:
-            wid, kind, payload = pq.get(timeout=1.0)
+            wid, kind, payload = reports.get(timeout=1.0)
         except queue.Empty:
             for wid, (_d, _g, p) in enumerate(procs):
                 if wid not in why and not p.alive:
@@ -376,7 +377,7 @@ def _probe(dev, indices, items, cfg, workers, blocked) -> dict[int, str]:
         group = stack.pop()
         if not group:
             continue
-        p = Job(_child_probe, (os.getpid(), dev, vis, {i: items[i].to_task() for i in group},
+        p = Job(_probe_decode, (os.getpid(), dev, vis, {i: items[i].to_task() for i in group},
                                cfg, workers))
         p.join(timeout=600)
         if p.alive:
@@ -394,7 +395,7 @@ def _probe(dev, indices, items, cfg, workers, blocked) -> dict[int, str]:
     return out
 
 
-def _child_probe(parent, device, visible, tasks, cfg, workers):
+def _probe_decode(parent, device, visible, tasks, cfg, workers):
     _die_with_parent(parent)
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
@@ -409,7 +410,7 @@ def _child_probe(parent, device, visible, tasks, cfg, workers):
         pass
 
 
-def _watch_inputs(wid, pq, limit: float | None) -> None:
+def _watch_inputs(wid, reports, limit: float | None) -> None:
     """Start this worker's watchdog: once its main thread has waited on one input
     (``_process.WAITING``) for more than ``limit`` seconds (a read that never returns: a
     stalled network mount, a device file with a media name), it tells the parent
@@ -426,9 +427,9 @@ def _watch_inputs(wid, pq, limit: float | None) -> None:
             allowed = limit + (_FIRST_WAIT_EXTRA_S if first else 0.0)
             if i is None or time.monotonic() - since <= allowed or WAITING["index"] != i:
                 continue
-            pq.put((wid, "stuck", (i, limit)))
-            pq.close()
-            pq.join_thread()  # the message is in the pipe before the process ends
+            reports.put((wid, "stuck", (i, limit)))
+            reports.close()
+            reports.join_thread()  # the message is in the pipe before the process ends
             sys.stderr.flush()
             os._exit(_STUCK_EXIT)
 
@@ -442,8 +443,8 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _child_full(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, total, workers,
-                duplicated, pq, blocked=None, spawned=None):
+def _worker_run(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, total, workers,
+                duplicated, reports, blocked=None, spawned=None):
     if spawned is not None:  # the interpreter's start and the imports the arguments needed
         mark("start: process (spawn to running)", time.time() - spawned)
     _die_with_parent(parent)
@@ -451,19 +452,19 @@ def _child_full(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, t
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
         device = "cuda:0"
     items = {i: Item.from_task(t) for i, t in full.items()}
-    _watch_inputs(wid, pq, settings.extract_file_timeout())
+    _watch_inputs(wid, reports, settings.extract_file_timeout())
     try:
         run_worker(device, shards, items, cfg, out_dir, fmt, total, workers, duplicated,
-                   lambda p: pq.put((wid, "p", p)), blocked=blocked)
+                   lambda p: reports.put((wid, "p", p)), blocked=blocked)
     except BaseException as e:  # noqa: BLE001
-        pq.put((wid, "error", f"{device}: {type(e).__name__}: {e}"))
+        reports.put((wid, "error", f"{device}: {type(e).__name__}: {e}"))
         raise SystemExit(1) from None
-    pq.put((wid, "done", None))
+    reports.put((wid, "done", None))
     # every shard and part is written, renamed and fsync'ed: leave without the interpreter's
     # tear-down (module and pool clean-up, CuPy's memory pools), which the parent's join()
     # would wait for; the queue is flushed first, the OS frees the rest
-    pq.close()
-    pq.join_thread()
+    reports.close()
+    reports.join_thread()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
