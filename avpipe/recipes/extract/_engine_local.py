@@ -226,9 +226,9 @@ class Standby:
         self.used = False
 
     def start_work(self, args: tuple) -> bool:
-        """Send it ``_worker_run``'s arguments (without the queue), which it then runs; False
+        """Send it ``_worker_main``'s arguments (without the queue), which it then runs; False
         when it is gone (the caller starts a new worker instead)."""
-        if self.used or self.proc.exitcode is not None:
+        if self.used or not self.proc.alive:
             return False
         try:
             self._send.send(args)
@@ -251,7 +251,7 @@ def _standby_wait_then_run(parent, recv, reports, audio=False, cpu=False, send=N
     if send is not None:  # forked: the parent's sending end, copied
         send.close()
     # what a worker needs came with this module's imports (the decoders and operators, through
-    # _process), ahead of the work; not CuPy (CUDA_VISIBLE_DEVICES, set by _worker_run for the
+    # _process), ahead of the work; not CuPy (CUDA_VISIBLE_DEVICES, set by _worker_main for the
     # device it is given, must come first)
     if audio:
         start_readers_ahead()  # the GPU FLAC loader's readers (they need no device)
@@ -262,7 +262,7 @@ def _standby_wait_then_run(parent, recv, reports, audio=False, cpu=False, send=N
     except EOFError:  # not needed
         return
     recv.close()
-    _worker_run(*args[:12], reports, *args[12:])
+    _worker_main(*args[:12], reports, *args[12:])
 
 
 def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, workers, duplicated,
@@ -277,7 +277,7 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
     restarts = 0
     while todo:
         ended = _run_workers(todo, items, cfg, out_dir, fmt, total, workers, duplicated,
-                              report, blocked, standby)
+                             report, blocked, standby)
         standby = None
         todo = []
         present = listing(out_dir)  # a URL's objects, listed once
@@ -320,8 +320,8 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
 
 
 def _run_workers(todo, items, cfg, out_dir, fmt, total, workers, duplicated, report, blocked,
-                  standby: Standby | None = None):
-    """One spawned worker per ``(device, shards)`` (the first: ``standby`` when given);
+                 standby: Standby | None = None):
+    """One spawned worker (a :class:`~avpipe.pipeline.workers.Job`) per ``(device, shards)`` (the first: ``standby`` when given);
     returns ``(device, shards, why)`` for each, ``why`` None when it finished, ``"signal N"``
     when a signal ended it, else the error."""
     reports = standby.reports if standby is not None else job_queue()
@@ -334,7 +334,7 @@ def _run_workers(todo, items, cfg, out_dir, fmt, total, workers, duplicated, rep
         if standby is not None and standby.start_work(args[:12] + args[13:]):
             p = standby.proc
         else:
-            p = Job(_worker_run, args)
+            p = Job(_worker_main, args)
         standby = None
         procs.append((dev, group, p))
     why: dict[int, str | None] = {}
@@ -378,7 +378,7 @@ def _probe(dev, indices, items, cfg, workers, blocked) -> dict[int, str]:
         if not group:
             continue
         p = Job(_probe_decode, (os.getpid(), dev, vis, {i: items[i].to_task() for i in group},
-                               cfg, workers))
+                                cfg, workers))
         p.join(timeout=600)
         if p.alive:
             p.kill()
@@ -443,7 +443,7 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _worker_run(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, total, workers,
+def _worker_main(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, total, workers,
                 duplicated, reports, blocked=None, spawned=None):
     if spawned is not None:  # the interpreter's start and the imports the arguments needed
         mark("start: process (spawn to running)", time.time() - spawned)
