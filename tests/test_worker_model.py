@@ -144,3 +144,24 @@ def test_extraction_workers_are_jobs(started, tmp_path):
     assert s.total_written > 0
     assert _kinds(started) == {"Job"}
     assert all(not p.alive and p.exitcode == 0 and p.signal is None for p in started)
+
+
+def test_both_kinds_report_how_they_ended():
+    """The one face: a killed Worker and a killed Job both say SIGKILL; a Job that returns
+    says exit code 0."""
+    import signal
+
+    w = workers.Worker()
+    assert w.alive and w.exitcode is None and w.signal is None
+    w.kill()
+    w.join(30)
+    assert not w.alive and w.signal == signal.SIGKILL
+    w.stop()
+    j = workers.Job(signal.pause)
+    assert j.alive
+    j.kill()
+    j.join(30)
+    assert not j.alive and j.signal == signal.SIGKILL
+    j = workers.Job(int, ("3",))
+    j.join(60)
+    assert j.exitcode == 0 and j.signal is None

@@ -18,8 +18,9 @@ Two kinds, one face (:class:`Process`: ``pid``, ``alive``, ``exitcode``, ``signa
   its modules already imported. Extraction needs what a request/answer worker does not give:
   a fork (a spawned interpreter spends most of a second starting and importing before a CPU
   job's first shard), and a ``multiprocessing`` queue the child reports progress through, a
-  message at a time while it runs. Its runs start from avpipe's command line (``python -m
-  avpipe``), whose ``__main__`` is avpipe's own.
+  message at a time while it runs. Being a ``multiprocessing`` child, a spawned one imports
+  the caller's ``__main__``: a script calling ``run_extract`` needs the ``if __name__ ==
+  "__main__":`` guard (``avpipe extract``'s ``__main__`` is avpipe's own).
 
 Both die with their parent (:func:`die_with_parent`, Linux), so a killed run leaves no process
 writing behind the next one's back, and both report how they ended the same way: ``exitcode``
