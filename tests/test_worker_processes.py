@@ -1,4 +1,4 @@
-"""avpipe's worker processes (pipeline/_shared_memory.py): Worker and WorkerPool answer
+"""avpipe's worker processes (pipeline/workers.py): Worker and WorkerPool answer
 requests, report a dead or stuck worker as WorkerLost and replace it, pass a worker's own
 exception through, and stop everything on close."""
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from avpipe.pipeline._shared_memory import Worker, WorkerLost, WorkerPool
+from avpipe.pipeline.workers import Worker, WorkerLost, WorkerPool
 
 
 def test_worker_answers_and_reports_errors():

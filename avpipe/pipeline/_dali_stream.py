@@ -1,6 +1,6 @@
 """The prefetching DALI pipeline behind :func:`avpipe.pipeline.image_stream.decode_image_stream`:
 DALI's own threads read and decode the next batches while the caller works on the current one.
-The one-request decoders and DALI's helpers are :mod:`avpipe.decoding.image._dali`.
+DALI's helpers come from :mod:`avpipe.decoding.image.dali`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 
 from .. import settings
-from ..decoding.image._dali import (
+from ..decoding.image.dali import (
     build_tracked,
     build_with_fallback,
     mixed_options,
@@ -43,7 +43,7 @@ class StreamDecoder:
     Its DALI threads: building, running and :meth:`close` (which shuts the pipeline down and
     joins them, on the calling thread) go through ``_dali.native_call``, so the interpreter's
     exit waits for them, and a decoder still open at exit is shut down by ``_dali``'s exit hook
-    (the module docstring of :mod:`avpipe.decoding.image._dali`). Close it when done: until then
+    (the module docstring of ``avpipe.decoding.image._dali``). Close it when done: until then
     it holds its threads and buffers.
     """
 

@@ -1,7 +1,7 @@
 """Windows of GPU FLAC decoding for :class:`~avpipe.pipeline.audio_loader.AudioBatchLoader`:
 which files go to the GPU together, read ahead into page-locked staging buffers, and handed out
 batch by batch. The decoding of one window (kernels, plan, libFLAC for the rest) is
-:mod:`avpipe.decoding.audio._flac_cuda`.
+:mod:`avpipe.decoding.audio.flac_gpu`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import weakref
 
 import numpy as np
 
-from ..decoding.audio import _flac_cuda as _flac
+from ..decoding.audio import flac_gpu as _flac
 from ..decoding.audio import load_audio
 from ..device import pinned_size
-from ._shared_memory import Ring, Worker, _ping, attach_ring, can_start_processes
+from ._shared_memory import Ring, attach_ring
 from ._threads import AbandonablePool
+from .workers import Worker, can_start_processes, ping
 
 __all__ = ["GpuFlacBatches"]
 
@@ -59,7 +60,7 @@ class ProcessReaders:
     the parent waits once per chunk. :meth:`allocate` makes the ring; it is page-locked for
     the GPU's copy where its ``register`` succeeds (``cudaHostRegister``).
 
-    Each process is a :class:`~._shared_memory.Worker` (a fresh interpreter with a pipe of
+    Each process is a :class:`~.workers.Worker` (a fresh interpreter with a pipe of
     its own, which never runs the caller's ``__main__`` again); a request goes to every process
     at once, and the caller blocks in ``poll`` / ``recv`` (the GIL released) until each
     answers. No helper thread: a ``multiprocessing.Pool`` keeps one that wakes whenever a
@@ -85,7 +86,7 @@ class ProcessReaders:
                 w = Worker()
                 self._state["procs"].append(w)
                 try:
-                    w.send((_ping, ()))
+                    w.send((ping, ()))
                 except (OSError, ValueError):  # it ended already: boot() says so
                     pass
             if wait:

@@ -22,7 +22,7 @@ import threading
 import weakref
 
 from ..decoding.video._scan import is_scan_cached, remember_scan, scan_mp4_file
-from ._shared_memory import WorkerPool, can_start_processes
+from .workers import WorkerPool, can_start_processes
 
 __all__ = ["ScanAhead", "lookahead", "SCAN_DEPTH"]
 
@@ -33,7 +33,7 @@ SCAN_DEPTH = 2
 
 class ScanAhead:
     """Scans of files submitted ahead (:meth:`submit`), taken by the thread that opens them
-    (:meth:`take`). ``workers`` processes (0: off) of a :class:`~._shared_memory.WorkerPool`
+    (:meth:`take`). ``workers`` processes (0: off) of a :class:`~.workers.WorkerPool`
     (fresh interpreters, which never run the caller's ``__main__`` again; a thread each waits
     for its answers with the GIL released); ``keep``: futures held at most (the oldest untaken
     are dropped); ``wait``: seconds :meth:`take` waits for a scan under way (default ``WAIT``:

@@ -4,7 +4,7 @@ the feeds' ``Task`` and ``ClipFeed`` hold one).
 Threads are kept from one epoch to the next because each keeps what it opened (a decoder
 session, a CUDA stream). A forked child copies the pool object but none of its threads: work
 handed to that copy would wait for ever. :meth:`ProcessThreads.get` therefore starts a pool of
-the child's own there (as ``_shared_memory._Spawner`` does for its thread).
+the child's own there (as ``workers._Spawner`` does for its thread).
 
 The threads are daemon threads of :class:`AbandonablePool`, not ``concurrent.futures``'
 ``ThreadPoolExecutor``: that one's workers are joined at interpreter exit (a

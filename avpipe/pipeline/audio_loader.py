@@ -42,9 +42,14 @@ from ..errors import (
     UnsupportedFormatError,
 )
 from ..formats import is_flac
-from ._flac_windows import GpuFlacBatches, start_readers
+from ._flac_windows import GpuFlacBatches, drop_readers_ahead, start_readers, start_readers_ahead
 from ._shared_memory import Ring as _Ring
-from ._shared_memory import WorkerLost, WorkerPool, attach_ring
+from ._shared_memory import attach_ring
+from .workers import WorkerLost, WorkerPool
+
+# the GPU FLAC loader's reader processes, started ahead of a loader (extraction's worker does
+# this while its parent resolves the inputs) and dropped when no loader took them
+__all__ = ["AudioBatch", "AudioBatchLoader", "start_readers_ahead", "drop_readers_ahead"]
 
 # In a worker process only: the loader's buffer it has mapped and that loader's layout (every
 # request carries its loader's state; a request from another loader maps that one's ring)
@@ -277,7 +282,7 @@ class AudioBatchLoader:
 
     ``num_workers`` processes (default: the CPU count), ``prefetch`` batches decoded ahead.
     ``transport``: "int16" (exact for 16-bit PCM sources) or "float32".
-    Its workers are fresh interpreters (``_shared_memory.Worker``: never forks of this process,
+    Its workers are fresh interpreters (``workers.Worker``: never forks of this process,
     and they never run the caller's ``__main__`` again), started with the first batch.
 
     ``decoder``: "cpu" (libsndfile in the worker processes), "gpu" (FLAC frames decoded on the
@@ -374,7 +379,7 @@ class AudioBatchLoader:
         self.max_samples = int(max_samples)
         self.n_slots = self.prefetch + 1
         nbytes = self.n_slots * self.batch * self.max_samples * self.dtype.itemsize
-        # the ring the workers map (fresh processes: _shared_memory.Worker)
+        # the ring the workers map (fresh processes: workers.Worker)
         self._mm = _Ring(nbytes)
         count = nbytes // self.dtype.itemsize
         self._host = np.frombuffer(self._mm.mm, dtype=self.dtype, count=count).reshape(

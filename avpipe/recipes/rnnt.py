@@ -59,7 +59,6 @@ from ..formats import is_flac
 from ..ops import audio_augment as _aug
 from ..ops import random as _rnd
 from ..ops.audio import _resolve_preset, log_mel, log_mel_frame_lengths, resample
-from ..pipeline._shared_memory import WorkerLost
 from ..pipeline.audio_loader import AudioBatchLoader
 from ..pipeline.feed import Feed, Task
 from ..pipeline.sharded import (
@@ -70,6 +69,7 @@ from ..pipeline.sharded import (
     sharded_listing,
 )
 from ..pipeline.sources import read_manifest, within_max_duration
+from ..pipeline.workers import WorkerLost
 
 __all__ = ["rnnt_feed", "RnntTask", "SPEC_AUGMENT", "MAX_SAMPLE"]
 

@@ -1,6 +1,6 @@
 """Audio decoding: :func:`load_audio` -> :class:`Audio` (``load``), over the audio backends
 listed in :mod:`avpipe.decoding.backends` under ``"audio"`` (soundfile, PyAV; the GPU FLAC
-decoder of a window of files, ``_flac_cuda``, serves :mod:`avpipe.pipeline`)."""
+decoder of a window of files, :mod:`.flac_gpu`, serves :mod:`avpipe.pipeline` and extraction)."""
 
 from __future__ import annotations
 

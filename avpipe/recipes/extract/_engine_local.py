@@ -2,16 +2,15 @@
 
 A worker computes shard after shard (:func:`~._process.iter_shards`) and hands each finished
 shard to a writer thread through a bounded queue, so decoding, features and writing overlap.
-Workers run as spawned processes (a GPU worker sees only its GPU, through
-``CUDA_VISIBLE_DEVICES``; the first is started ahead, see :class:`Standby`, forked instead for a
-CPU job on Linux when the caller runs no other thread) and report progress
+Workers are :class:`~avpipe.pipeline.workers.Job` processes, spawned (a GPU worker sees only
+its GPU, through ``CUDA_VISIBLE_DEVICES``; the first is started ahead, see :class:`Standby`,
+forked instead for a CPU job on Linux when the caller runs no other thread), and report progress
 through a queue; a worker a native decoder crashes is replaced (see ``run_local``), so a crash
 costs the input that caused it, not the run.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue
 import sys
@@ -21,8 +20,9 @@ from collections.abc import Callable
 
 from ... import settings
 from ...device import resolve_device
-from ...pipeline._flac_windows import drop_readers_ahead, start_readers_ahead
+from ...pipeline.audio_loader import drop_readers_ahead, start_readers_ahead
 from ...pipeline.sources import Item
+from ...pipeline.workers import Job, die_with_parent, fork_is_safe, job_pipe, job_queue
 from ._process import (
     WAITING,
     Result,
@@ -39,26 +39,6 @@ from ._writers import listing, read_part, write_shard
 # is fine), with at most WRITE_QUEUE computed shards waiting for them
 
 WRITE_QUEUE = 2
-
-
-class _sigint_ignored:
-    """Start processes inside this block: they begin with SIGINT ignored (Python keeps an
-    inherited "ignore" at start-up), so a Ctrl-C reaches the parent alone, which ends them,
-    instead of printing a KeyboardInterrupt traceback from every worker. Only the main thread
-    may change signal handlers; elsewhere this does nothing."""
-
-    def __enter__(self):
-        import signal
-
-        self.old = None
-        if threading.current_thread() is threading.main_thread():
-            self.old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    def __exit__(self, *exc):
-        import signal
-
-        if self.old is not None:
-            signal.signal(signal.SIGINT, self.old)
 
 
 def _progress_payload(r: Result) -> tuple:
@@ -220,10 +200,11 @@ _STUCK_EXIT = 75  # a worker's exit code after its watchdog gave up an input (_w
 
 
 class Standby:
-    """A worker process started before the parent knows its work: its interpreter starts and
-    imports what a worker needs (CuPy too, without touching the GPU) while the parent counts the
-    GPUs, resolves the inputs and reads what an earlier run left; :func:`run_local` hands it the
-    first group of shards. :meth:`stop` ends it when it was not used (nothing to do, an error).
+    """A worker process (a :class:`~avpipe.pipeline.workers.Job`) started before the parent
+    knows its work: its interpreter starts and imports what a worker needs (CuPy too, without
+    touching the GPU) while the parent counts the GPUs, resolves the inputs and reads what an
+    earlier run left; :func:`run_local` sends it the first group of shards
+    (:meth:`start_work`). :meth:`stop` ends it when it was not used (nothing to do, an error).
     ``audio``: the job is audio, so the GPU FLAC loader's reader processes start meanwhile too
     (``start_readers_ahead``; ended once the decoders are set up if no loader took them).
     ``cpu``: the job runs on the CPU alone: on Linux, where this process runs no thread but its
@@ -233,24 +214,21 @@ class Standby:
 
     def __init__(self, *, audio: bool = False, cpu: bool = False):
         self.forked = bool(cpu) and fork_is_safe()
-        ctx = mp.get_context("fork" if self.forked else "spawn")
-        # the queue always from spawn's context: a restarted or second worker is spawned and
-        # reports through it too (a fork context's queue cannot reach a spawned process)
-        self.pq = mp.get_context("spawn").Queue()
-        recv, self._send = mp.Pipe(duplex=False)
+        # a restarted or second worker is spawned and reports through this queue too
+        self.reports = job_queue()
+        recv, self._send = job_pipe()
         # a forked child holds a copy of the sending end too: it closes it, so that the
         # parent's close() reaches it as the end of the pipe
-        self.proc = ctx.Process(target=_child_standby,
-                                args=(os.getpid(), recv, self.pq, bool(audio), bool(cpu),
-                                      self._send if self.forked else None), daemon=False)
-        with _sigint_ignored():
-            self.proc.start()
+        self.proc = Job(_standby_wait_then_run,
+                        (os.getpid(), recv, self.reports, bool(audio), bool(cpu),
+                         self._send if self.forked else None), fork=self.forked)
         recv.close()
         self.used = False
 
-    def hand(self, args: tuple) -> bool:
-        """Give it ``_child_full``'s arguments (without the queue); False when it is gone."""
-        if self.used or self.proc.exitcode is not None:
+    def start_work(self, args: tuple) -> bool:
+        """Send it ``_worker_main``'s arguments (without the queue), which it then runs; False
+        when it is gone (the caller starts a new worker instead)."""
+        if self.used or not self.proc.alive:
             return False
         try:
             self._send.send(args)
@@ -268,21 +246,12 @@ class Standby:
             self.proc.join()
 
 
-def fork_is_safe() -> bool:
-    """Whether a CPU worker may be forked from this process: Linux (fork is the platform's
-    own), and no Python thread but the calling main one (a thread holding a lock at the fork
-    would leave it held forever in the child)."""
-    return (sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods()
-            and threading.current_thread() is threading.main_thread()
-            and threading.active_count() == 1)
-
-
-def _child_standby(parent, recv, pq, audio=False, cpu=False, send=None):
+def _standby_wait_then_run(parent, recv, reports, audio=False, cpu=False, send=None):
     _die_with_parent(parent)
     if send is not None:  # forked: the parent's sending end, copied
         send.close()
     # what a worker needs came with this module's imports (the decoders and operators, through
-    # _process), ahead of the work; not CuPy (CUDA_VISIBLE_DEVICES, set by _child_full for the
+    # _process), ahead of the work; not CuPy (CUDA_VISIBLE_DEVICES, set by _worker_main for the
     # device it is given, must come first)
     if audio:
         start_readers_ahead()  # the GPU FLAC loader's readers (they need no device)
@@ -293,7 +262,7 @@ def _child_standby(parent, recv, pq, audio=False, cpu=False, send=None):
     except EOFError:  # not needed
         return
     recv.close()
-    _child_full(*args[:12], pq, *args[12:])
+    _worker_main(*args[:12], reports, *args[12:])
 
 
 def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, workers, duplicated,
@@ -307,8 +276,8 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
     failures: list[str] = []
     restarts = 0
     while todo:
-        ended = _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated,
-                              report, blocked, standby)
+        ended = _run_workers(todo, items, cfg, out_dir, fmt, total, workers, duplicated,
+                             report, blocked, standby)
         standby = None
         todo = []
         present = listing(out_dir)  # a URL's objects, listed once
@@ -350,37 +319,33 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
     return failures
 
 
-def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, report, blocked,
-                  standby: Standby | None = None):
-    """One spawned worker per ``(device, shards)`` (the first: ``standby`` when given);
+def _run_workers(todo, items, cfg, out_dir, fmt, total, workers, duplicated, report, blocked,
+                 standby: Standby | None = None):
+    """One spawned worker (a :class:`~avpipe.pipeline.workers.Job`) per ``(device, shards)`` (the first: ``standby`` when given);
     returns ``(device, shards, why)`` for each, ``why`` None when it finished, ``"signal N"``
     when a signal ended it, else the error."""
-    ctx = mp.get_context("spawn")
-    pq = standby.pq if standby is not None else ctx.Queue()
+    reports = standby.reports if standby is not None else job_queue()
     procs = []
     for dev, group in todo:
         full = {i: items[i].to_task() for s in group for i in range(s.start, s.end)}
         vis = _visible_for(dev)
         args = (len(procs), os.getpid(), dev, vis, group, full, cfg, out_dir, fmt, total, workers,
-                duplicated, pq, blocked, time.time())
-        if standby is not None and standby.hand(args[:12] + args[13:]):
+                duplicated, reports, blocked, time.time())
+        if standby is not None and standby.start_work(args[:12] + args[13:]):
             p = standby.proc
         else:
-            p = ctx.Process(target=_child_full, daemon=False, args=args)
-            with _sigint_ignored():
-                p.start()
+            p = Job(_worker_main, args)
         standby = None
         procs.append((dev, group, p))
     why: dict[int, str | None] = {}
     while len(why) < len(procs):
         try:
-            wid, kind, payload = pq.get(timeout=1.0)
+            wid, kind, payload = reports.get(timeout=1.0)
         except queue.Empty:
             for wid, (_d, _g, p) in enumerate(procs):
-                if wid not in why and p.exitcode is not None:
-                    code = p.exitcode
-                    why[wid] = (f"signal {-code}" if code < 0 else
-                                f"worker ended without finishing (exit code {code})")
+                if wid not in why and not p.alive:
+                    why[wid] = (f"signal {p.signal}" if p.signal is not None else
+                                f"worker ended without finishing (exit code {p.exitcode})")
             continue
         if kind == "p":
             report(payload)
@@ -389,7 +354,7 @@ def _run_children(todo, items, cfg, out_dir, fmt, total, workers, duplicated, re
             why[wid] = f"stuck {index} {limit:g}"
             p = procs[wid][2]
             p.join(timeout=10)
-            if p.exitcode is None:
+            if p.alive:
                 p.kill()
         elif kind == "error":
             why[wid] = payload.split(": ", 1)[-1]
@@ -405,7 +370,6 @@ def _probe(dev, indices, items, cfg, workers, blocked) -> dict[int, str]:
     decoded in their own processes (nothing written), halving the groups that crash, so one
     culprit among n inputs costs about 2 log2(n) processes. A crash that does not come back when
     its group is decoded again (a flaky one) blocks nothing."""
-    ctx = mp.get_context("spawn")
     vis = _visible_for(dev)
     out: dict[int, str] = {}
     stack = [[i for i in indices if i not in blocked]]
@@ -413,19 +377,16 @@ def _probe(dev, indices, items, cfg, workers, blocked) -> dict[int, str]:
         group = stack.pop()
         if not group:
             continue
-        p = ctx.Process(target=_child_probe, args=(os.getpid(), dev, vis,
-                                                   {i: items[i].to_task() for i in group},
-                                                   cfg, workers))
-        with _sigint_ignored():
-            p.start()
+        p = Job(_probe_decode, (os.getpid(), dev, vis, {i: items[i].to_task() for i in group},
+                                cfg, workers))
         p.join(timeout=600)
-        if p.exitcode is None:
+        if p.alive:
             p.kill()
             p.join()
-            code, what = None, "the decoder did not finish within 600 s"
+            what = "the decoder did not finish within 600 s"
+        elif p.signal is not None:
+            what = f"a native decoder crashed on it (signal {p.signal})"
         else:
-            code, what = p.exitcode, f"a native decoder crashed on it (signal {-p.exitcode})"
-        if code is not None and code >= 0:
             continue
         if len(group) == 1:
             out[group[0]] = f"{what}; the input was skipped"
@@ -434,7 +395,7 @@ def _probe(dev, indices, items, cfg, workers, blocked) -> dict[int, str]:
     return out
 
 
-def _child_probe(parent, device, visible, tasks, cfg, workers):
+def _probe_decode(parent, device, visible, tasks, cfg, workers):
     _die_with_parent(parent)
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
@@ -449,7 +410,7 @@ def _child_probe(parent, device, visible, tasks, cfg, workers):
         pass
 
 
-def _watch_inputs(wid, pq, limit: float | None) -> None:
+def _watch_inputs(wid, reports, limit: float | None) -> None:
     """Start this worker's watchdog: once its main thread has waited on one input
     (``_process.WAITING``) for more than ``limit`` seconds (a read that never returns: a
     stalled network mount, a device file with a media name), it tells the parent
@@ -466,9 +427,9 @@ def _watch_inputs(wid, pq, limit: float | None) -> None:
             allowed = limit + (_FIRST_WAIT_EXTRA_S if first else 0.0)
             if i is None or time.monotonic() - since <= allowed or WAITING["index"] != i:
                 continue
-            pq.put((wid, "stuck", (i, limit)))
-            pq.close()
-            pq.join_thread()  # the message is in the pipe before the process ends
+            reports.put((wid, "stuck", (i, limit)))
+            reports.close()
+            reports.join_thread()  # the message is in the pipe before the process ends
             sys.stderr.flush()
             os._exit(_STUCK_EXIT)
 
@@ -476,22 +437,14 @@ def _watch_inputs(wid, pq, limit: float | None) -> None:
 
 
 def _die_with_parent(parent: int) -> None:
-    """Linux: this process gets SIGKILL when its parent dies (a killed run leaves no worker
-    writing behind the next one's back)."""
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:  # the parent is already gone
+    """This process gets SIGKILL when its parent dies (a killed run leaves no worker writing
+    behind the next one's back); it ends at once when the parent is already gone."""
+    if not die_with_parent(parent):
         os._exit(1)
 
 
-def _child_full(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, total, workers,
-                duplicated, pq, blocked=None, spawned=None):
+def _worker_main(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, total, workers,
+                duplicated, reports, blocked=None, spawned=None):
     if spawned is not None:  # the interpreter's start and the imports the arguments needed
         mark("start: process (spawn to running)", time.time() - spawned)
     _die_with_parent(parent)
@@ -499,19 +452,19 @@ def _child_full(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, t
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
         device = "cuda:0"
     items = {i: Item.from_task(t) for i, t in full.items()}
-    _watch_inputs(wid, pq, settings.extract_file_timeout())
+    _watch_inputs(wid, reports, settings.extract_file_timeout())
     try:
         run_worker(device, shards, items, cfg, out_dir, fmt, total, workers, duplicated,
-                   lambda p: pq.put((wid, "p", p)), blocked=blocked)
+                   lambda p: reports.put((wid, "p", p)), blocked=blocked)
     except BaseException as e:  # noqa: BLE001
-        pq.put((wid, "error", f"{device}: {type(e).__name__}: {e}"))
+        reports.put((wid, "error", f"{device}: {type(e).__name__}: {e}"))
         raise SystemExit(1) from None
-    pq.put((wid, "done", None))
+    reports.put((wid, "done", None))
     # every shard and part is written, renamed and fsync'ed: leave without the interpreter's
     # tear-down (module and pool clean-up, CuPy's memory pools), which the parent's join()
     # would wait for; the queue is flushed first, the OS frees the rest
-    pq.close()
-    pq.join_thread()
+    reports.close()
+    reports.join_thread()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

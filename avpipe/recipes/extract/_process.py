@@ -25,9 +25,9 @@ import numpy as np
 from ... import settings
 from ..._source import NOT_REGULAR, is_special_file
 from ...decoding.audio import load_audio, shorter_than_declared
-from ...decoding.audio._flac_cuda import compile_kernels as flac_compile_kernels
 from ...decoding.audio._flac_scan import flac_length_of_path
 from ...decoding.audio._flac_scan import header_info as flac_header_info
+from ...decoding.audio.flac_gpu import compile_kernels as flac_compile_kernels
 from ...decoding.image import decode_image_batch
 from ...decoding.video import VideoDecoder
 from ...device import download, to_numpy
