@@ -38,6 +38,8 @@ variable                        default meaning
 ``AVPIPE_STORAGE_RETRIES``      5       retries of a remote read or write that failed transiently
                                         (5xx, 408, 429, resets, timeouts), with exponential backoff
 ``AVPIPE_STORAGE_TIMEOUT``      60      seconds a remote request may take before it counts as failed
+``AVPIPE_MALLOC_ARENAS``        2       glibc malloc arenas a feed or extraction worker allows its
+                                        process (>= 0; 0: glibc's default, 8 per core)
 ``AVPIPE_CACHE_DIR``            ~/.cache/avpipe  where shard indexes are kept (one file per shard
                                         version)
 ``AVPIPE_MAX_IMAGE_PIXELS``     179 M   images whose header declares more pixels are refused before
@@ -75,6 +77,7 @@ __all__ = [
     "extract_loader_max_seconds",
     "storage_retries",
     "storage_timeout",
+    "malloc_arenas",
     "cache_dir",
     "max_image_pixels",
     "image_isolation",
@@ -245,6 +248,11 @@ def storage_timeout() -> float:
     return env_float("AVPIPE_STORAGE_TIMEOUT", 60.0, lo=0.001, hi=1e6)
 
 
+def malloc_arenas() -> int:
+    """``AVPIPE_MALLOC_ARENAS``: the most glibc malloc arenas (0: glibc's default)."""
+    return env_int("AVPIPE_MALLOC_ARENAS", 2, minimum=0)
+
+
 def cache_dir() -> str:
     """``AVPIPE_CACHE_DIR``: avpipe's local cache (shard indexes); default
     ``$XDG_CACHE_HOME/avpipe`` or ``~/.cache/avpipe``."""
@@ -301,6 +309,7 @@ def extract_file_timeout() -> float | None:
 # name -> the function that reads it (docs/settings.md lists the same in its table)
 VARIABLES = {
     "AVPIPE_DISABLE_GPU": disable_gpu,
+    "AVPIPE_MALLOC_ARENAS": malloc_arenas,
     "AVPIPE_IMAGE_KERNELS": image_kernels,
     "AVPIPE_NVDEC_PACKETS": nvdec_packets,
     "AVPIPE_NVDEC_CHUNK": nvdec_chunk,
