@@ -36,7 +36,7 @@ from ..formats import IMAGE_EXTENSIONS
 from ..ops import image_augment as _aug
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
 from ..pipeline.feed import Feed, Task
-from ..pipeline.image_stream import LoadedChunks, _needs_batch_path, stream_loaded
+from ..pipeline.image_stream import LoadedChunks, needs_batch_path, stream_loaded
 from ..pipeline.sharded import sharded_listing
 from ..pipeline.sources import class_index, read_csv, read_folder, read_list
 
@@ -89,12 +89,12 @@ def image_classification(source, *, crop_size=224, resize_size=256, batch_size=3
 
 def _read_image(path, check, cap):
     """An image file's bytes and whether the stream must leave it to the per-batch path
-    (:func:`avpipe.pipeline.image_stream._needs_batch_path`), read on a decoding thread."""
+    (:func:`avpipe.pipeline.image_stream.needs_batch_path`), read on a decoding thread."""
     try:
         data = open_source(path).read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(f"no such file: {path}") from None
-    return data, check and _needs_batch_path(Source(name=path, data=data), cap)
+    return data, check and needs_batch_path(Source(name=path, data=data), cap)
 
 
 
