@@ -34,7 +34,9 @@ __all__ = ["Feed"]
 
 
 class Feed:
-    """Batches of ``items`` decoded and collated by ``task``; see the module docstring.
+    """Batches of ``items`` decoded and collated by ``task``; the rules: :mod:`.order` (epoch
+    order, ranks, resume), :mod:`.producer` (errors, replacements, prefetch), :mod:`.task`
+    (deadline).
 
     ``batch_size`` (items per batch) or ``max_duration`` (seconds of padded audio per batch,
     with ``durations``); ``seed``, ``shuffle``; ``rank`` / ``world_size``; ``prefetch`` batches
