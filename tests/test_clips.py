@@ -198,3 +198,29 @@ def test_clip_feed_deadline_gives_up_a_clip_that_never_returns(monkeypatch):
         assert time.monotonic() - t0 < 1
     finally:
         release.set()
+
+
+def test_clip_feed_epochs_come_in_the_feeds_order(monkeypatch):
+    """ClipFeed visits its files in the feeds' epoch order (a keyed permutation of (seed,
+    epoch): :class:`avpipe.pipeline.feed.EpochOrder`), each epoch a new one, the same for the
+    same seed; each clip's start is drawn from (seed, epoch, position in the list)."""
+    from avpipe.pipeline.clips import Clip
+    from avpipe.pipeline.feed import plans
+
+    paths = [f"v{i}.mp4" for i in range(11)]
+    seeds = []
+
+    def clip(path, seed):
+        seeds.append(seed)
+        return Clip(data=np.zeros((1,), np.float16), indices=np.zeros(1, np.int64),
+                    pts_seconds=np.zeros(1), path=path, backend="pyav")
+
+    feed = ClipFeed(paths, batch_size=4, threads=2, device="cpu", seed=5)
+    monkeypatch.setattr(feed, "_scan_ahead", lambda: type("Off", (), {"active": False})())
+    monkeypatch.setattr(feed, "clip", clip)
+    epochs = [[p for b in feed for p in b.paths] for _ in range(2)]
+    for e, got in enumerate(epochs):
+        assert got == [paths[i] for i in plans.permutation(len(paths), seed=5, epoch=e)]
+    assert epochs[0] != epochs[1]
+    assert sorted(tuple(s) for s in seeds[:11]) == [(5, 0, i) for i in range(11)]
+    feed.close()

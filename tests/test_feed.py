@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from avpipe.pipeline import _order
 from avpipe.pipeline.feed import Feed, Task
+from avpipe.pipeline.feed import plans as _order
 from avpipe.pipeline.sources import Item
 
 # DataLoader workers start from a fork server, never as forks of the test process: a fork copies
@@ -442,7 +442,7 @@ def test_producers_still_running_are_stopped_and_joined_by_the_exit_hook():
     is stopped and joined: a daemon thread inside a native call while the interpreter
     finalizes aborts the process. Here: one mid-epoch, one run ahead into its next epoch."""
 
-    from avpipe.pipeline import feed as feed_mod
+    from avpipe.pipeline.feed import producer
 
     before = set(_feed_threads())  # an earlier test's producer may still be winding down
     f = make(400, batch_size=2)
@@ -451,8 +451,8 @@ def test_producers_still_running_are_stopped_and_joined_by_the_exit_hook():
     g = make(6, batch_size=2)
     list(g)  # its producer runs ahead into the next epoch, parked
     threads = [t for t in _feed_threads() if t not in before]
-    assert len(threads) == 2 and feed_mod._EXIT_HOOK["registered"]
-    feed_mod._stop_producers(wait_s=10)
+    assert len(threads) == 2 and producer._EXIT_HOOK["registered"]
+    producer.stop_producers(wait_s=10)
     assert not any(t.is_alive() for t in threads)
     del it
 
@@ -691,9 +691,9 @@ def test_set_epoch_or_load_state_elsewhere_drops_the_batches_ahead():
 
 
 def test_batches_ahead_are_dropped_when_not_taken(monkeypatch):
-    from avpipe.pipeline import feed as F
+    from avpipe.pipeline.feed import producer
 
-    monkeypatch.setattr(F, "AHEAD_IDLE_S", 0.2)
+    monkeypatch.setattr(producer, "AHEAD_IDLE_S", 0.2)
     f = make(50, seed=2)
     e0 = epoch_ids(f)
     parked = f._ahead
@@ -870,3 +870,39 @@ def test_torch_dataset_set_epoch_keeps_a_loaded_state_of_that_epoch():
     ds.load_state_dict(st)
     ds.set_epoch(1)
     assert head + [b.ids.tolist() for b in ds] == e1
+
+
+def test_a_task_that_plans_its_own_jobs_overrides_submit_and_waits_with_collect():
+    """The hooks a recipe implements: ``submit(pairs)`` starts a group's jobs (here one job
+    for each pair of items, as the video recipe has one job per video's views) with
+    ``start`` and returns a function that waits for them with ``collect``; the deadline
+    applies to those jobs, and the feed reports an item past it in ``feed.errors``."""
+
+    class Pairs(Synth):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.groups = 0
+
+        def decode_two(self, pairs):
+            return [self.decode_one(*p) for p in pairs]
+
+        def submit(self, pairs):
+            self.groups += 1
+            halves = [pairs[k:k + 2] for k in range(0, len(pairs), 2)]
+            jobs = [self.start(self.decode_two, (h,), h[0]) for h in halves]
+
+            def result():
+                got = self.collect(jobs)
+                return [g if isinstance(g, BaseException) else g[j]
+                        for h, g in zip(halves, got) for j in range(len(h))]
+
+            return result
+
+    task = Pairs(slow={5}, sleep=2.0, deadline=0.5)
+    f = make(16, task=task, shuffle=False, pad="empty")
+    got = flat(epoch_ids(f))
+    assert task.groups >= 4  # every group went through submit
+    assert sorted(got) == [i for i in range(16) if i not in (4, 5)]  # 5's job held 4 too
+    assert {p for p, _ in f.errors} == {"/data/item0004.bin", "/data/item0005.bin"}
+    assert all("DecodeTimeoutError" in m for _, m in f.errors)
+    f.close()

@@ -872,7 +872,7 @@ def test_video_decode_groups_hands_every_batch_its_pre_drawn_table(monkeypatch):
         table = self.ahead(pairs)
         return lambda: [table] * len(pairs)
 
-    monkeypatch.setattr(VideoTask, "_submit", submit)
+    monkeypatch.setattr(VideoTask, "submit", submit)
     item = type("It", (), {"path": "x.mp4", "locator": None})()
     groups = [[(k * 2 + j, item) for j in range(2)] for k in range(20)]
     task.epoch = 4

@@ -234,7 +234,7 @@ def test_video_and_image_feeds_over_shards(tmp_path):
 
 
 def test_grouped_order_keeps_shards_together():
-    from avpipe.pipeline._order import grouped_permutation
+    from avpipe.pipeline.feed.plans import grouped_permutation
 
     groups = [0, 1, 2, 0, 1, 2, 0, 1, 2, 2, 2, 5]
     a = grouped_permutation(groups, seed=3, epoch=0)

@@ -106,3 +106,16 @@ def test_gpu_batches(tree):
     b0 = next(iter(ds))
     assert isinstance(b0.images, cupy.ndarray) and isinstance(b0.labels, cupy.ndarray)
     np.testing.assert_array_equal(cupy.asnumpy(b0.images[1]), _img(11))
+
+
+def test_epoch_order_is_the_feeds(tree):
+    """ImageFolder's epochs come in the feeds' epoch order (a keyed permutation of (seed,
+    epoch), the one Feed cuts into ranks' batches), so every feed shares one order rule."""
+    from avpipe.pipeline.feed import EpochOrder, plans
+
+    ds = ImageFolder(tree, batch_size=2, device="cpu", shuffle=True, seed=7)
+    paths = [p for p, _ in ds.samples]
+    for epoch in range(3):
+        want = [paths[i] for i in plans.permutation(len(paths), seed=7, epoch=epoch)]
+        assert [p for b in ds for p in b.paths] == want
+    assert isinstance(ds.order, EpochOrder)

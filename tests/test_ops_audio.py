@@ -451,13 +451,13 @@ def test_log_mel_of_an_item_is_the_same_bits_in_any_batch(preset, monkeypatch):
 def test_log_mel_cpu_path_agrees_with_the_float64_reference(preset):
     """The CPU path (float64 FFT over each item's frames, float32 log) against the
     array-module code over the padded batch in float64, for every knob it covers."""
-    from avpipe.ops.audio import _log_mel_array_module, _resolve_preset
+    from avpipe.ops.audio import _log_mel_array_module, resolve_preset
 
     items = [speech_like(n, seed=20 + i) for i, n in enumerate([12000, 7777, 300, 16000])]
     items.insert(3, np.zeros(0, np.float32))
     x, lens = padded_batch(items)
     feats, fl = A.log_mel(x, lens, preset=preset)
-    want, wfl = _log_mel_array_module(x, lens, _resolve_preset(preset))
+    want, wfl = _log_mel_array_module(x, lens, resolve_preset(preset))
     np.testing.assert_array_equal(fl, wfl)
     assert feats.shape == want.shape and feats.dtype == np.float32
     np.testing.assert_allclose(feats, want, atol=5e-5, rtol=1e-5)

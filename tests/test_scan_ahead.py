@@ -1,5 +1,5 @@
 """The video feed's scan-ahead: MP4 / MOV sample tables read in other processes a few batches
-before their files are opened (avpipe.pipeline._scan_ahead), used only where they are the scan
+before their files are opened (avpipe.pipeline.scan_ahead), used only where they are the scan
 the open itself would make."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from avpipe import VideoDecoder
 from avpipe._source import open_source
 from avpipe.decoding.video import _scan
-from avpipe.pipeline import _scan_ahead
-from avpipe.pipeline._scan_ahead import ScanAhead, lookahead
+from avpipe.pipeline import scan_ahead
+from avpipe.pipeline.scan_ahead import ScanAhead, lookahead
 from avpipe.recipes import video_classification
 
 VIDEO = os.path.join(
@@ -140,7 +140,7 @@ def test_scan_processes_do_not_run_an_unguarded_script_again(tmp_path):
     v = _copy(tmp_path, "circles_h264.mp4", "v.mp4")
     assert top_level_runs(tmp_path, (
         "import time\n"
-        "from avpipe.pipeline._scan_ahead import ScanAhead\n"
+        "from avpipe.pipeline.scan_ahead import ScanAhead\n"
         "a = ScanAhead(2, wait=60)\n"
         f"a.submit([{v!r}])\n"
         f"f = a._futs[{v!r}]\n"
@@ -171,7 +171,7 @@ def _csv(tmp_path, copies):
 
 
 def test_the_video_feed_takes_scans_read_ahead_and_gives_the_same_clips(tmp_path, monkeypatch):
-    monkeypatch.setattr(_scan_ahead.ScanAhead, "WAIT", 60.0)  # a slow CI machine's pool start
+    monkeypatch.setattr(scan_ahead.ScanAhead, "WAIT", 60.0)  # a slow CI machine's pool start
     csv, files = _csv(tmp_path, 5)
     kw = dict(clip_length=4, stride=2, crop_size=32, batch_size=2, seed=3, device="cpu", threads=2)
     feed = video_classification(csv, **kw)
@@ -223,7 +223,7 @@ def test_the_video_feed_with_a_persisted_index_scans_nothing_ahead(tmp_path, mon
 def test_clip_feed_takes_scans_read_ahead(tmp_path, monkeypatch):
     from avpipe.pipeline import ClipFeed
 
-    monkeypatch.setattr(_scan_ahead.ScanAhead, "WAIT", 60.0)
+    monkeypatch.setattr(scan_ahead.ScanAhead, "WAIT", 60.0)
     _, files = _csv(tmp_path, 4)
     taken = []
     real = ScanAhead.take

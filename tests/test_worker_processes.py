@@ -72,7 +72,7 @@ def test_workers_that_cannot_start_here_give_up_and_readers_fall_back(monkeypatc
 
     from avpipe.pipeline import _flac_windows
     from avpipe.pipeline._flac_windows import ProcessReaders, start_readers, start_readers_ahead
-    from avpipe.pipeline._scan_ahead import ScanAhead
+    from avpipe.pipeline.scan_ahead import ScanAhead
 
     monkeypatch.setattr(sys, "executable", "/bin/false")
     pool = WorkerPool(1, answer_s=10.0)

@@ -69,6 +69,7 @@ __all__ = [
     "LogMelConfig",
     "PRESETS",
     "PRESET_DOCS",
+    "resolve_preset",
     "NEMO",
     "NEMO_V1",
     "MLPERF_RNNT",
@@ -101,7 +102,9 @@ def resample(signal, orig_sr, target_sr, *, quality="high", axis=-1):
     return _resample.resample(signal, orig_sr, target_sr, quality=quality, axis=axis)
 
 
-def _resolve_preset(preset):
+def resolve_preset(preset) -> LogMelConfig:
+    """The :class:`LogMelConfig` a ``preset`` names (a key of :data:`PRESETS`), or ``preset``
+    itself when it is one; anything else raises ``ValueError`` listing the presets."""
     if isinstance(preset, LogMelConfig):
         return preset
     try:
@@ -116,7 +119,7 @@ def log_mel_frame_lengths(lengths, *, preset="nemo", frames=None):
     """Valid frames per item for ``lengths`` samples under ``preset`` (host int64 numpy):
     :func:`log_mel`'s ``frame_lengths``, computed on the host. ``frames``: the features' frame
     count ``T`` (no item gets more), as ``log_mel`` clips them."""
-    cfg = _resolve_preset(preset)
+    cfg = resolve_preset(preset)
     n = np.asarray(lengths, dtype=np.int64)
     hop = cfg.hop_length
     if cfg.frame_rule == "floor_plus_one":
@@ -156,7 +159,7 @@ def log_mel(signals, lengths=None, *, preset="nemo", training=False, sample_rate
     than one window is zero-padded (``"reflect"`` presets too, when it has no more samples
     than ``n_fft // 2``); an item with a single valid frame normalizes to 0.
     """
-    cfg = _resolve_preset(preset)
+    cfg = resolve_preset(preset)
     if sample_rate is not None and int(sample_rate) != cfg.sample_rate:
         raise ValueError(
             f"sample_rate must be the preset's {cfg.sample_rate} Hz (resample first), got {sample_rate!r}"

@@ -817,9 +817,9 @@ class LogMel(Augment):
         super().__init__(stream)
         self.preset = preset
         if overrides or sample_rate is not None:
-            from .audio import _resolve_preset
+            from .audio import resolve_preset
 
-            cfg = _resolve_preset(preset)
+            cfg = resolve_preset(preset)
             cfg = cfg.replace(**overrides) if overrides else cfg
             if sample_rate is not None and cfg.sample_rate != sample_rate:
                 cfg = cfg.replace(sample_rate=sample_rate)

@@ -214,7 +214,7 @@ class _DeviceParams(dict):
         return self._stash.get(tag) if self.intact() else None
 
 
-def _hostv(params, key):
+def _param_on_host(params, key):
     """``params[key]`` on the host (without a device -> host copy for :class:`_DeviceParams`)."""
     return params.host(key) if isinstance(params, _DeviceParams) else host(params[key])
 
@@ -367,7 +367,7 @@ def _resized_crop(x, params, size, interpolation, antialias, layout, dtype, flip
     xp, x5, layout = _canon(x, layout)
     B, T, H, W, C = x5.shape
     oh, ow = _size(size)
-    top, left, hh, ww = (_hostv(params, k) for k in ("top", "left", "height", "width"))
+    top, left, hh, ww = (_param_on_host(params, k) for k in ("top", "left", "height", "width"))
     if ((top < 0) | (left < 0) | (top + hh > H) | (left + ww > W) | (hh <= 0) | (ww <= 0)).any():
         raise ValueError(f"crop boxes must lie inside the {H}x{W} frames")
     if _kernel_ok(x5, 0):  # cupy: one launch for the batch (two past the one-pass kernel's
@@ -489,8 +489,8 @@ def fused_resized_crop_normalize(x, params, size, *, in_layout=None, color_jitte
     else:
         xp, x5, _ = _canon(x, in_layout)
         clips, images = [x5[b] for b in range(x5.shape[0])], x.ndim == 4
-    top, left, hh, ww = (_hostv(params, k) for k in ("top", "left", "height", "width"))
-    flips = _hostv(params, "flip") if "flip" in params else np.zeros(len(clips), bool)
+    top, left, hh, ww = (_param_on_host(params, k) for k in ("top", "left", "height", "width"))
+    flips = _param_on_host(params, "flip") if "flip" in params else np.zeros(len(clips), bool)
     for k, v in zip(("top", "left", "height", "width", "flip"), (top, left, hh, ww, flips)):
         if len(v) != len(clips):  # one value a clip, on every device
             raise ValueError(f"params[{k!r}] must have one value per clip ({len(clips)}), got "
@@ -769,10 +769,10 @@ def apply_color_jitter(x, params, *, bound=None, layout=None):
         mode = _ak.MODE_U8 if x5.dtype == np.uint8 else _ak.MODE_F32
         return _back(xp, _ak.pixels(x5, jitter=params, bound=bound, mode=mode), layout)
     y = x5.astype(xp.float32)
-    order = _hostv(params, "order").astype(np.int64)
+    order = _param_on_host(params, "order").astype(np.int64)
     B = y.shape[0]
     fac = [on(xp, params[n], xp.float64).astype(xp.float32) for n in _ORDER]
-    hue_h = _hostv(params, "hue").astype(np.float64)
+    hue_h = _param_on_host(params, "hue").astype(np.float64)
     shp = (B, 1, 1, 1, 1)
     for step in range(4):
         o = order[:, step]

@@ -40,9 +40,9 @@ from ..device import resolve_device
 from ..errors import DecodeError
 from ..ops import image as _image
 from . import samplers
-from ._scan_ahead import SCAN_DEPTH, ScanAhead
 from ._threads import ProcessThreads
-from .feed import _collect, _Work, resolve_deadline
+from .feed import EpochOrder, Work, collect_works, resolve_deadline
+from .scan_ahead import SCAN_DEPTH, ScanAhead
 
 __all__ = ["ClipFeed", "Clip", "ClipBatch", "ThreadStreams", "decode_clip"]
 
@@ -132,8 +132,10 @@ class ClipFeed:
         batch_size: clips per batch.
         threads: decoding threads (each keeps its own decoder session and CUDA stream).
         device: None (the GPU when usable, else the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
-        seed, shuffle: epoch ``e`` visits the files in a seeded order and draws each clip's
-            start from ``(seed, e, index)``; the same arguments give the same clips.
+        seed, shuffle: epoch ``e`` visits the files in the feeds' epoch order
+            (:class:`avpipe.pipeline.feed.EpochOrder`: a keyed permutation of ``(seed, e)``)
+            and draws each clip's start from ``(seed, e, index)``; the same arguments give the
+            same clips.
         on_error: ``"skip"`` (default; a bad file, a missing one or one too short for a clip
             is reported in the batch's ``errors``) or ``"raise"``.
         deadline: seconds one clip may take on a decoding thread; past it the clip is a
@@ -193,6 +195,9 @@ class ClipFeed:
         self._streams = ThreadStreams(self.device)
         self._ahead = None
         self._pool = None  # the decoding threads, kept across epochs (their NVDEC sessions)
+        # the feeds' epoch order (a keyed permutation of (seed, epoch), cut into batches)
+        self.order = EpochOrder(len(self.paths), batch_size=self.batch_size, seed=self.seed,
+                                shuffle=self.shuffle)
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -236,7 +241,7 @@ class ClipFeed:
         """The decoding threads, started by the first epoch and kept for the next ones: each
         keeps its decoder session and CUDA stream (a new thread opens new ones); a forked
         child starts its own (:class:`._threads.ProcessThreads`). A clip past the deadline
-        retires them (:func:`.feed._collect`): later clips go to fresh ones."""
+        retires them (:func:`.feed.collect_works`): later clips go to fresh ones."""
         if self._pool is None:
             self._pool = ProcessThreads(self.threads, "avpipe-clips")
             self._pool_done = weakref.finalize(self, self._pool.shutdown)
@@ -257,12 +262,6 @@ class ClipFeed:
             self._pool_done()
             self._pool = None
 
-    def _order(self, epoch: int) -> np.ndarray:
-        n = len(self.paths)
-        if not self.shuffle:
-            return np.arange(n)
-        return np.random.default_rng([self.seed, epoch]).permutation(n)
-
     def _one(self, args, ahead=None):
         pos, path, seed = args
         try:
@@ -281,13 +280,13 @@ class ClipFeed:
     def __iter__(self) -> Iterator[ClipBatch]:
         epoch = self.epoch
         self.epoch += 1
-        order = self._order(epoch)
+        order = self.order.permutation(epoch)
         work = [(pos, self.paths[i], [self.seed, epoch, int(i)]) for pos, i in enumerate(order)]
         xp = self.device.xp
         bs = self.batch_size
         ahead = self._scan_ahead()  # the next batches' files (_scan_ahead), kept across epochs
         taker = ahead if ahead.active else None
-        pending: collections.deque = collections.deque()  # jobs (_Work), in the epoch's order
+        pending: collections.deque = collections.deque()  # jobs (Work), in the epoch's order
         nxt = scanned = 0  # work[:nxt] submitted to the threads, work[:scanned] to scan-ahead
         pool = self._threads_owner()
 
@@ -304,7 +303,7 @@ class ClipFeed:
                 try:
                     if self._pool is not pool:  # close(): no new threads for this epoch
                         raise RuntimeError
-                    pending.append(_Work(pool, self._one, (work[nxt], taker),
+                    pending.append(Work(pool, self._one, (work[nxt], taker),
                                          (work[nxt][0], work[nxt][1])))
                 except RuntimeError:  # the pool was shut down: close() during this epoch
                     raise RuntimeError("ClipFeed.close() was called during an epoch") from None
@@ -315,7 +314,7 @@ class ClipFeed:
             for b0 in range(0, len(work), bs):
                 jobs = [pending.popleft() for _ in range(min(bs, len(work) - b0))]
                 done = []
-                for job, v in zip(jobs, _collect(jobs, self.deadline)[0]):
+                for job, v in zip(jobs, collect_works(jobs, self.deadline)[0]):
                     if isinstance(v, concurrent.futures.CancelledError):  # close() cancelled it
                         raise RuntimeError("ClipFeed.close() was called during an epoch")
                     if isinstance(v, DecodeError):  # past the deadline

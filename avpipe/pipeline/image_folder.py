@@ -30,6 +30,7 @@ from .._validate import check_on_error, pos_int
 from ..decoding.image import decode_image_batch, resolve_max_pixels
 from ..device import resolve_device
 from ..formats import IMAGE_EXTENSIONS
+from .feed import EpochOrder
 from .sources import read_folder
 
 __all__ = ["ImageFolder", "ImageFolderBatch", "IMAGE_EXTENSIONS"]
@@ -54,7 +55,8 @@ class ImageFolder:
     """Iterate a directory of class folders in batches.
 
     ``batch_size``: images per batch (the last one may be smaller unless ``drop_last``).
-    ``shuffle``/``seed``: a new permutation each epoch (epoch ``e`` uses ``seed + e``).
+    ``shuffle``/``seed``: a new permutation each epoch, the feeds' epoch order
+    (:class:`avpipe.pipeline.feed.EpochOrder`: a keyed permutation of ``(seed, epoch)``).
     ``device``: where images are decoded (None: the GPU when usable). ``transform``: a function
     applied to each decoded ``[H, W, 3]`` uint8 image (e.g. ``functools.partial(
     avpipe.ops.image.resize_crop_normalize, short_side=224, crop_size=224)``).
@@ -102,20 +104,16 @@ class ImageFolder:
         self.samples = [(it.path, self.class_to_idx[it.label])
                         for it in read_folder(root, extensions=extensions)]
         self.errors: list = []
+        self.order = EpochOrder(len(self.samples), batch_size=batch_size, seed=self.seed,
+                                shuffle=self.shuffle)
         self.epoch = 0
 
     def __len__(self) -> int:
         n = len(self.samples)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def _order(self) -> np.ndarray:
-        n = len(self.samples)
-        if not self.shuffle:
-            return np.arange(n)
-        return np.random.default_rng(self.seed + self.epoch).permutation(n)
-
     def __iter__(self) -> Iterator[ImageFolderBatch]:
-        order = self._order()
+        order = self.order.permutation(self.epoch)
         self.epoch += 1
         for b in range(len(self)):
             idx = order[b * self.batch_size : (b + 1) * self.batch_size]

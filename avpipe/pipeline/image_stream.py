@@ -33,7 +33,7 @@ from ..decoding.image import (
 from ..device import Device, resolve_device
 from ._dali_stream import StreamDecoder
 
-__all__ = ["decode_image_stream", "LoadedChunks", "stream_loaded"]
+__all__ = ["decode_image_stream", "LoadedChunks", "stream_loaded", "needs_batch_path"]
 
 
 def decode_image_stream(
@@ -104,7 +104,7 @@ def decode_image_stream(
 class LoadedChunks:
     """A stream's chunks asked for one at a time, in order, as DALI needs them: ``n`` chunks,
     ``get(i)`` returns chunk ``i``'s sources (bytes sources, each already checked as
-    :func:`_needs_batch_path` does; a chunk may be empty). Taken by :func:`stream_loaded`: the
+    :func:`needs_batch_path` does; a chunk may be empty). Taken by :func:`stream_loaded`: the
     caller reads the files itself (where a read that never returns can be given up) and keeps
     what is read ahead bounded."""
 
@@ -171,7 +171,7 @@ def _load_chunk(chunk):
     return out
 
 
-def _needs_batch_path(s, cap) -> bool:
+def needs_batch_path(s, cap) -> bool:
     """Whether a source must not reach the fast path's decoder: a JPEG 2000 cut short or with
     an invalid main header (decoders have died with a signal on those), an image whose header
     declares more pixels than the cap, or one for the helper process (``AVPIPE_IMAGE_ISOLATION``).
@@ -270,7 +270,7 @@ RUN_AHEAD = 64  # chunks whose headers a fast run waits for (the first run's lat
 
 
 class _Headers:
-    """Each chunk's verdict of :func:`_needs_batch_path`, read in order on a daemon thread
+    """Each chunk's verdict of :func:`needs_batch_path`, read in order on a daemon thread
     ahead of the decoding: a stream of a million files starts decoding after the headers of
     its first :data:`RUN_AHEAD` chunks, not of all of them, and the rest are read while DALI
     decodes (so a long stream costs one more pipeline build, not a pause). Short streams are
@@ -292,7 +292,7 @@ class _Headers:
             if self.stop:
                 return
             try:
-                v = any(_needs_batch_path(s, self.cap) for s in c)
+                v = any(needs_batch_path(s, self.cap) for s in c)
             except Exception:  # noqa: BLE001 - the per-batch path reports what went wrong
                 v = True
             with self.cv:

@@ -598,7 +598,7 @@ def mix_listing(spec, *, read, seed: int) -> Listing:
     repeated where the weight asks for more items than it has. The mix is a function of the
     sources and ``seed`` alone: every rank, resume and epoch sees the same item list (the feed
     shuffles it per epoch)."""
-    from ._order import permutation
+    from .feed.plans import permutation
 
     parts, total = [], 0
     for k, s in enumerate(spec):

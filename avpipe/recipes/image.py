@@ -35,8 +35,8 @@ from ..errors import DecodeError, renamed
 from ..formats import IMAGE_EXTENSIONS
 from ..ops import image_augment as _aug
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
-from ..pipeline.feed import Feed, Task, _collect
-from ..pipeline.image_stream import LoadedChunks, _needs_batch_path, stream_loaded
+from ..pipeline.feed import Feed, Task
+from ..pipeline.image_stream import LoadedChunks, needs_batch_path, stream_loaded
 from ..pipeline.sharded import sharded_listing
 from ..pipeline.sources import class_index, read_csv, read_folder, read_list
 
@@ -89,12 +89,12 @@ def image_classification(source, *, crop_size=224, resize_size=256, batch_size=3
 
 def _read_image(path, check, cap):
     """An image file's bytes and whether the stream must leave it to the per-batch path
-    (:func:`avpipe.pipeline.image_stream._needs_batch_path`), read on a decoding thread."""
+    (:func:`avpipe.pipeline.image_stream.needs_batch_path`), read on a decoding thread."""
     try:
         data = open_source(path).read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(f"no such file: {path}") from None
-    return data, check and _needs_batch_path(Source(name=path, data=data), cap)
+    return data, check and needs_batch_path(Source(name=path, data=data), cap)
 
 
 
@@ -106,7 +106,7 @@ class ImageTask(Task):
                  mean=IMAGENET_MEAN, std=IMAGENET_STD, deadline="auto", max_pixels=None):
         super().__init__()
         self.labels = list(labels)
-        self.S, self.R = int(crop_size), int(resize_size)
+        self.crop_size, self.resize_size = int(crop_size), int(resize_size)
         self.train, self.seed, self.device = bool(train), int(seed), device
         self.scale, self.ratio = tuple(scale), tuple(ratio)
         self.dtype, self.mean, self.std = dtype, mean, std
@@ -150,14 +150,14 @@ class ImageTask(Task):
         """The epoch's groups through one DALI stream of bytes (:func:`stream_loaded`: DALI
         decodes the next batches while the producer collates this one). Each group's files
         are read on the decoding threads :attr:`READ_AHEAD` groups ahead of the one DALI asks
-        for, and collected with the deadline (:func:`~avpipe.pipeline.feed._collect`): a read
+        for, and collected with the deadline (:meth:`~avpipe.pipeline.feed.Task.collect`): a read
         that never returns is that item's :class:`~avpipe.errors.DecodeTimeoutError`. The
         groups are taken all at once (the pairs only): items later used as replacements are
         decoded here too and dropped by the feed (a group's live items are always a prefix of
         it)."""
         import time
 
-        if any(it.locator is not None for it in self._all_items):
+        if any(it.locator is not None for it in self.feed_items):
             # shards: each group's members read and decoded when it comes (a stream over the
             # whole epoch would hold every member's bytes at once)
             for g in groups:
@@ -222,7 +222,7 @@ class ImageTask(Task):
         function giving per item ``(bytes, whether the per-batch path must decode it)`` or an
         exception."""
         works = [self.start(_read_image, (it.path, check, cap), (i, it)) for i, it in group]
-        return lambda: _collect(works, self.deadline)[0]
+        return lambda: self.collect(works, timed=False)
 
     def _admit(self, group, got):
         """One group's read results -> (values: the exceptions so far, the bytes sources for
@@ -256,10 +256,10 @@ class ImageTask(Task):
                                                    ratio=self.ratio)
             box = tuple(int(crop[k][0]) for k in ("top", "left", "height", "width"))
             flip = bool(_aug.sample_flip_params(self.seed, epoch, [i])["flip"][0])
-            return resize_crop_normalize(im, box=box, size=(self.S, self.S), short_side=None,
+            return resize_crop_normalize(im, box=box, size=(self.crop_size, self.crop_size), short_side=None,
                                          crop_size=None, mean=self.mean, std=self.std,
                                          dtype=self.dtype, layout="CHW", flip=flip)
-        return resize_crop_normalize(im, short_side=self.R, crop_size=self.S, mean=self.mean,
+        return resize_crop_normalize(im, short_side=self.resize_size, crop_size=self.crop_size, mean=self.mean,
                                      std=self.std, dtype=self.dtype, layout="CHW")
 
     def collate(self, values, pairs, epoch, step):
@@ -270,7 +270,7 @@ class ImageTask(Task):
                    for v, i in zip(values, ids)]
             images = xp.ascontiguousarray(xp.stack(ims))
         else:
-            images = xp.zeros((0, 3, self.S, self.S), np.dtype(self.dtype))
+            images = xp.zeros((0, 3, self.crop_size, self.crop_size), np.dtype(self.dtype))
         # (page-locked: a pageable copy would wait for the producer stream's stack above)
         (labels,) = upload_many(xp, [np.array([self.labels[i] for i in ids], np.int64)])
         return {"images": images, "labels": labels, "paths": [it.path for _, it in pairs]}

@@ -58,7 +58,7 @@ from ..errors import CorruptDataError, naming
 from ..formats import is_flac
 from ..ops import audio_augment as _aug
 from ..ops import random as _rnd
-from ..ops.audio import _resolve_preset, log_mel, log_mel_frame_lengths, resample
+from ..ops.audio import log_mel, log_mel_frame_lengths, resample, resolve_preset
 from ..pipeline.audio_loader import AudioBatchLoader
 from ..pipeline.feed import Feed, Task
 from ..pipeline.sharded import (
@@ -292,7 +292,7 @@ class RnntTask(Task):
     def decode_groups(self, groups):
         if not self._loader_tried:
             self._loader_tried = True
-            kind = self._loader_kind(self._all_items)
+            kind = self._loader_kind(self.feed_items)
             if kind is not None:
                 self._loader = self._make_loader(kind)
         if self._loader is None:
@@ -303,10 +303,10 @@ class RnntTask(Task):
     def _make_loader(self, kind):
         # the batch loader over every path of the feed (known up front: sizes and lengths come
         # from the headers once)
-        paths = sorted({it.path for it in self._all_items})
+        paths = sorted({it.path for it in self.feed_items})
         # the seconds each file's items need from its start (None: the whole file)
         need: dict = {}
-        for it in self._all_items:
+        for it in self.feed_items:
             sec = float(it.duration) if it.duration else None
             old = need.get(it.path, 0.0)
             need[it.path] = None if sec is None or old is None else max(old, sec)
@@ -465,7 +465,7 @@ class RnntTask(Task):
                                           inplace=True, **self.spec_augment)
         else:
             # an empty batch (every item skipped) keeps the mel axis: [0, n_mels, 0]
-            feats = xp.zeros((0, int(_resolve_preset(self.preset).n_mels), 0), xp.float32)
+            feats = xp.zeros((0, int(resolve_preset(self.preset).n_mels), 0), xp.float32)
             fl = xp.zeros(0, xp.int64)
         arrays = {"features": feats, "feature_lengths": fl}
         for f in self.feature_augment:

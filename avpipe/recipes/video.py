@@ -71,10 +71,10 @@ from ..errors import naming
 from ..ops import image_augment as _aug
 from ..ops import random as _rnd
 from ..ops.image import IMAGENET_MEAN, IMAGENET_STD, resize_crop_normalize
-from ..pipeline._scan_ahead import SCAN_DEPTH, ScanAhead, lookahead
 from ..pipeline.clips import ThreadStreams, decode_clip
-from ..pipeline.feed import Feed, Task, _collect
+from ..pipeline.feed import Feed, Task
 from ..pipeline.samplers import clip_indices_at, clip_indices_regular
+from ..pipeline.scan_ahead import SCAN_DEPTH, ScanAhead, lookahead
 from ..pipeline.sharded import sharded_listing
 from ..pipeline.sources import class_index, read_csv
 
@@ -96,7 +96,7 @@ def video_classification(file_list, *, clip_length=16, stride=4, crop_size=224, 
     ``index``: a persisted video index (``avpipe index``'s file, :func:`avpipe.decoding.build_index`):
     files it holds, unchanged since, open without a scan. Files it lacks are scanned as they
     come; MP4 / MOV ones by ``AVPIPE_VIDEO_SCAN_AHEAD`` processes a few batches before their
-    decoding (see ``avpipe.pipeline._scan_ahead``). ``root``: a folder every listed video must
+    decoding (see ``avpipe.pipeline.scan_ahead``). ``root``: a folder every listed video must
     lie under; a CSV row without a path or label, or outside ``root``, raises
     :class:`~avpipe.errors.ManifestError` / :class:`~avpipe.errors.OutsideRootError`.
     ``layout``: ``"TCHW"`` (clips ``[B, T, 3, S, S]``) or ``"CTHW"`` (``[B, 3, T, S, S]``,
@@ -180,7 +180,8 @@ class VideoTask(Task):
         super().__init__()
         self.layout = check_choice("layout", layout, LAYOUTS)
         self.labels = list(labels)
-        self.T, self.stride, self.S = int(clip_length), int(stride), int(crop_size)
+        self.clip_length, self.stride = int(clip_length), int(stride)
+        self.crop_size = int(crop_size)
         self.train, self.seed, self.device = bool(train), int(seed), device
         self.num_clips, self.num_crops = int(num_clips), int(num_crops)
         if self.num_crops not in (1, 3):
@@ -228,7 +229,7 @@ class VideoTask(Task):
     def _ahead_requests(self):
         reqs = [("clip", 1), *self._transform_draws()]
         if self.temporal_jitter > 0:
-            reqs.append(("temporal_jitter", 1 + self.T))
+            reqs.append(("temporal_jitter", 1 + self.clip_length))
         return reqs
 
     def drawn_in_groups(self, groups):
@@ -263,18 +264,18 @@ class VideoTask(Task):
     # -- frame indices -------------------------------------------------------------------------
     def _train_indices(self, n, i, epoch):
         """The training clip's frame indices [T] for a video of ``n`` frames."""
-        span = (self.T - 1) * self.stride + 1
+        span = (self.clip_length - 1) * self.stride + 1
         start = int(_rnd.integers(self.seed, "clip", epoch, [i], high=max(1, n - span + 1))[0, 0])
-        idx = clip_indices_at(n, start, clip_length=self.T, stride=self.stride)
+        idx = clip_indices_at(n, start, clip_length=self.clip_length, stride=self.stride)
         if self.temporal_jitter > 0:
-            p = _aug.sample_temporal_jitter_params(self.seed, epoch, [i], self.T,
+            p = _aug.sample_temporal_jitter_params(self.seed, epoch, [i], self.clip_length,
                                                    max_jitter=self.temporal_jitter)
             idx = _aug.apply_temporal_jitter(idx[None], n, p)[0]
         return idx
 
     def _eval_indices(self, n, clips):
         """[len(clips), T] frame indices of eval clips ``clips`` (spread evenly)."""
-        idx = clip_indices_regular(n, clip_length=self.T, stride=self.stride,
+        idx = clip_indices_regular(n, clip_length=self.clip_length, stride=self.stride,
                                    num_clips=self.num_clips, short_video="repeat_last")
         return idx[np.asarray(clips, np.int64)]
 
@@ -287,7 +288,7 @@ class VideoTask(Task):
         p = _aug.sample_resized_crop_params(self.seed, epoch, [i], H, W, scale=self.scale,
                                             ratio=self.ratio)
         box = tuple(int(p[k][0]) for k in ("top", "left", "height", "width"))
-        size = (self.S, self.S)
+        size = (self.crop_size, self.crop_size)
         # the flip commutes with the pixel-wise colour ops and the contrast's frame mean (that
         # mean now sums the pixels mirrored: float rounding may move a value by a float16 step)
         flip = bool(_aug.sample_flip_params(self.seed, epoch, [i])["flip"][0])
@@ -323,16 +324,16 @@ class VideoTask(Task):
             colour = self._colour_draws(kid, epoch)
         try:
             if not colour:
-                y = _aug.fused_resized_crop_normalize(frames, p, self.S, mean=self.mean,
+                y = _aug.fused_resized_crop_normalize(frames, p, self.crop_size, mean=self.mean,
                                                       std=self.std, dtype=self.dtype,
                                                       layout="NCHW")  # fmt: skip
             elif self.grayscale_p <= 0:  # the jitter between the crop and the normalize
-                y = _aug.fused_resized_crop_normalize(frames, p, self.S, color_jitter=colour[0],
+                y = _aug.fused_resized_crop_normalize(frames, p, self.crop_size, color_jitter=colour[0],
                                                       bound=255.0, mean=self.mean, std=self.std,
                                                       scale=1.0 / 255.0, dtype=self.dtype,
                                                       layout="NCHW")  # fmt: skip
             else:  # 0..255 floats, then the colour ops and the normalize over the batch
-                y = _aug.fused_resized_crop_normalize(frames, p, self.S, mean=0.0, std=1.0,
+                y = _aug.fused_resized_crop_normalize(frames, p, self.crop_size, mean=0.0, std=1.0,
                                                       scale=1.0, dtype="float32",
                                                       layout="NHWC")  # fmt: skip
                 y = self._colour.apply(y, [*colour, {}])
@@ -380,12 +381,12 @@ class VideoTask(Task):
     def _eval_views(self, frames):
         """[T, H, W, 3] uint8 -> [num_crops, T, 3, S, S]: short side to S, then the crops."""
         if self.num_crops == 1:  # the centre crop folded into the resize
-            return resize_crop_normalize(frames, short_side=self.S, crop_size=self.S,
+            return resize_crop_normalize(frames, short_side=self.crop_size, crop_size=self.crop_size,
                                          mean=self.mean, std=self.std, dtype=self.dtype,
                                          layout="NCHW")[None]  # fmt: skip
-        y = resize_crop_normalize(frames, short_side=self.S, crop_size=None, mean=self.mean,
+        y = resize_crop_normalize(frames, short_side=self.crop_size, crop_size=None, mean=self.mean,
                                   std=self.std, dtype=self.dtype, layout="NCHW")
-        return _aug.n_crop(y[None], self.S, n=3, layout="BTCHW")[0]
+        return _aug.n_crop(y[None], self.crop_size, n=3, layout="BTCHW")[0]
 
     # -- decoding ------------------------------------------------------------------------------
     def decode_groups(self, groups):
@@ -485,10 +486,10 @@ class VideoTask(Task):
                                            on_open=self._on_open(item.path), index=index)
             return out
 
-    def _submit(self, pairs):
+    def submit(self, pairs):
         """Eval: one job per video of the group (its views decoded together)."""
         if self.train:
-            return super()._submit(pairs)
+            return super().submit(pairs)
         rows = {}
         for k, (_, it) in enumerate(pairs):
             rows.setdefault(it.fields["video"], []).append(k)
@@ -497,9 +498,7 @@ class VideoTask(Task):
                 for ks in jobs]
 
         def result():
-            got, span = _collect(futs, self.deadline)
-            if self.timings is not None and span is not None:
-                self.timings("decode", span)
+            got = self.collect(futs)
             out = [None] * len(pairs)
             for ks, g in zip(jobs, got):
                 for j, k in enumerate(ks):
@@ -524,7 +523,7 @@ class VideoTask(Task):
                 done.record()
                 keep_until_done(done, made)
         else:
-            clips = xp.zeros((0, self.T, 3, self.S, self.S), np.dtype(self.dtype))
+            clips = xp.zeros((0, self.clip_length, 3, self.crop_size, self.crop_size), np.dtype(self.dtype))
         clips = clips_in_layout(clips, self.layout)
         # the small arrays in one copy from page-locked memory (a copy from pageable memory
         # would first wait for the producer stream's work: the stack above)

@@ -378,7 +378,7 @@ def _serial_batch(args):
     ylens = np.asarray(ylens)
     feats, fl = clock("log_mel nemo (training, padded batch): whole",
                       lambda: log_mel(y, ylens, preset="nemo", training=True, seed=1))
-    cfg = A._resolve_preset("nemo")
+    cfg = A.resolve_preset("nemo")
     x64 = clock("  to float64", lambda: y.astype(np.float64))
     d = clock("  dither", lambda: A.dither(x64, ylens, scale=cfg.dither, seed=1))
     pe = clock("  preemphasis", lambda: A.preemphasis(d, ylens, coeff=cfg.preemph))

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops import random as _rnd
+from ...ops import random as _rnd
 
 __all__ = ["permutation", "permute", "plan_fixed", "plan_buckets", "steps_fixed"]
 
