@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 
+from ._memory import limit_malloc_arenas as _limit_malloc_arenas
 from ._version import __version__
 from .errors import (
     CorruptDataError,
@@ -45,6 +46,10 @@ _LAZY = {
     "resolve_device": "avpipe.device",
 }
 _SUBMODULES = {"ops", "decoding", "device", "pipeline", "recipes", "cli", "settings", "formats"}
+
+# glibc fixes its arena count when a second arena is first made: the limit is set here, as the
+# package loads, before any thread of a feed or a remote read allocates (avpipe._memory)
+_limit_malloc_arenas()
 
 __all__ = [
     "__version__",

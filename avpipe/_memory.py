@@ -5,9 +5,10 @@ glibc gives each thread that allocates while another holds an arena an arena of 
 buffers (decoded audio, shard reads) from different threads; the freed memory stays in the
 arenas it came from, fragmented, so the process's peak grows epoch after epoch although the live
 data does not. Limiting the arenas (``mallopt(M_ARENA_MAX)``, ``AVPIPE_MALLOC_ARENAS``) keeps it
-flat at a cost of a few percent of CPU time. The limit is set once per process, before a feed's
-or an extraction worker's threads start; it affects only arenas made after it, and nothing on
-other C libraries.
+flat at a cost of a few percent of CPU time. glibc fixes its arena count when a second arena is
+first made, so the limit is set as ``avpipe`` is imported, before threads of its own allocate; in
+a process whose threads allocated before that, it does nothing. Other C libraries are left
+alone.
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ variable                        default meaning
 ``AVPIPE_STORAGE_RETRIES``      5       retries of a remote read or write that failed transiently
                                         (5xx, 408, 429, resets, timeouts), with exponential backoff
 ``AVPIPE_STORAGE_TIMEOUT``      60      seconds a remote request may take before it counts as failed
-``AVPIPE_MALLOC_ARENAS``        2       glibc malloc arenas a feed or extraction worker allows its
-                                        process (>= 0; 0: glibc's default, 8 per core)
+``AVPIPE_MALLOC_ARENAS``        2       glibc malloc arenas of a process that imports avpipe, set at
+                                        import (>= 0; 0: glibc's default, 8 per core)
 ``AVPIPE_CACHE_DIR``            ~/.cache/avpipe  where shard indexes are kept (one file per shard
                                         version)
 ``AVPIPE_MAX_IMAGE_PIXELS``     179 M   images whose header declares more pixels are refused before

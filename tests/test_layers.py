@@ -180,3 +180,82 @@ def test_import_loads_no_heavy_library(modules):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def _names_imported(path: pathlib.Path):
+    """(module, name, line) for every ``from avpipe... import name`` (the names as imported)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                if node.level > 1:
+                    base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for a in node.names:
+                yield mod, a.name, node.lineno
+
+
+def _private_owner(module: str) -> str | None:
+    """The package that owns the first private part of ``module`` (``avpipe.pipeline._order``
+    -> ``avpipe.pipeline``), or None when every part is public."""
+    parts = module.split(".")
+    for i, p in enumerate(parts):
+        if p.startswith("_") and not p.startswith("__"):
+            return ".".join(parts[:i])
+    return None
+
+
+def _within(package: str, owner: str) -> bool:
+    return package == owner or package.startswith(owner + ".")
+
+
+def privacy_violations():
+    """Imports of another package's private module (``_x``) or private name (``_name``): a
+    module may use the private parts of its own package and of the packages above it, never
+    those of a sibling or of a package below it."""
+    bad = []
+    for path in FILES:
+        me = _module_name(path)
+        mine = me if path.name == "__init__.py" else me.rpartition(".")[0]
+        for mod, name, line in _names_imported(path):
+            if mod != "avpipe" and not mod.startswith("avpipe."):
+                continue
+            target = f"{mod}.{name}" if _is_module(f"{mod}.{name}") else mod
+            owner = _private_owner(target)
+            if owner is not None and not _within(mine, owner):
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {me} imports the private "
+                           f"module {target}")
+                continue
+            if name.startswith("_") and not name.startswith("__") and target == mod:
+                owner = mod if (ROOT.parent.joinpath(*mod.split(".")) / "__init__.py").is_file() \
+                    else mod.rpartition(".")[0]
+                if not _within(mine, owner):
+                    bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {me} imports the "
+                               f"private name {name} of {mod}")
+        for target, line, _lazy in _imports(path):
+            if not target.startswith("avpipe."):
+                continue
+            owner = _private_owner(target)
+            if owner is not None and not _within(mine, owner):
+                msg = (f"{path.relative_to(ROOT.parent)}:{line}: {me} imports the private "
+                       f"module {target}")
+                if msg not in bad:
+                    bad.append(msg)
+    return list(dict.fromkeys(bad))
+
+
+def test_no_module_uses_another_packages_private_parts():
+    bad = privacy_violations()
+    assert not bad, "private parts of another package imported:\n" + "\n".join(bad)
+
+
+def test_the_privacy_rule_sees_a_private_import():
+    assert _private_owner("avpipe.pipeline._order") == "avpipe.pipeline"
+    assert _private_owner("avpipe.pipeline.feed") is None
+    assert _within("avpipe.pipeline.feed", "avpipe.pipeline")
+    assert not _within("avpipe.recipes", "avpipe.pipeline")

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from . import samplers
+from ._threads import AbandonablePool
 from .audio_loader import AudioBatch, AudioBatchLoader
 from .clips import Clip, ClipBatch, ClipFeed
 from .feed import Batch, Feed, Task
@@ -26,6 +27,7 @@ from .sources import Item, read_csv, read_folder, read_list, read_manifest
 
 __all__ = [
     "samplers",
+    "AbandonablePool",
     "AudioBatchLoader",
     "AudioBatch",
     "ClipFeed",

@@ -32,8 +32,8 @@ from .. import settings
 from .._results import BatchResult
 from .._source import NOT_REGULAR, is_regular_file, open_source
 from .._validate import pos_float
-from ..decoding.audio import DAMAGE_POLICIES, _header_damage, load_audio
-from ..decoding.audio._flac_scan import flac_length_of_path, header_info
+from ..decoding.audio import DAMAGE_POLICIES, flac_length_of_path, header_damage, load_audio
+from ..decoding.audio import flac_header_info as header_info
 from ..device import resolve_device
 from ..errors import (
     CorruptDataError,
@@ -158,7 +158,7 @@ def _header_and_size(path):
 def _cut_short(path):
     """Why a file that decoded is damaged (a WAV whose data chunk runs past its end), or None."""
     try:
-        return _header_damage(open_source(path))
+        return header_damage(open_source(path))
     except Exception:  # noqa: BLE001 - a report only
         return None
 

@@ -18,8 +18,8 @@ from .._source import open_source
 from .._validate import pos_int
 from ..decoding.image import (
     ImageBatch,
-    _dali,
     admit,
+    dali,
     decode_image_batch,
     file_reader,
     isolate,
@@ -89,7 +89,7 @@ def decode_image_stream(
     srcs = [open_source(s, param=f"sources[{i}]") for i, s in enumerate(sources)]
     dev = resolve_device(device)
     if dev.is_cuda:
-        _dali.hw_decoder_load()  # as in decode_image_batch
+        dali.hw_decoder_load()  # as in decode_image_batch
     if not isinstance(center_square, bool):
         raise TypeError(f"center_square must be a bool, got {center_square!r}")
     margin = center_square_margin
@@ -137,7 +137,7 @@ def stream_loaded(chunks: LoadedChunks, *, batch_size: int, device=None, exact_j
     ``batch_size``: the largest chunk."""
     dev = resolve_device(device)
     if dev.is_cuda:
-        _dali.hw_decoder_load()
+        dali.hw_decoder_load()
     return _stream(chunks, dev, pos_int("batch_size", batch_size), exact_jpeg, prefetch, cap=resolve_max_pixels(max_pixels))
 
 
@@ -339,7 +339,7 @@ def _fast_run(chunks, dev, batch_size, exact_jpeg, prefetch, square, margin):
                     prefetch, files=paths if all(p is not None for p in paths) else None,
                     square=square, margin=margin,
                 )  # fmt: skip
-        except _dali.ShuttingDown:  # the interpreter is exiting: no slow path either
+        except dali.ShuttingDown:  # the interpreter is exiting: no slow path either
             raise
         except Exception:  # noqa: BLE001 - no fast path (items DALI cannot start on)
             yield None
@@ -365,18 +365,18 @@ def _fast_run(chunks, dev, batch_size, exact_jpeg, prefetch, square, margin):
                         outs = dec.run(stream)
                 except StopIteration:
                     break
-                except _dali.ShuttingDown:
+                except dali.ShuttingDown:
                     raise
                 except Exception:  # noqa: BLE001 - a bad image: the caller redoes this chunk
                     yield None
                     return
-                items, dense = _dali.views(outs[0], idx)
+                items, dense = dali.views(outs[0], idx)
                 k = len(chunks[done])  # the reader pads the last batch
                 if len(items) > k:
                     items, dense = items[:k], (dense[:k] if dense is not None else None)
                 windows = None
                 if square:  # anchors [x, y] and upright shapes [H, W, C] -> (top, left, H, W)
-                    xy, hwc = _dali.host_rows(outs[1])[:k], _dali.host_rows(outs[2])[:k]
+                    xy, hwc = dali.host_rows(outs[1])[:k], dali.host_rows(outs[2])[:k]
                     windows = tuple(
                         (int(a[1]), int(a[0]), int(s[0]), int(s[1])) for a, s in zip(xy, hwc)
                     )

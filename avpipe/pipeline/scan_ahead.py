@@ -21,7 +21,7 @@ import collections
 import threading
 import weakref
 
-from ..decoding.video._scan import is_scan_cached, remember_scan, scan_mp4_file
+from ..decoding.video import is_scan_cached, remember_scan, scan_mp4_file
 from .workers import WorkerPool, can_start_processes
 
 __all__ = ["ScanAhead", "lookahead", "SCAN_DEPTH"]

@@ -4,6 +4,8 @@ decoder of a window of files, :mod:`.flac_gpu`, serves :mod:`avpipe.pipeline` an
 
 from __future__ import annotations
 
+from ._flac_scan import flac_length_of_path
+from ._flac_scan import header_info as flac_header_info
 from .load import (
     DAMAGE_POLICIES,
     DURATION_TOLERANCE_S,
@@ -15,7 +17,6 @@ from .load import (
     shorter_than_declared,
 )
 
-_header_damage = header_damage  # the name avpipe.pipeline imports
-
 __all__ = ["load_audio", "Audio", "resample", "audio_info", "DAMAGE_POLICIES",
-           "DURATION_TOLERANCE_S", "shorter_than_declared", "header_damage"]
+           "DURATION_TOLERANCE_S", "shorter_than_declared", "header_damage", "flac_length_of_path",
+           "flac_header_info"]

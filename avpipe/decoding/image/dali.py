@@ -6,13 +6,17 @@ helpers themselves are ``_dali``; its docstring says why the exit hook and the g
 from __future__ import annotations
 
 from ._dali import (
+    ShuttingDown,
     build_tracked,
     build_with_fallback,
+    host_rows,
+    hw_decoder_load,
     mixed_options,
     native_call,
     num_threads,
     release,
+    views,
 )
 
-__all__ = ["build_tracked", "build_with_fallback", "mixed_options", "native_call", "num_threads",
+__all__ = ["ShuttingDown", "hw_decoder_load", "host_rows", "views", "build_tracked", "build_with_fallback", "mixed_options", "native_call", "num_threads",
            "release"]

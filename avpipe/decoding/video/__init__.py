@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from ._index import VideoIndex, build_index, load_index
 from ._nvdec_caps import supported_codecs as nvdec_codecs
+from ._scan import is_scan_cached, remember_scan, scan_mp4_file
 from .decoder import FrameBatch, VideoDecoder, VideoMetadata
 
 __all__ = ["VideoDecoder", "VideoMetadata", "FrameBatch", "VideoIndex", "build_index",
-           "load_index", "nvdec_codecs"]
+           "load_index", "nvdec_codecs", "is_scan_cached", "remember_scan", "scan_mp4_file"]

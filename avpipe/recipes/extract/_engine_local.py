@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 
 from ... import settings
-from ..._memory import limit_malloc_arenas
 from ...device import resolve_device
 from ...pipeline.audio_loader import drop_readers_ahead, start_readers_ahead
 from ...pipeline.sources import Item
@@ -398,7 +397,6 @@ def _probe(dev, indices, items, cfg, workers, blocked) -> dict[int, str]:
 
 def _probe_decode(parent, device, visible, tasks, cfg, workers):
     _die_with_parent(parent)
-    limit_malloc_arenas()  # before the worker's threads allocate (avpipe._memory says why)
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
         device = "cuda:0"

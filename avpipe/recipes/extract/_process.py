@@ -24,9 +24,12 @@ import numpy as np
 
 from ... import settings
 from ..._source import NOT_REGULAR, is_special_file
-from ...decoding.audio import load_audio, shorter_than_declared
-from ...decoding.audio._flac_scan import flac_length_of_path
-from ...decoding.audio._flac_scan import header_info as flac_header_info
+from ...decoding.audio import (
+    flac_header_info,
+    flac_length_of_path,
+    load_audio,
+    shorter_than_declared,
+)
 from ...decoding.audio.flac_gpu import compile_kernels as flac_compile_kernels
 from ...decoding.image import decode_image_batch
 from ...decoding.video import VideoDecoder
@@ -34,7 +37,7 @@ from ...device import download, to_numpy
 from ...errors import CorruptDataError, naming, renamed
 from ...formats import is_flac
 from ...ops import registry
-from ...pipeline._threads import AbandonablePool
+from ...pipeline import AbandonablePool
 from ...pipeline.audio_loader import AudioBatchLoader
 from ...pipeline.image_stream import decode_image_stream
 from ...pipeline.samplers import clip_indices_regular, uniform_indices
