@@ -1,7 +1,7 @@
 """GPU (cupy) results of every audio operator against the CPU (numpy) results.
 
 Tolerances: relative 1e-3 on linear-scale outputs (power, mel energies), absolute 1e-3 on log
-and normalized outputs. Run: ``python3 -m pytest -m gpu tests/test_ops_audio_gpu.py``.
+and normalized outputs. Run: ``python3 -m pytest -m gpu tests/ops/test_ops_audio_gpu.py``.
 """
 
 from __future__ import annotations

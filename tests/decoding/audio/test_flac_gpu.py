@@ -1,6 +1,6 @@
 """FLAC decoded on the GPU equals libFLAC's decode bit for bit, and the batch loader's GPU
 decoder returns exactly what its CPU decoder returns, bad files included.
-Run: ``python3 -m pytest -m gpu tests/test_flac_gpu.py``."""
+Run: ``python3 -m pytest -m gpu tests/decoding/audio/test_flac_gpu.py``."""
 
 from __future__ import annotations
 

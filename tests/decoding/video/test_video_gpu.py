@@ -1,4 +1,4 @@
-"""NVDEC backend against the CPU backend (run: python3 -m pytest -m gpu tests/test_video_gpu.py)."""
+"""NVDEC backend against the CPU backend (run: python3 -m pytest -m gpu tests/decoding/video/test_video_gpu.py)."""
 
 from __future__ import annotations
 
