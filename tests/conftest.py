@@ -6,9 +6,18 @@ device); elsewhere they are skipped with a reason.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
-from avpipe.device import gpu_available
+# the helpers (servers, video_media, ...) live in tests/_support and are imported by their names
+# from tests in every folder
+_SUPPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_support")
+if _SUPPORT not in sys.path:
+    sys.path.insert(0, _SUPPORT)
+
+from avpipe.device import gpu_available  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,7 +15,7 @@ with the mel filterbank (these four over each item's valid frames alone, packed 
 another), and one kernel for the log, the per-feature normalization, the mask past each
 item's length and the transpose. The array-module code stays the reference (and
 the path for everything this does not cover: reflect padding, other powers, "all_features"
-normalization, float64 input); the two agree within float32 rounding (tests/test_log_mel_
+normalization, float64 input); the two agree within float32 rounding (tests/ops/test_log_mel_
 kernels_cpu.py runs the kernels as C++ against it; the GPU tests compare with the CPU).
 """
 

@@ -4,7 +4,7 @@
 
 //@@ philox_body
 // The rounds, as the body of one CUDA elementwise kernel (cupy): the same integer steps as
-// random.py's numpy code, which is its reference (bit-identical; tests/test_random.py runs
+// random.py's numpy code, which is its reference (bit-identical; tests/ops/test_random.py runs
 // this body as C++).
 unsigned int a0 = c0, a1 = c1, a2 = c2, a3 = c3, key0 = k0, key1 = k1;
 for (int r = 0; r < rounds; ++r) {

@@ -68,7 +68,7 @@ class Session:
     and one warm-up epoch."""
 
     def __init__(self, ctx, device=DEVICE, s3=True):
-        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        sys.path.insert(0, os.path.join(ROOT, "tests", "_support"))
         self.ctx, self.device, self.facts = ctx, device, {}
         os.environ.setdefault("AVPIPE_CACHE_DIR", os.path.join(ctx.data["dir"], "cache"))
         if device == "cpu":

@@ -249,8 +249,8 @@ BLOCKING_FEEDS = ("rnnt", "video")
 
 
 def _pipes_as_files():
-    """In this worker: avpipe takes named pipes for regular files (tests/stalls.py)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    """In this worker: avpipe takes named pipes for regular files (tests/_support/stalls.py)."""
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_support")
     if here not in sys.path:
         sys.path.insert(0, here)
     from stalls import treat_pipes_as_files

@@ -33,7 +33,7 @@
 // words; the CRC-16 goes four bytes at a time through tables in shared memory.
 //
 // This file is also compiled as plain C++ for the CPU test of the kernels
-// (tests/test_flac_kernels_cpu.py); the prelude there maps the few CUDA names used here.
+// (tests/decoding/audio/test_flac_kernels_cpu.py); the prelude there maps the few CUDA names used here.
 
 typedef unsigned char u8;
 typedef unsigned short u16;
