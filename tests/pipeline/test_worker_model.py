@@ -11,10 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import REPO
 
 from avpipe.pipeline import workers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(REPO)
 PKG = ROOT / "avpipe"
 
 # calls that start a process (or build what only a started process uses)
@@ -122,7 +123,7 @@ def test_audio_readers_and_decode_pool_are_workers(started, tmp_path):
 
 
 def test_scan_ahead_uses_workers(started, tmp_path):
-    from avpipe.pipeline._scan_ahead import ScanAhead
+    from avpipe.pipeline.scan_ahead import ScanAhead
 
     p = tmp_path / "v.mp4"
     shutil.copy(ROOT / "samples" / "video" / "circles_h264.mp4", p)
