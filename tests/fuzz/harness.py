@@ -78,6 +78,31 @@ FEED_GPU_BACKENDS = {
 FEED_BACKENDS = {**FEED_CPU_BACKENDS, **FEED_GPU_BACKENDS}
 
 
+def usable(backends: dict) -> tuple[dict, list[str]]:
+    """``backends`` without those whose decoders do not import here, and why each was left out:
+    the image backends need DALI (CPU) and nvImageCodec (GPU), which a machine may lack; a
+    missing decoder library is the machine's state, not the files' fault."""
+    import importlib.util
+
+    def missing(name):
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):
+            return True
+
+    out, left = {}, []
+    for name, kind in backends.items():
+        need = []
+        if kind == "image":
+            need = ["nvidia.dali"] + (["nvidia.nvimgcodec"] if "cuda" in name else [])
+        gone = [m for m in need if missing(m)]
+        if gone:
+            left.append(f"{name}: {', '.join(gone)} does not import here")
+        else:
+            out[name] = kind
+    return out, left
+
+
 def entry_points():
     """The batch APIs that are not top-level names of ``avpipe``: the one place that imports
     them, ``(decode_image_stream, AudioBatchLoader)``."""

@@ -102,6 +102,9 @@ def main(argv=None) -> int:
     if a.backends:
         keep = set(a.backends.split(","))
         backends = {k: v for k, v in backends.items() if k in keep}
+    backends, left_out = harness.usable(backends)
+    for why in left_out:
+        print(f"left out: {why}", flush=True)
     seqs = []
     if cpu and "video_cpu" in backends:
         seqs += sequences(cases, seeds, gpu=False)

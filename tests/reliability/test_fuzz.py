@@ -168,11 +168,12 @@ GPU_BUDGET_S = 240
 def test_fuzz_gpu_feed_backends(small_corpus, tmp_path):
     root, info = small_corpus
     cases, seeds = info["cases"], info["seeds"]
-    units = harness.make_units(cases, harness.FEED_GPU_BACKENDS, seeds)
+    backends, _ = harness.usable(harness.FEED_GPU_BACKENDS)
+    units = harness.make_units(cases, backends, seeds)
     records = harness.run_units(units, workers=min(4, os.cpu_count() or 1), case_timeout=180,
                                 log_dir=str(tmp_path), progress=False,
                                 budget_s=GPU_BUDGET_S)  # fmt: skip
-    _check_feeds(records, cases, harness.FEED_GPU_BACKENDS)
+    _check_feeds(records, cases, backends)
 
 
 @pytest.mark.gpu
@@ -180,7 +181,8 @@ def test_fuzz_gpu_feed_backends(small_corpus, tmp_path):
 def test_fuzz_gpu_backends(small_corpus, tmp_path):
     root, info = small_corpus
     cases, seeds = info["cases"], info["seeds"]
-    units = harness.make_units(cases, harness.GPU_BACKENDS, seeds,
+    backends, _ = harness.usable(harness.GPU_BACKENDS)
+    units = harness.make_units(cases, backends, seeds,
                                sequences=sequences(cases, seeds, gpu=True))  # fmt: skip
     records = harness.run_units(units, workers=min(8, os.cpu_count() or 1), case_timeout=120,
                                 log_dir=str(tmp_path), progress=False,
@@ -231,3 +233,17 @@ def test_fuzz_feed_blocking_reads(small_corpus, tmp_path):
     got = [r for r in records if r["damage"] == "blocking_read"]
     assert len(got) == 4 and all(r["outcome"] == "skipped" and "DecodeTimeoutError" in r["info"]
                                  for r in got), got
+
+
+def test_backends_whose_decoders_do_not_import_are_left_out_and_named(monkeypatch):
+    """A machine without the image decoders (DALI, nvImageCodec) runs the other backends, and
+    says which it left out: a missing library is not counted against the files."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name.startswith("nvidia.") else real(name, *a))
+    kept, left = harness.usable({**harness.GPU_BACKENDS, **harness.FEED_GPU_BACKENDS})
+    assert "video_cuda" in kept and "rnnt_feed_cuda" in kept
+    assert not [b for b, k in kept.items() if k == "image"]
+    assert any(w.startswith("image_cuda: nvidia.dali") for w in left)
