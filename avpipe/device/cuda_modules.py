@@ -193,10 +193,10 @@ def elementwise(in_params: str, out_params: str, body: str, name: str):
 # A kernel's per-call table (a batch's rows, boxes, jitter factors: a few hundred bytes) can
 # travel in the launch's parameters instead of a host -> device copy: no pinned buffer, no
 # device buffer, no event to keep them alive (the driver takes the parameters' bytes at the
-# launch). On an H200 a launch with its table this way cost 12 us of host time, against 51 us
-# for upload_many and a launch. A kernel takes the table as ``AvpTable`` by value (CUDA's
-# ``__grid_constant__``: read in place, not copied per thread) beside its pointer arguments,
-# and an ``inl`` flag: set, its table pointers are byte offsets into that table
+# launch): the host spends a fraction of the time of an upload_many and a launch
+# (docs/how-it-works.md, "Measured trade-offs"). A kernel takes the table as ``AvpTable`` by
+# value (CUDA's ``__grid_constant__``: read in place, not copied per thread) beside its pointer
+# arguments, and an ``inl`` flag: set, its table pointers are byte offsets into that table
 # (``avp_tab``); offset 0 is never one (the first word is left empty), so a null pointer still
 # means "none". The table is TABLE_BYTES: with a kernel's other arguments within the 4 KiB of
 # parameters every CUDA device takes; 3,584 bytes of arrays (a batch of 64 rows of 7 int64).

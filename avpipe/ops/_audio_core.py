@@ -100,7 +100,7 @@ def _mask_time(x, lengths_dev):
 def _normal(xp, seed, shape, lengths=None):
     """float32 standard normal noise: numpy's PCG64 (ziggurat) on the CPU, the counter-based
     :func:`avpipe.ops.random.standard_normal` on a GPU (one kernel, nothing to set up: a cuRAND
-    generator made per call waited for the whole device, which held a feed's producer to the
+    generator made per call waits for the whole device, which holds a feed's producer to the
     GPU's pace every batch). The two devices draw different values from the same seed (the
     counter-based draws cost the CPU 15x PCG64's time). ``seed`` None: fresh noise.
     ``lengths`` (host, one per row of a 2-D shape): the rows' elements past them are 0, not

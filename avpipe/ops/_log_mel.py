@@ -8,7 +8,7 @@ are the same bits in any batch and on any number of threads.
 
 The array-module code of :mod:`avpipe.ops._audio_core` runs a log-mel batch as about seventy
 cupy operations, each a launch and a Python call: the host's time to issue them exceeded the
-GPU's time to run them, and bounded the RNN-T feed (figures: benchmarks/README.md).
+GPU's time to run them, and bounded the RNN-T feed (docs/how-it-works.md, "Measured trade-offs").
 Here the same steps run as: one kernel for the windowed frames (dither, preemphasis, centring
 pad and window; ``_log_mel.cu``), cupy's rFFT, one elementwise kernel for ``|X|^2``, one GEMM
 with the mel filterbank (these four over each item's valid frames alone, packed one after
@@ -90,12 +90,12 @@ def fft_rows(n: int) -> int:
 # the frames kernel's threads per block at most (over the taps of a frame)
 FRAMES_THREADS = 256
 # about how many blocks the frames kernel is launched with: fewer, longer-lived blocks (each
-# looping over several frames) ran faster on the H200 than one block row a frame, and both
-# faster than a flat one-thread-an-element launch (docs/how-it-works.md, "Audio")
+# looping over several frames) run faster than one block row a frame, and both faster than a
+# flat one-thread-an-element launch (docs/how-it-works.md, "Measured trade-offs")
 FRAMES_BLOCKS = 16384
 # the finish kernel's threads per block (one block per output row (b, m), its threads over
-# the frames; at most 1,024, the size of the kernel's reduction buffer). 128 and 256 were the
-# fastest on the H200; 256 lets an SM hold 2,048 threads in 8 blocks of 4 KiB of shared memory
+# the frames; at most 1,024, the size of the kernel's reduction buffer). 128 and 256 are the
+# fastest; 256 lets an SM hold 2,048 threads in 8 blocks of 4 KiB of shared memory
 FINISH_THREADS = 256
 # CUDA's limit on gridDim.y and gridDim.z (the frames kernel strides past it)
 _GRID_YZ = 65535
@@ -150,8 +150,8 @@ def log_mel(x, lens_host, fl_host, T, cfg, noise):
                                        off_host])  # one copy, not waited for
     pad = n_fft // 2 if cfg.center else 0
     # the rFFT's row count rounded up to one of a few sizes: cuFFT plans (cupy keeps 16) are
-    # reused across batches of different lengths instead of built for each (a plan took
-    # ~0.4 ms of the host per batch); the extra rows are never read
+    # reused across batches of different lengths instead of built for each (building a plan
+    # costs the host ~0.4 ms a batch); the extra rows are never read
     rows_fft = fft_rows(max(R, 1))
     flat = cupy.empty((rows_fft, n_fft), cupy.float32)
     has_noise = noise is not None

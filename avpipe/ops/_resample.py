@@ -349,7 +349,7 @@ class _PairMeta(dict):
         up = np.asarray(up, np.int64).reshape(-1)
         down = np.asarray(down, np.int64).reshape(-1)
         # up in [0, 2**31) and down in [0, 2**32) (a negative one has its high bits set): one
-        # reduction, where four took longer than the search
+        # reduction, where four would take longer than the search
         if up.size and not (self._exact and not ((up >> 31) | (down >> 32)).any()):
             rows = [self._index.get(k) for k in zip(up.tolist(), down.tolist())]
             return None if None in rows else np.array(rows, np.int64)

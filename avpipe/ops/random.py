@@ -86,8 +86,9 @@ def _normal_rows_kernel(device_id: int):
 
 # Up to this many counters a draw runs Philox in Python integers instead of numpy, whose ~60
 # operations on tiny arrays cost more than a few counters' Python arithmetic whatever the size
-# (benchmarks/README.md): the per-item draws of a batch (a clip's start, crop box and flip: 1 to
-# 10 counters each). Both give the same words bit for bit (tests/ops/test_random.py compares them).
+# (docs/how-it-works.md, "Measured trade-offs"): the per-item draws of a batch (a clip's start, crop
+# box and flip: 1 to 10 counters each). Both give the same words bit for bit
+# (tests/ops/test_random.py compares them).
 _SMALL = 12
 
 

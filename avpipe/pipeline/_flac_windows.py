@@ -64,7 +64,7 @@ class ProcessReaders:
     its own, which never runs the caller's ``__main__`` again); a request goes to every process
     at once, and the caller blocks in ``poll`` / ``recv`` (the GIL released) until each
     answers. No helper thread: a ``multiprocessing.Pool`` keeps one that wakes whenever a
-    result is waiting in its pipe, and while the result thread waited for the GIL that one woke
+    result is waiting in its pipe, and while the result thread waits for the GIL that one wakes
     again and again (about 20,000 times a second in extraction, each wake-up polling every
     worker's exit code under the GIL the feed's threads need). A process that dies or does
     not answer within ``timeout`` seconds is replaced; its part of the request is reported

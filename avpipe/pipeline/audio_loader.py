@@ -429,7 +429,7 @@ class AudioBatchLoader:
     def _init_gpu(self, max_samples):
         """The GPU decoder's set-up: file sizes and lengths come from the files' own headers
         (libsndfile for anything else), read by the GPU loader's reader processes where this
-        process may have them (no GIL shared: 16,384 files took 1.7 s in threads), else, or
+        process may have them (no GIL shared: threads spend about 0.1 ms a file), else, or
         when they do not answer in time, in threads."""
         readers = start_readers()
         try:

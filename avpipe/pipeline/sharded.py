@@ -92,8 +92,8 @@ class ShardMember:
 # Reads of remote members about to be decoded, planned by the feed (read_ahead) and issued on a
 # few threads of their own before the decoding threads ask for the bytes. Members of one shard
 # that lie close together become one ranged read (a "run"), sliced per member: an object
-# store's request costs far more than the bytes between two members (measured on the moto S3
-# server: about 6 ms of CPU per GET against 1.6 ms per MB). The runs' bytes held at once are
+# store's request costs far more than the bytes between two members (docs/how-it-works.md,
+# "Measured trade-offs"). The runs' bytes held at once are
 # bounded (READ_AHEAD_BYTES); a run is dropped once each of its members was taken, or
 # READ_AHEAD_TTL seconds after it was planned (a feed stopped early leaves no bytes behind).
 COALESCE_GAP = 4 << 20  # the most bytes between two members read by one request

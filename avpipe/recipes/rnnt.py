@@ -16,8 +16,9 @@ sources its GPU FLAC decoder (frames decoded on the GPU, bit-exact to libFLAC, w
 files read ahead); on the CPU with ``decoder="processes"`` its worker processes (libsndfile
 into a shared ring). Otherwise ``avpipe.load_audio`` (offset / duration honoured, resampled to
 ``sample_rate``) in a thread pool, which also decodes the replacements of failed items. (The
-worker processes decode faster than the threads, but a whole CPU feed, log-mel included, was
-no faster with them, benchmarks/README.md: "auto" keeps the threads on the CPU.) Features: ``avpipe.ops.audio.log_mel`` with the ``preset``. A decoded item holding
+worker processes decode faster than the threads, but a whole CPU feed, log-mel included, is
+no faster with them (docs/how-it-works.md, "Measured trade-offs"): "auto" keeps the threads on
+the CPU.) Features: ``avpipe.ops.audio.log_mel`` with the ``preset``. A decoded item holding
 NaN / infinite samples, or samples beyond :data:`MAX_SAMPLE` in magnitude (damaged float data),
 fails as :class:`~avpipe.CorruptDataError` (skipped and reported with ``on_error="skip"``).
 
@@ -278,7 +279,7 @@ class RnntTask(Task):
             if self.decoder == "gpu" and not ok:
                 raise ValueError("decoder='gpu' takes FLAC files without offsets only")
             return "gpu" if ok else None
-        if self.decoder != "processes":  # measured: not faster end to end on the CPU
+        if self.decoder != "processes":  # processes are no faster end to end on the CPU
             return None
         import multiprocessing as mp
 

@@ -289,8 +289,9 @@ class VideoTask(Task):
                                             ratio=self.ratio)
         box = tuple(int(p[k][0]) for k in ("top", "left", "height", "width"))
         size = (self.crop_size, self.crop_size)
-        # the flip commutes with the pixel-wise colour ops and the contrast's frame mean (that
-        # mean now sums the pixels mirrored: float rounding may move a value by a float16 step)
+        # the flip commutes with the pixel-wise colour ops and the contrast's frame mean (with
+        # the flip folded in, that mean sums the pixels mirrored: float rounding may move a
+        # value by a float16 step)
         flip = bool(_aug.sample_flip_params(self.seed, epoch, [i])["flip"][0])
         if self.color_jitter is None and self.grayscale_p <= 0:
             return resize_crop_normalize(frames, box=box, size=size, short_side=None,

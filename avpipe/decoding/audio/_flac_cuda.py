@@ -2,7 +2,7 @@
 
 Why: for the ASR log-mel workload the CPU's FLAC decoding is the bound (libsndfile in worker
 processes, or DALI's C++ threads, decode several times fewer audio-seconds per second than the
-GPU computes log-mel; ``benchmarks/README.md`` has the figures). FLAC frames are
+GPU computes log-mel; figures: docs/how-it-works.md, "Measured trade-offs"). FLAC frames are
 independent and self-delimiting, so one GPU thread per frame decodes a batch of files at once
 (``_flac_kernels.cu`` explains the three kernels). The host reads the files' bytes (no
 decoding), parses STREAMINFO, uploads the bytes and launches the kernels; one small read-back
@@ -76,8 +76,8 @@ def scan_streaminfo(buf: np.ndarray, offsets: np.ndarray, *, max_blocks: int = 1
     int64 arrays (``sample_rate``, ``channels``, ``bits_per_sample``, ``total_samples``,
     ``min_block``, ``max_block``, ``audio_offset``) and the boolean mask of the files it read.
     The others (an ID3 tag, metadata cut short, not FLAC, odd blocks) are left to
-    :func:`parse_streaminfo`, which reads them or says why not. A window's files parsed one by
-    one held the GIL about 10 us each, time the feed's producer thread waited for."""
+    :func:`parse_streaminfo`, which reads them or says why not. Parsed one by one, a window's
+    files would hold the GIL about 10 us each, time the feed's producer thread waits for."""
     lo = np.asarray(offsets[:-1], np.int64)
     size = np.asarray(offsets[1:], np.int64) - lo
     top = len(buf) - 1

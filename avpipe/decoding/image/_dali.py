@@ -181,8 +181,8 @@ def num_threads() -> int:
 def hw_decoder_load() -> float:
     """The share of each batch's JPEGs given to the GPU's hardware JPEG decoder (where the GPU has
     one; DALI's other JPEGs go to its CUDA decoder, whose Huffman stage runs on the CPU threads for
-    images under about a megapixel). avpipe's default is 1.0, not DALI's 0.65: small JPEGs
-    decode faster when the hardware decoder takes them all (``benchmarks/README.md``).
+    images under about a megapixel). avpipe's default is 1.0, not DALI's 0.65: small JPEGs decode
+    faster when the hardware decoder takes them all (docs/how-it-works.md, "Measured trade-offs").
     ``AVPIPE_JPEG_HW_LOAD`` sets it."""
     return settings.jpeg_hw_load()
 

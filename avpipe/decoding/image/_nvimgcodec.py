@@ -1,13 +1,13 @@
 """nvImageCodec's decoder, called directly (private): the GPU path of ``decode_image_batch``.
 
 DALI's ``"mixed"`` image decoder is nvImageCodec inside a DALI pipeline, and a DALI pipeline is
-invalid after any operator error: every bad image cost a rebuild (seconds, most of it the
-decoders' set-up; figures: benchmarks/README.md). nvImageCodec's own ``Decoder.decode`` returns ``None`` for an image it
-cannot decode and stays usable, so a bad image costs one failed decode, nothing more. The
-decoder is the same library DALI runs (a DALI dependency: no new package), built once per
-(GPU, chroma rule, hardware share) with the same settings as DALI's mixed decoder: the
-hardware JPEG decoder takes ``AVPIPE_JPEG_HW_LOAD`` of each batch, then the CUDA, hybrid and
-CPU decoders; ``fancy_upsampling`` makes JPEG chroma match libjpeg-turbo (the CPU path).
+invalid after any operator error: every bad image costs a rebuild (seconds, most of it the decoders'
+set-up; figures: docs/how-it-works.md, "Measured trade-offs"). nvImageCodec's own ``Decoder.decode``
+returns ``None`` for an image it cannot decode and stays usable, so a bad image costs one failed
+decode, nothing more. The decoder is the same library DALI runs (a DALI dependency: no new package),
+built once per (GPU, chroma rule, hardware share) with the same settings as DALI's mixed decoder:
+the hardware JPEG decoder takes ``AVPIPE_JPEG_HW_LOAD`` of each batch, then the CUDA, hybrid and CPU
+decoders; ``fancy_upsampling`` makes JPEG chroma match libjpeg-turbo (the CPU path).
 
 A box (``roi``) is cut from the decoded, upright picture: nvImageCodec's regions are in the
 stored picture's coordinates, before the EXIF rotation.

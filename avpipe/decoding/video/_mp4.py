@@ -30,8 +30,8 @@ Where each field comes from (all in decode order unless said):
 * byte offsets and sizes: ``stsc`` x ``stco`` / ``co64`` and ``stsz`` / ``stz2``.
 * disposable: each sample's NAL headers (the first NAL unit of every sample is gathered from an
   mmap of the file in one numpy indexing step; samples with several NAL units are walked).
-  It is about a third of the reader's time (benchmarks/README.md), so it is computed at open
-  rather than lazily.
+  It is about a third of the reader's time (docs/how-it-works.md, "Measured trade-offs"), so it is
+  computed at open rather than lazily.
 * width / height: the sample entry (checked against the SPS with its cropping); pixel format,
   colour space and range: the SPS (chroma format, bit depth, VUI) and, for H.264 only, a ``colr``
   box where the SPS says nothing (HEVC's decoder overrides the container); the pixel format as

@@ -46,7 +46,7 @@ _local = threading.local()
 # false/no/off) turns it off (SimpleDecoder only). Streams under 144 pixels never take it.
 # It is faster than the SimpleDecoder path, which decodes every picture from the keyframe on
 # (about twice as many for sparse clips) and is bound by NVDEC there, as long as it feeds NVDEC
-# chunks of packets (benchmarks/README.md has the clip rates). A request it cannot
+# chunks of packets (docs/how-it-works.md, "Measured trade-offs"). A request it cannot
 # serve goes to the SimpleDecoder path; after three files in a row on which PyNvVideoCodec
 # misbehaved (and the SimpleDecoder did not), it is off for the process.
 _packet_path = {"enabled": True, "why_off": None, "failures": 0}
@@ -75,10 +75,10 @@ def simple_decoder_refusal(scan: StreamScan) -> str | None:
     i-th picture it hands out with the i-th decode timestamp whatever that picture is. That is
     right only where each keyframe's decode position is its display index and every picture
     decoded before it displays before it (closed GOPs). Open GOPs break it: HEVC CRA keyframes
-    with leading pictures, H.264 recovery points. Measured on the H200 (circles_hevc.mp4, a CRA
-    every 15 frames, PyNvVideoCodec 2.2.4): frame 13 alone came back as frame 15, frame 28 as
-    30; in a clip 10..16, frames 13 and 14 came back as misdecoded leading pictures; every one
-    labelled as the frame asked for, so no label check can catch it."""
+    with leading pictures, H.264 recovery points. With PyNvVideoCodec 2.2.4 on circles_hevc.mp4
+    (a CRA every 15 frames), frame 13 alone comes back as frame 15, frame 28 as 30; in a clip
+    10..16, frames 13 and 14 come back as misdecoded leading pictures; every one labelled as
+    the frame asked for, so no label check can catch it."""
     dpts, pts = scan.decode_pts, np.asarray(scan.pts, dtype=np.int64)
     n = len(pts)
     if dpts is None or len(dpts) != n or n == 0:
@@ -115,14 +115,13 @@ class FrameLabels:
     (B-frames), accepting a label under any of them lets a wrong picture through: with a
     reorder delay of two, the i-th decode timestamp is frame i-2's pts, so frame i-2 handed
     out for frame i under the pts convention passes as frame i under the decode-timestamp one.
-    (On MP4, PyNvVideoCodec 2.2.4 used the decode-timestamp convention, measured on the H200;
-    labels are given by position, not read from the picture, so they catch a miscount, never
-    a wrong picture: see :func:`simple_decoder_refusal` for the streams where that happens.)
-    So the convention is fixed once
-    per file from frame 0's label (the file's first picture, where a seek to the start lands)
-    and only that one is accepted after. Where frame 0's label matches none, every convention
-    stays accepted (the file's labels are then checked as before). What frame 0 said is kept
-    per file (path, size, mtime; :data:`_LABELS`), so later opens of the file skip frame 0.
+    (On MP4, PyNvVideoCodec 2.2.4 uses the decode-timestamp convention; labels are given by
+    position, not read from the picture, so they catch a miscount, never a wrong picture: see
+    :func:`simple_decoder_refusal` for the streams where that happens.) So the convention is
+    fixed once per file from frame 0's label (the file's first picture, where a seek to the
+    start lands) and only that one is accepted after. Where frame 0's label matches none, every
+    convention stays accepted (a label passes under any of them). What frame 0 said is kept per
+    file (path, size, mtime; :data:`_LABELS`), so later opens of the file skip frame 0.
     Where frame 0's label itself is wrong, the file's frames go to the CPU: slower, not wrong."""
 
     def __init__(self, scan: StreamScan, path=None):
@@ -475,13 +474,14 @@ class NvdecBackend:
                 if mislabelled and self.scan.codec != "mjpeg":
                     # the session handed out a wrong picture: it met bad data (PyNvVideoCodec
                     # then prints "Decode Error occurred for picture N" and goes on). Such a
-                    # session, cached and reconfigured for the next file, has crashed the
+                    # session, cached and reconfigured for the next file, can crash the
                     # process (SIGSEGV, a damaged H.264 MP4 then any file): never reused. (A
                     # tail PyNvVideoCodec refused to seek to was refused by a session already
                     # dropped, see _batch; the fresh one that served the rest is healthy.)
                     # MJPEG is left out: its pictures are independent, and its sessions
-                    # mislabel frames of clean AVI files; dropping them made which frames NVDEC
-                    # serves (and which the CPU) differ from one open of a file to the next.
+                    # mislabel frames of clean AVI files; dropping them would make which frames
+                    # NVDEC serves (and which the CPU) differ from one open of a file to the
+                    # next.
                     self._drop_failed()
         if missing:
             self.pts_mismatches += len(missing)
@@ -506,7 +506,7 @@ class NvdecBackend:
     def _write_raw(self, frame, dst, output, chw) -> bool:
         """The frame's planes by their device pointers, without a DLPack round trip (a DLPack
         export per frame costs a large share of the clip rate with many threads;
-        ``benchmarks/README.md``).
+        docs/how-it-works.md, "Measured trade-offs").
         The kernel or copies are ordered after the decoder's event on this backend's stream.
         False where the frame does not expose its planes; the caller then uses DLPack."""
         H, W = self._hw

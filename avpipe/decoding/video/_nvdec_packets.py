@@ -29,11 +29,11 @@ pictures come out in decode order, one per packet fed. Either way each frame is 
 trusting the timestamps PyNvVideoCodec puts on frames (it re-labels them), and the count is
 checked; a display-order count that does not add up raises :class:`DisplayOrderError`, and the
 caller serves the request, and the file's later ones, in decode order. Chunks and latency both
-matter (``benchmarks/README.md`` has the clip rates of ``benchmarks/bench_video.py``): one
-packet per call (``AVPIPE_NVDEC_CHUNK=1``) leaves NVDEC idle between calls; 64 packets per call
-and the native latency each gave about 4 % more clips/s than 16 and zero latency, 8 %
-together. A session holds up to one chunk of decoded frames at a time (PyNvVideoCodec's output
-buffers), so memory per thread is about ``chunk`` frames plus the display delay's few.
+matter (docs/how-it-works.md, "Measured trade-offs"): one packet per call (``AVPIPE_NVDEC_CHUNK=1``)
+leaves NVDEC idle between calls; 64 packets per call and the native latency each give a few percent
+more clips/s than 16 and zero latency. A session holds up to one chunk of decoded frames at a time
+(PyNvVideoCodec's output buffers), so memory per thread is about ``chunk`` frames plus the display
+delay's few.
 Demuxer-fed packets go one per call, marked ``ENDOFPICTURE``, to a zero-latency session (each
 picture out at once, in decode order), and the demuxer's packet order is
 checked against the scan's (PyAV) packet by packet. Anything unexpected raises

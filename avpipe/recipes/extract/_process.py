@@ -529,9 +529,9 @@ def _image_stream(items: list[Item], icfg: dict, dev, batch: int) -> Iterator[Re
         if dev.is_cuda:
             with dev.activate():
                 return iter(decode_image_stream(paths, batch_size=batch, device=str(dev)))
-        # on the CPU, batch by batch: DALI's CPU decoder behind the prefetching stream crashed
-        # the process (SIGSEGV in ImageDecoder<CPUBackend>) on damaged images while the audio
-        # loader's worker processes ran beside it; decode_image_batch has not
+        # on the CPU, batch by batch: DALI's CPU decoder behind the prefetching stream can
+        # crash the process (SIGSEGV in ImageDecoder<CPUBackend>) on damaged images while the
+        # audio loader's worker processes run beside it; decode_image_batch does not
         return (decode_image_batch(paths[i : i + batch], device="cpu")
                 for i in range(0, len(paths), batch))
 
