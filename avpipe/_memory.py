@@ -14,7 +14,6 @@ alone.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import threading
 
 from . import settings
@@ -34,8 +33,9 @@ def limit_malloc_arenas() -> int | None:
         if n == 0 or _DONE.get("arenas") == n:
             return None
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            mallopt = libc.mallopt
+            # the process's own symbols: the C library it runs on (find_library would start
+            # ldconfig at every import)
+            mallopt = ctypes.CDLL(None).mallopt
         except (OSError, AttributeError):  # not glibc: nothing to set
             _DONE["arenas"] = n
             return None
