@@ -45,6 +45,7 @@ class SparseRows:
             bounds.append((cut[k1], k1))
             k1 = cut[k1]
         self.groups = []
+        self._cast: dict = {}
         for k0, k1 in reversed(bounds):
             J = int(width[k0:k1].max())
             rows = np.arange(k0, k1)
@@ -56,6 +57,15 @@ class SparseRows:
             # where a weight is 0 past F, any column will do (0 times a finite value)
             starts = np.minimum(first[k0:k1][None, :] + np.arange(J)[:, None], F - 1)
             self.groups.append((k0, k1, starts, weights))
+
+    def _weights(self, weights, dtype):
+        """``weights`` in ``dtype``, shaped ``[J, k, 1]`` (kept per dtype: a log-mel applies
+        the same filters to every chunk of every item)."""
+        key = (id(weights), np.dtype(dtype))
+        w = self._cast.get(key)
+        if w is None:
+            w = self._cast[key] = weights.astype(dtype)[..., None]
+        return w
 
     def apply(self, s, out=None):
         """``w @ s`` for ``s [F, N]`` (or ``[..., F, N]``) in ``s``'s dtype: ``out[k] =
@@ -70,13 +80,15 @@ class SparseRows:
         lead, N = s.shape[:-2], s.shape[-1]
         if out is None:
             out = np.empty((*lead, K, N), s.dtype)
+        size = max((k1 - k0 for k0, k1, _, _ in self.groups), default=0)
+        scratch = np.empty((*lead, size, N), s.dtype)  # one buffer, each group's rows of it
         for k0, k1, starts, weights in self.groups:
             o = out[..., k0:k1, :]
             if weights.shape[0] == 0:
                 o[...] = 0
                 continue
-            w = weights.astype(s.dtype, copy=False)[..., None]  # [J, k, 1]
-            tmp = np.empty((*lead, k1 - k0, N), s.dtype)
+            w = self._weights(weights, s.dtype)  # [J, k, 1]
+            tmp = scratch[..., : k1 - k0, :]
             for j in range(weights.shape[0]):
                 np.take(s, starts[j], axis=-2, out=tmp, mode="clip")  # "raise" copies out
                 if j == 0:
