@@ -1,7 +1,7 @@
 """``python -m benchmarks``: run the suites, regenerate RESULTS.md, make the data.
 
     python -m benchmarks run --suite cpu|gpu|all [--only NAME,..] [--rounds N] [--quick]
-        [--out DIR] [--data DIR] [--contenders NAME,..] [--tests]
+        [--out DIR] [--data DIR] [--contenders NAME,..] [--baseline COMMIT] [--tests]
     python -m benchmarks report [--results DIR] [--out FILE]
     python -m benchmarks tests [--out DIR]     # pytest -m gpu and the GPU fuzz corpus
     python -m benchmarks list
@@ -14,6 +14,9 @@ import argparse
 import os
 import subprocess
 import sys
+
+if os.environ.get("BENCH_AVPIPE_FROM"):  # a --baseline child: that folder's avpipe, not ours
+    sys.path.insert(0, os.environ["BENCH_AVPIPE_FROM"])
 
 from benchmarks import harness
 from benchmarks.harness import log
@@ -58,7 +61,8 @@ def cmd_run(args, argv) -> int:
                                        data_dir=args.data,
                                        only_contenders=_names(args.contenders) or None,
                                        timeout=args.timeout, command=command,
-                                       overrides=_params(args.param), out_dir=args.out)
+                                       overrides=_params(args.param), out_dir=args.out,
+                                       baseline=args.baseline)
         except Exception as e:  # noqa: BLE001 - one workload's failure must not stop the rest
             import traceback
 
@@ -149,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--timeout", type=float, default=900.0, help="seconds per child measurement")
     r.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a workload parameter (e.g. files=64, budget=5), over --quick's")
+    r.add_argument("--baseline", default=None, metavar="COMMIT",
+                   help="also measure every avpipe contender with this commit's avpipe, in the "
+                        "same rounds (a before/after ratio; results keyed --vs-COMMIT)")
     r.add_argument("--tests", action="store_true",
                    help="then `pytest -m gpu` and the GPU fuzz corpus, logs in --out")
     p = sub.add_parser("report", help="regenerate RESULTS.md from the results JSON")

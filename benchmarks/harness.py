@@ -253,8 +253,20 @@ def child_main(workload_name: str, contender: str, ctx_json: str) -> int:
     mod = workload(workload_name)
     ctx = Context.from_json(sys.stdin.read() if ctx_json == "-" else ctx_json)
     try:
-        value, extra = mod.measure(ctx, contender)
+        if hasattr(mod, "measure"):
+            value, extra = mod.measure(ctx, contender)
+        else:  # a session's workload, one contender to a process (--baseline): set up, measure
+            ctx.contenders = [contender]
+            sess = mod.session(ctx)
+            try:
+                value, extra = sess.measure(contender)
+            finally:
+                sess.close()
         out = {"value": value, "extra": extra}
+        if os.environ.get(AVPIPE_FROM_ENV):  # which avpipe measured, as proof
+            import avpipe
+
+            out["avpipe_from"] = os.path.dirname(os.path.dirname(avpipe.__file__))
     except Exception as e:  # noqa: BLE001 - reported as the measurement's error
         traceback.print_exc()
         out = {"value": None, "error": f"{type(e).__name__}: {e}"[:500]}
@@ -263,12 +275,18 @@ def child_main(workload_name: str, contender: str, ctx_json: str) -> int:
 
 
 def measure_in_child(workload_name: str, contender: str, ctx: Context,
-                     timeout: float, log_path: str | None = None) -> dict:
+                     timeout: float, log_path: str | None = None,
+                     avpipe_from: str | None = None) -> dict:
     """One measurement in a fresh ``python -m benchmarks _child`` process (the context on its
-    stdin: a data list can outgrow a command-line argument); its output kept in ``log_path``."""
+    stdin: a data list can outgrow a command-line argument); its output kept in ``log_path``.
+    ``avpipe_from``: a folder holding another ``avpipe`` package (:func:`baseline_tree`),
+    imported instead of this checkout's; the workload's code stays this checkout's."""
     cmd = [sys.executable, "-m", "benchmarks", "_child", workload_name, contender, "-"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    env.pop(AVPIPE_FROM_ENV, None)
+    if avpipe_from:  # put first on the child's path by benchmarks/__main__.py (``-m`` puts
+        env[AVPIPE_FROM_ENV] = avpipe_from  # the working directory ahead of PYTHONPATH)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
                            cwd=ROOT, input=ctx.to_json())
@@ -291,17 +309,54 @@ def _text(b) -> str:
     return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
+BASELINE_SUFFIX = "@baseline"
+AVPIPE_FROM_ENV = "BENCH_AVPIPE_FROM"  # a child imports avpipe from this folder
+
+
+def baseline_tree(commit: str, root: str | None = None) -> tuple[str, str]:
+    """``(folder, full commit)``: the ``avpipe`` package of ``commit`` (any name git knows),
+    extracted with ``git archive`` into a folder of its own under the temporary directory (made
+    once per commit). A child given that folder first on its path imports that avpipe, with
+    this checkout's workload code and data: the same measurement of two versions of avpipe,
+    side by side in one run."""
+    import tarfile
+    import tempfile
+
+    root = root or ROOT
+    full = subprocess.run(["git", "rev-parse", "--verify", f"{commit}^{{commit}}"], cwd=root,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    folder = os.path.join(tempfile.gettempdir(), f"avpipe-baseline-{full[:12]}")
+    if not os.path.isdir(os.path.join(folder, "avpipe")):
+        tmp = folder + f".tmp{os.getpid()}"
+        os.makedirs(tmp, exist_ok=True)
+        archive = subprocess.run(["git", "archive", "--format=tar", full, "avpipe"], cwd=root,
+                                 capture_output=True, check=True).stdout
+        import io
+
+        with tarfile.open(fileobj=io.BytesIO(archive)) as t:
+            t.extractall(tmp, filter="data")
+        os.replace(tmp, folder) if not os.path.exists(folder) else None
+    return folder, full
+
+
 def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: str = DEFAULT_DATA,
                  only_contenders: list[str] | None = None, timeout: float = 900.0,
                  command: str = "", overrides: dict | None = None,
-                 out_dir: str | None = None) -> dict | None:
+                 out_dir: str | None = None, baseline: str | None = None) -> dict | None:
     """Every contender of workload ``name`` in ``rounds`` interleaved rounds: the result dict
     (:func:`result_doc`), a skipped one where the machine lacks what it needs, or None where
     ``only_contenders`` names none of its contenders. ``overrides``: parameters set over the
     workload's own (those it does not have are ignored). With ``out_dir`` the results so far are
     written after every round (``"complete": false`` until the last), so that a run cut short
     keeps its finished rounds. Each child process's output is kept in ``out_dir/logs`` (in
-    ``data_dir/logs`` when ``out_dir`` is the repository's results folder)."""
+    ``data_dir/logs`` when ``out_dir`` is the repository's results folder).
+
+    ``baseline``: a commit; every avpipe contender (named ``avpipe...``) is also measured with
+    that commit's avpipe (:func:`baseline_tree`) as ``NAME@baseline``, in the same interleaved
+    rounds, and each is given its ratio to its baseline twin (a before/after comparison of the
+    same work). A workload measured in one session process then measures each contender in a
+    child of its own (set up, one measurement), both versions alike. The result's key names the
+    commit, so it is kept beside the workload's own."""
     mod = workload(name)
     rounds = getattr(mod, "ROUNDS", rounds)  # a soak is one long round
     lacking = missing(getattr(mod, "REQUIRES", ()))
@@ -311,6 +366,14 @@ def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: s
     variant = None if set(contenders) == set(mod.CONTENDERS) - optional else ",".join(contenders)
     if not contenders:
         return None
+    base = None
+    if baseline:
+        folder, full = baseline_tree(baseline)
+        twins = [c + BASELINE_SUFFIX for c in contenders if c.startswith("avpipe")]
+        if not twins:
+            return None
+        base = {"commit": full, "folder": folder}
+        contenders = contenders + twins
     params = params_of(mod, quick, {k: v for k, v in (overrides or {}).items()
                                     if k in getattr(mod, "PARAMS", {})})
     ctx = Context(data_dir=data_dir, quick=quick, rounds=rounds, params=params,
@@ -326,7 +389,9 @@ def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: s
     runs: dict[str, list[dict]] = {c: [] for c in contenders}
     in_repo = not out_dir or os.path.abspath(out_dir) == os.path.abspath(RESULTS)
     logs = os.path.join(data_dir if in_repo else out_dir, "logs")
-    sess = mod.session(ctx) if hasattr(mod, "session") else None
+    # a session measures every contender in this process; against a baseline every contender
+    # runs in a child of its own instead (its avpipe is chosen by the child's path)
+    sess = mod.session(ctx) if hasattr(mod, "session") and base is None else None
     try:
         for r in range(rounds):
             ctx.round = r
@@ -340,15 +405,18 @@ def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: s
                         traceback.print_exc()
                         m = {"value": None, "error": f"{type(e).__name__}: {e}"[:500]}
                 else:
-                    m = measure_in_child(name, c, ctx, timeout,
-                                         os.path.join(logs, f"{name}-{c}-r{r}.log"))
+                    twin = base is not None and c.endswith(BASELINE_SUFFIX)
+                    m = measure_in_child(name, c[: -len(BASELINE_SUFFIX)] if twin else c, ctx,
+                                         timeout, os.path.join(logs, f"{name}-{c}-r{r}.log"),
+                                         avpipe_from=base["folder"] if twin else None)
                 m["wall_s"] = round(time.perf_counter() - t1, 2)
                 runs[c].append(m)
                 v = m.get("value")
                 log(f"{name} round {r} {c:28s} "
                     + (f"{v:10.2f} {mod.UNIT}" if v is not None else f"error: {m.get('error')}"))
             if out_dir and r < rounds - 1:
-                part = result_doc(mod, ctx, runs, command=command, checks=checks, variant=variant)
+                part = result_doc(mod, ctx, runs, command=command, checks=checks, variant=variant,
+                                  baseline=base)
                 part["complete"] = False
                 write_result(part, out_dir)
     finally:
@@ -356,7 +424,8 @@ def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: s
             sess.close()
     if hasattr(mod, "finish"):
         checks = {**checks, **(mod.finish(ctx) or {})}
-    doc = result_doc(mod, ctx, runs, command=command, checks=checks, variant=variant)
+    doc = result_doc(mod, ctx, runs, command=command, checks=checks, variant=variant,
+                     baseline=base)
     for rt in doc["ratios"]:
         if rt["ratio"] is not None:
             log(f"{name}: {rt['subject']} / {rt['anchor']} = {rt['ratio']:.3f} (ratio of medians)")
@@ -373,18 +442,25 @@ def _round(v, nd=4):
 
 
 def result_doc(mod, ctx: Context, runs: dict, *, command: str, checks: dict | None = None,
-               skipped: str | None = None, variant: str | None = None) -> dict:
+               skipped: str | None = None, variant: str | None = None,
+               baseline: dict | None = None) -> dict:
     """The results JSON of one workload run (see benchmarks/README.md for the fields)."""
     commit, dirty = git_state()
     contenders = {}
     for c, ms in runs.items():
         values = [m.get("value") for m in ms]
+        own = c[: -len(BASELINE_SUFFIX)] if baseline and c.endswith(BASELINE_SUFFIX) else c
+        desc = mod.CONTENDERS.get(own, "")
+        if own != c:
+            desc = f"{own} with avpipe at {baseline['commit'][:7]} ({desc})"
         contenders[c] = {
-            "description": mod.CONTENDERS.get(c, ""),
+            "description": desc,
             "values": [_round(v, 6) for v in values],
             "median": _round(median(values), 6),
             "errors": [m.get("error") for m in ms if m.get("error")],
             "extra": [m.get("extra") for m in ms],
+            **({"avpipe_from": sorted({m["avpipe_from"] for m in ms if m.get("avpipe_from")})}
+               if any(m.get("avpipe_from") for m in ms) else {}),
             "wall_s": [m.get("wall_s") for m in ms],
         }
     for best, members in getattr(mod, "BEST_OF", {}).items():
@@ -402,6 +478,18 @@ def result_doc(mod, ctx: Context, runs: dict, *, command: str, checks: dict | No
                            "ratio": _round(ratio_of_medians(contenders[s]["values"],
                                                             contenders[a]["values"])),
                            "headline": i == 0})
+    if baseline:  # each avpipe contender over its twin at the baseline commit, first
+        twins = [{"subject": c[: -len(BASELINE_SUFFIX)], "anchor": c,
+                  "anchor_settings": contenders[c]["description"],
+                  "ratio": _round(ratio_of_medians(contenders[c[: -len(BASELINE_SUFFIX)]]["values"],
+                                                   contenders[c]["values"])),
+                  "headline": False}
+                 for c in contenders if c.endswith(BASELINE_SUFFIX)]
+        for r in ratios:
+            r["headline"] = False
+        ratios = twins + ratios
+        if ratios:
+            ratios[0]["headline"] = True
     if ratios and not any(r["headline"] for r in ratios):
         ratios[0]["headline"] = True
     return {
@@ -415,7 +503,9 @@ def result_doc(mod, ctx: Context, runs: dict, *, command: str, checks: dict | No
         "dirty": dirty,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
-        "reproduce": reproduce_command(mod, variant),
+        "reproduce": reproduce_command(mod, variant,
+                                       baseline["commit"][:12] if baseline else None),
+        "baseline": {"commit": baseline["commit"]} if baseline else None,
         "host": host(),
         "gpu": gpu(),
         "versions": versions(),
@@ -431,10 +521,12 @@ def result_doc(mod, ctx: Context, runs: dict, *, command: str, checks: dict | No
     }
 
 
-def reproduce_command(mod, variant: str | None = None) -> str:
-    """The command that measures this workload (``variant``: only those contenders)."""
+def reproduce_command(mod, variant: str | None = None, baseline: str | None = None) -> str:
+    """The command that measures this workload (``variant``: only those contenders;
+    ``baseline``: against that commit's avpipe)."""
     cmd = f"python -m benchmarks run --suite {mod.SUITE} --only {mod.NAME}"
-    return cmd + (f" --contenders {variant}" if variant else "")
+    return (cmd + (f" --contenders {variant}" if variant else "")
+            + (f" --baseline {baseline}" if baseline else ""))
 
 
 def validate(doc: dict) -> list[str]:
@@ -468,8 +560,11 @@ def validate(doc: dict) -> list[str]:
 
 
 def result_key(doc: dict) -> str:
-    """``workload`` or ``workload--contenders`` (a run of chosen contenders only)."""
-    return doc["workload"] + (f"--{doc['variant']}" if doc.get("variant") else "")
+    """``workload`` or ``workload--contenders`` (a run of chosen contenders only), then
+    ``--vs-COMMIT`` for a run against a baseline commit's avpipe."""
+    key = doc["workload"] + (f"--{doc['variant']}" if doc.get("variant") else "")
+    base = (doc.get("baseline") or {}).get("commit")
+    return key + (f"--vs-{base[:7]}" if base else "")
 
 
 def write_result(doc: dict, out_dir: str) -> str:

@@ -68,8 +68,21 @@ def headline(doc) -> dict | None:
 
 
 def render(docs: list[dict]) -> str:
-    out = [HEADER, "## Current results", "",
-           "| workload | suite | avpipe contender | anchor (its settings) | ratio | rounds | "
+    out = [HEADER, "## Current results", ""]
+    current = [d for d in docs if not d.get("baseline")]
+    against = [d for d in docs if d.get("baseline")]
+    out += _table(current)
+    if against:
+        out += ["", "## Against an earlier avpipe", "",
+                "The same workload's avpipe contenders measured with this commit's avpipe and "
+                "with an earlier commit's (`--baseline`), in the same interleaved rounds; the "
+                "ratio is this commit's over the earlier one's.", ""]
+        out += _table(against)
+    return _details(out, current + against)
+
+
+def _table(docs: list[dict]) -> list[str]:
+    out = ["| workload | suite | avpipe contender | anchor (its settings) | ratio | rounds | "
            "commit | command |", "|---|---|---|---|---|---|---|---|"]
     for d in docs:
         h = headline(d)
@@ -85,6 +98,10 @@ def render(docs: list[dict]) -> str:
         out.append(f"| [{key}](#{_anchor(key)}) | {d['suite']} | "
                    f"{_cell(subj)} | {_cell(anchor)} | {ratio}{quick} | {d.get('rounds')} | "
                    f"{_commit(d)} | `{d.get('reproduce') or d.get('command')}` |")
+    return out
+
+
+def _details(out: list[str], docs: list[dict]) -> str:
     for d in docs:
         out += ["", f"## {result_key(d)}", "", _cell(d.get("title")), ""]
         g = d.get("gpu") or {}

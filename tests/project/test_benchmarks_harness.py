@@ -319,3 +319,49 @@ def test_a_child_that_runs_past_its_timeout_is_an_error_with_its_log_kept(tmp_pa
                                  log_path=str(tmp_path / "logs" / "x.log"))
     assert m["value"] is None and "timed out" in m["error"]
     assert (tmp_path / "logs" / "x.log").exists()
+
+
+# --- against an earlier avpipe (--baseline) ---------------------------------------------------
+
+
+def test_baseline_twins_measure_the_same_contender_with_the_other_avpipe(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_child(name, contender, ctx, timeout, log_path=None, avpipe_from=None):
+        seen.append((contender, avpipe_from))
+        return {"value": 2.0 if avpipe_from is None else 1.0}
+
+    mod = _fake_workload(RATIOS=[("ours", "theirs")], BEST_OF={},
+                         CONTENDERS={"avpipe": "ours", "theirs": "the anchor"},
+                         prepare=lambda ctx: {})
+    mod.RATIOS = [("avpipe", "theirs")]
+    monkeypatch.setattr(harness, "workload", lambda name: mod)
+    monkeypatch.setattr(harness, "measure_in_child", fake_child)
+    monkeypatch.setattr(harness, "baseline_tree", lambda c: ("/base", "a" * 40))
+    doc = harness.run_workload("fake", rounds=3, command="x", baseline="HEAD~1")
+    # the anchor is measured once a round, the avpipe contender twice: ours and the baseline's
+    from collections import Counter
+
+    assert Counter(seen) == Counter({("avpipe", None): 3, ("avpipe", "/base"): 3,
+                                     ("theirs", None): 3})
+    first = doc["ratios"][0]
+    assert (first["subject"], first["anchor"], first["headline"]) == \
+        ("avpipe", "avpipe@baseline", True)
+    assert first["ratio"] == pytest.approx(2.0)
+    assert harness.result_key(doc) == "fake--vs-aaaaaaa" and harness.validate(doc) == []
+    assert "--baseline aaaaaaaaaaaa" in doc["reproduce"]
+    text = report.render([doc])
+    assert "## Against an earlier avpipe" in text
+
+
+def test_baseline_tree_holds_that_commits_avpipe_and_a_child_imports_it(tmp_path):
+    folder, full = harness.baseline_tree("HEAD")
+    assert len(full) == 40 and os.path.isfile(os.path.join(folder, "avpipe", "__init__.py"))
+    code = "import avpipe, os; print(os.path.dirname(os.path.dirname(avpipe.__file__)))"
+    env = dict(_env(), **{harness.AVPIPE_FROM_ENV: folder})
+    # the child's entry point puts the folder ahead of the working directory
+    p = subprocess.run([sys.executable, "-c", "import runpy, sys; sys.argv=['benchmarks', "
+                        "'list']; import benchmarks.__main__ as m; " + code], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == folder
