@@ -366,10 +366,18 @@ def _source_size(src) -> int:
 def _read_padded(src) -> np.ndarray:
     """The source's bytes in a uint8 buffer followed by ``_flac_cuda.PAD`` zero bytes (the
     kernels' bit reader looks that far past the end)."""
+    import os
+
     with src.stream() as f:
-        data = f.read()
-    buf = np.zeros(len(data) + _flac_cuda.PAD, np.uint8)
-    buf[: len(data)] = np.frombuffer(data, np.uint8)
+        size = f.seek(0, os.SEEK_END)
+        f.seek(0)
+        buf = np.zeros(size + _flac_cuda.PAD, np.uint8)
+        view, got = memoryview(buf)[:size], 0
+        while got < size:  # a file that shrank meanwhile keeps zeros: its frames do not cover
+            k = f.readinto(view[got:])
+            if not k:
+                break
+            got += k
     return buf
 
 
