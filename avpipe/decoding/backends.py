@@ -23,7 +23,7 @@ differ by kind (see :class:`VideoRequest`, :class:`AudioRequest`, :class:`ImageR
 
 * video: ``open(request)`` returns a :class:`~avpipe.decoding.video._backend.VideoBackend`;
 * audio: ``decode(request)`` returns ``(samples [n, C] float32, sample_rate, channels,
-  start, damaged)``;
+  start, damaged)``; ``samples`` numpy, or cupy on the request's device from a GPU backend;
 * image: ``decode(work, indices)`` decodes a group of images that passed the header checks
   into ``work.images`` / ``work.errors``.
 

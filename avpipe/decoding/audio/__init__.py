@@ -1,6 +1,7 @@
 """Audio decoding: :func:`load_audio` -> :class:`Audio` (``load``), over the audio backends
-listed in :mod:`avpipe.decoding.backends` under ``"audio"`` (soundfile, PyAV; the GPU FLAC
-decoder of a window of files, :mod:`.flac_gpu`, serves :mod:`avpipe.pipeline` and extraction)."""
+listed in :mod:`avpipe.decoding.backends` under ``"audio"`` (the GPU FLAC decoder for a FLAC
+file on a GPU, soundfile, PyAV). The same GPU FLAC decoder over a window of files,
+:mod:`.flac_gpu`, serves :mod:`avpipe.pipeline` and extraction."""
 
 from __future__ import annotations
 

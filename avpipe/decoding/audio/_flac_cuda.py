@@ -1,4 +1,5 @@
-"""FLAC decoding on the GPU, bit-exact to libFLAC (private; used by the audio batch loader).
+"""FLAC decoding on the GPU, bit-exact to libFLAC (private; used by the audio batch loader's
+windows of files and by ``load_audio`` on a GPU, one file at a time).
 
 Why: for the ASR log-mel workload the CPU's FLAC decoding is the bound (libsndfile in worker
 processes, or DALI's C++ threads, decode several times fewer audio-seconds per second than the
@@ -120,6 +121,39 @@ def scan_streaminfo(buf: np.ndarray, offsets: np.ndarray, *, max_blocks: int = 1
     return fields, ok
 
 
+def gpu_refusals(parsed, total, bps, audio_bytes):
+    """The plan's rule for which files the GPU decodes, from each file's STREAMINFO (``total``
+    samples per channel, ``bps`` bits per sample) and its ``audio_bytes`` bytes of frames
+    (int64 arrays, one entry per file; ``parsed``: whose STREAMINFO was read). Returns the mask
+    of the files the GPU decodes and ``{index: why not}`` for the parsed files it leaves to the
+    CPU: no sample count (a stream written before its length was known), samples of more than
+    :data:`MAX_BPS` or fewer than 4 bits, a count its bytes cannot hold (:func:`most_samples`).
+    The channel count needs no rule: FLAC's 1 to 8 channels are all decoded."""
+    parsed = np.asarray(parsed, bool)
+    total, bps = np.asarray(total, np.int64), np.asarray(bps, np.int64)
+    audio_bytes = np.asarray(audio_bytes, np.int64)
+    why = {}
+    no_count = parsed & (total <= 0)
+    odd_bps = parsed & ~no_count & ((bps > MAX_BPS) | (bps < 4))
+    for i in np.flatnonzero(no_count).tolist():
+        why[i] = "STREAMINFO does not give the sample count"
+    for i in np.flatnonzero(odd_bps).tolist():
+        why[i] = f"{int(bps[i])}-bit samples"
+    lies = parsed & ~no_count & ~odd_bps & (total > most_samples(audio_bytes))
+    for i in np.flatnonzero(lies).tolist():
+        why[i] = (f"STREAMINFO declares {int(total[i])} samples, more than its "
+                  f"{int(audio_bytes[i])} bytes of frames can hold")
+    return parsed & ~no_count & ~odd_bps & ~lies, why
+
+
+def file_refusal(info: StreamInfo, file_bytes: int) -> str | None:
+    """:func:`gpu_refusals` for one file of ``file_bytes`` bytes whose STREAMINFO is ``info``:
+    why the GPU does not decode it, or None."""
+    audio = max(int(file_bytes) - int(info.audio_offset), 0)
+    _, why = gpu_refusals([True], [info.total_samples], [info.bits_per_sample], [audio])
+    return why.get(0)
+
+
 def plan_batch(buf: np.ndarray, offsets: np.ndarray, leave: dict | None = None) -> Plan:
     """``buf``: uint8 holding the files back to back (``PAD`` spare bytes after the last);
     ``offsets``: int64 ``[B + 1]``, item ``i`` is ``buf[offsets[i]:offsets[i+1]]``. ``leave``:
@@ -150,18 +184,9 @@ def plan_batch(buf: np.ndarray, offsets: np.ndarray, leave: dict | None = None) 
         infos[i] = StreamInfo(*row)
     total, bps, ch = f["total_samples"], f["bits_per_sample"], f["channels"]
     mnb, mxb = f["min_block"], f["max_block"]
-    no_count = parsed & (total <= 0)
-    odd_bps = parsed & ~no_count & ((bps > MAX_BPS) | (bps < 4))
-    for i in np.flatnonzero(no_count).tolist():
-        cpu[i] = "STREAMINFO does not give the sample count"
-    for i in np.flatnonzero(odd_bps).tolist():
-        cpu[i] = f"{int(bps[i])}-bit samples"
     audio_bytes = np.maximum(hi - (lo + f["audio_offset"]), 0)
-    lies = parsed & ~no_count & ~odd_bps & (total > most_samples(audio_bytes))
-    for i in np.flatnonzero(lies).tolist():
-        cpu[i] = (f"STREAMINFO declares {int(total[i])} samples, more than its "
-                  f"{int(audio_bytes[i])} bytes of frames can hold")
-    gpu = parsed & ~no_count & ~odd_bps & ~lies
+    gpu, why = gpu_refusals(parsed, total, bps, audio_bytes)
+    cpu.update(why)
     for i, why in (leave or {}).items():
         if 0 <= i < b:
             cpu[i] = why
@@ -261,6 +286,7 @@ class Launched:
     cover: np.ndarray  # page-locked, filled by the queued copy
     done: object  # cupy Event after that copy
     inputs: tuple  # device arrays the queued kernels still read
+    pcm: object = None  # cupy int32: each item's samples, channel after channel (item_channels)
 
 
 def launch(buf: np.ndarray, offsets: np.ndarray, plan: Plan | None = None) -> Launched:
@@ -326,7 +352,7 @@ def launch(buf: np.ndarray, offsets: np.ndarray, plan: Plan | None = None) -> La
     done = cupy.cuda.Event(block=False, disable_timing=True)
     done.record(stream)
     return Launched(out, plan, host, done, (data, meta, imeta, flags, cand, n_cand, valid, cover,
-                                           claims, pcm))
+                                           claims, pcm), pcm)
 
 
 def collect(job: Launched):
@@ -339,10 +365,35 @@ def collect(job: Launched):
     out = job.x
     for i in left:
         out[i] = 0
-    job.inputs = ()
+    job.inputs, job.pcm = (), None
     if job.plan.max_len < out.shape[1]:
         out = out[:, : job.plan.max_len]
     return out, job.plan, left
+
+
+def item_channels(xp, pcm, plan: Plan, item: int):
+    """One decoded item's samples, float32 ``[n, channels]`` of array module ``xp`` (a view of
+    ``pcm``, the kernels' int32 samples, scaled): each channel apart, scaled as
+    ``flac_to_float`` scales (x / 2^(bps-1), exact in float32 for up to 24 bits, as libsndfile
+    scales), where the rows of :func:`collect` average them."""
+    ch, bps = int(plan.imeta[item, 0]), int(plan.imeta[item, 1])
+    n, at = int(plan.itotal[item]), int(plan.ipcm[item])
+    x = pcm[at : at + ch * n].reshape(ch, n).T
+    return x.astype(xp.float32) * xp.float32(1.0 / (1 << (bps - 1)))
+
+
+def collect_channels(job: Launched, item: int = 0):
+    """Wait for ``job`` and return ``(samples, why)`` for one of its items: ``samples``, cupy
+    float32 ``[n, channels]`` (:func:`item_channels`), or None and why the GPU did not decode
+    it exactly (a frame it could not decode: the caller decodes it on the CPU)."""
+    import cupy
+
+    job.done.synchronize()
+    left = finish_batch(job.plan, job.cover)
+    pcm, job.inputs, job.pcm = job.pcm, (), None
+    if item in left:
+        return None, left[item]
+    return item_channels(cupy, pcm, job.plan, item), None
 
 
 def decode_on_gpu(buf: np.ndarray, offsets: np.ndarray, plan: Plan | None = None):

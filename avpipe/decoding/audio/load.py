@@ -5,8 +5,10 @@ libsndfile reads (WAV PCM 16/24/32-bit and float, FLAC, OGG/Vorbis, and Opus / M
 installed libsndfile has them) go through soundfile, which seeks: an ``offset`` / ``duration``
 read decodes only that part. Anything else (the audio track of a video container, AAC, ...)
 goes through PyAV, which seeks to the offset and stops decoding after the duration. The GPU
-FLAC decoder (``_flac_cuda``) decodes windows of files for :mod:`avpipe.pipeline`; it is listed
-first and takes no single-file request.
+FLAC decoder (``_flac_cuda``) is listed first: a whole FLAC file asked for on a GPU
+(``device="cuda"``) is decoded there, bit-exact to libFLAC, and stays there; it refuses a span
+and the files it does not decode (:class:`FlacCudaEntry`), which soundfile or PyAV then decode.
+:mod:`avpipe.pipeline`'s FLAC windows drive the same decoder over many files at once.
 
 Resampling (``sample_rate=``) is :func:`resample`, a polyphase windowed-sinc resampler of
 stated quality (see :mod:`avpipe.ops._resample`) that runs on numpy or cupy.
@@ -14,6 +16,7 @@ stated quality (see :mod:`avpipe.ops._resample`) that runs on numpy or cupy.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from dataclasses import dataclass, field
@@ -23,7 +26,7 @@ import numpy as np
 
 from ..._source import open_source
 from ..._validate import check_choice, nonneg_float, nonneg_int, pos_int
-from ...device import resolve_device
+from ...device import array_module, is_cupy, resolve_device, to_device
 from ...errors import CorruptDataError, DecodeError, EmptyMediaError, UnsupportedFormatError
 from ...ops.audio import RESAMPLE_QUALITIES, resample
 from ..backends import (
@@ -34,6 +37,7 @@ from ..backends import (
     register,
     warn_fallback,
 )
+from . import _flac_cuda
 from ._flac_scan import flac_length
 
 __all__ = ["load_audio", "Audio", "resample", "audio_info", "DAMAGE_POLICIES",
@@ -76,7 +80,7 @@ class Audio:
     though samples were decoded (e.g. it ends before its header says: the samples are what it
     holds), with ``load_audio(on_damage="warn")``; the default raises
     :class:`~avpipe.CorruptDataError` instead. ``backend``: the name of the backend that
-    decoded it (``"soundfile"``, ``"pyav"``); ``fallbacks``: the
+    decoded it (``"flac_cuda"``, ``"soundfile"``, ``"pyav"``); ``fallbacks``: the
     :class:`~avpipe.decoding.backends.Fallback` of each backend that refused it first.
     """
 
@@ -331,15 +335,104 @@ def _read_pyav(src, offset, duration):
     return np.ascontiguousarray(data, dtype=np.float32), sr, C, start, damaged
 
 
+def _gpu_problem(device) -> str | None:
+    """Why the GPU FLAC decoder cannot run on ``device`` (no cupy, kernels that do not compile),
+    or None. A compiled module is cached per device, so after the first file this is a lookup;
+    a failed compile is tried again at the next file."""
+    try:
+        import cupy  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - ImportError, or a cupy that fails to load
+        return f"cupy is not available ({type(e).__name__}: {e})"
+    try:
+        with device.activate():
+            _flac_cuda.compile_kernels()
+    except Exception as e:  # noqa: BLE001 - NVRTC missing or failing, a device error
+        return f"the GPU FLAC kernels are not available ({type(e).__name__}: {e})"
+    return None
+
+
+def _source_size(src) -> int:
+    """The source's size in bytes."""
+    import os
+
+    if src.data is not None:
+        return len(src.data)
+    if src.path is not None:
+        return os.path.getsize(src.path)
+    with src.stream() as f:
+        return f.seek(0, os.SEEK_END)
+
+
+def _read_padded(src) -> np.ndarray:
+    """The source's bytes in a uint8 buffer followed by ``_flac_cuda.PAD`` zero bytes (the
+    kernels' bit reader looks that far past the end)."""
+    import os
+
+    with src.stream() as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(0)
+        buf = np.zeros(size + _flac_cuda.PAD, np.uint8)
+        view, got = memoryview(buf)[:size], 0
+        while got < size:  # a file that shrank meanwhile keeps zeros: its frames do not cover
+            k = f.readinto(view[got:])
+            if not k:
+                break
+            got += k
+    return buf
+
+
+def _decode_on_gpu(buf, offsets, plan, device):
+    """``(samples, why)``: the one file of ``plan`` decoded on ``device``, cupy float32
+    ``[n, C]`` (None, and why, where the GPU's frames do not cover it exactly)."""
+    with device.activate():
+        return _flac_cuda.collect_channels(_flac_cuda.launch(buf, offsets, plan), 0)
+
+
 class FlacCudaEntry:
-    """The GPU FLAC decoder (``_flac_cuda``): bit-exact to libFLAC, for windows of files at
-    once; :mod:`avpipe.pipeline`'s FLAC windows drive it. One file at a time is not its request
-    (the CPU decoders below serve :func:`load_audio`)."""
+    """The GPU FLAC decoder (``_flac_cuda``), bit-exact to libFLAC: a FLAC file asked for on a
+    GPU (``device="cuda"``) is decoded there as a window of one file and its samples stay on
+    the GPU. :mod:`avpipe.pipeline`'s FLAC windows drive the same decoder over many files.
+
+    It takes whole files only: a span (``offset`` / ``duration``) is refused and left to
+    soundfile, which seeks to it and decodes only that part (the GPU decoder would decode the
+    whole file to cut it). It refuses, saying why, the files the window plan leaves to the CPU
+    (:func:`~._flac_cuda.gpu_refusals`: no sample count in STREAMINFO, samples of more than 24
+    bits, a count the file's bytes cannot hold), a STREAMINFO count that the frames contradict,
+    and any file when cupy or its kernels are not available. A file whose frames the GPU does
+    not decode exactly (a damaged frame fails its CRC) is refused too, after the decode, so
+    libFLAC decodes it or reports the damage (:class:`~avpipe.CorruptDataError` naming the
+    file): the GPU never returns a sample libFLAC would not."""
 
     name = "flac_cuda"
 
     def accepts(self, req: AudioRequest):
-        return None
+        if req.flac is None or not getattr(req.device, "is_cuda", False):
+            return None
+        if req.offset or req.duration is not None:
+            return "the GPU FLAC decoder decodes whole files; soundfile seeks to a span"
+        if req.flac.problem:
+            return req.flac.problem
+        if req.flac.info.sample_rate <= 0:
+            return "STREAMINFO gives no sample rate"
+        why = _flac_cuda.file_refusal(req.flac.info, _source_size(req.source))
+        if why is not None:
+            return why
+        return _gpu_problem(req.device) or True
+
+    def decode(self, req: AudioRequest):
+        buf = _read_padded(req.source)
+        offsets = np.array([0, len(buf) - _flac_cuda.PAD], np.int64)
+        plan = _flac_cuda.plan_batch(buf, offsets)
+        if 0 in plan.cpu:  # the bytes read are not those accepts saw (the file changed)
+            raise BackendRefused(plan.cpu[0])
+        try:
+            data, why = _decode_on_gpu(buf, offsets, plan, req.device)
+        except Exception as e:  # noqa: BLE001 - out of memory, a launch error: libFLAC decodes
+            raise BackendRefused(f"the GPU FLAC decoder failed ({type(e).__name__}: {e})") from None
+        if data is None:
+            raise BackendRefused(why)
+        si = plan.infos[0]
+        return data, int(si.sample_rate), int(si.channels), 0, None
 
 
 class SoundfileEntry:
@@ -413,7 +506,10 @@ def load_audio(
     ``channel``: take this one channel instead (``[n]``). ``offset`` / ``duration``: seconds at
     the file's own rate, rounded to the nearest sample; only that span is decoded (a duration
     past the end is cut at the end; an offset past the end raises ValueError). ``device``:
-    ``"cpu"`` (numpy, default) or ``"cuda[:N]"`` (cupy; resampling then runs on the GPU).
+    ``"cpu"`` (numpy, default) or ``"cuda[:N]"`` (cupy; resampling then runs on the GPU, and a
+    whole FLAC file is decoded there too: ``Audio.backend == "flac_cuda"``, the same samples
+    as libFLAC's; a span or a file that decoder refuses is decoded on the CPU and uploaded,
+    its refusal in :attr:`Audio.fallbacks`).
 
     Errors: a missing path raises FileNotFoundError; content that no decoder reads raises
     :class:`~avpipe.UnsupportedFormatError`, a decode failure or NaN / infinite samples
@@ -466,35 +562,28 @@ def load_audio(
         )
     if data.size == 0 and (duration is None or duration > 0):
         raise EmptyMediaError(src.name, "no audio samples")
-    if check_finite and data.size and not np.isfinite(data).all():
-        raise CorruptDataError(src.name, "the audio holds NaN or infinite samples")
-    if channel is not None:
-        if channel >= C:
-            raise ValueError(f"channel must be < the file's {C} channels, got {channel}")
-        out = data[:, channel]
-    elif mono:
-        out = data[:, 0] if C == 1 else data.mean(axis=1, dtype=np.float32)
-    else:
-        out = data.T
-    out = np.ascontiguousarray(out, dtype=np.float32)
-    if dev.is_cuda:
-        import cupy
-
-        with cupy.cuda.Device(dev.index):
-            out = cupy.asarray(out)
-            rate = sr
-            if sample_rate is not None and sample_rate != sr:
-                out, rate = (
-                    resample(out, sr, int(sample_rate), quality=resample_quality),
-                    int(sample_rate),
-                )
-    else:
-        rate = sr
-        if sample_rate is not None and sample_rate != sr:
-            out, rate = (
-                resample(out, sr, int(sample_rate), quality=resample_quality),
-                int(sample_rate),
-            )
+    # numpy from the CPU backends, cupy (on dev) from a GPU backend: each step runs where the
+    # data is, and numpy data goes to the GPU once, mixed down (fewer bytes to upload)
+    xp = array_module(data)
+    with dev.activate() if xp is not np else contextlib.nullcontext():
+        if check_finite and data.size and not bool(xp.isfinite(data).all()):
+            raise CorruptDataError(src.name, "the audio holds NaN or infinite samples")
+        if channel is not None:
+            if channel >= C:
+                raise ValueError(f"channel must be < the file's {C} channels, got {channel}")
+            out = data[:, channel]
+        elif mono:
+            out = data[:, 0] if C == 1 else data.mean(axis=1, dtype=xp.float32)
+        else:
+            out = data.T
+        out = xp.ascontiguousarray(out, dtype=xp.float32)
+    if dev.is_cuda and not is_cupy(out):
+        out = to_device(out, dev)
+    rate = sr
+    if sample_rate is not None and sample_rate != sr:
+        with dev.activate() if is_cupy(out) else contextlib.nullcontext():
+            out = resample(out, sr, int(sample_rate), quality=resample_quality)
+        rate = int(sample_rate)
     return Audio(
         samples=out,
         sample_rate=int(rate),

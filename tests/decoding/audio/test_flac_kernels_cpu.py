@@ -66,6 +66,15 @@ def _p(a):
 def decode_cpu(lib, buf, offsets):
     """The GPU runner's sequence (decode_on_gpu), with the kernels run on the CPU."""
     plan = fc.plan_batch(buf, offsets)
+    out, _, cover, n_cand = run_kernels(lib, buf, plan)
+    left = fc.finish_batch(plan, cover)
+    for i in left:
+        out[i] = 0
+    return out, plan, left, n_cand
+
+
+def run_kernels(lib, buf, plan):
+    """``launch``'s kernels on the CPU: ``(rows, pcm, cover, candidates)``."""
     b = len(plan.infos)
     nb = plan.nbytes
     I64, I32 = ctypes.c_longlong, ctypes.c_int
@@ -87,10 +96,7 @@ def decode_cpu(lib, buf, offsets):
     out = np.full((b, max_len), np.nan, np.float32)
     lib.run_to_float(I64(b * max_len), _p(pcm), _p(plan.ipcm), _p(plan.itotal), _p(plan.imeta),
                      I32(b), I64(max_len), _p(out))
-    left = fc.finish_batch(plan, cover)
-    for i in left:
-        out[i] = 0
-    return out, plan, left, int(n_cand[0])
+    return out, pcm, cover, int(n_cand[0])
 
 
 @pytest.fixture(scope="module")
@@ -293,3 +299,41 @@ def test_plan_leaves_a_count_its_bytes_cannot_hold_to_the_cpu(tmp_path):
     assert list(plan.cpu) == [1] and "declares 68719476735 samples" in plan.cpu[1]
     assert plan.max_len == 9000 and plan.itotal.tolist() == [9000, 0]
     assert plan.pcm_size == 9000
+
+
+def test_load_audio_on_a_gpu_through_the_kernels_is_libflac(lib, cases, tmp_path, monkeypatch):
+    """load_audio on a (stand-in) CUDA device with the kernels run on the CPU in place of the
+    GPU runner (launch, then collect_channels' item_channels): every case is decoded by
+    flac_cuda, each channel bit-exactly libFLAC's; a damaged frame leaves the file to libFLAC,
+    which raises a typed error naming it."""
+    import soundfile as sf
+
+    import avpipe
+    from avpipe.decoding.audio import load as L
+    from avpipe.device import Device
+
+    def run(buf, offsets, plan, device):
+        _, pcm, cover, _ = run_kernels(lib, buf, plan)
+        left = fc.finish_batch(plan, cover)
+        if 0 in left:
+            return None, left[0]
+        return fc.item_channels(np, pcm, plan, 0), None
+
+    monkeypatch.setattr(L, "_decode_on_gpu", run)
+    monkeypatch.setattr(L, "_gpu_problem", lambda device: None)
+    monkeypatch.setattr(L, "to_device", lambda x, dev: x)
+    gpu = Device("cuda", 0)
+    for p in cases:
+        want, _ = sf.read(p, dtype="float32", always_2d=True)
+        a = avpipe.load_audio(p, device=gpu, mono=False)
+        assert a.backend == "flac_cuda" and a.fallbacks == (), p
+        np.testing.assert_array_equal(a.samples, want.T, err_msg=os.path.basename(p))
+        m = avpipe.load_audio(p, device=gpu)
+        np.testing.assert_array_equal(m.samples, avpipe.load_audio(p).samples)
+    p = [c for c in cases if "speech_PCM_16_0.6" in c][0]
+    data = bytearray(open(p, "rb").read())
+    data[fc.parse_streaminfo(bytes(data)).audio_offset + 3000] ^= 0x10  # fails a CRC-16
+    bad = tmp_path / "flipped.flac"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(avpipe.CorruptDataError, match="flipped.flac"):
+        avpipe.load_audio(bad, device=gpu)
