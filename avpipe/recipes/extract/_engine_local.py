@@ -62,7 +62,7 @@ def _progress_payload(r: Result) -> tuple:
 
 class _Tally:
     """Progress payloads summed and sent every ``every`` inputs (and on :meth:`flush`): one
-    message per batch instead of one per input through the queue to the parent."""
+    message per batch instead of one per input through the pipe to the parent."""
 
     def __init__(self, report: Callable[[tuple], None], every: int = 64):
         self.report, self.every = report, every
@@ -498,30 +498,34 @@ def _probe_decode(device, visible, tasks, cfg, workers, modules=()):
         pass
 
 
-def _watch_inputs(limit: float | None) -> None:
+def _watch_inputs(limit: float | None) -> threading.Event:
     """Start this worker's watchdog: once its main thread has waited on one input
     (``_process.WAITING``) for more than ``limit`` seconds (a read that never returns: a
     stalled network mount, a device file with a media name), it tells the parent
     (``("stuck", (index, limit))``) and ends the process, whose threads cannot be stopped
     otherwise; the parent lists the input as a timeout and a new worker does the shards left.
     The first input of each kind gets ``_FIRST_WAIT_EXTRA_S`` more (its decoders start
-    meanwhile)."""
+    meanwhile). Setting the event it returns ends the watchdog (the work is over: the worker
+    waits for the parent's next request)."""
+    done = threading.Event()
     if not limit:
-        return
+        return done
 
     def watch():
-        while True:
-            time.sleep(min(0.25, limit / 4))
+        while not done.wait(min(0.25, limit / 4)):
             i, since, first = WAITING["index"], WAITING["since"], WAITING["first"]
             allowed = limit + (_FIRST_WAIT_EXTRA_S if first else 0.0)
             if i is None or time.monotonic() - since <= allowed or WAITING["index"] != i:
                 continue
+            if done.is_set():
+                return
             try:
                 tell(("stuck", (i, limit)))  # written to the pipe when it returns
             finally:
                 _workers.exit_now(_STUCK_EXIT)
 
     threading.Thread(target=watch, name="avpipe-extract-watchdog", daemon=True).start()
+    return done
 
 
 class _WorkFailed(RuntimeError):
@@ -539,13 +543,17 @@ def _worker_main(device, visible, shards, full, cfg, out_dir, fmt, total, worker
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
         device = "cuda:0"
+    watchdog = None
     try:
         _import_op_modules(modules)
         items = {i: Item.from_task(t) for i, t in full.items()}
-        _watch_inputs(settings.extract_file_timeout())
+        watchdog = _watch_inputs(settings.extract_file_timeout())
         run_worker(device, shards, items, cfg, out_dir, fmt, total, workers, duplicated,
                    lambda p: tell(("p", p)), blocked=blocked)
     except BaseException as e:  # noqa: BLE001
         raise _WorkFailed(f"{type(e).__name__}: {e}") from None
+    finally:
+        if watchdog is not None:
+            watchdog.set()
     # every shard and part is written, renamed and fsync'ed: the parent ends this process
     # with exit_now (no interpreter tear-down to wait for)
