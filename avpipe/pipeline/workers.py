@@ -130,7 +130,10 @@ class Process:
 
 # --- Worker: a request/answer process that never imports the caller's __main__ ---------------
 
-_BOOT = ("import sys; from avpipe.pipeline.workers import _serve; "
+# (SIGINT ignored first thing too: a worker started from a thread other than the main one
+# does not inherit it, see sigint_ignored)
+_BOOT = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+         "from avpipe.pipeline.workers import _serve; "
          "_serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))")
 _ABANDONED: list = []  # workers that did not die when killed (a read stuck in the kernel)
 # the parent's ends of every worker's pipes, which a forked worker closes (it must not hold

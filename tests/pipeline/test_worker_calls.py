@@ -121,6 +121,17 @@ def test_a_worker_starts_with_ctrl_c_ignored():
         assert not _sigint_ignored(os.getpid())
     finally:
         w.stop()
+    got = []  # started from another thread (a pool's): it ignores SIGINT by itself
+    t = threading.Thread(target=lambda: got.append(Worker()))
+    t.start()
+    t.join()
+    (w,) = got
+    try:
+        w.send((workers.ping, ()))
+        assert w.recv() == ("ok", True)  # up: past its first instruction
+        assert _sigint_ignored(w.pid)
+    finally:
+        w.stop()
 
 
 def test_a_fork_is_asked_for_only_where_it_is_safe():
