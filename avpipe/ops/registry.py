@@ -30,6 +30,10 @@ A function ``fn(data, **args) -> data`` is deterministic; in a chain it runs as 
 :class:`~avpipe.ops._augment_base.Augment` with no parameters to draw. An ``Augment`` class is
 built with its arguments; in a preset a deterministic one is applied with empty params.
 
+Each entry records the module that registered it (``module``): a process that needs the
+operators registered outside avpipe (extraction's workers) imports :func:`modules` first. An
+operator registered in a script's ``__main__`` is not importable by another interpreter.
+
 Names are unique within a kind; one name may be registered for two kinds (``normalize``: the
 features' per-channel normalization, and the images' mean/std normalization), and then
 :func:`get` needs ``kind``.
@@ -46,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Op", "Param", "REQUIRED", "INHERITED", "STAGES", "register", "unregister", "get", "names", "entries",
-           "kinds_of"]
+           "kinds_of", "modules", "OperatorNotImportableError"]
 
 #: what each stage's data is (for messages and docs)
 STAGES = {
@@ -129,6 +133,7 @@ class Op:
     validate: Callable | None = None  # validate(args): raises ValueError naming the value
     doc: str = ""
     is_class: bool = field(default=False)
+    module: str = ""  # the module that registered it (its target's __module__)
 
     def check(self, args: dict, *, allow_context: bool = True) -> None:
         """Refuse unknown or missing arguments and values of the wrong type (ValueError naming
@@ -166,6 +171,11 @@ class Op:
 
 
 _ENTRIES: dict[tuple[str, str], Op] = {}
+
+
+class OperatorNotImportableError(RuntimeError):
+    """An operator another process needs was registered where that process cannot import it
+    (the caller's ``__main__``): register it in an importable module."""
 
 
 def _types_of(hint) -> tuple | None:
@@ -218,7 +228,8 @@ def register(name=None, *, kind: str | None = None, stage: str | None = None,
         random = is_class and bool(getattr(target, "random", False))
         doc = inspect.getdoc(target) or ""
         entry = Op(op_name, kind, stage, gives or stage, target, ps, random, tuple(context),
-                   validate, doc.split("\n\n")[0].replace("\n", " "), is_class)
+                   validate, doc.split("\n\n")[0].replace("\n", " "), is_class,
+                   getattr(target, "__module__", None) or "")
         old = _ENTRIES.get((kind, op_name))
         same = old is not None and all(  # the same definition again (a module reloaded)
             getattr(old.target, a, None) == getattr(target, a, None)
@@ -235,6 +246,14 @@ def register(name=None, *, kind: str | None = None, stage: str | None = None,
 def unregister(name: str, kind: str) -> None:
     """Remove an entry (a test's operator); a name not registered is ignored."""
     _ENTRIES.pop((kind, name), None)
+
+
+def modules() -> list[str]:
+    """The modules outside avpipe that registered operators, importable by another process
+    (not ``__main__``), sorted: importing them registers the same operators there."""
+    return sorted({e.module for e in _ENTRIES.values()
+                   if e.module and e.module != "__main__" and e.module != "avpipe"
+                   and not e.module.startswith("avpipe.")})
 
 
 def kinds_of(name: str) -> list[str]:

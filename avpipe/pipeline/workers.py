@@ -1,30 +1,34 @@
 """avpipe's worker processes: every process avpipe starts for work comes from here.
 
-Two kinds, one face (:class:`Process`: ``pid``, ``alive``, ``exitcode``, ``signal``,
-``kill()``, ``join()``):
+One kind, :class:`Worker`, for every user: the audio loader's decode pool and the GPU FLAC
+loader's readers, the video feeds' scan-ahead, and extraction's workers. A worker answers
+``(fn, args)`` requests on a pipe (``fn`` importable by name): ``("ok", fn(*args))`` or
+``("error", exception)``. While a call runs, ``fn`` (any thread of the worker) may send the
+parent messages, :func:`tell`, which arrive as ``("msg", payload)`` before the call's answer
+(extraction's progress, its watchdog's "stuck"); :func:`wait` waits on several workers at
+once. :class:`WorkerPool` drives a few workers from threads of its own, each waiting for its
+worker's answers with the GIL released; a worker that dies or does not answer is
+:class:`WorkerLost` and replaced.
 
-- :class:`Worker`, for the feeds (the audio loader's decode pool and the GPU FLAC loader's
-  readers, the video feeds' scan-ahead): a fresh interpreter (``python -c``, through
-  ``subprocess``) that imports avpipe and answers ``(fn, args)`` requests on a pipe. Unlike a
-  ``multiprocessing`` child (spawn or fork server), it never imports the caller's
-  ``__main__``: a user's training script without an ``if __name__ == "__main__":`` guard is not
-  run again in it (with a fork server it was, once per worker: the script's whole loop, in every
-  reader). It is never a fork of the calling process either, which may hold threads (a feed's
-  producer, BLAS threads) whose locks a fork would copy held. :class:`WorkerPool` drives a few
-  of them from threads of its own, each waiting for its worker's answers with the GIL
-  released; a worker that dies or does not answer is :class:`WorkerLost` and replaced.
-- :class:`Job`, for extraction: one long call, ``target(*args)``, in a ``multiprocessing``
-  child, spawned, or forked (:func:`fork_is_safe`) for a CPU job started ahead of its work,
-  its modules already imported. Extraction needs what a request/answer worker does not give:
-  a fork (a spawned interpreter spends most of a second starting and importing before a CPU
-  job's first shard), and a ``multiprocessing`` queue the child reports progress through, a
-  message at a time while it runs. Being a ``multiprocessing`` child, a spawned one imports
-  the caller's ``__main__``: a script calling ``run_extract`` needs the ``if __name__ ==
-  "__main__":`` guard (``avpipe extract``'s ``__main__`` is avpipe's own).
+A worker is a fresh interpreter (``python -c``, through ``subprocess``) that imports avpipe and
+what each request's function needs (``env``: variables of its own, such as a GPU worker's
+``CUDA_VISIBLE_DEVICES``). It never imports the caller's ``__main__``: a user's script without
+an ``if __name__ == "__main__":`` guard is not run again in it (a ``multiprocessing`` spawn or
+fork-server child runs it once per worker), whether it trains through a feed or calls
+``run_extract``. It is not a fork of the calling process either, which may hold threads (a
+feed's producer, BLAS threads) whose locks a fork would copy held.
 
-Both die with their parent (:func:`die_with_parent`, Linux), so a killed run leaves no process
-writing behind the next one's back, and both report how they ended the same way: ``exitcode``
-(None while running), ``signal`` (the signal that ended it, else None).
+One case is forked instead (``fork=True``, honoured only where :func:`fork_is_safe`: Linux, no
+thread but the caller's main one): a CPU extraction worker started ahead of its work. A fresh
+interpreter spends most of a second starting and importing before a CPU job's first shard;
+the fork has every module already imported. It runs the same request loop and ends the same
+way.
+
+Every worker dies with its parent (:func:`die_with_parent`, Linux), so a killed run leaves no
+process writing behind the next one's back, starts with SIGINT ignored (:class:`sigint_ignored`:
+a Ctrl-C reaches the parent alone, which ends them), and reports how it ended through
+:class:`Process`: ``exitcode`` (None while running), ``signal`` (the signal that ended it,
+else None).
 
 The shared memory the feeds' workers write into is :mod:`._shared_memory`.
 """
@@ -37,11 +41,13 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as _wait_connections
 
-__all__ = ["Process", "Worker", "WorkerPool", "WorkerLost", "Job", "job_queue", "job_pipe",
+__all__ = ["Process", "Worker", "WorkerPool", "WorkerLost", "tell", "wait", "exit_now",
            "can_start_processes", "fork_is_safe", "die_with_parent", "sigint_ignored", "ping"]
 
 
@@ -122,53 +128,19 @@ class Process:
         raise NotImplementedError
 
 
-# --- Job: one long call in a multiprocessing child (extraction) --------------------------------
-
-def job_queue():
-    """A queue a :class:`Job` reports through: spawn's, which reaches forked and spawned
-    children alike (a fork context's queue cannot reach a spawned process)."""
-    return mp.get_context("spawn").Queue()
-
-
-def job_pipe():
-    """A one-way pipe ``(receiving end, sending end)`` to a :class:`Job` (its work, sent
-    once it is known)."""
-    return mp.Pipe(duplex=False)
-
-
-class Job(Process):
-    """``target(*args)`` in a child process, started at once with SIGINT ignored
-    (:class:`sigint_ignored`): spawned, or forked with ``fork=True`` (only where
-    :func:`fork_is_safe`: CPU work, no other thread). ``target`` calls :func:`die_with_parent`
-    first thing."""
-
-    def __init__(self, target, args: tuple = (), *, fork: bool = False):
-        ctx = mp.get_context("fork" if fork else "spawn")
-        self.forked = bool(fork)
-        self._p = ctx.Process(target=target, args=args, daemon=False)
-        with sigint_ignored():
-            self._p.start()
-
-    @property
-    def pid(self) -> int:
-        return self._p.pid
-
-    @property
-    def exitcode(self) -> int | None:
-        return self._p.exitcode
-
-    def kill(self) -> None:
-        self._p.kill()
-
-    def join(self, timeout: float | None = None) -> None:
-        self._p.join(timeout)
-
-
 # --- Worker: a request/answer process that never imports the caller's __main__ ---------------
 
-_BOOT = ("import sys; from avpipe.pipeline.workers import _serve; "
+# (SIGINT ignored first thing too: a worker started from a thread other than the main one
+# does not inherit it, see sigint_ignored)
+_BOOT = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+         "from avpipe.pipeline.workers import _serve; "
          "_serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))")
 _ABANDONED: list = []  # workers that did not die when killed (a read stuck in the kernel)
+# the parent's ends of every worker's pipes, which a forked worker closes (it must not hold
+# another worker's request pipe open, nor its answer pipe)
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+# in a worker: its answer pipe and the lock every send to it takes (tell() from any thread)
+_CHANNEL: list = []
 
 
 def ping():
@@ -176,12 +148,38 @@ def ping():
     return True
 
 
+def tell(payload) -> None:
+    """In a worker, during a call: send ``payload`` to the parent now, as ``("msg",
+    payload)`` ahead of the call's answer. Any thread may; once it returns the message is in
+    the pipe (a worker may ``os._exit`` right after). RuntimeError outside a worker."""
+    if not _CHANNEL:
+        raise RuntimeError("workers.tell() is for a function running in a worker process")
+    out, lock = _CHANNEL
+    with lock:
+        out.send(("msg", payload))
+
+
+def exit_now(code: int = 0) -> None:
+    """A request that ends the worker at once, ``os._exit(code)`` after its standard streams
+    are flushed: no interpreter tear-down (module and pool clean-up, CuPy's memory pools) for
+    the parent's join to wait for. It sends no answer."""
+    for s in (sys.stdout, sys.stderr):
+        try:
+            s.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(code)
+
+
 def _serve(rfd: int, wfd: int, parent: int) -> None:
     """A worker's loop: ``(fn, args)`` requests in, ``("ok", fn(*args))`` or ``("error",
-    exception)`` out, until the parent closes the pipe (or dies: SIGKILL, Linux)."""
+    exception)`` out (after any :func:`tell` messages), until the parent closes the pipe (or
+    dies: SIGKILL, Linux)."""
     if not die_with_parent(parent):
         return
     inp, out = Connection(rfd, writable=False), Connection(wfd, readable=False)
+    lock = threading.Lock()
+    _CHANNEL[:] = [out, lock]
     while True:
         try:
             fn, args = inp.recv()
@@ -192,12 +190,14 @@ def _serve(rfd: int, wfd: int, parent: int) -> None:
         except BaseException as e:  # noqa: BLE001 - answered; the worker goes on
             ans = ("error", e)
         try:
-            out.send(ans)
+            with lock:
+                out.send(ans)
         except (OSError, ValueError):
             return
         except Exception as e:  # noqa: BLE001 - an answer or error that does not pickle
             try:
-                out.send(("error", RuntimeError(f"{type(e).__name__}: {e}")))
+                with lock:
+                    out.send(("error", RuntimeError(f"{type(e).__name__}: {e}")))
             except (OSError, ValueError):
                 return
 
@@ -236,23 +236,99 @@ class _Spawner:
         return fut.result()
 
 
+class _Forked:
+    """A forked worker, as ``subprocess.Popen`` shows a started one: ``pid``, ``poll()``
+    (the exit code, negative for a signal; None while it runs), ``wait(timeout)``
+    (``subprocess.TimeoutExpired``), ``kill()``; reaped with ``waitpid``."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # reaped elsewhere (os.wait in the caller's code)
+                    self.returncode = 255
+                else:
+                    if pid:
+                        self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        delay = 0.001
+        while self.poll() is None:
+            if end is not None and time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            import signal
+
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _forked_child(r_req: int, w_req: int, r_ans: int, w_ans: int, parent: int,
+                  env: dict | None) -> None:
+    """The forked worker's whole life: it closes the parent's ends (its own and every other
+    worker's), takes ``env``, serves requests, and leaves with ``os._exit`` (the parent's
+    ``atexit`` handlers and buffers are the parent's, not to run twice)."""
+    code = 0
+    try:
+        _Spawner._current = None  # the parent's spawner thread is not in this process
+        for w in list(_LIVE):
+            for c in (w._out, w._in):
+                try:
+                    c.close()
+                except OSError:
+                    pass
+        os.close(w_req)
+        os.close(r_ans)
+        if env:
+            os.environ.update(env)
+        _serve(r_req, w_ans, parent)
+    except BaseException:  # noqa: BLE001 - reported by the exit code
+        code = 1
+    exit_now(code)
+
+
 class Worker(Process):
     """One worker process (the module docstring): :meth:`send` a ``(fn, args)`` request
-    (``fn`` importable by name), :meth:`poll` / :meth:`recv` its answer, ``("ok", value)`` or
-    ``("error", exception)``; ``EOFError`` / ``OSError`` once it is gone."""
+    (``fn`` importable by name), :meth:`poll` / :meth:`recv` what comes back: ``("msg",
+    payload)`` for each :func:`tell` of the call, then its answer, ``("ok", value)`` or
+    ``("error", exception)``; ``EOFError`` / ``OSError`` once it is gone. ``env``: variables
+    the worker's environment adds to this process's. ``fork``: a fork of this process instead
+    of a fresh interpreter, where :func:`fork_is_safe` (else a fresh one; ``forked`` says which)."""
 
-    def __init__(self):
+    def __init__(self, *, env: dict | None = None, fork: bool = False):
         self.answered = False  # set by its users once it has answered a request
+        self.forked = bool(fork) and fork_is_safe()
         r_req, w_req = os.pipe()
         r_ans, w_ans = os.pipe()
-        env = dict(os.environ)
-        path = [p for p in sys.path if isinstance(p, str) and p]
-        if path:  # what this process can import, the worker can (avpipe included)
-            env["PYTHONPATH"] = os.pathsep.join(path)
+        parent = os.getpid()
         try:
-            self.proc = _Spawner.popen(
-                [sys.executable, "-c", _BOOT, str(r_req), str(w_ans), str(os.getpid())],
-                pass_fds=(r_req, w_ans), stdin=subprocess.DEVNULL, env=env)
+            if self.forked:
+                self.proc = self._fork(r_req, w_req, r_ans, w_ans, parent, env)
+            else:
+                full = dict(os.environ)
+                path = [p for p in sys.path if isinstance(p, str) and p]
+                if path:  # what this process can import, the worker can (avpipe included)
+                    full["PYTHONPATH"] = os.pathsep.join(path)
+                full.update(env or {})
+                with sigint_ignored():
+                    self.proc = _Spawner.popen(
+                        [sys.executable, "-c", _BOOT, str(r_req), str(w_ans), str(parent)],
+                        pass_fds=(r_req, w_ans), stdin=subprocess.DEVNULL, env=full)
         except BaseException:
             for fd in (r_req, w_req, r_ans, w_ans):
                 os.close(fd)
@@ -261,6 +337,20 @@ class Worker(Process):
         os.close(w_ans)
         self._out = Connection(w_req, readable=False)
         self._in = Connection(r_ans, writable=False)
+        _LIVE.add(self)
+
+    @staticmethod
+    def _fork(r_req, w_req, r_ans, w_ans, parent, env) -> _Forked:
+        for s in (sys.stdout, sys.stderr):  # nothing buffered is written twice
+            try:
+                s.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        with sigint_ignored():
+            pid = os.fork()
+            if pid == 0:
+                _forked_child(r_req, w_req, r_ans, w_ans, parent, env)  # never returns
+        return _Forked(pid)
 
     @property
     def pid(self) -> int:
@@ -269,6 +359,11 @@ class Worker(Process):
     @property
     def exitcode(self) -> int | None:
         return self.proc.poll()
+
+    @property
+    def connection(self) -> Connection:
+        """The end its answers and messages arrive on (for :func:`wait`)."""
+        return self._in
 
     def kill(self) -> None:
         self.proc.kill()
@@ -290,9 +385,20 @@ class Worker(Process):
         self.answered = True
         return got
 
+    def end(self, timeout: float = 60.0) -> None:
+        """Ask it to leave at once (:func:`exit_now`, exit code 0), wait up to ``timeout``
+        seconds, then :meth:`stop` it."""
+        try:
+            self._out.send((exit_now, (0,)))
+        except (OSError, ValueError):
+            pass
+        self.join(timeout)
+        self.stop()
+
     def stop(self, timeout: float = 2.0) -> None:
         """Close its pipes and kill it; one that does not die within ``timeout`` (a read stuck
         in the kernel) is left behind, not waited for."""
+        _LIVE.discard(self)
         for c in (self._out, self._in):
             try:
                 c.close()
@@ -306,6 +412,13 @@ class Worker(Process):
                 _ABANDONED.append(self.proc)
             except OSError:
                 pass
+
+
+def wait(workers, timeout: float | None = None) -> list:
+    """The workers among ``workers`` with something to :meth:`~Worker.recv` (a message, an
+    answer, or the end of a worker that died), waiting up to ``timeout`` seconds for one."""
+    by_conn = {w.connection: w for w in workers}
+    return [by_conn[c] for c in _wait_connections(list(by_conn), timeout)]
 
 
 class WorkerLost(RuntimeError):

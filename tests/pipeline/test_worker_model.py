@@ -1,7 +1,7 @@
 """One worker-process model: every process avpipe starts for work comes from
 ``avpipe.pipeline.workers`` and answers its one face (``workers.Process``: pid, alive,
-exitcode, signal, kill, join). The feeds' readers and scan-ahead start ``Worker``s (fresh
-interpreters), extraction starts ``Job``s; no other module starts a process itself."""
+exitcode, signal, kill, join). The feeds' readers, the scan-ahead and extraction all start
+``Worker``s; no other module starts a process itself."""
 
 from __future__ import annotations
 
@@ -83,16 +83,15 @@ def test_the_check_sees_a_process_started_elsewhere(tmp_path):
 
 @pytest.fixture
 def started(monkeypatch):
-    """Every workers.Worker and workers.Job started while the test runs."""
+    """Every workers.Worker started while the test runs."""
     got: list = []
-    for cls in (workers.Worker, workers.Job):
-        init = cls.__init__
+    init = workers.Worker.__init__
 
-        def record(self, *a, _init=init, **k):
-            _init(self, *a, **k)
-            got.append(self)
+    def record(self, *a, **k):
+        init(self, *a, **k)
+        got.append(self)
 
-        monkeypatch.setattr(cls, "__init__", record)
+    monkeypatch.setattr(workers.Worker, "__init__", record)
     return got
 
 
@@ -136,20 +135,22 @@ def test_scan_ahead_uses_workers(started, tmp_path):
     assert _kinds(started) == {"Worker"}
 
 
-def test_extraction_workers_are_jobs(started, tmp_path):
+def test_extraction_workers_are_workers(started, tmp_path):
     from avpipe.recipes.extract import run_extract
 
     d = tmp_path / "speech"
     shutil.copytree(ROOT / "samples" / "speech", d)
-    s = run_extract(d, preset="nemo", out_dir=tmp_path / "o", device="cpu", shard_size=6)
+    s = run_extract(d, preset="nemo", out_dir=tmp_path / "o", devices=["cpu", "cpu"],
+                    shard_size=3)
     assert s.total_written > 0
-    assert _kinds(started) == {"Job"}
+    assert _kinds(started) == {"Worker"} and len(started) >= 2
+    # each leaves once it has answered (exit_now): exit code 0, not a kill
     assert all(not p.alive and p.exitcode == 0 and p.signal is None for p in started)
 
 
-def test_both_kinds_report_how_they_ended():
-    """The one face: a killed Worker and a killed Job both say SIGKILL; a Job that returns
-    says exit code 0."""
+def test_a_worker_reports_how_it_ended():
+    """The one face: a killed worker says SIGKILL, one that exits says its exit code."""
+    import os
     import signal
 
     w = workers.Worker()
@@ -158,11 +159,11 @@ def test_both_kinds_report_how_they_ended():
     w.join(30)
     assert not w.alive and w.signal == signal.SIGKILL
     w.stop()
-    j = workers.Job(signal.pause)
-    assert j.alive
-    j.kill()
-    j.join(30)
-    assert not j.alive and j.signal == signal.SIGKILL
-    j = workers.Job(int, ("3",))
-    j.join(60)
-    assert j.exitcode == 0 and j.signal is None
+    w = workers.Worker()
+    w.send((os._exit, (3,)))
+    w.join(60)
+    assert w.exitcode == 3 and w.signal is None
+    w.stop()
+    w = workers.Worker()
+    w.end()
+    assert w.exitcode == 0 and w.signal is None

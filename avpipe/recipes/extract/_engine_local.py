@@ -2,15 +2,22 @@
 
 A worker computes shard after shard (:func:`~._process.iter_shards`) and hands each finished
 shard to a writer thread through a bounded queue, so decoding, features and writing overlap.
-Workers are :class:`~avpipe.pipeline.workers.Job` processes, spawned (a GPU worker sees only
-its GPU, through ``CUDA_VISIBLE_DEVICES``; the first is started ahead, see :class:`Standby`,
-forked instead for a CPU job on Linux when the caller runs no other thread), and report progress
-through a queue; a worker a native decoder crashes is replaced (see ``run_local``), so a crash
-costs the input that caused it, not the run.
+Workers are :class:`~avpipe.pipeline.workers.Worker` processes, fresh interpreters (a GPU
+worker sees only its GPU, through ``CUDA_VISIBLE_DEVICES``; the first is started ahead, see
+:class:`Standby`, forked instead for a CPU job on Linux when the caller runs no other thread),
+each given its shards as one request; they report progress to the parent as messages during
+that call (:func:`~avpipe.pipeline.workers.tell`). A worker a native decoder crashes is replaced
+(see ``run_local``), so a crash costs the input that caused it, not the run.
+
+Operators registered outside avpipe (:mod:`avpipe.ops.registry`) reach every worker: each
+imports the modules that registered them before its work. One registered in the caller's
+``__main__`` reaches a forked worker only; a run that would need it in a fresh interpreter fails
+before its work starts (:class:`~avpipe.ops.registry.OperatorNotImportableError`).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import queue
 import sys
@@ -20,9 +27,11 @@ from collections.abc import Callable
 
 from ... import settings
 from ...device import resolve_device
+from ...ops import registry
+from ...pipeline import workers as _workers
 from ...pipeline.audio_loader import drop_readers_ahead, start_readers_ahead
 from ...pipeline.sources import Item
-from ...pipeline.workers import Job, die_with_parent, fork_is_safe, job_pipe, job_queue
+from ...pipeline.workers import Worker, tell
 from ._process import (
     WAITING,
     Result,
@@ -53,7 +62,7 @@ def _progress_payload(r: Result) -> tuple:
 
 class _Tally:
     """Progress payloads summed and sent every ``every`` inputs (and on :meth:`flush`): one
-    message per batch instead of one per input through the queue to the parent."""
+    message per batch instead of one per input through the pipe to the parent."""
 
     def __init__(self, report: Callable[[tuple], None], every: int = 64):
         self.report, self.every = report, every
@@ -200,69 +209,56 @@ _STUCK_EXIT = 75  # a worker's exit code after its watchdog gave up an input (_w
 
 
 class Standby:
-    """A worker process (a :class:`~avpipe.pipeline.workers.Job`) started before the parent
+    """A worker process (a :class:`~avpipe.pipeline.workers.Worker`) started before the parent
     knows its work: its interpreter starts and imports what a worker needs (CuPy too, without
     touching the GPU) while the parent counts the GPUs, resolves the inputs and reads what an
-    earlier run left; :func:`run_local` sends it the first group of shards
-    (:meth:`start_work`). :meth:`stop` ends it when it was not used (nothing to do, an error).
+    earlier run left; its first request (:func:`_prepare`) starts what the work will need,
+    and :func:`run_local` sends it the first group of shards as its second (:meth:`start_work`).
+    :meth:`stop` ends it when it was not used (nothing to do, an error).
     ``audio``: the job is audio, so the GPU FLAC loader's reader processes start meanwhile too
     (``start_readers_ahead``; ended once the decoders are set up if no loader took them).
     ``cpu``: the job runs on the CPU alone: on Linux, where this process runs no thread but its
     main one (no lock another thread holds is copied into the child), the worker is forked, its
-    modules already imported (a spawned one spent most of a second starting and importing,
-    ahead of a CPU job's first shard); it imports the CPU log-mel's FFT before its work comes."""
+    modules already imported (a fresh interpreter spends most of a second starting and
+    importing, ahead of a CPU job's first shard); it imports the CPU log-mel's FFT before its
+    work comes."""
 
     def __init__(self, *, audio: bool = False, cpu: bool = False):
-        self.forked = bool(cpu) and fork_is_safe()
-        # a restarted or second worker is spawned and reports through this queue too
-        self.reports = job_queue()
-        recv, self._send = job_pipe()
-        # a forked child holds a copy of the sending end too: it closes it, so that the
-        # parent's close() reaches it as the end of the pipe
-        self.proc = Job(_standby_wait_then_run,
-                        (os.getpid(), recv, self.reports, bool(audio), bool(cpu),
-                         self._send if self.forked else None), fork=self.forked)
-        recv.close()
+        self.proc = Worker(fork=bool(cpu))
+        self.forked = self.proc.forked
         self.used = False
+        try:
+            self.proc.send((_prepare, (bool(audio), bool(cpu))))
+        except (OSError, ValueError):  # gone already: start_work says so
+            pass
 
-    def start_work(self, args: tuple) -> bool:
-        """Send it ``_worker_main``'s arguments (without the queue), which it then runs; False
-        when it is gone (the caller starts a new worker instead)."""
+    def start_work(self, request: tuple) -> bool:
+        """Send it its work, a ``(fn, args)`` request; False when it is gone (the caller
+        starts a new worker instead)."""
         if self.used or not self.proc.alive:
             return False
         try:
-            self._send.send(args)
+            self.proc.send(request)
         except (OSError, ValueError):
             return False
         self.used = True
-        self._send.close()
         return True
 
     def stop(self) -> None:
         if not self.used:  # it has touched nothing: no need to wait for its imports
             self.used = True
-            self._send.close()
-            self.proc.kill()
-            self.proc.join()
+            self.proc.stop()
 
 
-def _standby_wait_then_run(parent, recv, reports, audio=False, cpu=False, send=None):
-    _die_with_parent(parent)
-    if send is not None:  # forked: the parent's sending end, copied
-        send.close()
-    # what a worker needs came with this module's imports (the decoders and operators, through
-    # _process), ahead of the work; not CuPy (CUDA_VISIBLE_DEVICES, set by _worker_main for the
-    # device it is given, must come first)
+def _prepare(audio: bool, cpu: bool) -> None:
+    """A standby worker's first request: what its work will need, started ahead. What a worker
+    needs came with this module's imports (the decoders and operators, through _process); not
+    CuPy (CUDA_VISIBLE_DEVICES, set by _worker_main for the device it is given, must come
+    first)."""
     if audio:
         start_readers_ahead()  # the GPU FLAC loader's readers (they need no device)
     if cpu:
         import scipy.fft  # noqa: F401 - the CPU log-mel's FFT, imported at its first item else
-    try:
-        args = recv.recv()
-    except EOFError:  # not needed
-        return
-    recv.close()
-    _worker_main(*args[:12], reports, *args[12:])
 
 
 def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, workers, duplicated,
@@ -319,49 +315,130 @@ def run_local(devices: list[str], shards, items, cfg, out_dir, fmt, total, worke
     return failures
 
 
+def _ops_in_main(cfg: dict) -> list[str]:
+    """The operators ``cfg`` names that were registered in the caller's ``__main__``: a fresh
+    interpreter cannot import them."""
+    out = []
+    for section, kind in (("audio", "audio"), ("video", "image"), ("image", "image")):
+        for op in (cfg.get(section) or {}).get("ops", ()):
+            try:
+                entry = registry.get(op["op"], kind)
+            except KeyError:
+                continue
+            if entry.module == "__main__" and entry.name not in out:
+                out.append(entry.name)
+    return out
+
+
+def _check_fresh_workers_can_run(cfg: dict) -> None:
+    """OperatorNotImportableError when ``cfg`` names an operator registered in ``__main__``
+    (it is about to be run by a fresh interpreter, which never imports the caller's script)."""
+    names = _ops_in_main(cfg)
+    if names:
+        raise registry.OperatorNotImportableError(
+            f"operator(s) {', '.join(map(repr, names))} registered in the script being run "
+            "(__main__), which extraction's worker processes do not import: register them in "
+            "an importable module (one the script imports) instead")
+
+
+def _import_op_modules(modules: tuple) -> None:
+    """In a worker: import the modules that registered the run's operators outside avpipe."""
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except Exception as e:  # noqa: BLE001 - named: the operators it registers are missing
+            raise ImportError(f"the operators' module {m!r} does not import in an extraction "
+                              f"worker ({type(e).__name__}: {e})") from None
+
+
 def _run_workers(todo, items, cfg, out_dir, fmt, total, workers, duplicated, report, blocked,
                  standby: Standby | None = None):
-    """One spawned worker (a :class:`~avpipe.pipeline.workers.Job`) per ``(device, shards)`` (the first: ``standby`` when given);
-    returns ``(device, shards, why)`` for each, ``why`` None when it finished, ``"signal N"``
-    when a signal ended it, else the error."""
-    reports = standby.reports if standby is not None else job_queue()
-    procs = []
+    """One worker (a :class:`~avpipe.pipeline.workers.Worker`) per ``(device, shards)`` (the
+    first: ``standby`` when given), each given its shards as one request; returns ``(device,
+    shards, why)`` for each, ``why`` None when it finished, ``"signal N"`` when a signal ended
+    it, ``"stuck INDEX LIMIT"`` when its watchdog gave up an input, else the error."""
+    usable = standby is not None and standby.proc.alive and not standby.used
+    fresh = len(todo) - (1 if usable and standby.forked else 0)
+    if fresh:
+        _check_fresh_workers_can_run(cfg)
+    modules = tuple(registry.modules())
+    procs: list[tuple[str, list, Worker]] = []
+    skip: list[int] = []  # answers to pass over before the work's (the standby's _prepare)
+    try:
+        _start_workers(todo, items, cfg, out_dir, fmt, total, workers, duplicated, blocked,
+                       standby, modules, procs, skip)
+        ended = _wait_workers(procs, skip, report)
+    except BaseException:  # (Ctrl-C, a refused start): the workers still at work are killed
+        for _d, _g, p in procs:
+            p.stop()
+        raise
+    for _d, _g, p in procs:  # each has answered or ended: it leaves at once
+        p.end()
+    return ended
+
+
+def _start_workers(todo, items, cfg, out_dir, fmt, total, workers, duplicated, blocked,
+                   standby, modules, procs, skip) -> None:
     for dev, group in todo:
         full = {i: items[i].to_task() for s in group for i in range(s.start, s.end)}
         vis = _visible_for(dev)
-        args = (len(procs), os.getpid(), dev, vis, group, full, cfg, out_dir, fmt, total, workers,
-                duplicated, reports, blocked, time.time())
-        if standby is not None and standby.start_work(args[:12] + args[13:]):
-            p = standby.proc
+        args = (dev, vis, group, full, cfg, out_dir, fmt, total, workers, duplicated, blocked,
+                modules, time.time())
+        if standby is not None and standby.start_work((_worker_main, args)):
+            p, n = standby.proc, 1
         else:
-            p = Job(_worker_main, args)
+            _check_fresh_workers_can_run(cfg)
+            env = {"CUDA_VISIBLE_DEVICES": vis} if dev.startswith("cuda") else None
+            p, n = Worker(env=env), 0
+            p.send((_worker_main, args))
         standby = None
         procs.append((dev, group, p))
+        skip.append(n)
+
+
+def _wait_workers(procs, skip, report) -> list:
+    """Each worker's messages (progress, "stuck"), answer or end, until every one is done."""
     why: dict[int, str | None] = {}
+    index = {id(p): k for k, (_d, _g, p) in enumerate(procs)}
+
+    def ended(p: Worker) -> str:
+        p.join(timeout=10)  # its pipe closes as it dies: the exit code follows
+        if p.signal is not None:
+            return f"signal {p.signal}"
+        return f"worker ended without finishing (exit code {p.exitcode})"
+
     while len(why) < len(procs):
-        try:
-            wid, kind, payload = reports.get(timeout=1.0)
-        except queue.Empty:
-            for wid, (_d, _g, p) in enumerate(procs):
-                if wid not in why and not p.alive:
-                    why[wid] = (f"signal {p.signal}" if p.signal is not None else
-                                f"worker ended without finishing (exit code {p.exitcode})")
+        waiting = [p for k, (_d, _g, p) in enumerate(procs) if k not in why]
+        ready = _workers.wait(waiting, timeout=1.0)
+        if not ready:
+            for p in waiting:
+                if not p.alive:
+                    why[index[id(p)]] = ended(p)
             continue
-        if kind == "p":
-            report(payload)
-        elif kind == "stuck":
-            index, limit = payload
-            why[wid] = f"stuck {index} {limit:g}"
-            p = procs[wid][2]
-            p.join(timeout=10)
-            if p.alive:
-                p.kill()
-        elif kind == "error":
-            why[wid] = payload.split(": ", 1)[-1]
-        else:
-            why[wid] = None
-    for _d, _g, p in procs:
-        p.join()
+        for p in ready:
+            k = index[id(p)]
+            try:
+                kind, value = p.recv()
+            except (EOFError, OSError):
+                why[k] = ended(p)
+                continue
+            if kind == "msg":
+                tag, payload = value
+                if tag == "p":
+                    report(payload)
+                elif tag == "stuck":
+                    i, limit = payload
+                    why[k] = f"stuck {i} {limit:g}"
+                    p.join(timeout=10)
+                    if p.alive:
+                        p.kill()
+            elif skip[k]:
+                skip[k] -= 1
+            elif kind == "ok":
+                why[k] = None
+            else:
+                why[k] = str(value) if isinstance(value, _WorkFailed) else \
+                    f"{type(value).__name__}: {value}"
     return [(d, g, why[k]) for k, (d, g, _p) in enumerate(procs)]
 
 
@@ -371,22 +448,33 @@ def _probe(dev, indices, items, cfg, workers, blocked) -> dict[int, str]:
     culprit among n inputs costs about 2 log2(n) processes. A crash that does not come back when
     its group is decoded again (a flaky one) blocks nothing."""
     vis = _visible_for(dev)
+    env = {"CUDA_VISIBLE_DEVICES": vis} if dev.startswith("cuda") else None
+    modules = tuple(registry.modules())
     out: dict[int, str] = {}
     stack = [[i for i in indices if i not in blocked]]
     while stack:
         group = stack.pop()
         if not group:
             continue
-        p = Job(_probe_decode, (os.getpid(), dev, vis, {i: items[i].to_task() for i in group},
-                                cfg, workers))
-        p.join(timeout=600)
-        if p.alive:
-            p.kill()
-            p.join()
-            what = "the decoder did not finish within 600 s"
-        elif p.signal is not None:
-            what = f"a native decoder crashed on it (signal {p.signal})"
-        else:
+        p = Worker(env=env)
+        what = None
+        try:
+            p.send((_probe_decode, (dev, vis, {i: items[i].to_task() for i in group}, cfg,
+                                    workers, modules)))
+            if p.poll(600):
+                p.recv()  # its answer: it decoded them (an error is fine here)
+            else:
+                what = "the decoder did not finish within 600 s"
+        except (EOFError, OSError):
+            p.join(timeout=10)
+            if p.signal is not None:
+                what = f"a native decoder crashed on it (signal {p.signal})"
+        finally:
+            if what is None:
+                p.end()
+            else:
+                p.stop()
+        if what is None:
             continue
         if len(group) == 1:
             out[group[0]] = f"{what}; the input was skipped"
@@ -395,11 +483,11 @@ def _probe(dev, indices, items, cfg, workers, blocked) -> dict[int, str]:
     return out
 
 
-def _probe_decode(parent, device, visible, tasks, cfg, workers):
-    _die_with_parent(parent)
+def _probe_decode(device, visible, tasks, cfg, workers, modules=()):
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
         device = "cuda:0"
+    _import_op_modules(modules)
     items = {i: Item.from_task(t) for i, t in tasks.items()}
     dev = resolve_device(device)
     try:
@@ -410,61 +498,62 @@ def _probe_decode(parent, device, visible, tasks, cfg, workers):
         pass
 
 
-def _watch_inputs(wid, reports, limit: float | None) -> None:
+def _watch_inputs(limit: float | None) -> threading.Event:
     """Start this worker's watchdog: once its main thread has waited on one input
     (``_process.WAITING``) for more than ``limit`` seconds (a read that never returns: a
     stalled network mount, a device file with a media name), it tells the parent
-    (``("stuck", index)``) and ends the process, whose threads cannot be stopped otherwise;
-    the parent lists the input as a timeout and a new worker does the shards left. The first
-    input of each kind gets ``_FIRST_WAIT_EXTRA_S`` more (its decoders start meanwhile)."""
+    (``("stuck", (index, limit))``) and ends the process, whose threads cannot be stopped
+    otherwise; the parent lists the input as a timeout and a new worker does the shards left.
+    The first input of each kind gets ``_FIRST_WAIT_EXTRA_S`` more (its decoders start
+    meanwhile). Setting the event it returns ends the watchdog (the work is over: the worker
+    waits for the parent's next request)."""
+    done = threading.Event()
     if not limit:
-        return
+        return done
 
     def watch():
-        while True:
-            time.sleep(min(0.25, limit / 4))
+        while not done.wait(min(0.25, limit / 4)):
             i, since, first = WAITING["index"], WAITING["since"], WAITING["first"]
             allowed = limit + (_FIRST_WAIT_EXTRA_S if first else 0.0)
             if i is None or time.monotonic() - since <= allowed or WAITING["index"] != i:
                 continue
-            reports.put((wid, "stuck", (i, limit)))
-            reports.close()
-            reports.join_thread()  # the message is in the pipe before the process ends
-            sys.stderr.flush()
-            os._exit(_STUCK_EXIT)
+            if done.is_set():
+                return
+            try:
+                tell(("stuck", (i, limit)))  # written to the pipe when it returns
+            finally:
+                _workers.exit_now(_STUCK_EXIT)
 
     threading.Thread(target=watch, name="avpipe-extract-watchdog", daemon=True).start()
+    return done
 
 
-def _die_with_parent(parent: int) -> None:
-    """This process gets SIGKILL when its parent dies (a killed run leaves no worker writing
-    behind the next one's back); it ends at once when the parent is already gone."""
-    if not die_with_parent(parent):
-        os._exit(1)
+class _WorkFailed(RuntimeError):
+    """A worker's run failed: ``"Type: message"`` of the exception that ended it (any
+    exception, as text: it reaches the parent whether or not its class pickles)."""
 
 
-def _worker_main(wid, parent, device, visible, shards, full, cfg, out_dir, fmt, total, workers,
-                duplicated, reports, blocked=None, spawned=None):
-    if spawned is not None:  # the interpreter's start and the imports the arguments needed
-        mark("start: process (spawn to running)", time.time() - spawned)
-    _die_with_parent(parent)
+def _worker_main(device, visible, shards, full, cfg, out_dir, fmt, total, workers, duplicated,
+                 blocked=None, modules=(), sent=None):
+    """A worker's work request: ``shards`` on ``device``, progress told to the parent as
+    ``("p", payload)`` messages; returns None once every shard is written, raises
+    :class:`_WorkFailed` else."""
+    if sent is not None:  # the interpreter's start (a new worker) and the request's imports
+        mark("start: process (spawn to running)", time.time() - sent)
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
         device = "cuda:0"
-    items = {i: Item.from_task(t) for i, t in full.items()}
-    _watch_inputs(wid, reports, settings.extract_file_timeout())
+    watchdog = None
     try:
+        _import_op_modules(modules)
+        items = {i: Item.from_task(t) for i, t in full.items()}
+        watchdog = _watch_inputs(settings.extract_file_timeout())
         run_worker(device, shards, items, cfg, out_dir, fmt, total, workers, duplicated,
-                   lambda p: reports.put((wid, "p", p)), blocked=blocked)
+                   lambda p: tell(("p", p)), blocked=blocked)
     except BaseException as e:  # noqa: BLE001
-        reports.put((wid, "error", f"{device}: {type(e).__name__}: {e}"))
-        raise SystemExit(1) from None
-    reports.put((wid, "done", None))
-    # every shard and part is written, renamed and fsync'ed: leave without the interpreter's
-    # tear-down (module and pool clean-up, CuPy's memory pools), which the parent's join()
-    # would wait for; the queue is flushed first, the OS frees the rest
-    reports.close()
-    reports.join_thread()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        raise _WorkFailed(f"{type(e).__name__}: {e}") from None
+    finally:
+        if watchdog is not None:
+            watchdog.set()
+    # every shard and part is written, renamed and fsync'ed: the parent ends this process
+    # with exit_now (no interpreter tear-down to wait for)
