@@ -96,7 +96,10 @@ def test_loader_survives_a_failing_gpu_decoder(cases, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("no NVRTC here")
 
-    monkeypatch.setattr(fc, "launch", boom)
+    from avpipe.decoding.audio import flac_gpu
+
+    # the window loader launches through the public module's name (bound at its import)
+    monkeypatch.setattr(flac_gpu, "launch", boom)
     with pytest.warns(RuntimeWarning, match="decoding on the CPU instead"):
         with AudioBatchLoader(paths, batch_size=2, device="cuda", decoder="gpu") as g:
             got = list(g.batches())
