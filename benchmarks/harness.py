@@ -288,8 +288,10 @@ def measure_in_child(workload_name: str, contender: str, ctx: Context,
     if avpipe_from:  # put first on the child's path by benchmarks/__main__.py (``-m`` puts
         env[AVPIPE_FROM_ENV] = avpipe_from  # the working directory ahead of PYTHONPATH)
     try:
+        # a baseline child runs in that folder: the processes it starts with ``python -c``
+        # (whose path begins with the working directory) import that avpipe too
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
-                           cwd=ROOT, input=ctx.to_json())
+                           cwd=avpipe_from or ROOT, input=ctx.to_json())
     except subprocess.TimeoutExpired as e:
         p = subprocess.CompletedProcess(cmd, None, _text(e.stdout), _text(e.stderr))
     if log_path:

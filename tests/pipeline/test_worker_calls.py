@@ -209,3 +209,25 @@ def test_a_forked_worker_answers_tells_and_ends_like_a_fresh_one():
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == str([True, True, True, True, True, (0, None), (4, None),
                                     (True, True, False), (0, None)]), r.stderr[-3000:]
+
+
+def test_a_worker_imports_the_parents_avpipe_not_one_in_the_working_directory(tmp_path):
+    """``python -c`` puts the working directory first on the path: an ``avpipe`` folder there
+    (another checkout, another version) must not be the one a worker imports."""
+    decoy = tmp_path / "cwd" / "avpipe"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy avpipe was imported')\n")
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os\n"
+        "from avpipe.pipeline.workers import Worker\n"
+        "w = Worker()\n"
+        "w.send((os.getpid, ()))\n"
+        "kind, pid = w.recv()\n"
+        "print(kind, pid == w.pid)\n"
+        "w.stop()\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path / "cwd", env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["ok", "True"]
