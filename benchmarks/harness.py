@@ -37,6 +37,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -285,6 +286,11 @@ def measure_in_child(workload_name: str, contender: str, ctx: Context,
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     env.pop(AVPIPE_FROM_ENV, None)
+    # compiled bytecode kept, as an installed package has it, in a folder of its own (a
+    # machine set to write none would compile every imported module in every child: a cost
+    # that grows with the source's size, in the measure of workloads timed from the start)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = PYCACHE
     if avpipe_from:  # put first on the child's path by benchmarks/__main__.py (``-m`` puts
         env[AVPIPE_FROM_ENV] = avpipe_from  # the working directory ahead of PYTHONPATH)
     try:
@@ -312,6 +318,7 @@ def _text(b) -> str:
 
 
 BASELINE_SUFFIX = "@baseline"
+PYCACHE = os.path.join(tempfile.gettempdir(), "avpipe-bench-pycache")
 AVPIPE_FROM_ENV = "BENCH_AVPIPE_FROM"  # a child imports avpipe from this folder
 
 
@@ -353,7 +360,8 @@ def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: s
     keeps its finished rounds. Each child process's output is kept in ``out_dir/logs`` (in
     ``data_dir/logs`` when ``out_dir`` is the repository's results folder).
 
-    ``baseline``: a commit; every avpipe contender (named ``avpipe...``) is also measured with
+    ``baseline``: a commit; every avpipe contender (named ``avpipe...``, or listed in the
+    workload's ``OURS``) is also measured with
     that commit's avpipe (:func:`baseline_tree`) as ``NAME@baseline``, in the same interleaved
     rounds, and each is given its ratio to its baseline twin (a before/after comparison of the
     same work). A workload measured in one session process then measures each contender in a
@@ -371,7 +379,9 @@ def run_workload(name: str, *, rounds: int = 3, quick: bool = False, data_dir: s
     base = None
     if baseline:
         folder, full = baseline_tree(baseline)
-        twins = [c + BASELINE_SUFFIX for c in contenders if c.startswith("avpipe")]
+        ours = getattr(mod, "OURS", None)  # a workload whose avpipe contenders have other names
+        twins = [c + BASELINE_SUFFIX for c in contenders
+                 if (c in ours if ours is not None else c.startswith("avpipe"))]
         if not twins:
             return None
         base = {"commit": full, "folder": folder}

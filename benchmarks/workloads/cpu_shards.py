@@ -46,6 +46,8 @@ CONTENDERS = {
     "shards_by_shard": "local shards, shard_order=True",
     "s3_by_shard": "S3 shards, shard_order=True",
 }
+# every contender runs avpipe: --baseline measures each with the other avpipe too
+OURS = ("files", "shards", "s3", "shards_by_shard", "s3_by_shard")
 RATIOS = [("shards", "files"), ("s3", "files"), ("shards_by_shard", "files"),
           ("s3_by_shard", "files")]
 PARAMS = {"items": 192, "shards": 4, "batch_size": 32, "big_items": 0, "big_s3_items": 0}
