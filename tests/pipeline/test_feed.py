@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from paths import REPO
 
 from avpipe.pipeline.feed import Feed, Task
 from avpipe.pipeline.feed import plans as _order
@@ -801,33 +802,50 @@ def test_torch_dataset_state_is_its_workers_states_and_resumes_its_workers():
     assert epoch_ids(g) == want[4:]  # the rest of the global order, re-cut for 1 rank
 
 
-def test_task_threads_kept_across_epochs_and_a_forked_childs_own():
+_TASK_THREADS_AND_FORK = """
+import os, signal
+from avpipe.pipeline.feed import Task
+
+task = Task()
+task.threads = 2
+first = task.pool()
+assert first.submit(lambda: 7).result() == 7 and task.pool() is first
+pid = os.fork()
+if pid == 0:  # the child: an answer within 20 s, else the alarm's default action ends it
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(20)
+    try:
+        pool = task.pool()
+        os._exit(0 if pool is not first and pool.submit(lambda: 8).result() == 8 else 1)
+    except BaseException:
+        os._exit(2)
+_, status = os.waitpid(pid, 0)
+assert task.pool() is first  # the parent's pool, still
+task.close()
+assert first._shutdown and task._pool is None
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_task_threads_kept_across_epochs_and_a_forked_childs_own(tmp_path):
     """A feed task's decoding threads (``_threads.ProcessThreads``) are kept from call to call;
     a forked child of a process that used them gets its own (the parent's copy has no threads
-    there: work handed to it would wait for ever); ``close()`` stops them."""
+    there: work handed to it would wait for ever); ``close()`` stops them. In a process of its
+    own, whose only threads are the task's (a fork of the test process would copy the locks its
+    other threads hold)."""
     import os
-    import signal
+    import subprocess
+    import sys
 
-    from avpipe.pipeline.feed import Task
-
-    task = Task()
-    task.threads = 2
-    first = task.pool()
-    assert first.submit(lambda: 7).result() == 7 and task.pool() is first
-    if hasattr(os, "fork"):
-        pid = os.fork()
-        if pid == 0:  # the child: an answer within 20 s, else killed by the alarm
-            signal.alarm(20)
-            try:
-                pool = task.pool()
-                os._exit(0 if pool is not first and pool.submit(lambda: 8).result() == 8 else 1)
-            except BaseException:
-                os._exit(2)
-        _, status = os.waitpid(pid, 0)
-        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
-    assert task.pool() is first  # the parent's pool, still
-    task.close()
-    assert first._shutdown and task._pool is None
+    script = tmp_path / "task_threads_and_fork.py"
+    script.write_text(_TASK_THREADS_AND_FORK)
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["child", "0"], (p.stdout, p.stderr[-2000:])
 
 
 def _epoch_and_a_state_in_it(ref, feed, epoch, k):
