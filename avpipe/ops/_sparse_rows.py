@@ -57,15 +57,16 @@ class SparseRows:
             # where a weight is 0 past F, any column will do (0 times a finite value)
             starts = np.minimum(first[k0:k1][None, :] + np.arange(J)[:, None], F - 1)
             self.groups.append((k0, k1, starts, weights))
+        self._widest = max((k1 - k0 for k0, k1, _, _ in self.groups), default=0)
 
-    def _weights(self, weights, dtype):
-        """``weights`` in ``dtype``, shaped ``[J, k, 1]`` (kept per dtype: a log-mel applies
-        the same filters to every chunk of every item)."""
-        key = (id(weights), np.dtype(dtype))
-        w = self._cast.get(key)
-        if w is None:
-            w = self._cast[key] = weights.astype(dtype)[..., None]
-        return w
+    def _weights_in(self, dtype) -> list:
+        """Each group's weights in ``dtype``, shaped ``[J, k, 1]``, cast once per dtype (a
+        log-mel applies the same filters to every chunk of every item)."""
+        dtype = np.dtype(dtype)
+        ws = self._cast.get(dtype)
+        if ws is None:
+            ws = self._cast[dtype] = [g[3].astype(dtype)[..., None] for g in self.groups]
+        return ws
 
     def apply(self, s, out=None):
         """``w @ s`` for ``s [F, N]`` (or ``[..., F, N]``) in ``s``'s dtype: ``out[k] =
@@ -80,14 +81,13 @@ class SparseRows:
         lead, N = s.shape[:-2], s.shape[-1]
         if out is None:
             out = np.empty((*lead, K, N), s.dtype)
-        size = max((k1 - k0 for k0, k1, _, _ in self.groups), default=0)
-        scratch = np.empty((*lead, size, N), s.dtype)  # one buffer, each group's rows of it
-        for k0, k1, starts, weights in self.groups:
+        # one buffer, each group's rows of it
+        scratch = np.empty((*lead, self._widest, N), s.dtype)
+        for (k0, k1, starts, weights), w in zip(self.groups, self._weights_in(s.dtype)):
             o = out[..., k0:k1, :]
             if weights.shape[0] == 0:
                 o[...] = 0
                 continue
-            w = self._weights(weights, s.dtype)  # [J, k, 1]
             tmp = scratch[..., : k1 - k0, :]
             for j in range(weights.shape[0]):
                 np.take(s, starts[j], axis=-2, out=tmp, mode="clip")  # "raise" copies out
