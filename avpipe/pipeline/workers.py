@@ -134,10 +134,14 @@ class Process:
 # does not inherit it, see sigint_ignored; and the working directory, which ``-c`` puts first
 # on the path, taken off it: the worker imports what the parent's path gives, PYTHONPATH, not
 # an ``avpipe`` folder that happens to be in the directory the parent was started from)
-_BOOT = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-         "sys.path[:1] = [] if sys.path[:1] == [''] else sys.path[:1]; "
-         "from avpipe.pipeline.workers import _serve; "
-         "_serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))")
+_BOOT = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+if sys.path[:1] == [""]:
+    del sys.path[0]
+from avpipe.pipeline.workers import _serve
+_serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+"""
 _ABANDONED: list = []  # workers that did not die when killed (a read stuck in the kernel)
 # the parent's ends of every worker's pipes, which a forked worker closes (it must not hold
 # another worker's request pipe open, nor its answer pipe)
