@@ -15,9 +15,6 @@ import os
 import subprocess
 import sys
 
-if os.environ.get("BENCH_AVPIPE_FROM"):  # a --baseline child: that folder's avpipe, not ours
-    sys.path.insert(0, os.environ["BENCH_AVPIPE_FROM"])
-
 from benchmarks import harness
 from benchmarks.harness import log
 

@@ -30,13 +30,16 @@ from __future__ import annotations
 import datetime
 import importlib
 import importlib.util
+import io
 import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import traceback
@@ -264,10 +267,9 @@ def child_main(workload_name: str, contender: str, ctx_json: str) -> int:
             finally:
                 sess.close()
         out = {"value": value, "extra": extra}
-        if os.environ.get(AVPIPE_FROM_ENV):  # which avpipe measured, as proof
-            import avpipe
-
-            out["avpipe_from"] = os.path.dirname(os.path.dirname(avpipe.__file__))
+        where = avpipe_folder()
+        if where is not None and where != ROOT:  # another avpipe measured (--baseline): proof
+            out["avpipe_from"] = where
     except Exception as e:  # noqa: BLE001 - reported as the measurement's error
         traceback.print_exc()
         out = {"value": None, "error": f"{type(e).__name__}: {e}"[:500]}
@@ -275,29 +277,41 @@ def child_main(workload_name: str, contender: str, ctx_json: str) -> int:
     return 0
 
 
-def measure_in_child(workload_name: str, contender: str, ctx: Context,
-                     timeout: float, log_path: str | None = None,
-                     avpipe_from: str | None = None) -> dict:
-    """One measurement in a fresh ``python -m benchmarks _child`` process (the context on its
-    stdin: a data list can outgrow a command-line argument); its output kept in ``log_path``.
-    ``avpipe_from``: a folder holding another ``avpipe`` package (:func:`baseline_tree`),
-    imported instead of this checkout's; the workload's code stays this checkout's."""
-    cmd = [sys.executable, "-m", "benchmarks", "_child", workload_name, contender, "-"]
+def avpipe_folder() -> str | None:
+    """The folder this process imported ``avpipe`` from (None: not imported)."""
+    mod = sys.modules.get("avpipe")
+    path = getattr(mod, "__file__", None)
+    return os.path.dirname(os.path.dirname(os.path.abspath(path))) if path else None
+
+
+def child_env(avpipe_from: str | None = None) -> tuple[dict, str]:
+    """``(environment, working directory)`` of a measuring child. With ``avpipe_from`` (a
+    folder holding another ``avpipe``, :func:`baseline_tree`) the child runs in that folder:
+    ``python -m`` and ``python -c`` put the working directory first on the path, so the child
+    and the processes it starts import that avpipe, while this checkout's workload code comes
+    through PYTHONPATH."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    env.pop(AVPIPE_FROM_ENV, None)
     # compiled bytecode kept, as an installed package has it, in a folder of its own (a
     # machine set to write none would compile every imported module in every child: a cost
     # that grows with the source's size, in the measure of workloads timed from the start)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = PYCACHE
-    if avpipe_from:  # put first on the child's path by benchmarks/__main__.py (``-m`` puts
-        env[AVPIPE_FROM_ENV] = avpipe_from  # the working directory ahead of PYTHONPATH)
+    return env, avpipe_from or ROOT
+
+
+def measure_in_child(workload_name: str, contender: str, ctx: Context,
+                     timeout: float, log_path: str | None = None,
+                     avpipe_from: str | None = None) -> dict:
+    """One measurement in a fresh ``python -m benchmarks _child`` process (the context on its
+    stdin: a data list can outgrow a command-line argument); its output kept in ``log_path``.
+    ``avpipe_from``: a folder holding another ``avpipe`` package, imported instead of this
+    checkout's (:func:`child_env`); the workload's code stays this checkout's."""
+    cmd = [sys.executable, "-m", "benchmarks", "_child", workload_name, contender, "-"]
+    env, cwd = child_env(avpipe_from)
     try:
-        # a baseline child runs in that folder: the processes it starts with ``python -c``
-        # (whose path begins with the working directory) import that avpipe too
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
-                           cwd=avpipe_from or ROOT, input=ctx.to_json())
+                           cwd=cwd, input=ctx.to_json())
     except subprocess.TimeoutExpired as e:
         p = subprocess.CompletedProcess(cmd, None, _text(e.stdout), _text(e.stderr))
     if log_path:
@@ -319,32 +333,29 @@ def _text(b) -> str:
 
 BASELINE_SUFFIX = "@baseline"
 PYCACHE = os.path.join(tempfile.gettempdir(), "avpipe-bench-pycache")
-AVPIPE_FROM_ENV = "BENCH_AVPIPE_FROM"  # a child imports avpipe from this folder
 
 
 def baseline_tree(commit: str, root: str | None = None) -> tuple[str, str]:
     """``(folder, full commit)``: the ``avpipe`` package of ``commit`` (any name git knows),
     extracted with ``git archive`` into a folder of its own under the temporary directory (made
-    once per commit). A child given that folder first on its path imports that avpipe, with
+    once per commit). A child run in that folder (:func:`child_env`) imports that avpipe, with
     this checkout's workload code and data: the same measurement of two versions of avpipe,
     side by side in one run."""
-    import tarfile
-    import tempfile
-
     root = root or ROOT
     full = subprocess.run(["git", "rev-parse", "--verify", f"{commit}^{{commit}}"], cwd=root,
                           capture_output=True, text=True, check=True).stdout.strip()
     folder = os.path.join(tempfile.gettempdir(), f"avpipe-baseline-{full[:12]}")
     if not os.path.isdir(os.path.join(folder, "avpipe")):
         tmp = folder + f".tmp{os.getpid()}"
-        os.makedirs(tmp, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
         archive = subprocess.run(["git", "archive", "--format=tar", full, "avpipe"], cwd=root,
                                  capture_output=True, check=True).stdout
-        import io
-
         with tarfile.open(fileobj=io.BytesIO(archive)) as t:
             t.extractall(tmp, filter="data")
-        os.replace(tmp, folder) if not os.path.exists(folder) else None
+        try:
+            os.rename(tmp, folder)
+        except OSError:  # another run made it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
     return folder, full
 
 

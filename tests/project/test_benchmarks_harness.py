@@ -357,11 +357,13 @@ def test_baseline_twins_measure_the_same_contender_with_the_other_avpipe(tmp_pat
 def test_baseline_tree_holds_that_commits_avpipe_and_a_child_imports_it(tmp_path):
     folder, full = harness.baseline_tree("HEAD")
     assert len(full) == 40 and os.path.isfile(os.path.join(folder, "avpipe", "__init__.py"))
-    code = "import avpipe, os; print(os.path.dirname(os.path.dirname(avpipe.__file__)))"
-    env = dict(_env(), **{harness.AVPIPE_FROM_ENV: folder})
-    # the child's entry point puts the folder ahead of the working directory
-    p = subprocess.run([sys.executable, "-c", "import runpy, sys; sys.argv=['benchmarks', "
-                        "'list']; import benchmarks.__main__ as m; " + code], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
+    code = ("import avpipe, benchmarks.harness as h, subprocess, sys; print(h.avpipe_folder()); "
+            "print(subprocess.run([sys.executable, '-c', 'import avpipe, benchmarks.harness as h; "
+            "print(h.avpipe_folder())'], capture_output=True, text=True).stdout.strip())")
+    # a child as the harness starts it: that avpipe, in it and in the processes it starts
+    env, cwd = harness.child_env(folder)
+    p = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                       text=True)
     assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-2:] == [folder, folder]
     assert p.stdout.strip().splitlines()[-1] == folder
