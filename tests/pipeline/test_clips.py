@@ -145,15 +145,9 @@ def test_clip_feed_close_during_an_epoch_and_a_forked_child(tmp_path):
     none in the child) instead of waiting for ever. In a process of its own: a fork of the test
     process would copy whatever locks its other threads (an S3 client's event loop, a progress
     monitor) hold at that moment, which is not the feed's to answer for."""
-    import os
-    import subprocess
-    import sys
+    from scripts import run_script
 
-    script = tmp_path / "close_and_fork.py"
-    script.write_text(_CLOSE_AND_FORK)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
-                       timeout=120)
+    p = run_script(tmp_path, _CLOSE_AND_FORK)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["child", "0"], (p.stdout, p.stderr[-2000:])
 

@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import pytest
-from paths import REPO
 
 from avpipe.pipeline.feed import Feed, Task
 from avpipe.pipeline.feed import plans as _order
@@ -834,16 +833,9 @@ def test_task_threads_kept_across_epochs_and_a_forked_childs_own(tmp_path):
     there: work handed to it would wait for ever); ``close()`` stops them. In a process of its
     own, whose only threads are the task's (a fork of the test process would copy the locks its
     other threads hold)."""
-    import os
-    import subprocess
-    import sys
+    from scripts import run_script
 
-    script = tmp_path / "task_threads_and_fork.py"
-    script.write_text(_TASK_THREADS_AND_FORK)
-    env = dict(os.environ,
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
-                       timeout=120)
+    p = run_script(tmp_path, _TASK_THREADS_AND_FORK)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["child", "0"], (p.stdout, p.stderr[-2000:])
 

@@ -217,17 +217,14 @@ def test_a_worker_imports_the_parents_avpipe_not_one_in_the_working_directory(tm
     decoy = tmp_path / "cwd" / "avpipe"
     decoy.mkdir(parents=True)
     (decoy / "__init__.py").write_text("raise ImportError('the decoy avpipe was imported')\n")
-    script = tmp_path / "parent.py"
-    script.write_text(
-        "import os\n"
-        "from avpipe.pipeline.workers import Worker\n"
-        "w = Worker()\n"
-        "w.send((os.getpid, ()))\n"
-        "kind, pid = w.recv()\n"
-        "print(kind, pid == w.pid)\n"
-        "w.stop()\n")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path / "cwd", env=env,
-                       capture_output=True, text=True, timeout=120)
+    from scripts import run_script
+
+    p = run_script(tmp_path, "import os\n"
+                             "from avpipe.pipeline.workers import Worker\n"
+                             "w = Worker()\n"
+                             "w.send((os.getpid, ()))\n"
+                             "kind, pid = w.recv()\n"
+                             "print(kind, pid == w.pid)\n"
+                             "w.stop()\n", cwd=tmp_path / "cwd")
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["ok", "True"]
