@@ -164,12 +164,30 @@ def _normalized(f, nv):
     return ((v - mean) / std).astype(np.float32)
 
 
-class LibrosaPerFile:
+class _PerFile:
+    """A file at a time (``one(path) -> (samples, features)``) on ``threads`` threads."""
+
+    def __init__(self, files, threads):
+        self.files = files
+        self.pool = ThreadPoolExecutor(threads)
+
+    def epoch(self, keep=False):
+        secs, out = 0.0, {}
+        for p, (n, f) in zip(self.files, self.pool.map(self.one, self.files)):
+            secs += n / SR
+            if keep:
+                out[p] = f
+        return secs, out
+
+    def close(self):
+        self.pool.shutdown()
+
+
+class LibrosaPerFile(_PerFile):
     def __init__(self, files, threads):
         import scipy.signal
 
-        self.files = files
-        self.pool = ThreadPoolExecutor(threads)
+        super().__init__(files, threads)
         self.window = scipy.signal.get_window("hann", 400, fftbins=False)  # symmetric
 
     def one(self, p):
@@ -186,23 +204,8 @@ class LibrosaPerFile:
         f = np.log(S + 2.0 ** -24)
         return n, _normalized(f, n // 160)
 
-    def epoch(self, keep=False):
-        secs, out = 0.0, {}
-        for p, (n, f) in zip(self.files, self.pool.map(self.one, self.files)):
-            secs += n / SR
-            if keep:
-                out[p] = f
-        return secs, out
 
-    def close(self):
-        self.pool.shutdown()
-
-
-class AvpipePerFile:
-    def __init__(self, files, threads):
-        self.files = files
-        self.pool = ThreadPoolExecutor(threads)
-
+class AvpipePerFile(_PerFile):
     @staticmethod
     def one(p):
         import avpipe
@@ -212,22 +215,9 @@ class AvpipePerFile:
         feats, fl = log_mel(a.samples, preset="nemo")
         return a.samples.shape[-1], feats[0, :, : int(fl[0])]
 
-    def epoch(self, keep=False):
-        secs, out = 0.0, {}
-        for p, (n, f) in zip(self.files, self.pool.map(self.one, self.files)):
-            secs += n / SR
-            if keep:
-                out[p] = f
-        return secs, out
-
-    def close(self):
-        self.pool.shutdown()
-
 
 MAKERS = {"avpipe_batched": AvpipeBatched, "nemo_torch": NemoTorch,
           "librosa_per_file": LibrosaPerFile, "avpipe_per_file": AvpipePerFile}
-
-
 
 
 class Session:
